@@ -1,0 +1,68 @@
+# Trillium: `make demo` runs the main job, `make test` runs every test.
+# Both set everything up first; every step is cached and skipped when up to date.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+KAFKA_LIBS := .cache/kafka/libs
+NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/Cargo.lock native/pyproject.toml
+PROTOS := $(wildcard proto/*.proto)
+PB := $(patsubst proto/%.proto,trillium/pb/%_pb2.py,$(PROTOS))
+
+.PHONY: setup demo test test-python test-native bench up down status clean
+.DEFAULT_GOAL := setup
+
+setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok
+
+$(VENV)/.installed: pyproject.toml
+	@scripts/require.sh $(PYTHON)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "trillium setup: Python 3.11+ needed, $(PYTHON) is $$($(PYTHON) -V)" >&2; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+$(VENV)/.native: $(VENV)/.installed $(NATIVE_SRC)
+	@scripts/require.sh cargo
+	cd native && VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(VENV))/bin/maturin develop --release -q
+	touch $@
+
+trillium/pb/%_pb2.py: proto/%.proto $(VENV)/.installed
+	$(PY) -m grpc_tools.protoc -Itrillium/pb=proto --python_out=. --pyi_out=. --grpc_python_out=. trillium/pb/$*.proto
+
+$(KAFKA_LIBS)/.complete: deps/kafka/pom.xml
+	@scripts/require.sh java mvn
+	scripts/setup-kafka.sh $(KAFKA_LIBS)
+	touch $@
+
+.cache/redis.ok:
+	@mkdir -p .cache
+	@if [ -z "$$TRILLIUM_REDIS_URL" ]; then scripts/setup-redis.sh; fi
+	touch $@
+
+demo: setup
+	$(VENV)/bin/trillium demo
+
+test: setup test-native test-python
+
+test-python:
+	$(PY) -m pytest -q; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+test-native: $(VENV)/.native
+	cd native && cargo test --release -q
+
+bench: setup
+	$(PY) bench/embedding_store.py --json
+	$(PY) bench/e2e.py --json
+
+up: setup
+	$(VENV)/bin/trillium up
+status:
+	$(VENV)/bin/trillium status
+down:
+	$(VENV)/bin/trillium down
+
+clean:
+	rm -rf $(VENV) .cache native/target trillium/pb/*_pb2*

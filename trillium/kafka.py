@@ -1,0 +1,65 @@
+"""Kafka helpers over aiokafka: readiness, topics, and producers/consumers with the
+project's defaults (idempotent, acks=all producers; manual-commit consumers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+
+async def wait_for_kafka(bootstrap: str, timeout_s: float = 60.0) -> int:
+    """Block until a metadata request succeeds; returns the number of brokers."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            await client.bootstrap()
+            brokers = client.cluster.brokers()
+            if brokers:
+                return len(brokers)
+        except (KafkaError, OSError) as exc:
+            last = exc
+        finally:
+            await client.close()
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"Kafka at {bootstrap} did not answer a metadata request in {timeout_s:.0f}s: {last}")
+
+
+async def ensure_topics(bootstrap: str, partitions: dict[str, int]) -> None:
+    """Create the topics that do not exist yet (single-node friendly replication factor 1
+    unless the cluster has more brokers)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        brokers = len((await admin.describe_cluster())["brokers"])
+        new = [NewTopic(name, n, min(3, brokers)) for name, n in partitions.items() if name not in existing]
+        if new:
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # created concurrently by another process
+    finally:
+        await admin.close()
+
+
+def producer(bootstrap: str, **overrides: object) -> AIOKafkaProducer:
+    """An idempotent producer: acks from all in-sync replicas, no duplicates on retry."""
+    options: dict[str, object] = dict(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
+                                      linger_ms=5, max_request_size=16 * 1024 * 1024)
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def consumer(bootstrap: str, *, group_id: str | None, **overrides: object) -> AIOKafkaConsumer:
+    """A consumer that commits only what the caller says it has processed."""
+    options: dict[str, object] = dict(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+                                      auto_offset_reset="earliest", fetch_max_bytes=64 * 1024 * 1024,
+                                      max_partition_fetch_bytes=16 * 1024 * 1024)
+    options.update(overrides)
+    return AIOKafkaConsumer(**options)

@@ -1,0 +1,182 @@
+"""What every Trillium service process shares: the admin HTTP server (health,
+readiness, Prometheus metrics), registration and heartbeats with the coordinator,
+structured logs, and a graceful stop on SIGTERM/SIGINT.
+
+A service subclasses `Service`, overrides `start`/`stop` (and `add_routes` for an
+HTTP API of its own), and its `__main__` calls `run_service(MyService)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, ClassVar
+
+import httpx
+import prometheus_client
+import uvicorn
+from fastapi import FastAPI, Response
+
+from trillium import log
+from trillium.config import ConfigError, Role, ServiceSettings
+
+logger = logging.getLogger("trillium.service")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        # The service owns SIGTERM/SIGINT so it can stop its own work before HTTP goes away.
+        yield
+
+
+class Service:
+    role: ClassVar[Role]
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.started_at = time.time()
+        self.ready = False
+        self._stopping = asyncio.Event()
+        self.app = FastAPI(title=f"Trillium {self.role}", version="1")
+        self._add_admin_routes()
+        self.add_routes(self.app)
+
+    # ---- hooks -----------------------------------------------------------------------
+    def add_routes(self, app: FastAPI) -> None:
+        """Add service-specific HTTP routes."""
+
+    async def start(self) -> None:
+        """Start the service's own work (servers, consumers); return once it is ready."""
+
+    async def stop(self) -> None:
+        """Stop the service's own work; finish or hand back what is in flight."""
+
+    def health(self) -> dict[str, Any]:
+        """Service-specific fields reported by /healthz and in heartbeats."""
+        return {}
+
+    @property
+    def grpc_address(self) -> str | None:
+        port = self.settings.grpc_port
+        return f"{self.settings.host}:{port}" if port else None
+
+    # ---- admin HTTP ------------------------------------------------------------------
+    def _add_admin_routes(self) -> None:
+        app = self.app
+
+        @app.get("/healthz", tags=["health"])
+        async def healthz() -> dict[str, Any]:
+            return self.health_report()
+
+        @app.get("/readyz", tags=["health"])
+        async def readyz(response: Response) -> dict[str, Any]:
+            if not self.ready:
+                response.status_code = 503
+            return {"ready": self.ready}
+
+        @app.get("/metrics", tags=["health"])
+        async def metrics() -> Response:
+            return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    def health_report(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.ready else "starting",
+            "role": self.role,
+            "index": self.settings.index,
+            "name": self.name,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started_at, 3),
+            **self.health(),
+        }
+
+    def registration(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "index": self.settings.index,
+            "http_url": f"http://{self.settings.host}:{self.settings.http_port}",
+            "grpc_address": self.grpc_address,
+            "pid": os.getpid(),
+        }
+
+    # ---- coordinator -----------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        """Register, then heartbeat; re-register whenever the coordinator forgot us
+        (e.g. it restarted), and keep retrying while it is unreachable."""
+        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        base = self.settings.coordinator_url
+        registered = False
+        async with httpx.AsyncClient(timeout=5.0, headers=headers) as client:
+            while not self._stopping.is_set():
+                try:
+                    if not registered:
+                        r = await client.post(f"{base}/v1/workers", json=self.registration())
+                        r.raise_for_status()
+                        registered = True
+                        logger.info("registered with coordinator", extra={"coordinator": base})
+                    r = await client.post(f"{base}/v1/workers/{self.name}/heartbeat", json={"health": self.health_report()})
+                    if r.status_code == 404:
+                        registered = False
+                        continue
+                    r.raise_for_status()
+                except httpx.HTTPError as exc:
+                    registered = False  # re-register once it answers again
+                    logger.warning("coordinator unreachable", extra={"error": str(exc)})
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.settings.heartbeat_s)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        server = _Server(uvicorn.Config(self.app, host=self.settings.host, port=self.settings.http_port,
+                                        log_config=None, lifespan="off", access_log=False))
+        http_task = asyncio.create_task(server.serve(), name="http")
+        try:
+            await self.start()
+            self.ready = True
+            logger.info("service ready", extra={"http_port": self.settings.http_port, "grpc": self.grpc_address})
+            heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+            stop_wait = asyncio.create_task(self._stopping.wait())
+            # A dead HTTP server (e.g. port taken) is fatal, like a signal.
+            await asyncio.wait({stop_wait, http_task}, return_when=asyncio.FIRST_COMPLETED)
+            self._stopping.set()
+            logger.info("stopping")
+            await heartbeat
+        finally:
+            self.ready = False
+            await self.stop()
+            server.should_exit = True
+            await http_task
+            logger.info("stopped")
+
+
+def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
+    """Entry point of a service process: parse args + environment, run until SIGTERM."""
+    parser = argparse.ArgumentParser(prog=f"python -m trillium.services.{cls.role}",
+                                     description=f"Trillium {cls.role} service. Endpoints come from the "
+                                                 "TRILLIUM_* environment (see README).")
+    parser.add_argument("--index", type=int, default=0, help="NN rank, PS shard, or instance number")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--http-port", type=int, required=True, help="health/metrics/API port")
+    parser.add_argument("--grpc-port", type=int, default=None, help="gRPC port (PS and embedding worker)")
+    parser.add_argument("--log-level", default=os.environ.get("TRILLIUM_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    try:
+        settings = ServiceSettings.from_env(role=cls.role, index=args.index, host=args.host,
+                                            http_port=args.http_port, grpc_port=args.grpc_port,
+                                            log_level=args.log_level.upper())
+    except ConfigError as err:
+        print(f"{cls.role}: configuration error:\n{err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    log.configure(settings.name, settings.log_level)
+    asyncio.run(cls(settings).run())

@@ -1,0 +1,37 @@
+"""Redis helpers: the shared state store (coordinator registry, jobs, progress)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+KEY_PREFIX = "trillium:"
+
+
+def key(*parts: object) -> str:
+    """All keys live under one prefix so a shared Redis can host other data too."""
+    return KEY_PREFIX + ":".join(str(p) for p in parts)
+
+
+def connect(url: str) -> aioredis.Redis:
+    return aioredis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+async def wait_for_redis(url: str, timeout_s: float = 30.0) -> None:
+    """Block until the server answers PING."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        client = connect(url)
+        try:
+            if await client.ping():
+                return
+        except (RedisError, OSError) as exc:
+            last = exc
+        finally:
+            await client.aclose()
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"Redis at {url} did not answer PING in {timeout_s:.0f}s: {last}")
