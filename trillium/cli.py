@@ -87,5 +87,19 @@ def down(run_dir: RunDir = None) -> None:
     console.print("stack stopped" if stopped else f"no stack running in {rd}")
 
 
+@app.command()
+def demo(run_dir: RunDir = None) -> None:
+    """Bring the local stack up, show its status, and take it down again."""
+    rd = _run_dir(run_dir) if run_dir else default_run_dir().with_name("demo")
+    up(run_dir=rd)
+    try:
+        status(run_dir=rd)
+    except typer.Exit as done:
+        if done.exit_code:
+            _fail("the stack is not healthy")
+    finally:
+        down(run_dir=rd)
+
+
 if __name__ == "__main__":
     app()

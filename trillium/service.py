@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any, ClassVar
@@ -64,9 +65,14 @@ class Service:
         return {}
 
     @property
+    def advertised_host(self) -> str:
+        # Bound to all interfaces (a container): peers reach us by our host name.
+        return socket.gethostname() if self.settings.host in ("0.0.0.0", "::") else self.settings.host
+
+    @property
     def grpc_address(self) -> str | None:
         port = self.settings.grpc_port
-        return f"{self.settings.host}:{port}" if port else None
+        return f"{self.advertised_host}:{port}" if port else None
 
     # ---- admin HTTP ------------------------------------------------------------------
     def _add_admin_routes(self) -> None:
@@ -102,7 +108,7 @@ class Service:
             "name": self.name,
             "role": self.role,
             "index": self.settings.index,
-            "http_url": f"http://{self.settings.host}:{self.settings.http_port}",
+            "http_url": f"http://{self.advertised_host}:{self.settings.http_port}",
             "grpc_address": self.grpc_address,
             "pid": os.getpid(),
         }

@@ -1,0 +1,81 @@
+"""The real broker and Redis the launcher starts answer their own protocols."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+from aiokafka.admin import AIOKafkaAdminClient
+
+from trillium import kafka, state
+from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL
+
+
+async def test_kafka_produce_consume_round_trip(infra) -> None:
+    topic = f"roundtrip-{uuid.uuid4().hex[:8]}"
+    await kafka.ensure_topics(infra.kafka_bootstrap, {topic: 2})
+    payloads = [np.arange(i, i + 1000, dtype=np.uint64).tobytes() for i in range(10)]
+    producer = kafka.producer(infra.kafka_bootstrap)
+    await producer.start()
+    try:
+        for i, payload in enumerate(payloads):
+            await producer.send_and_wait(topic, payload, partition=i % 2, key=str(i).encode())
+    finally:
+        await producer.stop()
+    consumer = kafka.consumer(infra.kafka_bootstrap, group_id=f"g-{topic}")
+    consumer.subscribe([topic])
+    await consumer.start()
+    received: dict[bytes, bytes] = {}
+    try:
+        while len(received) < len(payloads):
+            batch = await consumer.getmany(timeout_ms=10_000)
+            assert batch, "no records within 10 s"
+            for records in batch.values():
+                received.update((r.key, r.value) for r in records)
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert received == {str(i).encode(): p for i, p in enumerate(payloads)}
+
+
+async def test_ensure_topics_is_idempotent(infra) -> None:
+    topic = f"topics-{uuid.uuid4().hex[:8]}"
+    await kafka.ensure_topics(infra.kafka_bootstrap, {topic: 3})
+    await kafka.ensure_topics(infra.kafka_bootstrap, {topic: 3})
+    admin = AIOKafkaAdminClient(bootstrap_servers=infra.kafka_bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    assert sorted(p["partition"] for p in described["partitions"]) == [0, 1, 2]
+
+
+async def test_redis_round_trip(infra) -> None:
+    client = state.connect(infra.redis_url)
+    try:
+        key = state.key("test", uuid.uuid4().hex)
+        await client.hset(key, mapping={"a": "1", "b": "two"})
+        assert await client.hgetall(key) == {"a": "1", "b": "two"}
+        assert await client.config_get("appendonly") == {"appendonly": "yes"}
+    finally:
+        await client.aclose()
+
+
+def test_independent_clients_see_the_servers(infra) -> None:
+    """redis-cli (Debian's) talks to the same server the launcher reports."""
+    port = infra.redis_url.rsplit(":", 1)[1].split("/")[0]
+    out = subprocess.run(["redis-cli", "-p", port, "PING"], capture_output=True, text=True, timeout=10)
+    assert out.stdout.strip() == "PONG"
+
+
+def test_service_with_bad_config_fails_naming_the_field(tmp_path) -> None:
+    env = {ENV_KAFKA_BOOTSTRAP: "127.0.0.1:1", ENV_REDIS_URL: "http://not-redis", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "trillium.services.embedding_ps", "--http-port", "0"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2
+    assert "redis_url: Value error, must start with redis://" in out.stderr
+    assert "token: Field required (set TRILLIUM_TOKEN)" in out.stderr
+    assert "Traceback" not in out.stderr
