@@ -4,6 +4,7 @@ project's defaults (idempotent, acks=all producers; manual-commit consumers)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 import time
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
@@ -63,3 +64,20 @@ def consumer(bootstrap: str, *, group_id: str | None, **overrides: object) -> AI
                                       max_partition_fetch_bytes=16 * 1024 * 1024)
     options.update(overrides)
     return AIOKafkaConsumer(**options)
+
+
+# The end of an epoch's batches on a partition is a record with an empty value and this header
+# (value: the epoch number), so consumers know when an epoch is over without counting.
+EPOCH_END_HEADER = "trillium-epoch-end"
+
+
+def epoch_end_headers(epoch: int) -> list[tuple[str, bytes]]:
+    return [(EPOCH_END_HEADER, str(epoch).encode())]
+
+
+def epoch_end(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
+    """The epoch a marker record ends, or None for a data record."""
+    for name, value in headers or ():
+        if name == EPOCH_END_HEADER:
+            return int(value)
+    return None

@@ -3,7 +3,14 @@ readiness, Prometheus metrics), registration and heartbeats with the coordinator
 structured logs, and a graceful stop on SIGTERM/SIGINT.
 
 A service subclasses `Service`, overrides `start`/`stop` (and `add_routes` for an
-HTTP API of its own), and its `__main__` calls `run_service(MyService)`.
+HTTP API of its own, `run_job` to take part in jobs), and its `__main__` calls
+`run_service(MyService)`.
+
+Jobs reach a worker in the coordinator's answers to its heartbeats. When a new job
+names this worker (its index is below the job's count for its role), `run_job` runs as
+a task; it reports its phase with `set_job_phase` ("setting_up" → "ready" → "done"), a
+raised exception reports "failed" with the error, and the task is cancelled when the job
+ends or is stopped. The phase travels back in the next heartbeat, which is sent at once.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from fastapi import FastAPI, Response
 
 from trillium import log
 from trillium.config import ConfigError, Role, ServiceSettings
+from trillium.job import JobRecord, participants
 
 logger = logging.getLogger("trillium.service")
 
@@ -46,6 +54,10 @@ class Service:
         self.started_at = time.time()
         self.ready = False
         self._stopping = asyncio.Event()
+        self._heartbeat_now = asyncio.Event()
+        self.job: JobRecord | None = None  # the current job as last heard, state included
+        self._job_task: asyncio.Task[None] | None = None
+        self._job_report: dict[str, Any] = {}
         self.app = FastAPI(title=f"Trillium {self.role}", version="1")
         self._add_admin_routes()
         self.add_routes(self.app)
@@ -63,6 +75,56 @@ class Service:
     def health(self) -> dict[str, Any]:
         """Service-specific fields reported by /healthz and in heartbeats."""
         return {}
+
+    async def run_job(self, job: JobRecord) -> None:
+        """Take part in `job`; the default role has nothing to do in jobs."""
+        self.set_job_phase("done")
+
+    async def peers(self, role: Role, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """The registered workers `<role>-0 .. <role>-(count-1)`, waiting for them to register."""
+        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=5.0, headers=headers) as client:
+            while True:
+                r = await client.get(f"{self.settings.coordinator_url}/v1/workers")
+                r.raise_for_status()
+                found = {w["index"]: w for w in r.json() if w["role"] == role and w["status"] != "lost"}
+                if all(i in found for i in range(count)):
+                    return [found[i] for i in range(count)]
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{count} {role} workers needed, registered: {sorted(found)}")
+                await asyncio.sleep(0.5)
+
+    # ---- jobs ------------------------------------------------------------------------
+    def set_job_phase(self, phase: str, error: str | None = None) -> None:
+        assert self.job is not None
+        self._job_report = {"id": self.job.id, "phase": phase} | ({"error": error} if error else {})
+        self._heartbeat_now.set()
+
+    async def _run_job_task(self, job: JobRecord) -> None:
+        try:
+            await self.run_job(job)
+        except asyncio.CancelledError:
+            self._job_report = {"id": job.id, "phase": "stopped"}
+            raise
+        except Exception as exc:
+            logger.exception("job failed", extra={"job": job.id})
+            self.set_job_phase("failed", f"{type(exc).__name__}: {exc}")
+
+    async def _on_job(self, job: JobRecord | None) -> None:
+        if job is None:
+            return
+        new = self.job is None or self.job.id != job.id
+        self.job = job
+        if job.state in ("finished", "failed", "stopped", "stopping"):
+            if self._job_task is not None and not self._job_task.done():
+                self._job_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._job_task
+            return
+        if new and self.settings.index < participants(job.config).get(self.role, 0):
+            self._job_report = {"id": job.id, "phase": "setting_up"}
+            self._job_task = asyncio.create_task(self._run_job_task(job), name=f"job-{job.id}")
 
     @property
     def advertised_host(self) -> str:
@@ -100,6 +162,7 @@ class Service:
             "name": self.name,
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 3),
+            "job": self._job_report or None,
             **self.health(),
         }
 
@@ -128,16 +191,22 @@ class Service:
                         r.raise_for_status()
                         registered = True
                         logger.info("registered with coordinator", extra={"coordinator": base})
+                    self._heartbeat_now.clear()
                     r = await client.post(f"{base}/v1/workers/{self.name}/heartbeat", json={"health": self.health_report()})
                     if r.status_code == 404:
                         registered = False
                         continue
                     r.raise_for_status()
+                    job = r.json()["job"]
+                    await self._on_job(JobRecord.model_validate(job) if job else None)
                 except httpx.HTTPError as exc:
                     registered = False  # re-register once it answers again
                     logger.warning("coordinator unreachable", extra={"error": str(exc)})
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.settings.heartbeat_s)
+                wake = asyncio.create_task(self._heartbeat_now.wait())
+                stop = asyncio.create_task(self._stopping.wait())
+                await asyncio.wait({wake, stop}, timeout=self.settings.heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                stop.cancel()
 
     # ---- lifecycle -------------------------------------------------------------------
     async def run(self) -> None:
@@ -158,6 +227,10 @@ class Service:
             self._stopping.set()
             logger.info("stopping")
             await heartbeat
+            if self._job_task is not None and not self._job_task.done():
+                self._job_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._job_task
         finally:
             self.ready = False
             await self.stop()

@@ -12,7 +12,7 @@ from trillium import state
 from trillium.config import Role
 
 # A worker is lost after this many heartbeat intervals without one.
-LOST_AFTER_MISSED = 5
+LOST_AFTER_MISSED = 10
 
 
 class WorkerRegistration(BaseModel):

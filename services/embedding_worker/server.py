@@ -1,12 +1,192 @@
-"""The embedding_worker service."""
+"""The embedding_worker service: a batch's embeddings for the NN workers (gRPC), and
+their gradients back to the parameter servers (Kafka).
+
+LookupBatch: wait while the lookup would exceed the staleness bound, dedup the batch's
+IDs per table, look them up on every owning PS shard in parallel, pool per slot.
+PushGradients: sum the gradient per unique ID and produce one message per PS shard to
+the gradients topic (partition = shard). A rank's pushes arrive in step order and go
+out through one idempotent producer, so each shard applies them in that order.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import grpc
+import numpy as np
+from prometheus_client import Histogram
+
+from trillium import codec, kafka, state
+from trillium.batch import EmbeddingRef, GradientUpdate
+from trillium.job import JobRecord
+from trillium.pb import embedding_pb2 as pb
+from trillium.pb import embedding_pb2_grpc as pb_grpc
+from trillium.progress import JobProgress
 from trillium.service import Service, run_service
+
+from . import pooling
+
+logger = logging.getLogger("trillium.embedding_worker")
+
+LOOKUP_SECONDS = Histogram("trillium_lookup_seconds", "batch lookup latency (staleness wait included)")
+STALENESS_WAIT = Histogram("trillium_staleness_wait_seconds", "time a lookup waited for the staleness bound")
+PUSH_SECONDS = Histogram("trillium_push_gradients_seconds", "gradient push latency (Kafka acks included)")
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+# Plans kept for gradients not pushed yet; far more than any staleness bound keeps in flight.
+MAX_PENDING = 4096
+
+
+class _JobContext:
+    def __init__(self, job: JobRecord, ps: list[pb_grpc.EmbeddingParameterServerStub],
+                 producer, progress: JobProgress) -> None:
+        self.job = job
+        self.ps = ps
+        self.producer = producer
+        self.progress = progress
+        self.pending: OrderedDict[tuple[int, int], pooling.BatchPlan] = OrderedDict()
+
+
+class _Servicer(pb_grpc.EmbeddingWorkerServicer):
+    def __init__(self, worker: "EmbeddingWorker") -> None:
+        self.worker = worker
+
+    async def _context(self, context: grpc.aio.ServicerContext) -> _JobContext:
+        ctx = self.worker.ctx
+        if ctx is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.worker.name} has no job set up")
+        return ctx
+
+    async def LookupBatch(self, request: pb.BatchLookupRequest, context) -> pb.BatchLookupResponse:
+        ctx = await self._context(context)
+        start = time.perf_counter()
+        try:
+            batch = codec.decode_batch(request.batch)
+        except codec.CodecError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        config = ctx.job.config
+        staleness = await self.worker.wait_for_staleness(ctx, batch.batch_id) if request.training else 0
+        plan = pooling.plan(batch.ids, config.slots, config.topology.ps_shards)
+        rows = await self.worker.lookup_rows(ctx, plan)
+        pooled = pooling.pool(plan, rows)
+        if request.training:
+            ctx.pending[(batch.rank, batch.batch_id)] = plan
+            while len(ctx.pending) > MAX_PENDING:
+                dropped = ctx.pending.popitem(last=False)[0]
+                logger.error("gradients never pushed; plan dropped", extra={"rank": dropped[0], "batch_id": dropped[1]})
+        dtype = np.float16 if request.fp16 else np.float32
+        slots = []
+        for slot, (values, mask) in zip(config.slots, pooled):
+            entry = pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values.numpy().astype(dtype))))
+            if mask is not None:
+                entry.mask.data = codec.pack_array(mask.numpy())
+            slots.append(entry)
+        LOOKUP_SECONDS.observe(time.perf_counter() - start)
+        ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch)
+        return pb.BatchLookupResponse(ref=ref, slots=slots, staleness=staleness)
+
+    async def PushGradients(self, request: pb.PushGradientsRequest, context) -> pb.PushGradientsResponse:
+        ctx = await self._context(context)
+        ref = EmbeddingRef(worker=request.ref.worker, rank=request.ref.rank, batch_id=request.ref.batch_id,
+                           epoch=request.ref.epoch)
+        plan = ctx.pending.pop((ref.rank, ref.batch_id), None)
+        if plan is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
+        with PUSH_SECONDS.time():
+            try:
+                grads = pooling.scatter_gradients(plan, [codec.unpack_array(s.grad.data) for s in request.slots])
+            except (ValueError, RuntimeError, codec.CodecError) as err:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
+            sent = await self.worker.produce_gradients(ctx, ref, plan, grads)
+        return pb.PushGradientsResponse(messages=sent)
 
 
 class EmbeddingWorker(Service):
     role = "embedding_worker"
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.ctx: _JobContext | None = None
+
+    async def start(self) -> None:
+        self.grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+        pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), self.grpc_server)
+        self.grpc_server.add_insecure_port(f"{self.settings.host}:{self.settings.grpc_port}")
+        await self.grpc_server.start()
+        self.redis = state.connect(self.settings.redis_url)
+
+    async def stop(self) -> None:
+        await self.grpc_server.stop(grace=2)
+        await self.redis.aclose()
+
+    def health(self) -> dict[str, Any]:
+        return {"pending_gradients": len(self.ctx.pending) if self.ctx else 0}
+
+    async def run_job(self, job: JobRecord) -> None:
+        shards = await self.peers("embedding_ps", job.config.topology.ps_shards)
+        channels = [grpc.aio.insecure_channel(w["grpc_address"], options=GRPC_OPTIONS) for w in shards]
+        producer = kafka.producer(self.settings.kafka_bootstrap)
+        await producer.start()
+        try:
+            self.ctx = _JobContext(job, [pb_grpc.EmbeddingParameterServerStub(c) for c in channels], producer,
+                                   JobProgress(self.redis, job.id))
+            self.set_job_phase("ready")
+            await asyncio.Event().wait()  # serve until the job ends (this task is cancelled)
+        finally:
+            self.ctx = None
+            await producer.stop()
+            for channel in channels:
+                await channel.close()
+
+    async def wait_for_staleness(self, ctx: _JobContext, batch_id: int) -> int:
+        """Block while looking up this batch would exceed the bound; returns its staleness."""
+        topo = ctx.job.config.topology
+        step = batch_id // topo.nn_ranks
+        started = time.perf_counter()
+        pause = 0.001
+        while True:
+            applied = await ctx.progress.applied_steps(topo.ps_shards, topo.nn_ranks)
+            staleness = max(step - applied, 0)
+            bound = await ctx.progress.bound()
+            if bound is None or staleness <= bound:
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        STALENESS_WAIT.observe(time.perf_counter() - started)
+        await ctx.progress.record_staleness(batch_id % topo.nn_ranks, staleness)
+        return staleness
+
+    async def lookup_rows(self, ctx: _JobContext, plan: pooling.BatchPlan) -> dict[str, np.ndarray]:
+        """Each table's rows for its unique IDs, fetched from all owning shards in parallel."""
+        dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
+        rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
+        requests = []
+        for shard, stub in enumerate(ctx.ps):
+            tables = [pb.TableIds(table=t, ids=pb.Array(data=codec.pack_array(p.ids[p.shard_rows[shard]])))
+                      for t, p in plan.tables.items() if len(p.shard_rows[shard])]
+            if tables:
+                requests.append((shard, stub.Lookup(pb.ShardLookupRequest(tables=tables))))
+        for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(r for _, r in requests))):
+            for table_rows in response.tables:
+                rows[table_rows.table][plan.tables[table_rows.table].shard_rows[shard]] = \
+                    codec.unpack_array(table_rows.rows.data)
+        return rows
+
+    async def produce_gradients(self, ctx: _JobContext, ref: EmbeddingRef, plan: pooling.BatchPlan,
+                                grads: dict[str, np.ndarray]) -> int:
+        """One message per shard — empty ones too: they advance that shard's watermark."""
+        topic = ctx.job.topics.gradients
+        deliveries = []
+        for shard in range(len(ctx.ps)):
+            tables = {t: (p.ids[p.shard_rows[shard]], grads[t][p.shard_rows[shard]]) for t, p in plan.tables.items()}
+            update = GradientUpdate(rank=ref.rank, batch_id=ref.batch_id, epoch=ref.epoch, shard=shard, tables=tables)
+            deliveries.append(await ctx.producer.send(topic, codec.encode_gradients(update), partition=shard,
+                                                      key=str(ref.rank).encode()))
+        await asyncio.gather(*deliveries)  # acks=all: the updates are durable before we answer
+        return len(deliveries)
 
 
 def main() -> None:

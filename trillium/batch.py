@@ -1,0 +1,231 @@
+"""The data structures every Trillium component exchanges.
+
+- ``KeyedIds``: the IDs of one batch, jagged per feature slot (after TorchRec's KeyedJaggedTensor).
+- ``Batch``: one training/eval batch as produced by the data loader.
+- ``EmbeddingRef``: the handle an embedding worker returns with a batch's embeddings, so the NN
+  worker can route the gradients back to it.
+- ``GradientUpdate``: the embedding gradients of one batch destined for one PS shard.
+
+They are frozen and validated on construction (a ``ValueError`` naming the problem), so a value that
+exists is well formed. Arrays are referenced, not copied: they may be read-only views into a decoded
+message (see ``trillium.codec``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+__all__ = ["Batch", "EmbeddingRef", "GradientUpdate", "KeyedIds"]
+
+
+def _require_array(name: str, value: object, dtype: type, ndim: int) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {np.dtype(dtype)}, got {value.dtype}")
+    if value.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {value.shape}")
+    return value
+
+
+def _require_index(name: str, value: object) -> None:
+    # bool is an int subclass; a True batch_id is always a bug.
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class KeyedIds:
+    """The IDs of a batch, grouped by feature slot.
+
+    ``values`` holds every ID, key-major: all of slot ``keys[0]``'s IDs (sample 0's, then sample 1's,
+    ...), then slot ``keys[1]``'s, and so on. ``lengths[k * batch_size + i]`` is how many IDs sample
+    ``i`` has in slot ``keys[k]`` (0 for a missing value).
+    """
+
+    keys: tuple[str, ...]
+    values: np.ndarray  # uint64[sum(lengths)]
+    lengths: np.ndarray  # int32[len(keys) * batch_size]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, tuple) or not all(isinstance(k, str) and k for k in self.keys):
+            raise ValueError(f"keys must be a tuple of non-empty strings, got {self.keys!r}")
+        if not self.keys:
+            raise ValueError("keys must name at least one feature slot")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"keys must be unique, got {self.keys!r}")
+        _require_array("values", self.values, np.uint64, 1)
+        lengths = _require_array("lengths", self.lengths, np.int32, 1)
+        if len(lengths) % len(self.keys):
+            raise ValueError(
+                f"len(lengths)={len(lengths)} is not a multiple of the {len(self.keys)} keys"
+            )
+        if len(lengths) and lengths.min() < 0:
+            raise ValueError("lengths must be non-negative")
+        total = int(lengths.sum(dtype=np.int64))
+        if total != len(self.values):
+            raise ValueError(f"lengths sum to {total} but there are {len(self.values)} values")
+
+    @classmethod
+    def from_slots(cls, slots: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> KeyedIds:
+        """Build from ``{key: (values, lengths)}`` in key order; every slot has the same batch size."""
+        if not slots:
+            raise ValueError("keys must name at least one feature slot")
+        sizes = {key: len(lengths) for key, (_, lengths) in slots.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"slots disagree on the batch size: {sizes}")
+        return cls(
+            keys=tuple(slots),
+            values=np.concatenate([values for values, _ in slots.values()]),
+            lengths=np.concatenate([lengths for _, lengths in slots.values()]),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths) // len(self.keys)
+
+    def offsets(self) -> np.ndarray:
+        """int64[len(lengths) + 1]: ``values[offsets[j]:offsets[j + 1]]`` are entry ``j``'s IDs."""
+        out = np.zeros(len(self.lengths) + 1, np.int64)
+        np.cumsum(self.lengths, out=out[1:])
+        return out
+
+    def slot(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, lengths) of one slot: views, lengths of shape (batch_size,)."""
+        try:
+            k = self.keys.index(key)
+        except ValueError:
+            raise KeyError(f"no slot {key!r}; keys are {list(self.keys)}") from None
+        b = self.batch_size
+        lengths = self.lengths[k * b : (k + 1) * b]
+        start = int(self.lengths[: k * b].sum(dtype=np.int64))
+        return self.values[start : start + int(lengths.sum(dtype=np.int64))], lengths
+
+    def unique(self) -> tuple[np.ndarray, np.ndarray]:
+        """(unique IDs sorted, inverse) with ``unique_ids[inverse] == values``."""
+        ids, inverse = np.unique(self.values, return_inverse=True)
+        return ids, inverse.reshape(-1)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KeyedIds):
+            return NotImplemented
+        return (
+            self.keys == other.keys
+            and np.array_equal(self.lengths, other.lengths)
+            and np.array_equal(self.values, other.values)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # holds mutable arrays
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """One batch: ``batch_id`` is its sequence number within ``epoch`` (0, 1, ...), ``rank`` the NN
+    rank it is destined for."""
+
+    batch_id: int
+    epoch: int
+    rank: int
+    ids: KeyedIds
+    dense: np.ndarray  # float32[batch_size, num_dense]
+    labels: np.ndarray  # float32[batch_size]
+
+    def __post_init__(self) -> None:
+        for name in ("batch_id", "epoch", "rank"):
+            _require_index(name, getattr(self, name))
+        if not isinstance(self.ids, KeyedIds):
+            raise ValueError(f"ids must be KeyedIds, got {type(self.ids).__name__}")
+        b = self.ids.batch_size
+        if _require_array("dense", self.dense, np.float32, 2).shape[0] != b:
+            raise ValueError(f"dense has {self.dense.shape[0]} rows but the batch has {b} samples")
+        if _require_array("labels", self.labels, np.float32, 1).shape[0] != b:
+            raise ValueError(f"labels has {self.labels.shape[0]} entries but the batch has {b}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.ids.batch_size
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Batch):
+            return NotImplemented
+        return (
+            (self.batch_id, self.epoch, self.rank) == (other.batch_id, other.epoch, other.rank)
+            and self.ids == other.ids
+            and np.array_equal(self.dense, other.dense)
+            and np.array_equal(self.labels, other.labels)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class EmbeddingRef:
+    """Which embedding worker looked up batch ``(epoch, batch_id)`` for NN rank ``rank``."""
+
+    worker: str
+    rank: int
+    batch_id: int
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.worker, str) or not self.worker:
+            raise ValueError(f"worker must be a non-empty string, got {self.worker!r}")
+        for name in ("rank", "batch_id", "epoch"):
+            _require_index(name, getattr(self, name))
+
+
+@dataclass(frozen=True, eq=False)
+class GradientUpdate:
+    """The embedding gradients of one batch for one PS shard.
+
+    ``tables[name] = (ids, grads)``: ``ids`` uint64[n], unique (gradients of duplicate IDs are summed
+    before this is built), ``grads`` float32[n, dim].
+    """
+
+    rank: int
+    batch_id: int
+    epoch: int
+    shard: int
+    tables: Mapping[str, tuple[np.ndarray, np.ndarray]]
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "batch_id", "epoch", "shard"):
+            _require_index(name, getattr(self, name))
+        if not isinstance(self.tables, Mapping):
+            raise ValueError(f"tables must be a mapping, got {type(self.tables).__name__}")
+        for table, entry in self.tables.items():
+            if not isinstance(table, str) or not table:
+                raise ValueError(f"table names must be non-empty strings, got {table!r}")
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise ValueError(f"tables[{table!r}] must be an (ids, grads) tuple")
+            ids = _require_array(f"tables[{table!r}] ids", entry[0], np.uint64, 1)
+            grads = _require_array(f"tables[{table!r}] grads", entry[1], np.float32, 2)
+            if grads.shape[0] != len(ids):
+                raise ValueError(
+                    f"tables[{table!r}]: {len(ids)} ids but {grads.shape[0]} gradient rows"
+                )
+            # The PS applies non-linear optimizers per row: a repeated ID would be updated twice.
+            if len(np.unique(ids)) != len(ids):
+                raise ValueError(f"tables[{table!r}]: ids must be unique")
+        # A private read-only copy: the mapping cannot change under a frozen value.
+        object.__setattr__(self, "tables", MappingProxyType(dict(self.tables)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GradientUpdate):
+            return NotImplemented
+        return (
+            (self.rank, self.batch_id, self.epoch, self.shard)
+            == (other.rank, other.batch_id, other.epoch, other.shard)
+            and self.tables.keys() == other.tables.keys()
+            and all(
+                np.array_equal(self.tables[t][0], other.tables[t][0])
+                and np.array_equal(self.tables[t][1], other.tables[t][1])
+                for t in self.tables
+            )
+        )
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,224 @@
+"""The one wire codec of Trillium: a msgpack header followed by raw numpy buffers.
+
+Frame layout (all integers little-endian)::
+
+    b"TRLM"  u8 format version  u32 header length  msgpack header  padding  buffer 0  buffer 1 ...
+
+The header is ``{"kind": str, "meta": {...}, "arrays": [[dtype, shape, offset], ...]}``, ``offset``
+counting from the start of the frame. Buffers start on 64-byte boundaries of the frame so decoded
+arrays stay aligned.
+
+Decoding is zero-copy: each array is ``np.frombuffer`` over a read-only memoryview of the message,
+so **decoded arrays are read-only views that keep the whole message alive**; copy one
+(``arr.copy()``) to modify it or to let the message go. Anything that is not a well-formed frame of
+the expected kind and version raises ``CodecError`` (a ``ValueError``) naming the problem.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from trillium.batch import Batch, GradientUpdate, KeyedIds
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CodecError",
+    "decode_batch",
+    "decode_gradients",
+    "encode_batch",
+    "encode_gradients",
+    "pack_array",
+    "unpack_array",
+]
+
+FORMAT_VERSION = 1
+_MAGIC = b"TRLM"
+_PREFIX = struct.Struct("<4sBI")  # magic, version, header length
+_ALIGN = 64
+_PAD = bytes(_ALIGN)
+# Plain numeric dtypes only: object or structured dtypes must never come off the wire.
+_DTYPE_KINDS = frozenset("biuf")
+
+
+BytesLike = bytes | bytearray | memoryview
+
+
+class CodecError(ValueError):
+    """Input is not a valid Trillium message of the expected kind and format version."""
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _encode(kind: str, meta: dict[str, Any], arrays: Sequence[np.ndarray]) -> bytes:
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
+    for a in arrays:
+        if a.dtype.kind not in _DTYPE_KINDS or a.dtype.fields is not None:
+            raise CodecError(f"cannot encode an array of dtype {a.dtype} (plain numeric only)")
+
+    def header_with(first_offset: int) -> bytes:
+        descriptors, offset = [], first_offset
+        for a in arrays:
+            descriptors.append([a.dtype.str, list(a.shape), offset])
+            offset = _aligned(offset + a.nbytes)
+        return msgpack.packb({"kind": kind, "meta": meta, "arrays": descriptors})
+
+    # Offsets are stored in the header, whose length depends on them: iterate to a fixed point
+    # (msgpack ints only grow, so this settles in two or three rounds).
+    start = _aligned(_PREFIX.size)
+    while True:
+        header = header_with(start)
+        needed = _aligned(_PREFIX.size + len(header))
+        if needed <= start:
+            break
+        start = needed
+    parts: list[BytesLike] = [
+        _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)),
+        header,
+        _PAD[: start - _PREFIX.size - len(header)],
+    ]
+    for a in arrays:
+        parts.append(a.data if a.nbytes else b"")
+        parts.append(_PAD[: _aligned(a.nbytes) - a.nbytes])
+    return b"".join(parts)
+
+
+def _decode(data: BytesLike, kind: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError as e:
+        raise CodecError(f"expected a contiguous bytes-like message: {e}") from None
+    view = view.toreadonly()
+    if len(view) < _PREFIX.size:
+        raise CodecError(f"message too short ({len(view)} bytes) to be a Trillium message")
+    magic, version, header_len = _PREFIX.unpack_from(view)
+    if magic != _MAGIC:
+        raise CodecError(f"not a Trillium message: bad magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise CodecError(
+            f"unsupported codec format version {version} (this build reads version {FORMAT_VERSION})"
+        )
+    header_end = _PREFIX.size + header_len
+    if header_end > len(view):
+        raise CodecError(f"truncated message: header needs {header_end} bytes, got {len(view)}")
+    try:
+        header = msgpack.unpackb(view[_PREFIX.size : header_end])
+    except Exception as e:  # msgpack raises a family of unrelated types on garbage
+        raise CodecError(f"corrupt message header: {e}") from None
+    if not isinstance(header, dict) or set(header) != {"kind", "meta", "arrays"}:
+        raise CodecError("corrupt message header: expected keys kind, meta, arrays")
+    if header["kind"] != kind:
+        raise CodecError(f"expected a {kind!r} message, got {header['kind']!r}")
+    if not isinstance(header["meta"], dict) or not isinstance(header["arrays"], list):
+        raise CodecError("corrupt message header: meta must be a map and arrays a list")
+    return header["meta"], [_array_at(view, d, header_end) for d in header["arrays"]]
+
+
+def _array_at(view: memoryview, descriptor: object, data_start: int) -> np.ndarray:
+    if not (isinstance(descriptor, list) and len(descriptor) == 3):
+        raise CodecError(f"corrupt array descriptor {descriptor!r}")
+    dtype_str, shape, offset = descriptor
+    try:
+        dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in _DTYPE_KINDS or dtype.fields is not None:
+        raise CodecError(f"unsupported array dtype {dtype_str!r}")
+    if not (
+        isinstance(shape, list)
+        and all(isinstance(n, int) and n >= 0 for n in shape)
+        and isinstance(offset, int)
+        and offset >= data_start
+    ):
+        raise CodecError(f"corrupt array descriptor {descriptor!r}")
+    count = math.prod(shape)  # Python ints: a hostile shape cannot overflow
+    end = offset + count * dtype.itemsize
+    if end > len(view):
+        raise CodecError(f"truncated message: an array needs bytes up to {end}, got {len(view)}")
+    return np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def _meta_fields(meta: dict[str, Any], *names: str) -> list[Any]:
+    missing = [n for n in names if n not in meta]
+    if missing or len(meta) != len(names):
+        raise CodecError(f"corrupt message: meta has {sorted(meta)}, expected {sorted(names)}")
+    return [meta[n] for n in names]
+
+
+def encode_batch(batch: Batch) -> bytes:
+    meta = {
+        "batch_id": int(batch.batch_id),
+        "epoch": int(batch.epoch),
+        "rank": int(batch.rank),
+        "keys": list(batch.ids.keys),
+    }
+    return _encode("batch", meta, [batch.ids.values, batch.ids.lengths, batch.dense, batch.labels])
+
+
+def decode_batch(data: BytesLike) -> Batch:
+    """Decode ``encode_batch``'s output; the arrays are read-only views into ``data``."""
+    meta, arrays = _decode(data, "batch")
+    batch_id, epoch, rank, keys = _meta_fields(meta, "batch_id", "epoch", "rank", "keys")
+    if len(arrays) != 4 or not isinstance(keys, list):
+        raise CodecError("corrupt batch message: expected 4 arrays and a list of keys")
+    values, lengths, dense, labels = arrays
+    try:
+        ids = KeyedIds(keys=tuple(keys), values=values, lengths=lengths)
+        return Batch(
+            batch_id=batch_id, epoch=epoch, rank=rank, ids=ids, dense=dense, labels=labels
+        )
+    except ValueError as e:
+        raise CodecError(f"invalid batch message: {e}") from None
+
+
+def encode_gradients(update: GradientUpdate) -> bytes:
+    meta = {
+        "rank": int(update.rank),
+        "batch_id": int(update.batch_id),
+        "epoch": int(update.epoch),
+        "shard": int(update.shard),
+        "tables": list(update.tables),
+    }
+    arrays = [a for ids, grads in update.tables.values() for a in (ids, grads)]
+    return _encode("gradients", meta, arrays)
+
+
+def decode_gradients(data: BytesLike) -> GradientUpdate:
+    """Decode ``encode_gradients``' output; the arrays are read-only views into ``data``."""
+    meta, arrays = _decode(data, "gradients")
+    rank, batch_id, epoch, shard, tables = _meta_fields(
+        meta, "rank", "batch_id", "epoch", "shard", "tables"
+    )
+    if not isinstance(tables, list) or len(arrays) != 2 * len(tables):
+        raise CodecError("corrupt gradients message: expected an (ids, grads) pair per table")
+    try:
+        return GradientUpdate(
+            rank=rank,
+            batch_id=batch_id,
+            epoch=epoch,
+            shard=shard,
+            tables={t: (arrays[2 * i], arrays[2 * i + 1]) for i, t in enumerate(tables)},
+        )
+    except (ValueError, TypeError) as e:  # TypeError: an unhashable table name
+        raise CodecError(f"invalid gradients message: {e}") from None
+
+
+def pack_array(array: np.ndarray) -> bytes:
+    """One array (dtype, shape, data) as a self-describing frame, e.g. for a gRPC ``bytes`` field."""
+    return _encode("array", {}, [np.asarray(array)])
+
+
+def unpack_array(data: BytesLike) -> np.ndarray:
+    """Decode ``pack_array``'s output: a read-only view into ``data``."""
+    _, arrays = _decode(data, "array")
+    if len(arrays) != 1:
+        raise CodecError(f"corrupt array message: expected 1 array, got {len(arrays)}")
+    return arrays[0]

@@ -1,0 +1,476 @@
+"""The job configuration schema: one YAML file (or the same document as JSON to the REST API).
+
+Every model forbids unknown keys, so a misspelt key fails naming the field; enumerations are
+``Literal``s, so a bad value fails listing the allowed ones; cross-field checks (tables exist, columns
+exist in the source's schema, ...) name the slot or field at fault. Relative data paths are resolved
+against the YAML file's directory by ``load_job``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+__all__ = [
+    "ADULT_COLUMNS",
+    "CRITEO_COLUMNS",
+    "SOURCE_COLUMNS",
+    "AdmissionConfig",
+    "DataConfig",
+    "DenseColumn",
+    "DenseOptimizerConfig",
+    "EmbeddingOptimizerConfig",
+    "FeatureSlot",
+    "JobConfig",
+    "LabelConfig",
+    "ModelSpec",
+    "TableConfig",
+    "TopologyConfig",
+    "TrainingConfig",
+    "load_job",
+]
+
+# adult.names order; the label column is named as in the data set's SOURCE.md.
+ADULT_COLUMNS: tuple[str, ...] = (
+    "age", "workclass", "fnlwgt", "education", "education_num", "marital_status", "occupation",
+    "relationship", "race", "sex", "capital_gain", "capital_loss", "hours_per_week",
+    "native_country", "income_bracket",
+)  # fmt: skip
+CRITEO_COLUMNS: tuple[str, ...] = (
+    "label",
+    *(f"I{i}" for i in range(1, 14)),
+    *(f"C{i}" for i in range(1, 27)),
+)
+# The synthetic source generates Criteo-format rows in process (see trillium.datagen).
+SOURCE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "adult": ADULT_COLUMNS,
+    "criteo": CRITEO_COLUMNS,
+    "synthetic": CRITEO_COLUMNS,
+}
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Probability = Annotated[float, Field(ge=0, lt=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+class _FileData(_Strict):
+    train: Path
+    test: Path | None = None
+
+    @field_validator("train", "test")
+    @classmethod
+    def _resolve(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        base = (info.context or {}).get("base_dir")
+        if path is None or base is None or path.is_absolute():
+            return path
+        return Path(base) / path
+
+
+class AdultData(_FileData):
+    """UCI Adult CSV (``adult.data`` / ``adult.test``)."""
+
+    source: Literal["adult"]
+
+
+class CriteoData(_FileData):
+    """Criteo-format TSV: label, I1..I13, C1..C26, tab-separated."""
+
+    source: Literal["criteo"]
+
+
+class SyntheticData(_Strict):
+    """Criteo-format rows drawn in process from a planted logistic model (trillium.datagen)."""
+
+    source: Literal["synthetic"]
+    rows: PositiveInt
+    test_rows: Annotated[int, Field(ge=0)] = 0
+    seed: int = 0
+    vocab_sizes: Annotated[list[PositiveInt], Field(min_length=26, max_length=26)] | None = None
+
+
+DataConfig = Annotated[AdultData | CriteoData | SyntheticData, Field(discriminator="source")]
+
+
+# --- features --------------------------------------------------------------------------------
+
+
+class FeatureSlot(_Strict):
+    """One categorical input: the cell of ``column`` hashed into IDs looked up in ``table``."""
+
+    name: Annotated[str, Field(min_length=1)]
+    column: str
+    table: str  # defaults to the slot's name
+    pooling: Literal["sum", "mean", "none"] = "sum"
+    # Keep at most max_len IDs per sample (the first ones); required for sequence slots
+    # (pooling "none"), which are padded to it.
+    max_len: PositiveInt | None = None
+    # Split the cell on this string into several IDs (multi-hot / sequence); None: one ID per cell.
+    separator: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_table(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "table" not in data and "name" in data:
+            return {**data, "table": data["name"]}
+        return data
+
+    @model_validator(mode="after")
+    def _sequence_needs_max_len(self) -> FeatureSlot:
+        if self.pooling == "none" and self.max_len is None:
+            raise ValueError(f"slot {self.name!r}: pooling 'none' (a sequence) needs max_len")
+        return self
+
+
+class SgdConfig(_Strict):
+    name: Literal["sgd"]
+    lr: NonNegativeFloat = 0.01
+    weight_decay: NonNegativeFloat = 0.0
+
+
+class AdagradConfig(_Strict):
+    """``acc += g*g; w -= lr * g / (sqrt(acc) + eps)``; rowwise: ``acc += mean(g*g)`` per row."""
+
+    name: Literal["adagrad", "rowwise_adagrad"]
+    lr: NonNegativeFloat = 0.01
+    eps: PositiveFloat = 1e-8
+    initial_accumulator: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
+
+
+class AdamConfig(_Strict):
+    """Adam with a per-row step count for the bias corrections (rows are updated sparsely)."""
+
+    name: Literal["adam"]
+    lr: NonNegativeFloat = 0.001
+    beta1: Probability = 0.9
+    beta2: Probability = 0.999
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+
+
+class FtrlConfig(_Strict):
+    """FTRL-Proximal (McMahan et al. 2013); ``alpha`` is the learning rate."""
+
+    name: Literal["ftrl"]
+    alpha: PositiveFloat = 0.05
+    beta: NonNegativeFloat = 1.0
+    l1: NonNegativeFloat = 0.0
+    l2: NonNegativeFloat = 0.0
+    initial_accumulator: NonNegativeFloat = 0.0
+
+
+EmbeddingOptimizerConfig = Annotated[
+    SgdConfig | AdagradConfig | AdamConfig | FtrlConfig, Field(discriminator="name")
+]
+
+
+class AdmissionOff(_Strict):
+    policy: Literal["off"]
+
+
+class AdmissionProbability(_Strict):
+    """Admit a new ID into the table with this probability per sighting."""
+
+    policy: Literal["probability"]
+    probability: Annotated[float, Field(ge=0, le=1)]
+
+
+class AdmissionThreshold(_Strict):
+    """Admit a new ID once a count-min sketch has seen it ``threshold`` times."""
+
+    policy: Literal["threshold"]
+    threshold: PositiveInt
+    sketch_width: PositiveInt = 1 << 20
+    sketch_depth: Annotated[int, Field(ge=1, le=16)] = 4
+
+
+AdmissionConfig = Annotated[
+    AdmissionOff | AdmissionProbability | AdmissionThreshold, Field(discriminator="policy")
+]
+
+
+class TableConfig(_Strict):
+    """An embedding table on the parameter servers (rows created on first sight of an ID)."""
+
+    dim: Annotated[int, Field(ge=1, le=1 << 16)]
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    initializer: Literal["uniform", "normal"] = "uniform"
+    init_low: float = -0.01
+    init_high: float = 0.01
+    init_mean: float = 0.0
+    init_std: NonNegativeFloat = 0.01
+    optimizer: EmbeddingOptimizerConfig = Field(default_factory=lambda: SgdConfig(name="sgd"))
+    weight_bound: PositiveFloat | None = None  # clip weights to [-bound, bound] after each update
+    admission: AdmissionConfig = Field(default_factory=lambda: AdmissionOff(policy="off"))
+    capacity: PositiveInt | None = None  # rows kept per table (least recently used evicted)
+    ttl_seconds: Annotated[int, Field(ge=1, lt=1 << 31)] | None = None  # evict rows idle this long
+    ttl_updates: Annotated[int, Field(ge=1, le=1 << 31)] | None = None  # ... or this many updates
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TableConfig:
+        if self.init_low > self.init_high:
+            raise ValueError(f"init_low ({self.init_low}) must be <= init_high ({self.init_high})")
+        return self
+
+    def store_kwargs(self, seed: int) -> dict[str, Any]:
+        """Keyword arguments of ``trillium_native.EmbeddingStore.create_table(name, **kwargs)``."""
+        kwargs: dict[str, Any] = {
+            "dim": self.dim,
+            "dtype": self.dtype,
+            "initializer": self.initializer,
+            "init_low": self.init_low,
+            "init_high": self.init_high,
+            "init_mean": self.init_mean,
+            "init_std": self.init_std,
+            "seed": seed,
+            "optimizer": self.optimizer.name,
+            "weight_bound": self.weight_bound,
+            "admission": self.admission.policy,
+            "capacity": self.capacity,
+            "ttl_seconds": self.ttl_seconds,
+            "ttl_updates": self.ttl_updates,
+        }
+        opt = self.optimizer
+        if isinstance(opt, FtrlConfig):
+            kwargs.update(
+                ftrl_alpha=opt.alpha,
+                ftrl_beta=opt.beta,
+                ftrl_l1=opt.l1,
+                ftrl_l2=opt.l2,
+                initial_accumulator=opt.initial_accumulator,
+            )
+        else:
+            kwargs.update(opt.model_dump(exclude={"name"}))
+        adm = self.admission
+        if isinstance(adm, AdmissionProbability):
+            kwargs["admission_probability"] = adm.probability
+        elif isinstance(adm, AdmissionThreshold):
+            kwargs.update(
+                admission_threshold=adm.threshold,
+                admission_sketch_width=adm.sketch_width,
+                admission_sketch_depth=adm.sketch_depth,
+            )
+        return kwargs
+
+
+class DenseColumn(_Strict):
+    """A numeric input column. An empty cell is a missing value: 0 after normalization.
+
+    ``standard``: (x - mean) / std; ``minmax``: (x - min) / (max - min); both take their statistics
+    from the train split unless given. ``log1p``: sign(x) * log(1 + |x|) (log1p for the
+    non-negative counts it is meant for, still defined for negatives).
+    """
+
+    column: str
+    normalization: Literal["none", "standard", "log1p", "minmax"] = "none"
+    mean: float | None = None
+    std: PositiveFloat | None = None
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _stats_match_normalization(self) -> DenseColumn:
+        for kind, (a, b) in {"standard": ("mean", "std"), "minmax": ("min", "max")}.items():
+            given = [getattr(self, a) is not None, getattr(self, b) is not None]
+            if any(given) and self.normalization != kind:
+                raise ValueError(f"dense column {self.column!r}: {a}/{b} apply to {kind!r} only")
+            if given[0] != given[1]:
+                raise ValueError(f"dense column {self.column!r}: give both {a} and {b}, or neither")
+        if self.min is not None and self.max is not None and self.min >= self.max:
+            raise ValueError(f"dense column {self.column!r}: min must be < max")
+        return self
+
+
+class LabelConfig(_Strict):
+    """The label column: values in ``positive`` are 1, those in ``negative`` 0. Without
+    ``negative``, every other non-empty value is 0; with it, any other value is a malformed row."""
+
+    column: str
+    positive: Annotated[list[str], Field(min_length=1)]
+    negative: Annotated[list[str], Field(min_length=1)] | None = None
+
+    @field_validator("positive", "negative", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> LabelConfig:
+        both = set(self.positive) & set(self.negative or ())
+        if both:
+            raise ValueError(f"label values {sorted(both)} are both positive and negative")
+        return self
+
+
+# --- model, training, topology ---------------------------------------------------------------
+
+
+class ModelSpec(_Strict):
+    """``cls``: ``"package.module:Class"``, an ``nn.Module`` subclass built as ``Class(**kwargs)``."""
+
+    cls: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class DenseSgd(_Strict):
+    name: Literal["sgd"]
+    lr: PositiveFloat = 0.01
+    momentum: Annotated[float, Field(ge=0)] = 0.0
+    weight_decay: NonNegativeFloat = 0.0
+
+
+class DenseAdam(_Strict):
+    name: Literal["adam"]
+    lr: PositiveFloat = 0.001
+    beta1: Probability = 0.9
+    beta2: Probability = 0.999
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+
+
+class DenseAdagrad(_Strict):
+    name: Literal["adagrad"]
+    lr: PositiveFloat = 0.01
+    eps: PositiveFloat = 1e-10
+    initial_accumulator: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
+
+
+DenseOptimizerConfig = Annotated[
+    DenseSgd | DenseAdam | DenseAdagrad, Field(discriminator="name")
+]
+
+
+class TrainingConfig(_Strict):
+    batch_size: PositiveInt
+    epochs: PositiveInt = 1
+    # How many of a rank's batches may have embedding gradients not yet applied on the PS when it
+    # looks up the next one: 0 is synchronous, null unbounded (fully asynchronous).
+    staleness_bound: Annotated[int, Field(ge=0)] | None
+    dense_optimizer: DenseOptimizerConfig
+    seed: int = 0
+    eval_batch_size: PositiveInt = 1024
+    shuffle: bool = False  # reshuffle the train rows every epoch (a function of seed and epoch)
+
+
+class TopologyConfig(_Strict):
+    nn_ranks: PositiveInt = 1
+    ps_shards: PositiveInt = 1
+    embedding_workers: PositiveInt = 1
+
+
+class JobConfig(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
+    data: DataConfig
+    slots: Annotated[list[FeatureSlot], Field(min_length=1)]
+    tables: Annotated[dict[str, TableConfig], Field(min_length=1)]
+    dense: list[DenseColumn] = Field(default_factory=list)
+    label: LabelConfig
+    model: ModelSpec
+    training: TrainingConfig
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> JobConfig:
+        columns = SOURCE_COLUMNS[self.data.source]
+
+        def check_column(where: str, column: str) -> None:
+            if column not in columns:
+                raise ValueError(
+                    f"{where}: unknown column {column!r} for source {self.data.source!r}; "
+                    f"known columns: {', '.join(columns)}"
+                )
+
+        seen: set[str] = set()
+        for i, slot in enumerate(self.slots):
+            where = f"slots[{i}] {slot.name!r}"
+            if slot.name in seen:
+                raise ValueError(f"{where}: duplicate slot name")
+            seen.add(slot.name)
+            if slot.table not in self.tables:
+                raise ValueError(
+                    f"{where}: table {slot.table!r} is not defined; "
+                    f"tables: {', '.join(self.tables)}"
+                )
+            check_column(where, slot.column)
+        unused = set(self.tables) - {s.table for s in self.slots}
+        if unused:
+            raise ValueError(f"tables {sorted(unused)} are used by no slot")
+        dense_columns = [d.column for d in self.dense]
+        for i, column in enumerate(dense_columns):
+            check_column(f"dense[{i}]", column)
+            if column in dense_columns[:i]:
+                raise ValueError(f"dense[{i}]: column {column!r} is listed twice")
+        check_column("label", self.label.column)
+        if self.label.column in dense_columns or any(
+            s.column == self.label.column for s in self.slots
+        ):
+            raise ValueError(f"label column {self.label.column!r} is also used as a feature")
+        return self
+
+    @property
+    def embedding_dims(self) -> list[int]:
+        """Each slot's embedding dim, in slot order."""
+        return [self.tables[s.table].dim for s in self.slots]
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and validate a job YAML file; relative data paths are taken from its directory."""
+    path = Path(path)
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a job file must be a YAML mapping, got {type(raw).__name__}")
+    return JobConfig.model_validate(raw, context={"base_dir": path.parent.absolute()})
+
+
+# --- a submitted job, as the coordinator records it and hands it to the workers ----------
+
+JobState = Literal["submitted", "starting", "running", "paused", "stopping", "finished", "failed", "stopped"]
+ACTIVE: frozenset[str] = frozenset({"submitted", "starting", "running", "paused", "stopping"})
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "submitted": frozenset({"starting", "stopping", "failed"}),
+    "starting": frozenset({"running", "stopping", "failed"}),
+    "running": frozenset({"paused", "stopping", "finished", "failed"}),
+    "paused": frozenset({"running", "stopping", "failed"}),
+    "stopping": frozenset({"stopped", "failed"}),
+    "finished": frozenset(),
+    "failed": frozenset(),
+    "stopped": frozenset(),
+}
+
+class IllegalTransition(ValueError):
+    pass
+
+class Topics(BaseModel):
+    samples: str      # train batches, one partition per NN rank
+    eval: str         # test batches, one partition per NN rank
+    gradients: str    # embedding gradients, one partition per PS shard
+
+class JobRecord(BaseModel):
+    id: str
+    state: JobState
+    config: JobConfig
+    topics: Topics
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    metrics: dict[str, Any] | None = None
+
+def participants(config: JobConfig) -> dict[str, int]:
+    """How many instances of each role a job uses (indices 0..n-1)."""
+    topo = config.topology
+    return {"embedding_ps": topo.ps_shards, "embedding_worker": topo.embedding_workers,
+            "nn_worker": topo.nn_ranks, "data_loader": 1}

@@ -1,0 +1,120 @@
+"""The model contract, the default model, and how a job's model and dense optimizer are built.
+
+A model is a plain ``torch.nn.Module`` whose ``forward(dense, embeddings)`` takes
+
+- ``dense``: float32 (B, num_dense), the normalized dense columns in the job's order;
+- ``embeddings``: one tensor per feature slot, in the job's slot order: (B, dim) for pooled slots,
+  (B, max_len, dim) for sequence slots (pooling ``none``), whose padding rows are zero;
+
+and returns logits of shape (B,) (the loss is BCE with logits).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trillium.job import DenseAdagrad, DenseAdam, DenseOptimizerConfig, DenseSgd, JobConfig, ModelSpec
+
+__all__ = ["DNN", "build_dense_optimizer", "build_model", "load_model"]
+
+
+class DNN(nn.Module):
+    """PERSIA's adult-income DNN, with ReLUs: the dense columns and the concatenated embeddings are
+    each projected and batch-normalized, then an MLP maps both to a logit. Sequence slots are
+    sum-pooled (their padding rows are zero, so padding adds nothing)."""
+
+    def __init__(
+        self,
+        num_dense: int,
+        embedding_dims: Sequence[int],
+        hidden: Sequence[int] = (256, 128),
+        dense_proj: int = 16,
+        sparse_proj: int = 128,
+    ) -> None:
+        super().__init__()
+        if not embedding_dims and not num_dense:
+            raise ValueError("DNN needs dense columns or embeddings")
+        self.dense_proj = (
+            nn.Sequential(nn.Linear(num_dense, dense_proj), nn.LayerNorm(dense_proj))
+            if num_dense
+            else None
+        )
+        self.sparse_proj = (
+            nn.Sequential(nn.Linear(sum(embedding_dims), sparse_proj), nn.LayerNorm(sparse_proj))
+            if embedding_dims
+            else None
+        )
+        width = (dense_proj if num_dense else 0) + (sparse_proj if embedding_dims else 0)
+        layers: list[nn.Module] = []
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, dense: Tensor, embeddings: list[Tensor]) -> Tensor:
+        parts = []
+        if self.dense_proj is not None:
+            parts.append(self.dense_proj(dense))
+        if self.sparse_proj is not None:
+            pooled = [e.sum(dim=1) if e.dim() == 3 else e for e in embeddings]
+            parts.append(self.sparse_proj(torch.cat(pooled, dim=1)))
+        return self.mlp(torch.cat(parts, dim=1)).squeeze(-1)
+
+
+def load_model(spec: ModelSpec) -> nn.Module:
+    """Import ``spec.cls`` (``"package.module:Class"``, never evaluated) and build it with
+    ``spec.kwargs``. A ``ValueError`` names the spec when it cannot be resolved or built."""
+    module_name, _, attr = spec.cls.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"model {spec.cls!r}: cannot import module {module_name!r}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"model {spec.cls!r}: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
+        raise ValueError(f"model {spec.cls!r} is not a torch.nn.Module subclass")
+    try:
+        return obj(**spec.kwargs)
+    except TypeError as e:
+        raise ValueError(f"model {spec.cls!r}: cannot build it with kwargs {spec.kwargs}: {e}") from e
+
+
+def build_model(job: JobConfig) -> nn.Module:
+    """The job's model, initialised from ``training.seed``: every NN rank and the reference trainer
+    build identical weights."""
+    torch.manual_seed(job.training.seed)
+    return load_model(job.model)
+
+
+def build_dense_optimizer(
+    config: DenseOptimizerConfig, params: Iterable[nn.Parameter]
+) -> torch.optim.Optimizer:
+    if isinstance(config, DenseSgd):
+        return torch.optim.SGD(
+            params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        )
+    if isinstance(config, DenseAdam):
+        return torch.optim.Adam(
+            params,
+            lr=config.lr,
+            betas=(config.beta1, config.beta2),
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
+    assert isinstance(config, DenseAdagrad)
+    return torch.optim.Adagrad(
+        params,
+        lr=config.lr,
+        eps=config.eps,
+        initial_accumulator_value=config.initial_accumulator,
+        weight_decay=config.weight_decay,
+    )

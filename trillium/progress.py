@@ -1,0 +1,135 @@
+"""A running job's shared state in Redis: the one place that names its keys.
+
+Writers: the PS shards record how far they have applied each rank's gradients; the
+embedding workers record the staleness they observed; the NN workers record samples and
+loss. Readers: the embedding workers (to enforce the staleness bound) and the
+coordinator (progress, metrics, the REST API).
+
+Staleness is counted in steps. NN ranks step in lock-step (DDP), so rank r's s-th batch
+belongs to step s. When a lookup for step s runs, its staleness is the number of earlier
+steps whose embedding gradients are not yet applied on every shard for every rank:
+    staleness(s) = s - applied_steps,   applied_steps = min over (shard, rank) of (last applied step + 1)
+A lookup waits while staleness would exceed the bound k: k = 0 is synchronous training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from trillium import state
+
+# Staleness histogram buckets: 0, 1, ..., 15, and "16+" (unbounded async can go far).
+STALENESS_BUCKETS = 17
+
+
+@dataclass
+class StalenessStats:
+    bound: int | None
+    max: int = 0
+    mean: float = 0.0
+    count: int = 0
+    histogram: list[int] = field(default_factory=lambda: [0] * STALENESS_BUCKETS)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bound": self.bound, "max": self.max, "mean": round(self.mean, 4), "count": self.count,
+                "histogram": self.histogram}
+
+
+class JobProgress:
+    """Typed access to one job's keys."""
+
+    def __init__(self, redis: state.aioredis.Redis, job_id: str) -> None:
+        self.redis = redis
+        self.job_id = job_id
+        self._applied = state.key("job", job_id, "applied")
+        self._bound = state.key("job", job_id, "staleness_bound")
+        self._staleness = state.key("job", job_id, "staleness")
+        self._samples = state.key("job", job_id, "samples")
+        self._ranks = state.key("job", job_id, "ranks")
+        self._rendezvous = state.key("job", job_id, "rendezvous")
+
+    # ---- applied watermarks (PS) -----------------------------------------------------
+    async def set_applied(self, shard: int, rank: int, step: int) -> None:
+        await self.redis.hset(self._applied, f"{shard}:{rank}", step)
+
+    async def applied_steps(self, shards: int, ranks: int) -> int:
+        """Steps fully applied on every shard for every rank (0 when nothing is)."""
+        values = await self.redis.hgetall(self._applied)
+        return min((int(values.get(f"{s}:{r}", -1)) + 1 for s in range(shards) for r in range(ranks)), default=0)
+
+    # ---- the staleness bound (live-changeable) -------------------------------------------
+    async def set_bound(self, bound: int | None) -> None:
+        await self.redis.set(self._bound, "inf" if bound is None else str(bound))
+
+    async def bound(self) -> int | None:
+        raw = await self.redis.get(self._bound)
+        return None if raw in (None, "inf") else int(raw)
+
+    async def record_staleness(self, rank: int, staleness: int) -> None:
+        key = f"{self._staleness}:{rank}"
+        bucket = min(staleness, STALENESS_BUCKETS - 1)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(key, f"b{bucket}", 1)
+        pipe.hincrby(key, "count", 1)
+        pipe.hincrby(key, "sum", staleness)
+        pipe.eval("local m = tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') "
+                  "if tonumber(ARGV[1]) > m then redis.call('HSET', KEYS[1], 'max', ARGV[1]) end return 0",
+                  1, key, staleness)
+        await pipe.execute()
+
+    async def staleness(self, ranks: int) -> dict[int, StalenessStats]:
+        bound = await self.bound()
+        out = {}
+        for rank in range(ranks):
+            raw = await self.redis.hgetall(f"{self._staleness}:{rank}")
+            count = int(raw.get("count", 0))
+            out[rank] = StalenessStats(
+                bound=bound, max=int(raw.get("max", 0)), count=count,
+                mean=int(raw.get("sum", 0)) / count if count else 0.0,
+                histogram=[int(raw.get(f"b{b}", 0)) for b in range(STALENESS_BUCKETS)])
+        return out
+
+    # ---- training progress (NN workers) ----------------------------------------------
+    async def add_step(self, rank: int, epoch: int, samples: int, loss_sum: float) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(self._samples, f"samples:{rank}", samples)
+        pipe.hincrbyfloat(self._samples, f"loss_sum:{rank}", loss_sum)
+        pipe.hincrby(self._samples, f"steps:{rank}", 1)
+        pipe.hset(self._samples, f"epoch:{rank}", epoch)
+        pipe.hset(self._samples, f"last_loss:{rank}", loss_sum / max(samples, 1))
+        await pipe.execute()
+
+    async def training(self, ranks: int) -> dict[str, Any]:
+        raw = await self.redis.hgetall(self._samples)
+        samples = sum(int(raw.get(f"samples:{r}", 0)) for r in range(ranks))
+        loss_sum = sum(float(raw.get(f"loss_sum:{r}", 0.0)) for r in range(ranks))
+        last = [float(raw[f"last_loss:{r}"]) for r in range(ranks) if f"last_loss:{r}" in raw]
+        return {
+            "samples": samples,
+            "steps": max((int(raw.get(f"steps:{r}", 0)) for r in range(ranks)), default=0),
+            "epoch": min((int(raw.get(f"epoch:{r}", 0)) for r in range(ranks)), default=0),
+            "mean_loss": loss_sum / samples if samples else math.nan,
+            "last_loss": sum(last) / len(last) if last else math.nan,
+        }
+
+    # ---- per-rank completion and results ------------------------------------------------
+    async def set_rank_result(self, rank: int, result: dict[str, Any]) -> None:
+        await self.redis.hset(self._ranks, str(rank), json.dumps(result))
+
+    async def rank_results(self) -> dict[int, dict[str, Any]]:
+        return {int(k): json.loads(v) for k, v in (await self.redis.hgetall(self._ranks)).items()}
+
+    # ---- torch.distributed rendezvous -----------------------------------------------------
+    async def set_rendezvous(self, address: str) -> None:
+        await self.redis.set(self._rendezvous, address)
+
+    async def rendezvous(self) -> str | None:
+        return await self.redis.get(self._rendezvous)
+
+    async def delete(self) -> None:
+        keys = [k async for k in self.redis.scan_iter(match=state.key("job", self.job_id, "*"))]
+        if keys:
+            await self.redis.delete(*keys)

@@ -1,0 +1,344 @@
+"""Single-process PyTorch trainers of a job: the golden reference and the benchmark baseline.
+
+``train_reference`` is the correctness oracle the distributed system is compared against. It sees
+the same batches in the same order (``BatchBuilder``), builds the same dense model
+(``build_model``), starts every embedding row from exactly the value the native store gives that ID
+(it asks an ``EmbeddingStore`` configured like the job's tables), and applies the embedding
+optimizers with the native store's documented math in float32 numpy, gradients of an ID repeated
+within a batch summed first. It is the distributed job with one NN rank and synchronous embedding
+updates (staleness 0). Kept deliberately plain.
+
+``train_baseline`` is "the single-process PyTorch baseline" of the benchmarks: one
+``nn.EmbeddingBag``-style sparse parameter per table over IDs remapped to dense indices, trained
+with torch's own sparse optimizers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import trillium_native
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from trillium.batch import Batch
+from trillium.data import BatchBuilder
+from trillium.job import (
+    AdagradConfig,
+    AdamConfig,
+    FeatureSlot,
+    FtrlConfig,
+    JobConfig,
+    SgdConfig,
+    TableConfig,
+)
+from trillium.metrics import auc, logloss
+from trillium.models import build_dense_optimizer, build_model
+
+__all__ = ["TrainResult", "train_baseline", "train_reference"]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    losses: list[float]  # training loss of every step, in order
+    test_auc: float | None  # None when the job has no test split
+    test_logloss: float | None
+    examples: int  # training examples processed
+    seconds: float  # wall time of the training steps (not of reading the data)
+
+
+def _table_vocab(job: JobConfig, builder: BatchBuilder) -> dict[str, np.ndarray]:
+    """Every ID a table will see (train and test), sorted: row ``i`` of a table is its ``i``-th."""
+    splits = [builder.split("train")] + ([builder.split("test")] if builder.has_test else [])
+    vocab = {}
+    for name in job.tables:
+        ids = [
+            split.slot_values[k]
+            for split in splits
+            for k, slot in enumerate(job.slots)
+            if slot.table == name
+        ]
+        vocab[name] = np.unique(np.concatenate(ids))
+    return vocab
+
+
+def _slot_rows(
+    batch: Batch, slot: str, vocab: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For one slot of a batch: each ID's table row, the sample it belongs to, its position there."""
+    values, lengths = batch.ids.slot(slot)
+    sample = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.searchsorted(vocab, values), sample, np.arange(len(values)) - starts
+
+
+def _pool(
+    rows: Tensor,
+    sample: np.ndarray,
+    position: np.ndarray,
+    lengths: np.ndarray,
+    slot: FeatureSlot,
+) -> Tensor:
+    """Per-ID embedding rows -> the slot's model input: (B, dim) pooled or (B, max_len, dim)."""
+    batch_size, dim = len(lengths), rows.shape[1]
+    if slot.pooling == "none":
+        assert slot.max_len is not None
+        flat = torch.from_numpy(sample * slot.max_len + position)
+        padded = rows.new_zeros(batch_size * slot.max_len, dim).index_add(0, flat, rows)
+        return padded.view(batch_size, slot.max_len, dim)
+    pooled = rows.new_zeros(batch_size, dim).index_add(0, torch.from_numpy(sample), rows)
+    if slot.pooling == "mean":
+        pooled = pooled / torch.from_numpy(np.maximum(lengths, 1).astype(np.float32))[:, None]
+    return pooled
+
+
+class _Table:
+    """A table as the native store keeps it: float32 math, weights stored in the table's dtype."""
+
+    def __init__(
+        self,
+        name: str,
+        config: TableConfig,
+        vocab: np.ndarray,
+        store: trillium_native.EmbeddingStore,
+    ) -> None:
+        self.name, self.config, self.vocab, self.store = name, config, vocab, store
+        n, dim = len(vocab), config.dim
+        self.weight = np.zeros((n, dim), np.float32)
+        self.known = np.zeros(n, bool)
+        opt = config.optimizer
+        acc0 = np.float32(getattr(opt, "initial_accumulator", 0.0))
+        if opt.name == "adagrad":
+            self.acc = np.full((n, dim), acc0, np.float32)
+        elif opt.name == "rowwise_adagrad":
+            self.acc = np.full(n, acc0, np.float32)
+        elif opt.name == "adam":
+            self.m = np.zeros((n, dim), np.float32)
+            self.v = np.zeros((n, dim), np.float32)
+            self.steps = np.zeros(n, np.int64)
+        elif opt.name == "ftrl":
+            self.z = np.zeros((n, dim), np.float32)
+            self.n = np.full((n, dim), acc0, np.float32)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Row indices of ``ids`` (unique), creating the rows of IDs seen for the first time."""
+        idx = np.searchsorted(self.vocab, ids)
+        new = idx[~self.known[idx]]
+        if len(new):
+            self.weight[new] = self.store.lookup(self.name, self.vocab[new])
+            self.known[new] = True
+            opt = self.config.optimizer
+            if isinstance(opt, FtrlConfig):  # start z where the FTRL weight is the initial weight
+                w, n = self.weight[new], self.n[new]
+                d = (np.float32(opt.beta) + np.sqrt(n)) / np.float32(opt.alpha) + np.float32(opt.l2)
+                self.z[new] = np.where(w == 0, 0, -(w * d + np.sign(w) * np.float32(opt.l1)))
+        return idx
+
+    def apply(self, idx: np.ndarray, grad: np.ndarray) -> None:
+        """One optimizer step on rows ``idx`` (unique) with their summed gradients."""
+        opt, f32 = self.config.optimizer, np.float32
+        w = self.weight[idx]
+        if isinstance(opt, FtrlConfig):
+            n_old = self.n[idx]
+            n_new = n_old + grad * grad
+            sigma = (np.sqrt(n_new) - np.sqrt(n_old)) * (f32(1) / f32(opt.alpha))
+            z = self.z[idx] + grad - sigma * w
+            self.z[idx], self.n[idx] = z, n_new
+            denom = (f32(opt.beta) + np.sqrt(n_new)) / f32(opt.alpha) + f32(opt.l2)
+            w = np.where(np.abs(z) <= f32(opt.l1), f32(0), -(z - np.sign(z) * f32(opt.l1)) / denom)
+        else:
+            lr = f32(opt.lr)
+            g = grad + f32(opt.weight_decay) * w
+            if isinstance(opt, SgdConfig):
+                w = w - lr * g
+            elif isinstance(opt, AdagradConfig) and opt.name == "adagrad":
+                acc = self.acc[idx] + g * g
+                self.acc[idx] = acc
+                w = w - lr * g / (np.sqrt(acc) + f32(opt.eps))
+            elif isinstance(opt, AdagradConfig):  # rowwise: one accumulator per row, of mean(g^2)
+                acc = self.acc[idx] + (g * g).sum(axis=1) / f32(w.shape[1])
+                self.acc[idx] = acc
+                w = w - (lr / (np.sqrt(acc) + f32(opt.eps)))[:, None] * g
+            else:
+                assert isinstance(opt, AdamConfig)
+                steps = self.steps[idx] + 1
+                self.steps[idx] = steps
+                # Per-row step count: a row's bias correction counts only its own updates.
+                bc1 = (1.0 - opt.beta1**steps).astype(f32)[:, None]
+                bc2 = (1.0 - opt.beta2**steps).astype(f32)[:, None]
+                b1, b2 = f32(opt.beta1), f32(opt.beta2)
+                m = b1 * self.m[idx] + (f32(1) - b1) * g
+                v = b2 * self.v[idx] + (f32(1) - b2) * g * g
+                self.m[idx], self.v[idx] = m, v
+                w = w - lr * ((m / bc1) / (np.sqrt(v / bc2) + f32(opt.eps)))
+        if self.config.weight_bound is not None:
+            bound = f32(self.config.weight_bound)
+            w = np.clip(w, -bound, bound)
+        self.weight[idx] = _round_to_dtype(w.astype(f32), self.config.dtype)
+
+
+def _round_to_dtype(w: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "fp16":
+        return w.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return torch.from_numpy(w).to(torch.bfloat16).float().numpy()
+    return w
+
+
+def _reference_embeddings(
+    job: JobConfig, tables: dict[str, _Table], batch: Batch
+) -> tuple[list[Tensor], dict[str, tuple[np.ndarray, Tensor]]]:
+    """The model's embedding inputs for ``batch``, and per table the rows used and their leaf
+    tensor (whose ``.grad`` is then the summed gradient of each unique ID)."""
+    leaves: dict[str, tuple[np.ndarray, Tensor]] = {}
+    for name, table in tables.items():
+        ids = [batch.ids.slot(s.name)[0] for s in job.slots if s.table == name]
+        unique = np.unique(np.concatenate(ids))
+        idx = table.rows(unique)
+        leaves[name] = (idx, torch.from_numpy(table.weight[idx]).requires_grad_())
+    inputs = []
+    for slot in job.slots:
+        idx, leaf = leaves[slot.table]
+        table_rows, sample, position = _slot_rows(batch, slot.name, tables[slot.table].vocab)
+        rows = leaf[np.searchsorted(idx, table_rows)]  # idx is sorted, like the vocabulary
+        inputs.append(_pool(rows, sample, position, batch.ids.slot(slot.name)[1], slot))
+    return inputs, leaves
+
+
+def _evaluate(
+    model: nn.Module, batches: Iterator[tuple[Batch, list[Tensor]]]
+) -> tuple[float, float]:
+    model.eval()
+    labels, probs = [], []
+    with torch.no_grad():
+        for batch, embeddings in batches:
+            logits = model(torch.from_numpy(batch.dense), embeddings)
+            probs.append(torch.sigmoid(logits).numpy())
+            labels.append(batch.labels)
+    model.train()
+    y, p = np.concatenate(labels), np.concatenate(probs)
+    return auc(y, p), logloss(y, p)
+
+
+def train_reference(job: JobConfig, *, builder: BatchBuilder | None = None) -> TrainResult:
+    """Train ``job`` in this process, as described in the module docstring."""
+    for name, config in job.tables.items():
+        if config.admission.policy != "off":
+            raise ValueError(f"reference: table {name!r}: admission is not modelled, set it off")
+    builder = builder or BatchBuilder(job)
+    vocab = _table_vocab(job, builder)
+    store = trillium_native.EmbeddingStore()
+    for name, config in job.tables.items():
+        store.create_table(name, **config.store_kwargs(job.training.seed))
+    tables = {name: _Table(name, job.tables[name], vocab[name], store) for name in job.tables}
+    model = build_model(job)
+    optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
+    model.train()
+    losses, examples, start = [], 0, time.perf_counter()
+    for epoch in range(job.training.epochs):
+        for batch in builder.batches("train", epoch):
+            embeddings, leaves = _reference_embeddings(job, tables, batch)
+            logits = model(torch.from_numpy(batch.dense), embeddings)
+            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            for name, (idx, leaf) in leaves.items():
+                if leaf.grad is not None:
+                    tables[name].apply(idx, leaf.grad.numpy())
+            losses.append(loss.item())
+            examples += batch.batch_size
+    seconds = time.perf_counter() - start
+    if not builder.has_test:
+        return TrainResult(losses, None, None, examples, seconds)
+    test_auc, test_logloss = _evaluate(
+        model, ((b, _reference_embeddings(job, tables, b)[0]) for b in builder.batches("test"))
+    )
+    return TrainResult(losses, test_auc, test_logloss, examples, seconds)
+
+
+def train_baseline(job: JobConfig, *, builder: BatchBuilder | None = None) -> TrainResult:
+    """Train ``job`` the plain PyTorch way: sparse-gradient embedding parameters (fp32, initialised
+    by torch from the tables' initializer settings) and torch's sparse optimizers (``sgd``,
+    ``adagrad``, ``adam`` as SparseAdam). PS-only table settings (dtype, weight_bound, admission,
+    capacity, ttl) do not apply."""
+    builder = builder or BatchBuilder(job)
+    vocab = _table_vocab(job, builder)
+    model = build_model(job)
+    weights: dict[str, nn.Parameter] = {}
+    sparse_optimizers: list[torch.optim.Optimizer] = []
+    for name, config in job.tables.items():
+        # One extra zero row: the padding index of sequence slots.
+        weight = torch.zeros(len(vocab[name]) + 1, config.dim)
+        if config.initializer == "uniform":
+            nn.init.uniform_(weight[:-1], config.init_low, config.init_high)
+        else:
+            nn.init.normal_(weight[:-1], config.init_mean, config.init_std)
+        weights[name] = param = nn.Parameter(weight)
+        opt = config.optimizer
+        if getattr(opt, "weight_decay", 0.0):
+            raise ValueError(f"baseline: table {name!r}: weight_decay needs dense gradients")
+        if isinstance(opt, SgdConfig):
+            sparse_optimizers.append(torch.optim.SGD([param], lr=opt.lr))
+        elif isinstance(opt, AdagradConfig) and opt.name == "adagrad":
+            sparse_optimizers.append(
+                torch.optim.Adagrad(
+                    [param],
+                    lr=opt.lr,
+                    eps=opt.eps,
+                    initial_accumulator_value=opt.initial_accumulator,
+                )
+            )
+        elif isinstance(opt, AdamConfig):
+            sparse_optimizers.append(
+                torch.optim.SparseAdam([param], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
+            )
+        else:
+            raise ValueError(f"baseline: table {name!r}: torch has no sparse {opt.name!r}")
+    optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
+
+    def embeddings(batch: Batch) -> list[Tensor]:
+        out = []
+        for slot in job.slots:
+            weight, pad = weights[slot.table], len(vocab[slot.table])
+            rows, sample, position = _slot_rows(batch, slot.name, vocab[slot.table])
+            lengths = batch.ids.slot(slot.name)[1]
+            if slot.pooling == "none":
+                assert slot.max_len is not None
+                padded = np.full((len(lengths), slot.max_len), pad, np.int64)
+                padded[sample, position] = rows
+                padded_ids = torch.from_numpy(padded)
+                out.append(F.embedding(padded_ids, weight, padding_idx=pad, sparse=True))
+            else:
+                offsets = torch.from_numpy(np.cumsum(lengths) - lengths)
+                out.append(
+                    F.embedding_bag(
+                        torch.from_numpy(rows), weight, offsets, mode=slot.pooling, sparse=True
+                    )
+                )
+        return out
+
+    model.train()
+    losses, examples, start = [], 0, time.perf_counter()
+    for epoch in range(job.training.epochs):
+        for batch in builder.batches("train", epoch):
+            logits = model(torch.from_numpy(batch.dense), embeddings(batch))
+            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+            optimizer.zero_grad()
+            for sparse in sparse_optimizers:
+                sparse.zero_grad()
+            loss.backward()
+            optimizer.step()
+            for sparse in sparse_optimizers:
+                sparse.step()
+            losses.append(loss.item())
+            examples += batch.batch_size
+    seconds = time.perf_counter() - start
+    if not builder.has_test:
+        return TrainResult(losses, None, None, examples, seconds)
+    test_auc, test_logloss = _evaluate(model, ((b, embeddings(b)) for b in builder.batches("test")))
+    return TrainResult(losses, test_auc, test_logloss, examples, seconds)
