@@ -100,6 +100,7 @@ class NNWorker(Service):
         if device.type == "cuda":
             torch.cuda.set_device(device)
         progress = JobProgress(self.redis, job.id)
+        self.trained = 0
         workers = await self.peers("embedding_worker", config.topology.embedding_workers)
         # A rank always talks to the same embedding worker: its pushes stay in step order.
         channel = grpc.aio.insecure_channel(workers[rank % len(workers)]["grpc_address"], options=GRPC_OPTIONS)
@@ -115,13 +116,13 @@ class NNWorker(Service):
             while self.job is not None and self.job.state == "starting":
                 await asyncio.sleep(0.05)
             started = time.perf_counter()
-            losses = await self._train(job, stub, ddp, optimizer, device, progress)
+            losses, per_epoch = await self._train(job, stub, ddp, optimizer, device, progress)
             train_s = time.perf_counter() - started
             scores = await self._evaluate(job, stub, model, device)
             gathered: list[Any] = [None] * world
             await asyncio.to_thread(dist.all_gather_object, gathered, scores)
             result: dict[str, Any] = {"samples": self.trained, "steps": len(losses), "train_seconds": train_s,
-                                      "loss_curve": losses}
+                                      "loss_curve": losses, "epochs": per_epoch}
             if rank == 0:
                 labels = np.concatenate([g[0] for g in gathered])
                 probs = np.concatenate([g[1] for g in gathered])
@@ -163,7 +164,9 @@ class NNWorker(Service):
         return [np.array(codec.unpack_array(s.values.data), dtype=np.float32) for s in response.slots]
 
     async def _train(self, job: JobRecord, stub, ddp, optimizer, device: torch.device,
-                     progress: JobProgress) -> list[float]:
+                     progress: JobProgress) -> tuple[list[float], list[dict[str, float]]]:
+        """Train every epoch; returns the loss of each step and, per epoch, the samples
+        trained and the sum of their labels (what proves each sample was trained once)."""
         config = job.config
         rank, world = self.settings.index, config.topology.nn_ranks
         queue: asyncio.Queue = asyncio.Queue(maxsize=PREFETCH)
@@ -171,6 +174,7 @@ class NNWorker(Service):
         feeder = asyncio.create_task(self._feed(job, job.topics.samples, stub, queue, config.training.epochs, True))
         pusher = asyncio.create_task(self._push_loop(stub, pushes))
         losses: list[float] = []
+        per_epoch = [{"samples": 0, "label_sum": 0.0} for _ in range(config.training.epochs)]
         try:
             for epoch in range(config.training.epochs):
                 while (item := await queue.get()) is not _EPOCH_END:
@@ -184,6 +188,8 @@ class NNWorker(Service):
                         pb.SlotGradient(slot=s.slot, grad=pb.Array(data=codec.pack_array(g)))
                         for s, g in zip(response.slots, grads)]))
                     self.trained += batch.batch_size
+                    per_epoch[batch.epoch]["samples"] += batch.batch_size
+                    per_epoch[batch.epoch]["label_sum"] += float(np.sum(batch.labels))
                     SAMPLES.labels(str(rank)).inc(batch.batch_size)
                     losses.append(loss_sum / step_samples)
                     await progress.add_step(rank, epoch, batch.batch_size, loss_sum)
@@ -196,7 +202,7 @@ class NNWorker(Service):
             for task in (feeder, pusher):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        return losses
+        return losses, per_epoch
 
     @staticmethod
     async def _push_loop(stub, pushes: asyncio.Queue) -> None:

@@ -1,0 +1,97 @@
+"""The hybrid pipeline end to end through real Kafka, gRPC and Redis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trillium import launcher
+from trillium.data import BatchBuilder
+from trillium.job import load_job
+from trillium.reference import train_reference
+
+from pipeline_helpers import DATA, run_to_end, with_training
+
+
+def _train_split(job):
+    split = BatchBuilder(job).split("train")
+    return split.rows, float(split.labels.sum())
+
+
+@pytest.mark.parametrize("bound", [0, 2, None], ids=["sync", "hybrid-k2", "async"])
+def test_every_sample_trained_once_per_epoch_within_the_bound(training_stack, tiny_job, bound) -> None:
+    job = with_training(tiny_job, staleness_bound=bound)
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    rows, label_sum = _train_split(job)
+    results = view["results"]
+    assert sorted(results) == ["0", "1"] or sorted(results) == [0, 1]
+    for epoch in range(job.training.epochs):
+        assert sum(r["epochs"][epoch]["samples"] for r in results.values()) == rows
+        assert sum(r["epochs"][epoch]["label_sum"] for r in results.values()) == pytest.approx(label_sum)
+    assert report["samples_trained"] == rows * job.training.epochs
+    # Ranks step in lock-step: the same number of steps each.
+    assert len({r["steps"] for r in results.values()}) == 1
+    stale = view["staleness"].values()
+    assert sum(s["count"] for s in stale) == sum(r["steps"] for r in results.values())
+    if bound is not None:
+        assert report["max_staleness_observed"] <= bound
+    assert report["auc"] > 0.6
+
+
+def test_one_rank_synchronous_run_matches_single_process_reference(training_stack, tiny_job) -> None:
+    """Golden equivalence: with 1 NN rank, k = 0 and a fixed order and seed, the distributed
+    system's loss curve and test AUC are those of plain single-process PyTorch."""
+    job = tiny_job.model_copy(update={"topology": tiny_job.topology.model_copy(update={"nn_ranks": 1})})
+    job = with_training(job, staleness_bound=0)
+    reference = train_reference(job)
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    distributed = next(iter(view["results"].values()))["loss_curve"]
+    assert len(distributed) == len(reference.losses)
+    np.testing.assert_allclose(distributed, reference.losses, rtol=1e-4, atol=1e-5)
+    assert report["auc"] == pytest.approx(reference.test_auc, abs=1e-4)
+    assert report["logloss"] == pytest.approx(reference.test_logloss, abs=1e-4)
+    # And it is not trivially so: training moved the loss.
+    assert np.mean(distributed[-10:]) < np.mean(distributed[:10])
+
+
+def test_malformed_rows_are_counted_quarantined_and_skipped(training_stack, tiny_job, tmp_path) -> None:
+    train = tmp_path / "train.tsv"
+    lines = (DATA / "tiny" / "train.tsv").read_text().splitlines(keepends=True)
+    bad = {5: "only\tthree\tfields\n", 17: lines[17].replace("\t", "\tnot-a-number\t", 1).split("\t", 1)[0] + "\tx" * 39 + "\n"}
+    for line_no, text in bad.items():
+        lines[line_no - 1] = text
+    train.write_text("".join(lines))
+    shutil.copy(DATA / "tiny" / "test.tsv", tmp_path / "test.tsv")
+    job = tiny_job.model_copy(update={"data": tiny_job.data.model_copy(update={"train": train,
+                                                                              "test": tmp_path / "test.tsv"})})
+    job = with_training(job, epochs=1, staleness_bound=None)
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert report["samples_trained"] == 1000 - len(bad)
+    quarantine = training_stack / "quarantine" / f"{view['job']['id']}.jsonl"
+    entries = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert sorted(e["line"] for e in entries) == sorted(bad)
+    assert all(e["file"] == str(train) and e["reason"] and e["raw"] for e in entries)
+
+
+def test_bad_config_fails_before_any_service_starts(tmp_path) -> None:
+    text = (DATA / "tiny_job.yaml").read_text().replace("column: C7,", "column: C99,")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    shutil.copytree(DATA / "tiny", tmp_path / "tiny")
+    run_dir = tmp_path / "stack"
+    out = subprocess.run([sys.executable, "-m", "trillium.cli", "demo", "--job", str(bad), "--run-dir", str(run_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "slots[6] 'c7': unknown column 'C99'" in out.stdout
+    assert "known columns: label, I1" in out.stdout
+    assert launcher.read_state(run_dir) is None  # nothing was started
+    with pytest.raises(ValueError, match="C99"):
+        load_job(bad)
