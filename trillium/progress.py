@@ -14,6 +14,8 @@ A lookup waits while staleness would exceed the bound k: k = 0 is synchronous tr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -53,12 +55,19 @@ class JobProgress:
 
     # ---- applied watermarks (PS) -----------------------------------------------------
     async def set_applied(self, shard: int, rank: int, step: int) -> None:
-        await self.redis.hset(self._applied, f"{shard}:{rank}", step)
+        """Record and announce (pub/sub) that `shard` applied `rank`'s gradients of `step`."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self._applied, f"{shard}:{rank}", step)
+        pipe.publish(self._applied, f"{shard}:{rank}:{step}")
+        await pipe.execute()
 
-    async def applied_steps(self, shards: int, ranks: int) -> int:
-        """Steps fully applied on every shard for every rank (0 when nothing is)."""
-        values = await self.redis.hgetall(self._applied)
-        return min((int(values.get(f"{s}:{r}", -1)) + 1 for s in range(shards) for r in range(ranks)), default=0)
+    async def applied(self) -> dict[tuple[int, int], int]:
+        """The last applied step per (shard, rank)."""
+        raw = await self.redis.hgetall(self._applied)
+        return {(int(k.split(":")[0]), int(k.split(":")[1])): int(v) for k, v in raw.items()}
+
+    def watermark(self, shards: int, ranks: int) -> "AppliedWatermark":
+        return AppliedWatermark(self, shards, ranks)
 
     # ---- the staleness bound (live-changeable) -------------------------------------------
     async def set_bound(self, bound: int | None) -> None:
@@ -133,3 +142,61 @@ class JobProgress:
         keys = [k async for k in self.redis.scan_iter(match=state.key("job", self.job_id, "*"))]
         if keys:
             await self.redis.delete(*keys)
+
+
+class AppliedWatermark:
+    """A live view of how many steps are fully applied, for lookups that must wait.
+
+    It follows the PS shards' announcements (pub/sub, so a waiting lookup wakes as soon
+    as the gradients it waits for are applied) and re-reads the hash and the bound every
+    `refresh_s` — pub/sub drops messages while disconnected, and the bound changes live.
+    """
+
+    def __init__(self, progress: JobProgress, shards: int, ranks: int, refresh_s: float = 0.1) -> None:
+        self.progress = progress
+        self.cells = [(s, r) for s in range(shards) for r in range(ranks)]
+        self.last: dict[tuple[int, int], int] = {}
+        self.bound: int | None = None
+        self.loaded = False  # no lookup passes before the bound is known
+        self.refresh_s = refresh_s
+        self._changed = asyncio.Condition()
+
+    @property
+    def steps(self) -> int:
+        """Steps fully applied on every shard for every rank."""
+        return min(self.last.get(cell, -1) for cell in self.cells) + 1
+
+    async def _update(self, last: dict[tuple[int, int], int] | None = None, bound: Any = ...) -> None:
+        async with self._changed:
+            for cell, step in (last or {}).items():
+                self.last[cell] = max(step, self.last.get(cell, -1))
+            if bound is not ...:
+                self.bound, self.loaded = bound, True
+            self._changed.notify_all()
+
+    async def run(self) -> None:
+        """Follow the announcements until cancelled."""
+        pubsub = self.progress.redis.pubsub()
+        await pubsub.subscribe(self.progress._applied)
+        try:
+            await self._update(await self.progress.applied(), await self.progress.bound())
+            loop = asyncio.get_running_loop()
+            next_refresh = loop.time() + self.refresh_s
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.refresh_s)
+                if message is not None:
+                    shard, rank, step = (int(x) for x in message["data"].split(":"))
+                    await self._update({(shard, rank): step})
+                if loop.time() >= next_refresh:
+                    await self._update(await self.progress.applied(), await self.progress.bound())
+                    next_refresh = loop.time() + self.refresh_s
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def wait_within_bound(self, step: int) -> int:
+        """Wait until a lookup for `step` is within the bound; returns its staleness then."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self.loaded and (self.bound is None or step - self.steps <= self.bound))
+            return max(step - self.steps, 0)

@@ -1,0 +1,159 @@
+"""End-to-end training benchmark: sync vs hybrid vs async vs a single-process baseline.
+
+One stack (2 NN ranks, 2 PS shards, 1 embedding worker) on this machine's real Kafka and
+Redis runs each workload in each mode; the single-process PyTorch baseline
+(nn.EmbeddingBag-style sparse tables with torch's sparse optimizers) trains the same job
+in this process. Every number comes from the same run, so the ratios are what to read:
+
+    python bench/e2e.py --json            # prints one JSON object
+    python bench/e2e.py --rows 20000      # a quicker synthetic workload
+
+Workloads: Adult (examples/adult, PERSIA's example) and a synthetic Criteo-like job of
+26 ID slots from `trillium datagen`'s planted model, whose own AUC is the ceiling.
+The per-stage breakdown is read from the services' Prometheus histograms (deltas over
+each run) and from the NN workers' own timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from trillium import launcher
+from trillium.cli import summarize
+from trillium.client import CoordinatorClient
+from trillium.config import Topology
+from trillium.datagen import generate_criteo
+from trillium.job import JobConfig, load_job
+from trillium.reference import train_baseline
+
+TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1)
+STAGE_METRICS = {
+    "trillium_lookup_seconds_sum": "embedding_worker.lookup (staleness wait included)",
+    "trillium_staleness_wait_seconds_sum": "embedding_worker.staleness_wait",
+    "trillium_push_gradients_seconds_sum": "embedding_worker.push_gradients (Kafka acks included)",
+    "trillium_ps_lookup_seconds_sum": "embedding_ps.lookup",
+}
+
+
+def synthetic_job(train: Path, test: Path, hybrid_k: int) -> JobConfig:
+    slots = [{"name": f"c{i}", "column": f"C{i}", "table": f"c{i}"} for i in range(1, 27)]
+    return JobConfig.model_validate({
+        "name": "synthetic-criteo",
+        "data": {"source": "criteo", "train": str(train), "test": str(test)},
+        "slots": slots,
+        "tables": {f"c{i}": {"dim": 16, "optimizer": {"name": "adagrad", "lr": 0.05}} for i in range(1, 27)},
+        "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
+        "label": {"column": "label", "positive": "1", "negative": "0"},
+        "model": {"cls": "trillium.models:DNN",
+                  "kwargs": {"num_dense": 13, "embedding_dims": [16] * 26, "hidden": [128, 64]}},
+        "training": {"batch_size": 512, "epochs": 1, "staleness_bound": hybrid_k,
+                     "dense_optimizer": {"name": "sgd", "lr": 0.1}, "seed": 0, "eval_batch_size": 4096},
+        "topology": TOPOLOGY.model_dump(include={"nn_ranks", "ps_shards", "embedding_workers"}),
+    })
+
+
+def _scrape(st: dict[str, Any]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for proc in st["processes"]:
+        if proc["role"] not in ("embedding_worker", "embedding_ps"):
+            continue
+        text = httpx.get(f"{proc['http_url']}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in STAGE_METRICS:
+                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dict[str, Any]:
+    job = job.model_copy(update={"training": job.training.model_copy(update={"staleness_bound": bound})})
+    st = launcher.read_state(run_dir)
+    before = _scrape(st)
+    client = CoordinatorClient.for_stack(run_dir)
+    started = time.monotonic()
+    try:
+        view = client.follow(client.submit(job)["id"], timeout_s=3600)
+    finally:
+        client.close()
+    report = summarize(view, mode, time.monotonic() - started)
+    if report["state"] != "finished":
+        raise RuntimeError(f"{mode} run {report['state']}: {report['error']}")
+    after = _scrape(st)
+    ranks = view["results"].values()
+    report["stages_seconds"] = {
+        **{STAGE_METRICS[k]: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in STAGE_METRICS},
+        **{f"nn_worker.{k} (mean over ranks)": round(sum(r["seconds"][k] for r in ranks) / len(ranks), 3)
+           for k in ("lookup_wait", "step", "push_drain")},
+    }
+    report.pop("error")
+    return report
+
+
+def run_workload(run_dir: Path, name: str, job: JobConfig, hybrid_k: int) -> dict[str, Any]:
+    print(f"[{name}] running sync, hybrid (k={hybrid_k}), async and the baseline", file=sys.stderr)
+    runs = {"sync": run_mode(run_dir, job, 0, "sync"),
+            "hybrid": run_mode(run_dir, job, hybrid_k, "hybrid"),
+            "async": run_mode(run_dir, job, None, "async")}
+    base = train_baseline(job)
+    runs["baseline_single_process"] = {"auc": base.test_auc, "logloss": base.test_logloss,
+                                       "samples_trained": base.examples,
+                                       "samples_per_sec": base.examples / base.seconds}
+    speed = {mode: r["samples_per_sec"] for mode, r in runs.items()}
+    return {
+        "runs": runs,
+        "hybrid_vs_sync_samples_per_sec": speed["hybrid"] / speed["sync"],
+        "async_vs_sync_samples_per_sec": speed["async"] / speed["sync"],
+        "hybrid_vs_baseline_samples_per_sec": speed["hybrid"] / speed["baseline_single_process"],
+        "hybrid_auc_minus_sync_auc": runs["hybrid"]["auc"] - runs["sync"]["auc"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+    parser.add_argument("--rows", type=int, default=200_000, help="synthetic train rows (test: a quarter)")
+    parser.add_argument("--hybrid-k", type=int, default=None, help="hybrid bound [default: the Adult job's]")
+    args = parser.parse_args()
+    adult = load_job(launcher.REPO_ROOT / "examples/adult/job.yaml")
+    hybrid_k = args.hybrid_k if args.hybrid_k is not None else adult.training.staleness_bound
+    with tempfile.TemporaryDirectory(prefix="trillium-bench-") as tmp:
+        tmp_path = Path(tmp)
+        data = generate_criteo(tmp_path / "train.tsv", args.rows, seed=11)
+        test = generate_criteo(tmp_path / "test.tsv", max(args.rows // 4, 1000), seed=11, split="test")
+        run_dir = tmp_path / "stack"
+        launcher.up(run_dir, TOPOLOGY)
+        try:
+            result = {
+                "machine_cores": os.cpu_count(),
+                "topology": TOPOLOGY.model_dump(),
+                "hybrid_k": hybrid_k,
+                "adult": run_workload(run_dir, "adult", adult, hybrid_k),
+                "synthetic_criteo": {
+                    "train_rows": data.rows, "test_rows": test.rows, "bayes_optimal_test_auc": test.auc,
+                    **run_workload(run_dir, "synthetic", synthetic_job(data.path, test.path, hybrid_k), hybrid_k)},
+            }
+        finally:
+            launcher.down(run_dir)
+    adult_hybrid = result["adult"]["runs"]["hybrid"]["auc"]
+    result["targets"] = {
+        "hybrid_vs_sync_samples_per_sec >= 2.0": {
+            w: result[w]["hybrid_vs_sync_samples_per_sec"] >= 2.0 for w in ("adult", "synthetic_criteo")},
+        "abs(hybrid_auc - sync_auc) <= 0.002": {
+            w: abs(result[w]["hybrid_auc_minus_sync_auc"]) <= 0.002 for w in ("adult", "synthetic_criteo")},
+        "adult_hybrid_auc >= 0.8929": adult_hybrid >= 0.8929,
+    }
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
