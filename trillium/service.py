@@ -123,6 +123,13 @@ class Service:
                     await self._job_task
             return
         if new and self.settings.index < participants(job.config).get(self.role, 0):
+            if job.state not in ("submitted", "starting"):
+                # We (re)started after the job did: whatever we held for it is gone, and
+                # joining now would train on lost state or replay work. Say so; never rejoin.
+                self._job_report = {"id": job.id, "phase": "failed",
+                                    "error": f"{self.name} restarted while the job was {job.state}; its state is lost"}
+                self._heartbeat_now.set()
+                return
             self._job_report = {"id": job.id, "phase": "setting_up"}
             self._job_task = asyncio.create_task(self._run_job_task(job), name=f"job-{job.id}")
 

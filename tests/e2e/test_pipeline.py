@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 from trillium import launcher
+from trillium.client import CoordinatorClient
 from trillium.data import BatchBuilder
 from trillium.job import load_job
 from trillium.reference import train_reference
@@ -95,3 +99,24 @@ def test_bad_config_fails_before_any_service_starts(tmp_path) -> None:
     assert launcher.read_state(run_dir) is None  # nothing was started
     with pytest.raises(ValueError, match="C99"):
         load_job(bad)
+
+
+def test_crashed_parameter_server_fails_the_job_instead_of_training_on_lost_rows(training_stack, tiny_job) -> None:
+    """A PS restarted mid-job has lost its rows: the job must fail, naming the cause."""
+    job = with_training(tiny_job, epochs=30, staleness_bound=None)
+    client = CoordinatorClient.for_stack(training_stack)
+    try:
+        job_id = client.submit(job)["id"]
+        deadline = time.monotonic() + 120
+        while client.job(job_id)["progress"]["samples"] < 2000:
+            assert time.monotonic() < deadline, "the job did not get going"
+            time.sleep(0.2)
+        ps = next(p for p in launcher.read_state(training_stack)["processes"] if p["name"] == "embedding_ps-1")
+        os.kill(ps["pid"], signal.SIGKILL)
+        view = client.follow(job_id, timeout_s=120)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "failed"
+    assert view["progress"]["samples"] < 30 * 1000
+    # Whoever noticed first — the restarted shard itself or a rank whose lookup broke — is named.
+    assert any(name in view["job"]["error"] for name in ("embedding_ps-1", "nn_worker", "embedding_worker"))
