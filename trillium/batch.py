@@ -42,9 +42,9 @@ def _require_index(name: str, value: object) -> None:
 class KeyedIds:
     """The IDs of a batch, grouped by feature slot.
 
-    ``values`` holds every ID, key-major: all of slot ``keys[0]``'s IDs (sample 0's, then sample 1's,
-    ...), then slot ``keys[1]``'s, and so on. ``lengths[k * batch_size + i]`` is how many IDs sample
-    ``i`` has in slot ``keys[k]`` (0 for a missing value).
+    ``values`` holds every ID, key-major: all of slot ``keys[0]``'s IDs (sample 0's, then sample
+    1's, ...), then slot ``keys[1]``'s, and so on. ``lengths[k * batch_size + i]`` is how many IDs
+    sample ``i`` has in slot ``keys[k]`` (0 for a missing value).
     """
 
     keys: tuple[str, ...]
@@ -72,7 +72,7 @@ class KeyedIds:
 
     @classmethod
     def from_slots(cls, slots: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> KeyedIds:
-        """Build from ``{key: (values, lengths)}`` in key order; every slot has the same batch size."""
+        """From ``{key: (values, lengths)}``, in key order; all slots have the same batch size."""
         if not slots:
             raise ValueError("keys must name at least one feature slot")
         sizes = {key: len(lengths) for key, (_, lengths) in slots.items()}
@@ -182,8 +182,8 @@ class EmbeddingRef:
 class GradientUpdate:
     """The embedding gradients of one batch for one PS shard.
 
-    ``tables[name] = (ids, grads)``: ``ids`` uint64[n], unique (gradients of duplicate IDs are summed
-    before this is built), ``grads`` float32[n, dim].
+    ``tables[name] = (ids, grads)``: ``ids`` uint64[n], unique (gradients of duplicate IDs are
+    summed before this is built), ``grads`` float32[n, dim].
     """
 
     rank: int

@@ -85,9 +85,10 @@ def _encode(kind: str, meta: dict[str, Any], arrays: Sequence[np.ndarray]) -> by
         header,
         _PAD[: start - _PREFIX.size - len(header)],
     ]
-    for a in arrays:
+    for i, a in enumerate(arrays):
+        if i:  # pad the previous buffer to the next boundary; nothing trails the last one
+            parts.append(_PAD[: _aligned(arrays[i - 1].nbytes) - arrays[i - 1].nbytes])
         parts.append(a.data if a.nbytes else b"")
-        parts.append(_PAD[: _aligned(a.nbytes) - a.nbytes])
     return b"".join(parts)
 
 
@@ -104,7 +105,7 @@ def _decode(data: BytesLike, kind: str) -> tuple[dict[str, Any], list[np.ndarray
         raise CodecError(f"not a Trillium message: bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
         raise CodecError(
-            f"unsupported codec format version {version} (this build reads version {FORMAT_VERSION})"
+            f"unsupported codec format version {version} (this build reads {FORMAT_VERSION})"
         )
     header_end = _PREFIX.size + header_len
     if header_end > len(view):
@@ -212,7 +213,7 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
 
 
 def pack_array(array: np.ndarray) -> bytes:
-    """One array (dtype, shape, data) as a self-describing frame, e.g. for a gRPC ``bytes`` field."""
+    """One array (dtype, shape, data) as a self-describing frame, e.g. a gRPC ``bytes`` field."""
     return _encode("array", {}, [np.asarray(array)])
 
 

@@ -5,12 +5,14 @@ number). ``BatchBuilder`` encodes a split once into columns (IDs hashed per slot
 ``trillium_native.hash_ids``, dense values normalized, labels 0/1) and cuts it into ``Batch``es.
 
 Malformed rows (wrong field count, a non-numeric dense value, an unknown label) are counted,
-skipped, logged on the ``trillium.data`` logger with file and line, and appended to the quarantine
-JSONL file when one is given; the job goes on.
+skipped, logged on the ``trillium.data`` logger with file and line (the first 100 of a split one
+by one, then a total), and appended to the quarantine JSONL file when one is given; the job goes
+on.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -18,13 +20,13 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
 import numpy as np
 import trillium_native
 
 from trillium.batch import Batch, KeyedIds
-from trillium.datagen import PlantedModel
+from trillium.datagen import PlantedModel, Split
 from trillium.job import (
     SOURCE_COLUMNS,
     AdultData,
@@ -38,11 +40,10 @@ __all__ = ["BatchBuilder", "EncodedSplit", "Row", "Split", "read_adult", "read_c
 
 logger = logging.getLogger("trillium.data")
 
-Split = Literal["train", "test"]
 # Reasons a row is malformed: the keys of the counts BatchBuilder exposes.
 FIELD_COUNT, DENSE_VALUE, LABEL = "field_count", "dense_value", "label"
 _LOGGED_PER_SPLIT = 100  # log this many malformed rows individually, then only the totals
-_CHUNK_ROWS = 1 << 16  # rows whose strings are held before hashing them
+_CHUNK_ROWS = 1 << 14  # rows parsed together (held as Python objects until then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ def read_adult(path: str | Path) -> Iterator[Row]:
     """UCI Adult CSV: ", "-separated cells, spaces stripped; skips blank lines and adult.test's
     "|1x3 Cross validator" first line, and drops the trailing "." of adult.test's labels. A "?"
     (unknown) is kept as a value of its own."""
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
         for number, line in enumerate(f, 1):
             raw = line.rstrip("\r\n")
             if not raw.strip() or raw.startswith("|"):
@@ -70,7 +71,7 @@ def read_adult(path: str | Path) -> Iterator[Row]:
 
 def read_criteo(path: str | Path) -> Iterator[Row]:
     """Criteo-format TSV (label, I1..I13, C1..C26); an empty cell is a missing value."""
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
         yield from _tsv_rows(str(path), f)
 
 
@@ -116,10 +117,30 @@ class EncodedSplit:
         return len(self.labels)
 
 
-class _Malformed(Exception):
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
+@dataclass(frozen=True)
+class _Problem:
+    """Why a row is malformed."""
+
+    kind: str  # FIELD_COUNT, DENSE_VALUE or LABEL
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """The well-formed rows of a chunk, parsed."""
+
+    slots: list[tuple[np.ndarray, np.ndarray]]  # per slot: IDs (uint64), lengths (int64)
+    dense: np.ndarray  # float64[rows, num_dense], raw; NaN where missing
+    labels: np.ndarray  # float32[rows]
+
+
+def _chunks(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
+    while chunk := list(itertools.islice(rows, size)):
+        yield chunk
+
+
+def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
 
 
 class BatchBuilder:
@@ -151,8 +172,8 @@ class BatchBuilder:
 
     @property
     def dense_stats(self) -> dict[str, dict[str, float]]:
-        """The normalization statistics in use, ``{column: {"mean", "std"} | {"min", "max"}}``,
-        for ``standard`` and ``minmax`` columns (given in the job, or computed on the train split)."""
+        """The normalization statistics in use, ``{column: {"mean", "std"} | {"min", "max"}}``, of
+        ``standard`` and ``minmax`` columns (given in the job, or computed on the train split)."""
         self.split("train")
         assert self._dense_stats is not None
         return self._dense_stats
@@ -199,111 +220,125 @@ class BatchBuilder:
 
     def _encode(self, split: Split) -> EncodedSplit:
         job = self.job
-        n_fields = len(SOURCE_COLUMNS[job.data.source])
-        index = {c: i for i, c in enumerate(SOURCE_COLUMNS[job.data.source])}
-        slot_cells = [(index[s.column], s.separator, s.max_len) for s in job.slots]
-        dense_cells = [(index[d.column], d.column) for d in job.dense]
-        label_cell = index[job.label.column]
-        positive = frozenset(job.label.positive)
-        negative = frozenset(job.label.negative) if job.label.negative is not None else None
-
-        def parse(fields: list[str]) -> tuple[list[list[str]], list[float], float]:
-            if len(fields) != n_fields:
-                raise _Malformed(FIELD_COUNT, f"expected {n_fields} fields, got {len(fields)}")
-            dense = []
-            for i, column in dense_cells:
-                cell = fields[i]
-                try:
-                    value = float(cell) if cell else math.nan
-                except ValueError:
-                    raise _Malformed(DENSE_VALUE, f"{column}: non-numeric value {cell!r}") from None
-                if cell and not math.isfinite(value):
-                    raise _Malformed(DENSE_VALUE, f"{column}: non-finite value {cell!r}")
-                dense.append(value)
-            label = fields[label_cell]
-            if label in positive:
-                y = 1.0
-            elif (label in negative) if negative is not None else bool(label):
-                y = 0.0
-            else:
-                raise _Malformed(LABEL, f"{job.label.column}: unknown label {label!r}")
-            ids = []
-            for i, separator, max_len in slot_cells:
-                cell = fields[i]
-                if separator:
-                    values = [v for v in cell.split(separator) if v]
-                else:
-                    values = [cell] if cell else []
-                ids.append(values[:max_len])
-            return ids, dense, y
-
-        slot_strings: list[list[str]] = [[] for _ in job.slots]
-        slot_lengths: list[list[int]] = [[] for _ in job.slots]
-        slot_hashed: list[list[np.ndarray]] = [[] for _ in job.slots]
-        dense_rows: list[list[float]] = []
-        labels: list[float] = []
+        slot_values: list[list[np.ndarray]] = [[] for _ in job.slots]
+        slot_lengths: list[list[np.ndarray]] = [[] for _ in job.slots]
+        dense_parts: list[np.ndarray] = []
+        label_parts: list[np.ndarray] = []
         malformed: Counter[str] = Counter()
-
-        def hash_pending() -> None:
-            for k, slot in enumerate(job.slots):
-                if slot_strings[k]:
-                    slot_hashed[k].append(trillium_native.hash_ids(slot.name, slot_strings[k]))
-                    slot_strings[k] = []
-
         quarantine: IO[str] | None = None
         try:
-            for row in read_rows(job.data, split):
-                try:
-                    ids, dense, y = parse(row.fields)
-                except _Malformed as bad:
-                    malformed[bad.kind] += 1
+            for chunk in _chunks(read_rows(job.data, split), _CHUNK_ROWS):
+                parsed, bad = self._parse_chunk(chunk)
+                for k, (values, lengths) in enumerate(parsed.slots):
+                    slot_values[k].append(values)
+                    slot_lengths[k].append(lengths)
+                dense_parts.append(parsed.dense)
+                label_parts.append(parsed.labels)
+                for row, problem in bad:
+                    malformed[problem.kind] += 1
                     if sum(malformed.values()) <= _LOGGED_PER_SPLIT:
-                        logger.warning("%s:%d: skipped malformed row: %s", row.file, row.line, bad)
+                        logger.warning(
+                            "%s:%d: skipped malformed row: %s", row.file, row.line, problem.reason
+                        )
                     if self.quarantine is not None:
                         if quarantine is None:
                             self.quarantine.parent.mkdir(parents=True, exist_ok=True)
                             quarantine = self.quarantine.open("a", encoding="utf-8")
-                        record = {"file": row.file, "line": row.line, "reason": str(bad), "raw": row.raw}
-                        quarantine.write(json.dumps(record) + "\n")
-                    continue
-                for k, values in enumerate(ids):
-                    slot_strings[k].extend(values)
-                    slot_lengths[k].append(len(values))
-                dense_rows.append(dense)
-                labels.append(y)
-                if len(labels) % _CHUNK_ROWS == 0:
-                    hash_pending()
-            hash_pending()
+                        record = {"file": row.file, "line": row.line, "reason": problem.reason}
+                        quarantine.write(json.dumps({**record, "raw": row.raw}) + "\n")
         finally:
             if quarantine is not None:
                 quarantine.close()
         if malformed:
-            logger.warning(
-                "%s split: skipped %d malformed rows %s",
-                split,
-                sum(malformed.values()),
-                dict(malformed),
-            )
+            total = sum(malformed.values())
+            logger.warning("%s split: skipped %d malformed rows %s", split, total, dict(malformed))
 
-        rows = len(labels)
-        raw_dense = np.array(dense_rows, np.float64).reshape(rows, len(job.dense))
+        raw_dense = np.concatenate(dense_parts) if dense_parts else np.empty((0, len(job.dense)))
         if split == "train":
             self._dense_stats = self._compute_stats(raw_dense)
-        offsets = []
-        for lengths in slot_lengths:
-            out = np.zeros(rows + 1, np.int64)
-            np.cumsum(lengths, out=out[1:])
-            offsets.append(out)
         return EncodedSplit(
             name=split,
-            slot_values=tuple(
-                np.concatenate(parts) if parts else np.empty(0, np.uint64) for parts in slot_hashed
+            slot_values=tuple(_concat(parts, np.uint64) for parts in slot_values),
+            slot_offsets=tuple(
+                np.concatenate([[0], np.cumsum(_concat(parts, np.int64))]) for parts in slot_lengths
             ),
-            slot_offsets=tuple(offsets),
             dense=self._normalize(raw_dense),
-            labels=np.array(labels, np.float32),
+            labels=_concat(label_parts, np.float32),
             malformed=dict(malformed),
         )
+
+    def _parse_chunk(self, rows: list[Row]) -> tuple[_Parsed, list[tuple[Row, _Problem]]]:
+        """Parse rows column by column; also return the malformed ones (in line order) with the
+        first problem of each (checks in order: field count, dense columns, label)."""
+        job = self.job
+        columns_of_source = SOURCE_COLUMNS[job.data.source]
+        index = {c: i for i, c in enumerate(columns_of_source)}
+        n_fields = len(columns_of_source)
+        bad = [
+            (r, _Problem(FIELD_COUNT, f"expected {n_fields} fields, got {len(r.fields)}"))
+            for r in rows
+            if len(r.fields) != n_fields
+        ]
+        if bad:
+            rows = [r for r in rows if len(r.fields) == n_fields]
+        n = len(rows)
+        columns = list(zip(*(r.fields for r in rows), strict=True)) or [()] * n_fields
+        problems: dict[int, _Problem] = {}  # row index -> its first problem
+
+        dense = np.empty((n, len(job.dense)))
+        for j, d in enumerate(job.dense):
+            cells = columns[index[d.column]]
+            try:
+                values = np.array([float(c) if c else math.nan for c in cells], np.float64)
+            except ValueError:  # rare: find the culprits cell by cell
+                values = np.full(n, math.nan)
+                for i, cell in enumerate(cells):
+                    try:
+                        values[i] = float(cell) if cell else math.nan
+                    except ValueError:
+                        problems.setdefault(
+                            i, _Problem(DENSE_VALUE, f"{d.column}: non-numeric value {cell!r}")
+                        )
+            present = np.fromiter(map(bool, cells), bool, n)
+            for i in np.flatnonzero(present & ~np.isfinite(values)):
+                problems.setdefault(
+                    i, _Problem(DENSE_VALUE, f"{d.column}: non-finite value {cells[i]!r}")
+                )
+            dense[:, j] = values
+
+        label = job.label
+        cells = columns[index[label.column]]
+        positive = np.fromiter(map(frozenset(label.positive).__contains__, cells), bool, n)
+        if label.negative is None:
+            negative = np.fromiter(map(bool, cells), bool, n) & ~positive
+        else:
+            negative = np.fromiter(map(frozenset(label.negative).__contains__, cells), bool, n)
+        for i in np.flatnonzero(~positive & ~negative):
+            problems.setdefault(
+                i, _Problem(LABEL, f"{label.column}: unknown label {cells[i]!r}")
+            )
+
+        keep = np.ones(n, bool)
+        keep[list(problems)] = False
+        slots = []
+        for slot in job.slots:
+            cells = columns[index[slot.column]]
+            if problems:
+                cells = tuple(itertools.compress(cells, keep))
+            if slot.separator is None:  # one ID per non-empty cell (max_len >= 1 keeps it)
+                values, lengths = list(filter(None, cells)), np.fromiter(map(bool, cells), np.int64)
+            else:
+                split_cells = [
+                    [v for v in c.split(slot.separator) if v][: slot.max_len] for c in cells
+                ]
+                values = list(itertools.chain.from_iterable(split_cells))
+                lengths = np.array([len(v) for v in split_cells], np.int64)
+            slots.append((trillium_native.hash_ids(slot.name, values), lengths))
+
+        bad += [(rows[i], problem) for i, problem in problems.items()]
+        bad.sort(key=lambda entry: entry[0].line)
+        parsed = _Parsed(slots, dense[keep], positive[keep].astype(np.float32))
+        return parsed, bad
 
     def _compute_stats(self, raw: np.ndarray) -> dict[str, dict[str, float]]:
         stats = {}
@@ -341,10 +376,12 @@ class BatchBuilder:
         return out
 
 
-def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gather(
+    values: np.ndarray, offsets: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(values, lengths) of ``rows`` of a jagged column, in the order of ``rows``."""
     starts = offsets[rows]
     lengths = offsets[rows + 1] - starts
-    # Position j of the output comes from starts[row of j] + (j - first output position of that row).
+    # Output j comes from starts[row of j] + (j - the first output position of that row).
     shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     return values[shift + np.arange(len(shift))], lengths.astype(np.int32)

@@ -18,15 +18,26 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trillium.job import DenseAdagrad, DenseAdam, DenseOptimizerConfig, DenseSgd, JobConfig, ModelSpec
+from trillium.job import (
+    DenseAdagrad,
+    DenseAdam,
+    DenseOptimizerConfig,
+    DenseSgd,
+    JobConfig,
+    ModelSpec,
+)
 
 __all__ = ["DNN", "build_dense_optimizer", "build_model", "load_model"]
 
 
 class DNN(nn.Module):
-    """PERSIA's adult-income DNN, with ReLUs: the dense columns and the concatenated embeddings are
-    each projected and batch-normalized, then an MLP maps both to a logit. Sequence slots are
-    sum-pooled (their padding rows are zero, so padding adds nothing)."""
+    """After PERSIA's adult-income DNN: the dense columns and the concatenated embeddings are each
+    projected and normalized, then a ReLU MLP maps both to a logit. Sequence slots are sum-pooled
+    (their padding rows are zero, so padding adds nothing).
+
+    LayerNorm where PERSIA has BatchNorm: a sample's output then does not depend on the rest of its
+    batch, so it is the same on any number of NN ranks, in eval and for a batch of one.
+    """
 
     def __init__(
         self,
@@ -85,7 +96,7 @@ def load_model(spec: ModelSpec) -> nn.Module:
     try:
         return obj(**spec.kwargs)
     except TypeError as e:
-        raise ValueError(f"model {spec.cls!r}: cannot build it with kwargs {spec.kwargs}: {e}") from e
+        raise ValueError(f"model {spec.cls!r}: cannot build it with {spec.kwargs}: {e}") from e
 
 
 def build_model(job: JobConfig) -> nn.Module:

@@ -16,8 +16,8 @@ with torch's own sparse optimizers.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ def _table_vocab(job: JobConfig, builder: BatchBuilder) -> dict[str, np.ndarray]
 def _slot_rows(
     batch: Batch, slot: str, vocab: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For one slot of a batch: each ID's table row, the sample it belongs to, its position there."""
+    """For one slot of a batch: each ID's table row, its sample, and its position in the sample."""
     values, lengths = batch.ids.slot(slot)
     sample = np.repeat(np.arange(len(lengths)), lengths)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
@@ -189,39 +189,72 @@ def _round_to_dtype(w: np.ndarray, dtype: str) -> np.ndarray:
     return w
 
 
-def _reference_embeddings(
-    job: JobConfig, tables: dict[str, _Table], batch: Batch
-) -> tuple[list[Tensor], dict[str, tuple[np.ndarray, Tensor]]]:
-    """The model's embedding inputs for ``batch``, and per table the rows used and their leaf
-    tensor (whose ``.grad`` is then the summed gradient of each unique ID)."""
-    leaves: dict[str, tuple[np.ndarray, Tensor]] = {}
-    for name, table in tables.items():
-        ids = [batch.ids.slot(s.name)[0] for s in job.slots if s.table == name]
-        unique = np.unique(np.concatenate(ids))
-        idx = table.rows(unique)
-        leaves[name] = (idx, torch.from_numpy(table.weight[idx]).requires_grad_())
-    inputs = []
-    for slot in job.slots:
-        idx, leaf = leaves[slot.table]
-        table_rows, sample, position = _slot_rows(batch, slot.name, tables[slot.table].vocab)
-        rows = leaf[np.searchsorted(idx, table_rows)]  # idx is sorted, like the vocabulary
-        inputs.append(_pool(rows, sample, position, batch.ids.slot(slot.name)[1], slot))
-    return inputs, leaves
+class _Embeddings(Protocol):
+    """How a trainer turns a batch's IDs into model inputs and learns from their gradients."""
+
+    def __call__(self, batch: Batch) -> list[Tensor]: ...
+
+    def step(self) -> None:
+        """Apply the gradients of the last batch embedded (called after ``backward``)."""
 
 
-def _evaluate(
-    model: nn.Module, batches: Iterator[tuple[Batch, list[Tensor]]]
-) -> tuple[float, float]:
+def _fit(
+    job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _Embeddings
+) -> TrainResult:
+    """The training loop both trainers share; then the test-set evaluation."""
+    optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
+    model.train()
+    losses, examples, start = [], 0, time.perf_counter()
+    for epoch in range(job.training.epochs):
+        for batch in builder.batches("train", epoch):
+            logits = model(torch.from_numpy(batch.dense), embeddings(batch))
+            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            embeddings.step()
+            losses.append(loss.item())
+            examples += batch.batch_size
+    seconds = time.perf_counter() - start
+    if not builder.has_test:
+        return TrainResult(losses, None, None, examples, seconds)
     model.eval()
     labels, probs = [], []
     with torch.no_grad():
-        for batch, embeddings in batches:
-            logits = model(torch.from_numpy(batch.dense), embeddings)
+        for batch in builder.batches("test"):
+            logits = model(torch.from_numpy(batch.dense), embeddings(batch))
             probs.append(torch.sigmoid(logits).numpy())
             labels.append(batch.labels)
     model.train()
     y, p = np.concatenate(labels), np.concatenate(probs)
-    return auc(y, p), logloss(y, p)
+    return TrainResult(losses, auc(y, p), logloss(y, p), examples, seconds)
+
+
+class _ReferenceEmbeddings:
+    def __init__(self, job: JobConfig, tables: dict[str, _Table]) -> None:
+        self.job, self.tables = job, tables
+        self.leaves: dict[str, tuple[np.ndarray, Tensor]] = {}
+
+    def __call__(self, batch: Batch) -> list[Tensor]:
+        # Per table, the rows of the batch's unique IDs as one leaf tensor: autograd then sums
+        # the gradients of an ID used several times into its row of ``leaf.grad``.
+        self.leaves = {}
+        for name, table in self.tables.items():
+            ids = [batch.ids.slot(s.name)[0] for s in self.job.slots if s.table == name]
+            idx = table.rows(np.unique(np.concatenate(ids)))
+            self.leaves[name] = (idx, torch.from_numpy(table.weight[idx]).requires_grad_())
+        inputs = []
+        for slot in self.job.slots:
+            idx, leaf = self.leaves[slot.table]
+            rows, sample, position = _slot_rows(batch, slot.name, self.tables[slot.table].vocab)
+            per_id = leaf[np.searchsorted(idx, rows)]  # idx is sorted, like the vocabulary
+            inputs.append(_pool(per_id, sample, position, batch.ids.slot(slot.name)[1], slot))
+        return inputs
+
+    def step(self) -> None:
+        for name, (idx, leaf) in self.leaves.items():
+            if leaf.grad is not None:
+                self.tables[name].apply(idx, leaf.grad.numpy())
 
 
 def train_reference(job: JobConfig, *, builder: BatchBuilder | None = None) -> TrainResult:
@@ -235,30 +268,66 @@ def train_reference(job: JobConfig, *, builder: BatchBuilder | None = None) -> T
     for name, config in job.tables.items():
         store.create_table(name, **config.store_kwargs(job.training.seed))
     tables = {name: _Table(name, job.tables[name], vocab[name], store) for name in job.tables}
-    model = build_model(job)
-    optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
-    model.train()
-    losses, examples, start = [], 0, time.perf_counter()
-    for epoch in range(job.training.epochs):
-        for batch in builder.batches("train", epoch):
-            embeddings, leaves = _reference_embeddings(job, tables, batch)
-            logits = model(torch.from_numpy(batch.dense), embeddings)
-            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
-            optimizer.zero_grad()
-            loss.backward()
+    return _fit(job, builder, build_model(job), _ReferenceEmbeddings(job, tables))
+
+
+class _BaselineEmbeddings:
+    def __init__(self, job: JobConfig, vocab: dict[str, np.ndarray]) -> None:
+        self.job, self.vocab = job, vocab
+        self.weights: dict[str, nn.Parameter] = {}
+        self.optimizers: list[torch.optim.Optimizer] = []
+        for name, config in job.tables.items():
+            # One extra zero row: the padding index of sequence slots.
+            weight = torch.zeros(len(vocab[name]) + 1, config.dim)
+            if config.initializer == "uniform":
+                nn.init.uniform_(weight[:-1], config.init_low, config.init_high)
+            else:
+                nn.init.normal_(weight[:-1], config.init_mean, config.init_std)
+            self.weights[name] = param = nn.Parameter(weight)
+            opt = config.optimizer
+            if getattr(opt, "weight_decay", 0.0):
+                raise ValueError(f"baseline: table {name!r}: weight_decay needs dense gradients")
+            if isinstance(opt, SgdConfig):
+                self.optimizers.append(torch.optim.SGD([param], lr=opt.lr))
+            elif isinstance(opt, AdagradConfig) and opt.name == "adagrad":
+                self.optimizers.append(
+                    torch.optim.Adagrad(
+                        [param],
+                        lr=opt.lr,
+                        eps=opt.eps,
+                        initial_accumulator_value=opt.initial_accumulator,
+                    )
+                )
+            elif isinstance(opt, AdamConfig):
+                betas = (opt.beta1, opt.beta2)
+                self.optimizers.append(
+                    torch.optim.SparseAdam([param], lr=opt.lr, betas=betas, eps=opt.eps)
+                )
+            else:
+                raise ValueError(f"baseline: table {name!r}: torch has no sparse {opt.name!r}")
+
+    def __call__(self, batch: Batch) -> list[Tensor]:
+        out = []
+        for slot in self.job.slots:
+            weight, pad = self.weights[slot.table], len(self.vocab[slot.table])
+            rows, sample, position = _slot_rows(batch, slot.name, self.vocab[slot.table])
+            lengths = batch.ids.slot(slot.name)[1]
+            if slot.pooling == "none":
+                assert slot.max_len is not None
+                padded = np.full((len(lengths), slot.max_len), pad, np.int64)
+                padded[sample, position] = rows
+                ids = torch.from_numpy(padded)
+                out.append(F.embedding(ids, weight, padding_idx=pad, sparse=True))
+            else:
+                ids = torch.from_numpy(rows)
+                offsets = torch.from_numpy(np.cumsum(lengths) - lengths)
+                out.append(F.embedding_bag(ids, weight, offsets, mode=slot.pooling, sparse=True))
+        return out
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
             optimizer.step()
-            for name, (idx, leaf) in leaves.items():
-                if leaf.grad is not None:
-                    tables[name].apply(idx, leaf.grad.numpy())
-            losses.append(loss.item())
-            examples += batch.batch_size
-    seconds = time.perf_counter() - start
-    if not builder.has_test:
-        return TrainResult(losses, None, None, examples, seconds)
-    test_auc, test_logloss = _evaluate(
-        model, ((b, _reference_embeddings(job, tables, b)[0]) for b in builder.batches("test"))
-    )
-    return TrainResult(losses, test_auc, test_logloss, examples, seconds)
+            optimizer.zero_grad()
 
 
 def train_baseline(job: JobConfig, *, builder: BatchBuilder | None = None) -> TrainResult:
@@ -269,76 +338,6 @@ def train_baseline(job: JobConfig, *, builder: BatchBuilder | None = None) -> Tr
     builder = builder or BatchBuilder(job)
     vocab = _table_vocab(job, builder)
     model = build_model(job)
-    weights: dict[str, nn.Parameter] = {}
-    sparse_optimizers: list[torch.optim.Optimizer] = []
-    for name, config in job.tables.items():
-        # One extra zero row: the padding index of sequence slots.
-        weight = torch.zeros(len(vocab[name]) + 1, config.dim)
-        if config.initializer == "uniform":
-            nn.init.uniform_(weight[:-1], config.init_low, config.init_high)
-        else:
-            nn.init.normal_(weight[:-1], config.init_mean, config.init_std)
-        weights[name] = param = nn.Parameter(weight)
-        opt = config.optimizer
-        if getattr(opt, "weight_decay", 0.0):
-            raise ValueError(f"baseline: table {name!r}: weight_decay needs dense gradients")
-        if isinstance(opt, SgdConfig):
-            sparse_optimizers.append(torch.optim.SGD([param], lr=opt.lr))
-        elif isinstance(opt, AdagradConfig) and opt.name == "adagrad":
-            sparse_optimizers.append(
-                torch.optim.Adagrad(
-                    [param],
-                    lr=opt.lr,
-                    eps=opt.eps,
-                    initial_accumulator_value=opt.initial_accumulator,
-                )
-            )
-        elif isinstance(opt, AdamConfig):
-            sparse_optimizers.append(
-                torch.optim.SparseAdam([param], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
-            )
-        else:
-            raise ValueError(f"baseline: table {name!r}: torch has no sparse {opt.name!r}")
-    optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
-
-    def embeddings(batch: Batch) -> list[Tensor]:
-        out = []
-        for slot in job.slots:
-            weight, pad = weights[slot.table], len(vocab[slot.table])
-            rows, sample, position = _slot_rows(batch, slot.name, vocab[slot.table])
-            lengths = batch.ids.slot(slot.name)[1]
-            if slot.pooling == "none":
-                assert slot.max_len is not None
-                padded = np.full((len(lengths), slot.max_len), pad, np.int64)
-                padded[sample, position] = rows
-                padded_ids = torch.from_numpy(padded)
-                out.append(F.embedding(padded_ids, weight, padding_idx=pad, sparse=True))
-            else:
-                offsets = torch.from_numpy(np.cumsum(lengths) - lengths)
-                out.append(
-                    F.embedding_bag(
-                        torch.from_numpy(rows), weight, offsets, mode=slot.pooling, sparse=True
-                    )
-                )
-        return out
-
-    model.train()
-    losses, examples, start = [], 0, time.perf_counter()
-    for epoch in range(job.training.epochs):
-        for batch in builder.batches("train", epoch):
-            logits = model(torch.from_numpy(batch.dense), embeddings(batch))
-            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
-            optimizer.zero_grad()
-            for sparse in sparse_optimizers:
-                sparse.zero_grad()
-            loss.backward()
-            optimizer.step()
-            for sparse in sparse_optimizers:
-                sparse.step()
-            losses.append(loss.item())
-            examples += batch.batch_size
-    seconds = time.perf_counter() - start
-    if not builder.has_test:
-        return TrainResult(losses, None, None, examples, seconds)
-    test_auc, test_logloss = _evaluate(model, ((b, embeddings(b)) for b in builder.batches("test")))
-    return TrainResult(losses, test_auc, test_logloss, examples, seconds)
+    # Explicitly skip torch's (costly, opt-in) sparse invariant checks, which it warns about.
+    with torch.sparse.check_sparse_tensor_invariants(enable=False):
+        return _fit(job, builder, model, _BaselineEmbeddings(job, vocab))

@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trillium_native
+
+from trillium.data import BatchBuilder, read_adult, read_rows
+from trillium.datagen import generate_criteo
+from trillium.job import JobConfig, load_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ADULT_ROW = (  # adult.data's first row
+    "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, "
+    "2174, 0, 40, United-States, <=50K"
+)
+
+
+def adult_row(age: str = "39", label: str = "<=50K", workclass: str = "State-gov") -> str:
+    fields = ADULT_ROW.split(", ")
+    fields[0], fields[1], fields[-1] = age, workclass, label
+    return ", ".join(fields)
+
+
+def adult_job(train: Path, test: Path | None = None, **training: Any) -> JobConfig:
+    return JobConfig.model_validate(
+        {
+            "name": "t",
+            "data": {"source": "adult", "train": str(train), "test": str(test) if test else None},
+            "slots": [{"name": "workclass", "column": "workclass"}, {"name": "sex", "column": "sex"}],
+            "tables": {"workclass": {"dim": 2}, "sex": {"dim": 2}},
+            "dense": [
+                {"column": "age", "normalization": "standard"},
+                {"column": "hours_per_week", "normalization": "standard", "mean": 40.0, "std": 10.0},
+                {"column": "capital_gain", "normalization": "log1p"},
+                {"column": "education_num", "normalization": "minmax"},
+            ],
+            "label": {"column": "income_bracket", "positive": ">50K", "negative": "<=50K"},
+            "model": {"cls": "trillium.models:DNN"},
+            "training": {"batch_size": 2, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}, **training},
+            "topology": {"nn_ranks": 2},
+        }
+    )
+
+
+def criteo_line(label: str = "1", dense: list[str] | None = None, cats: list[str] | None = None) -> str:
+    dense = dense if dense is not None else [str(i) for i in range(13)]
+    cats = cats if cats is not None else [f"{i:08x}" for i in range(26)]
+    return "\t".join([label, *dense, *cats])
+
+
+def criteo_job(train: Path, slots: list[dict[str, Any]], **training: Any) -> JobConfig:
+    return JobConfig.model_validate(
+        {
+            "name": "t",
+            "data": {"source": "criteo", "train": str(train)},
+            "slots": slots,
+            "tables": {s.get("table", s["name"]): {"dim": 2} for s in slots},
+            "dense": [{"column": "I1"}, {"column": "I2", "normalization": "standard"}],
+            "label": {"column": "label", "positive": "1"},
+            "model": {"cls": "trillium.models:DNN"},
+            "training": {"batch_size": 4, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}, **training},
+        }
+    )
+
+
+def test_read_adult_handles_the_test_file_quirks(tmp_path: Path) -> None:
+    path = tmp_path / "adult.test"
+    path.write_text(f"|1x3 Cross validator\n{adult_row(label='>50K.')}\n\n{adult_row(workclass='?')}\n")
+    rows = list(read_adult(path))
+    assert [r.line for r in rows] == [2, 4]
+    assert rows[0].fields[-1] == ">50K" and rows[0].fields[1] == "State-gov"
+    assert rows[1].fields[1] == "?"
+    assert rows[0].raw == adult_row(label=">50K.") and rows[0].file == str(path)
+
+
+def test_malformed_rows_are_counted_logged_and_quarantined(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    train = tmp_path / "train.csv"
+    lines = [
+        adult_row(),
+        ", ".join(ADULT_ROW.split(", ")[:14]),  # 14 fields
+        adult_row(age="abc"),
+        adult_row(label="maybe"),
+        adult_row(label=">50K"),
+        "",
+        adult_row(age="nan"),
+    ]
+    train.write_text("\n".join(lines) + "\n")
+    quarantine = tmp_path / "q" / "bad.jsonl"
+    quarantine.parent.mkdir()
+    quarantine.write_text('{"earlier": "record"}\n')
+    builder = BatchBuilder(adult_job(train), quarantine=quarantine)
+    with caplog.at_level(logging.WARNING, logger="trillium.data"):
+        split = builder.split("train")
+    assert split.rows == 2
+    np.testing.assert_array_equal(split.labels, [0.0, 1.0])
+    assert builder.malformed == {"field_count": 1, "dense_value": 2, "label": 1}
+    records = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert records[0] == {"earlier": "record"}  # appended, not overwritten
+    assert [(r["file"], r["line"]) for r in records[1:]] == [(str(train), n) for n in (2, 3, 4, 7)]
+    assert [r["raw"] for r in records[1:]] == [lines[i] for i in (1, 2, 3, 6)]
+    assert "expected 15 fields, got 14" in records[1]["reason"]
+    assert "age: non-numeric value 'abc'" in records[2]["reason"]
+    assert "income_bracket: unknown label 'maybe'" in records[3]["reason"]
+    assert "age: non-finite value 'nan'" in records[4]["reason"]
+    logged = caplog.text
+    assert f"{train}:2: skipped malformed row" in logged and f"{train}:7:" in logged
+    assert "skipped 4 malformed rows" in logged
+
+
+def test_without_negative_values_any_other_label_is_zero(tmp_path: Path) -> None:
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join([criteo_line("1"), criteo_line("0"), criteo_line("-1"), criteo_line("")]) + "\n")
+    builder = BatchBuilder(criteo_job(train, [{"name": "c1", "column": "C1"}]))
+    np.testing.assert_array_equal(builder.split("train").labels, [1, 0, 0])
+    assert builder.malformed == {"label": 1}  # an empty label is never a value
+
+
+def test_normalization(tmp_path: Path) -> None:
+    ages, hours, gains, edu = [20, 30, 40, 70], [40, 50, 30, 40], [0, 9, 99, 0], [1, 5, 9, 13]
+    train, test = tmp_path / "train.csv", tmp_path / "test.csv"
+
+    def row(i: int) -> str:
+        fields = ADULT_ROW.split(", ")
+        fields[0], fields[12], fields[10], fields[4] = str(ages[i]), str(hours[i]), str(gains[i]), str(edu[i])
+        return ", ".join(fields)
+
+    train.write_text("\n".join(row(i) for i in range(4)) + "\n")
+    test.write_text(row(3) + "\n")
+    builder = BatchBuilder(adult_job(train, test))
+    mean, std = np.mean(ages), np.std(ages)
+    assert builder.dense_stats == {
+        "age": {"mean": pytest.approx(mean), "std": pytest.approx(std)},
+        "hours_per_week": {"mean": 40.0, "std": 10.0},
+        "education_num": {"min": 1.0, "max": 13.0},
+    }
+    dense = builder.split("train").dense
+    assert dense.dtype == np.float32
+    np.testing.assert_allclose(dense[:, 0], (np.array(ages) - mean) / std, rtol=1e-6)
+    np.testing.assert_allclose(dense[:, 1], (np.array(hours) - 40) / 10)
+    np.testing.assert_allclose(dense[:, 2], np.log1p(gains), rtol=1e-6)
+    np.testing.assert_allclose(dense[:, 3], (np.array(edu) - 1) / 12, rtol=1e-6)
+    # The test split is normalized with the train split's statistics.
+    np.testing.assert_allclose(builder.split("test").dense, dense[3:4])
+
+
+def test_missing_dense_values_become_zero(tmp_path: Path) -> None:
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(criteo_line(dense=["", v, *[""] * 11]) for v in ["1", "", "3"]) + "\n")
+    builder = BatchBuilder(criteo_job(train, [{"name": "c1", "column": "C1"}]))
+    np.testing.assert_array_equal(builder.split("train").dense, [[0, -1], [0, 0], [0, 1]])
+    assert builder.dense_stats["I2"] == {"mean": 2.0, "std": 1.0}  # over the present values only
+
+
+def test_ids_are_hashed_per_slot_namespace(tmp_path: Path) -> None:
+    train = tmp_path / "train.tsv"
+    cats = [["aa", "", "x|y|z", *[""] * 23], ["bb", "cc", "", *[""] * 23]]
+    train.write_text("\n".join(criteo_line(cats=c) for c in cats) + "\n")
+    slots = [
+        {"name": "c1", "column": "C1", "table": "shared"},
+        {"name": "c2", "column": "C2", "table": "shared"},
+        {"name": "hist", "column": "C3", "separator": "|", "max_len": 2, "pooling": "none"},
+    ]
+    batch = next(BatchBuilder(criteo_job(train, slots)).batches())
+    assert batch.ids.keys == ("c1", "c2", "hist")
+    values, lengths = batch.ids.slot("c1")
+    np.testing.assert_array_equal(values, trillium_native.hash_ids("c1", ["aa", "bb"]))
+    np.testing.assert_array_equal(lengths, [1, 1])
+    values, lengths = batch.ids.slot("c2")  # a missing cell has no ID
+    np.testing.assert_array_equal(values, trillium_native.hash_ids("c2", ["cc"]))
+    np.testing.assert_array_equal(lengths, [0, 1])
+    values, lengths = batch.ids.slot("hist")  # split, then cut to max_len
+    np.testing.assert_array_equal(values, trillium_native.hash_ids("hist", ["x", "y"]))
+    np.testing.assert_array_equal(lengths, [2, 0])
+    assert trillium_native.hash_ids("c1", ["aa"])[0] != trillium_native.hash_ids("c2", ["aa"])[0]
+
+
+def write_numbered(tmp_path: Path, rows: int) -> Path:
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(criteo_line(dense=[str(i), *["0"] * 12]) for i in range(rows)) + "\n")
+    return train
+
+
+def test_batches_in_order_with_ranks(tmp_path: Path) -> None:
+    builder = BatchBuilder(criteo_job(write_numbered(tmp_path, 10), [{"name": "c1", "column": "C1"}]))
+    batches = list(builder.batches("train", epoch=3))
+    assert builder.num_batches() == 3
+    assert [(b.batch_id, b.epoch, b.batch_size) for b in batches] == [(0, 3, 4), (1, 3, 4), (2, 3, 2)]
+    assert [b.rank for b in batches] == [0, 0, 0]  # one NN rank
+    np.testing.assert_array_equal(np.concatenate([b.dense[:, 0] for b in batches]), np.arange(10))
+
+
+def test_ranks_are_batch_id_modulo_nn_ranks(tmp_path: Path) -> None:
+    train = tmp_path / "train.csv"
+    train.write_text("\n".join([adult_row()] * 7) + "\n")
+    assert [b.rank for b in BatchBuilder(adult_job(train)).batches()] == [0, 1, 0, 1]
+
+
+def test_shuffle_is_a_deterministic_function_of_seed_and_epoch(tmp_path: Path) -> None:
+    train = write_numbered(tmp_path, 50)
+
+    def order(seed: int, epoch: int) -> list[float]:
+        job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle=True, seed=seed)
+        return np.concatenate([b.dense[:, 0] for b in BatchBuilder(job).batches("train", epoch)]).tolist()
+
+    assert order(1, 0) == order(1, 0)
+    assert order(1, 0) != order(1, 1) and order(1, 0) != order(2, 0)
+    assert sorted(order(1, 0)) == list(range(50))
+    # IDs move with their rows.
+    job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle=True, seed=1)
+    for batch in BatchBuilder(job).batches("train", 1):
+        assert len(batch.ids.values) == batch.batch_size
+
+
+def test_synthetic_source_equals_the_generated_file(tmp_path: Path) -> None:
+    vocab = [5] * 26
+    generate_criteo(tmp_path / "train.tsv", 300, seed=4, vocab_sizes=vocab)
+    generate_criteo(tmp_path / "test.tsv", 100, seed=4, vocab_sizes=vocab, split="test")
+    from_file = load_job(ROOT / "tests" / "data" / "tiny_job.yaml")
+    document = from_file.model_dump(mode="json")
+    document["data"] = {
+        "source": "criteo",
+        "train": str(tmp_path / "train.tsv"),
+        "test": str(tmp_path / "test.tsv"),
+    }
+    files = BatchBuilder(JobConfig.model_validate(document))
+    document["data"] = {"source": "synthetic", "rows": 300, "test_rows": 100, "seed": 4, "vocab_sizes": vocab}
+    synthetic = BatchBuilder(JobConfig.model_validate(document))
+    for split in ("train", "test"):
+        assert list(files.batches(split)) == list(synthetic.batches(split))
+    assert synthetic.has_test and files.num_batches("test") == 1
+
+
+def test_a_job_without_test_split(tmp_path: Path) -> None:
+    builder = BatchBuilder(criteo_job(write_numbered(tmp_path, 3), [{"name": "c1", "column": "C1"}]))
+    assert not builder.has_test
+    assert list(read_rows(builder.job.data, "test")) == []
+
+
+def test_adult_example_reads_cleanly() -> None:
+    builder = BatchBuilder(load_job(ROOT / "examples" / "adult" / "job.yaml"))
+    train, test = builder.split("train"), builder.split("test")
+    assert (train.rows, test.rows) == (32561, 16281)
+    assert builder.malformed == {}
+    assert 0.2 < train.labels.mean() < 0.3 and 0.2 < test.labels.mean() < 0.3
+    np.testing.assert_allclose(train.dense.mean(axis=0), 0, atol=1e-4)  # all standardized
+    np.testing.assert_allclose(train.dense.std(axis=0), 1, atol=1e-4)

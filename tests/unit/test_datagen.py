@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from trillium.datagen import PlantedModel, SyntheticRows, generate_criteo
+
+VOCAB = [50, 1000, 20_000] * 8 + [10, 10]
+
+
+def test_report_is_the_planted_models_own_auc(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "train.tsv"
+    report = generate_criteo(path, 20_000, seed=3, vocab_sizes=VOCAB)
+    blocks = list(PlantedModel.create(3, vocab_sizes=VOCAB).sample(20_000))
+    probs = np.concatenate([b.probs for b in blocks])
+    labels = np.concatenate([b.labels for b in blocks])
+    assert report.auc == pytest.approx(roc_auc_score(labels, probs), abs=1e-12)
+    assert report.positive_rate == pytest.approx(labels.mean())
+    assert (report.path, report.rows) == (path, 20_000)
+    assert 0.2 < report.positive_rate < 0.3
+    assert 0.75 < report.auc < 0.95  # learnable, but not trivially
+    written = [int(line.split("\t", 1)[0]) for line in path.read_text().splitlines()]
+    np.testing.assert_array_equal(written, labels)
+
+
+def test_rows_look_like_criteo(tmp_path: Path) -> None:
+    path = tmp_path / "train.tsv"
+    generate_criteo(path, 2_000, seed=1, vocab_sizes=VOCAB)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2_000
+    fields = [line.split("\t") for line in lines]
+    assert {len(f) for f in fields} == {40}
+    dense = [cell for f in fields for cell in f[1:14]]
+    assert all(re.fullmatch(r"0|[1-9][0-9]*|", cell) for cell in dense)
+    assert 0 < dense.count("") < len(dense) // 2  # some missing, as in Criteo
+    cats = [cell for f in fields for cell in f[14:]]
+    assert all(re.fullmatch(r"[0-9a-f]{8}|", cell) for cell in cats)
+    assert 0 < cats.count("") < len(cats) // 2
+    # Power-law popularity: the most frequent value of a 20k-vocabulary slot is far above uniform.
+    column = [f[16] for f in fields if f[16]]
+    assert max(column.count(v) for v in set(column)) > 20 * len(column) / 20_000
+
+
+def test_same_seed_same_file_and_splits_differ(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a.tsv", tmp_path / "b.tsv", tmp_path / "c.tsv"
+    generate_criteo(a, 500, seed=9, vocab_sizes=VOCAB)
+    generate_criteo(b, 500, seed=9, vocab_sizes=VOCAB)
+    generate_criteo(c, 500, seed=9, vocab_sizes=VOCAB, split="test")
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
+def test_positive_rate_is_tuned() -> None:
+    model = PlantedModel.create(0, vocab_sizes=VOCAB, positive_rate=0.1)
+    labels = np.concatenate([b.labels for b in model.sample(20_000)])
+    assert 0.08 < labels.mean() < 0.12
+
+
+def test_to_tsv_formats_cells() -> None:
+    categorical = np.full((2, 26), -1, np.int64)
+    categorical[0, 0] = 0
+    dense = np.full((2, 13), -1, np.int64)
+    dense[0, :4] = [0, 7, 10, 123456]
+    rows = SyntheticRows(categorical, dense, np.array([0.5, 0.5]), np.array([1, 0], np.uint8))
+    first, second = rows.to_tsv().decode().splitlines()
+    assert first.split("\t")[:16] == ["1", "0", "7", "10", "123456", *[""] * 9, "00000000", ""]
+    assert second == "0" + "\t" * 39
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vocab_sizes": [10] * 25}, "26 positive ints"),
+        ({"zipf_exponent": 1.0}, "zipf_exponent"),
+        ({"positive_rate": 1.0}, "positive_rate"),
+    ],
+)
+def test_bad_arguments(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlantedModel.create(0, **kwargs)
+
+
+def test_tiny_job_data_is_what_its_comment_says(tmp_path: Path) -> None:
+    tiny = Path(__file__).resolve().parents[1] / "data" / "tiny"
+    for split, rows in (("train", 1000), ("test", 300)):
+        generate_criteo(tmp_path / f"{split}.tsv", rows, seed=7, vocab_sizes=[10] * 26, split=split)
+        assert (tmp_path / f"{split}.tsv").read_bytes() == (tiny / f"{split}.tsv").read_bytes()
