@@ -1,9 +1,9 @@
 """The job configuration schema: one YAML file (or the same document as JSON to the REST API).
 
 Every model forbids unknown keys, so a misspelt key fails naming the field; enumerations are
-``Literal``s, so a bad value fails listing the allowed ones; cross-field checks (tables exist, columns
-exist in the source's schema, ...) name the slot or field at fault. Relative data paths are resolved
-against the YAML file's directory by ``load_job``.
+``Literal``s, so a bad value fails listing the allowed ones; cross-field checks (tables exist,
+columns exist in the source's schema, ...) name the slot or field at fault. Relative data paths
+are resolved against the YAML file's directory by ``load_job``.
 """
 
 from __future__ import annotations
@@ -317,7 +317,8 @@ class LabelConfig(_Strict):
 
 
 class ModelSpec(_Strict):
-    """``cls``: ``"package.module:Class"``, an ``nn.Module`` subclass built as ``Class(**kwargs)``."""
+    """``cls``: ``"package.module:Class"``, an ``nn.Module`` subclass, built as ``Class(**kwargs)``
+    (see ``trillium.models.load_model``)."""
 
     cls: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -355,8 +356,8 @@ DenseOptimizerConfig = Annotated[
 class TrainingConfig(_Strict):
     batch_size: PositiveInt
     epochs: PositiveInt = 1
-    # How many of a rank's batches may have embedding gradients not yet applied on the PS when it
-    # looks up the next one: 0 is synchronous, null unbounded (fully asynchronous).
+    # How many earlier steps may still have embedding gradients not applied on the PS when a
+    # step's embeddings are looked up (see trillium.progress): 0 is synchronous, null unbounded.
     staleness_bound: Annotated[int, Field(ge=0)] | None
     dense_optimizer: DenseOptimizerConfig
     seed: int = 0
