@@ -19,7 +19,7 @@ import trillium_native
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from trillium import codec, kafka, state
+from trillium import codec, kafka, rpc, state
 from trillium.job import JobRecord
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
@@ -70,11 +70,8 @@ class EmbeddingPS(Service):
         self.applied_messages = 0
 
     async def start(self) -> None:
-        self.grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                                    ("grpc.max_send_message_length", 64 << 20)])
-        pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), self.grpc_server)
-        self.grpc_server.add_insecure_port(f"{self.settings.host}:{self.settings.grpc_port}")
-        await self.grpc_server.start()
+        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, lambda server:
+                                           pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server))
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from prometheus_client import Histogram
 
-from trillium import codec, kafka, state
+from trillium import codec, kafka, rpc, state
 from trillium.batch import EmbeddingRef, GradientUpdate
 from trillium.job import JobRecord
 from trillium.pb import embedding_pb2 as pb
@@ -36,7 +36,6 @@ logger = logging.getLogger("trillium.embedding_worker")
 LOOKUP_SECONDS = Histogram("trillium_lookup_seconds", "batch lookup latency (staleness wait included)")
 STALENESS_WAIT = Histogram("trillium_staleness_wait_seconds", "time a lookup waited for the staleness bound")
 PUSH_SECONDS = Histogram("trillium_push_gradients_seconds", "gradient push latency (Kafka acks included)")
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 # Plans kept for gradients not pushed yet; far more than any staleness bound keeps in flight.
 MAX_PENDING = 4096
 
@@ -117,10 +116,8 @@ class EmbeddingWorker(Service):
         torch.set_num_threads(1)
 
     async def start(self) -> None:
-        self.grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-        pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), self.grpc_server)
-        self.grpc_server.add_insecure_port(f"{self.settings.host}:{self.settings.grpc_port}")
-        await self.grpc_server.start()
+        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, lambda server:
+                                           pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), server))
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
@@ -132,7 +129,7 @@ class EmbeddingWorker(Service):
 
     async def run_job(self, job: JobRecord) -> None:
         shards = await self.peers("embedding_ps", job.config.topology.ps_shards)
-        channels = [grpc.aio.insecure_channel(w["grpc_address"], options=GRPC_OPTIONS) for w in shards]
+        channels = [rpc.channel(w["grpc_address"]) for w in shards]
         # Gradients are on the critical path of synchronous training: no linger.
         producer = kafka.producer(self.settings.kafka_bootstrap, linger_ms=0)
         await producer.start()
