@@ -106,6 +106,8 @@ class EmbeddingPS(Service):
         await consumer.start()
         self.set_job_phase("ready")
         lag = GRADIENT_LAG.labels(str(shard))
+        loop = asyncio.get_running_loop()
+        next_commit = loop.time()
         try:
             while True:
                 records = (await consumer.getmany(partition, timeout_ms=200, max_records=64)).get(partition, [])
@@ -116,10 +118,12 @@ class EmbeddingPS(Service):
                     # Ranks step in lock-step, so a rank's batch_id // nn_ranks is its step.
                     await progress.set_applied(shard, update.rank, update.batch_id // config.topology.nn_ranks)
                     self.applied_messages += 1
-                if records:
+                # Offsets and lag are bookkeeping, not on the training path: twice a second.
+                if records and loop.time() >= next_commit:
                     await consumer.commit()
                     end = (await consumer.end_offsets([partition]))[partition]
                     lag.set(end - (await consumer.position(partition)))
+                    next_commit = loop.time() + 0.5
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
