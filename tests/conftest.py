@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -15,6 +16,13 @@ class Infra:
     run_dir: Path
     kafka_bootstrap: str
     redis_url: str
+
+    def redis_database(self, db: int) -> str:
+        """The same Redis server, another of its databases. Every stack that lives alongside
+        another one takes its own: two stacks on one database share the current job and the
+        worker registry."""
+        parts = urlsplit(self.redis_url)
+        return parts._replace(path=f"/{db}").geturl()
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -15,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trillium import launcher
-from trillium.client import CoordinatorClient
+from trillium.client import ApiError, CoordinatorClient, CoordinatorUnavailable
 from trillium.config import ENV_RUN_DIR, Topology, default_run_dir, describe_validation_error
 from trillium.datagen import generate_criteo
 from trillium.job import JobConfig, load_job
@@ -32,7 +35,7 @@ def _run_dir(run_dir: Path | None) -> Path:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)  # one line, however long
     raise typer.Exit(1)
 
 
@@ -155,13 +158,10 @@ def _print_summary(report: dict) -> None:
 def run_job(run_dir: Path, config: JobConfig, mode: str | None = None) -> dict:
     """Submit `config` to the stack in `run_dir`, follow it to the end, and report."""
     started = time.monotonic()
-    client = CoordinatorClient.for_stack(run_dir)
-    try:
+    with _coordinator(run_dir) as client:
         job = client.submit(config)
         console.print(f"job [bold]{job['id']}[/bold] submitted")
         view = _follow(client, job["id"])
-    finally:
-        client.close()
     return summarize(view, mode, time.monotonic() - started)
 
 
@@ -213,6 +213,130 @@ def demo(mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) 
     finally:
         down(run_dir=rd)
     _finish(result, report)
+
+
+# ---- job control: clients of the coordinator's REST API ----------------------------------------
+
+JobId = Annotated[str, typer.Argument(help="the job's id (see `trillium jobs`)")]
+JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+@contextlib.contextmanager
+def _coordinator(run_dir: Path | None) -> Iterator[CoordinatorClient]:
+    """A client of the stack's coordinator; API errors end the command with one line."""
+    try:
+        client = CoordinatorClient.for_stack(_run_dir(run_dir))
+    except (launcher.LauncherError, OSError) as err:
+        _fail(str(err))
+    try:
+        yield client
+    except (ApiError, CoordinatorUnavailable) as err:
+        _fail(str(err))
+    finally:
+        client.close()
+
+
+def _when(ts: float | None) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else ""
+
+
+def _bound(bound: int | None) -> str:
+    return "unbounded" if bound is None else str(bound)
+
+
+@app.command("jobs")
+def list_jobs(run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+    """List the stack's jobs, oldest first."""
+    with _coordinator(run_dir) as client:
+        jobs = client.jobs()
+    if as_json:
+        print(json.dumps(jobs, indent=2))
+        return
+    table = Table()
+    table.add_column("id", no_wrap=True)  # whole, to be copied
+    for column in ("state", "created", "finished", "error"):
+        table.add_column(column)
+    for job in jobs:
+        table.add_row(job["id"], job["state"], _when(job["created_at"]), _when(job["finished_at"]),
+                      job.get("error") or "")
+    console.print(table if jobs else "no jobs")
+
+
+@app.command("job")
+def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+    """Show a job: state, progress, staleness per rank, lost workers, evaluation."""
+    with _coordinator(run_dir) as client:
+        view = client.job(job_id)
+    if as_json:
+        print(json.dumps(view, indent=2))
+        return
+    job, prog = view["job"], view["progress"]
+    recent = prog["recent_samples_per_sec"]
+    rows: list[tuple[str, Any]] = [
+        ("id", job["id"]), ("state", job["state"]),
+        ("samples", f"{prog['samples']:,} (epoch {prog['epoch']}, {prog['steps']} steps)"),
+        ("samples/s", f"{prog['samples_per_sec']:,.0f} mean" + (f", {recent:,.0f} now" if recent is not None else "")),
+        ("loss", "" if prog["last_loss"] is None else f"{prog['last_loss']:.4f} last, {prog['mean_loss']:.4f} mean")]
+    for rank, s in view["staleness"].items():
+        rows.append((f"staleness rank {rank}", f"max {s['max']}, mean {s['mean']:.2f} over {s['count']} lookups "
+                                              f"(bound {_bound(s['bound'])})"))
+    if view["lost_workers"]:
+        rows.append(("lost workers", ", ".join(view["lost_workers"])))
+    if job.get("metrics"):
+        rows.append(("eval", ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                       for k, v in job["metrics"].items())))
+    if job.get("error"):
+        rows.append(("error", job["error"]))
+    table = Table("", "", show_header=False, box=None)
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def _control(run_dir: Path | None, act: Callable[[CoordinatorClient], dict]) -> None:
+    with _coordinator(run_dir) as client:
+        job = act(client)
+    console.print(f"job {job['id']}: {job['state']}")
+
+
+@app.command()
+def pause(job_id: JobId, run_dir: RunDir = None) -> None:
+    """Pause a running job: its NN ranks hold before their next step."""
+    _control(run_dir, lambda client: client.pause(job_id))
+
+
+@app.command()
+def resume(job_id: JobId, run_dir: RunDir = None) -> None:
+    """Resume a paused job."""
+    _control(run_dir, lambda client: client.resume(job_id))
+
+
+@app.command()
+def stop(job_id: JobId, run_dir: RunDir = None) -> None:
+    """Stop a job (it is `stopping` until its workers have ended their part)."""
+    _control(run_dir, lambda client: client.stop(job_id))
+
+
+@app.command()
+def staleness(job_id: JobId,
+              set_bound: Annotated[Optional[int], typer.Option("--set", min=0, help="the new bound K")] = None,
+              unbounded: Annotated[bool, typer.Option("--unbounded", help="remove the bound, live")] = False,
+              run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+    """Show a job's staleness bound and the staleness observed per NN rank; change the bound
+    of a running job with --set K or --unbounded."""
+    if set_bound is not None and unbounded:
+        _fail("give --set K or --unbounded, not both")
+    with _coordinator(run_dir) as client:
+        report = (client.set_staleness(job_id, set_bound) if set_bound is not None or unbounded
+                  else client.staleness(job_id))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(f"job {report['job_id']}: staleness bound {_bound(report['bound'])}")
+    table = Table("rank", "lookups", "max", "mean", "histogram (0, 1, ..., 16+)")
+    for rank, s in report["ranks"].items():
+        table.add_row(rank, str(s["count"]), str(s["max"]), f"{s['mean']:.2f}", " ".join(map(str, s["histogram"])))
+    console.print(table)
 
 
 @app.command()

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -15,16 +16,31 @@ from trillium.job import JobConfig
 TERMINAL = ("finished", "failed", "stopped")
 
 
+def _describe(detail: Any) -> str:
+    """An API error's detail on one line; validation errors as `field.path: problem`."""
+    if isinstance(detail, list):
+        return "; ".join(".".join(str(p) for p in e.get("loc", ())) + f": {e.get('msg')}" if isinstance(e, dict)
+                         else str(e) for e in detail)
+    return str(detail)
+
+
 class ApiError(RuntimeError):
+    """The coordinator answered with an error status."""
+
     def __init__(self, status: int, detail: Any) -> None:
-        super().__init__(f"HTTP {status}: {detail}")
+        super().__init__(f"HTTP {status}: {_describe(detail)}")
         self.status = status
         self.detail = detail
 
 
+class CoordinatorUnavailable(RuntimeError):
+    """The coordinator did not answer at all."""
+
+
 class CoordinatorClient:
     def __init__(self, url: str, token: str, timeout_s: float = 30.0) -> None:
-        self.http = httpx.Client(base_url=url.rstrip("/") + "/v1", timeout=timeout_s,
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url + "/v1", timeout=timeout_s,
                                  headers={"Authorization": f"Bearer {token}"})
 
     @classmethod
@@ -38,7 +54,10 @@ class CoordinatorClient:
         self.http.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        r = self.http.request(method, path, **kwargs)
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            raise CoordinatorUnavailable(f"the coordinator at {self.url} did not answer: {err}") from None
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail", r.text)
@@ -47,11 +66,15 @@ class CoordinatorClient:
             raise ApiError(r.status_code, detail)
         return r.json() if r.content else None
 
+    @staticmethod
+    def _job(job_id: str, *rest: str) -> str:
+        return "/".join(["/jobs", quote(job_id, safe=""), *rest])
+
     def submit(self, config: JobConfig) -> dict[str, Any]:
         return self._call("POST", "/jobs", json=config.model_dump(mode="json"))
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/jobs/{job_id}")
+        return self._call("GET", self._job(job_id))
 
     def jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", "/jobs")
@@ -59,12 +82,44 @@ class CoordinatorClient:
     def workers(self) -> list[dict[str, Any]]:
         return self._call("GET", "/workers")
 
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", self._job(job_id, "pause"))
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", self._job(job_id, "resume"))
+
+    def stop(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", self._job(job_id, "stop"))
+
+    def delete(self, job_id: str) -> None:
+        self._call("DELETE", self._job(job_id))
+
+    def staleness(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", self._job(job_id, "staleness"))
+
+    def set_staleness(self, job_id: str, bound: int | None) -> dict[str, Any]:
+        """Change a job's staleness bound live; None: unbounded."""
+        return self._call("PUT", self._job(job_id, "staleness"), json={"bound": bound})
+
+    def tables(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", self._job(job_id, "tables"))
+
     def follow(self, job_id: str, on_update: Callable[[dict[str, Any]], None] | None = None,
-               poll_s: float = 0.5, timeout_s: float = 3600.0) -> dict[str, Any]:
-        """Poll until the job ends; returns its last view."""
+               poll_s: float = 0.5, timeout_s: float = 3600.0, unavailable_s: float = 60.0) -> dict[str, Any]:
+        """Poll until the job ends; returns its last view. Rides out a coordinator restart
+        (no answer for up to `unavailable_s`)."""
         deadline = time.monotonic() + timeout_s
+        silent_since: float | None = None
         while True:
-            view = self.job(job_id)
+            try:
+                view = self.job(job_id)
+                silent_since = None
+            except CoordinatorUnavailable:
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since > unavailable_s:
+                    raise
+                time.sleep(poll_s)
+                continue
             if on_update:
                 on_update(view)
             if view["job"]["state"] in TERMINAL:

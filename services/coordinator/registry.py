@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from trillium import state
 from trillium.config import Role
@@ -18,10 +18,17 @@ LOST_AFTER_MISSED = 10
 class WorkerRegistration(BaseModel):
     name: str = Field(pattern=r"^[a-z_]+-\d+$", max_length=64)
     role: Role
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=1 << 16)
     http_url: str = Field(max_length=256)
     grpc_address: str | None = Field(None, max_length=256)
-    pid: int = Field(ge=0)
+    pid: int = Field(ge=0, le=1 << 31)
+
+    @model_validator(mode="after")
+    def _name_is_role_and_index(self) -> WorkerRegistration:
+        # Jobs find their workers by this name: it must say what the worker is.
+        if self.name != f"{self.role}-{self.index}":
+            raise ValueError(f"name must be '{self.role}-{self.index}' (role-index), got {self.name!r}")
+        return self
 
 
 class Worker(WorkerRegistration):
@@ -30,24 +37,45 @@ class Worker(WorkerRegistration):
     health: dict[str, Any] = {}
     status: Literal["healthy", "starting", "lost"] = "starting"
 
+    def job_phase(self, job_id: str) -> str | None:
+        """What the worker last reported about `job_id`: setting_up, ready, done, failed, stopped."""
+        job = self.health.get("job")
+        return job.get("phase") if isinstance(job, dict) and job.get("id") == job_id else None
+
+    def job_error(self) -> str | None:
+        job = self.health.get("job")
+        return job.get("error") if isinstance(job, dict) else None
+
 
 class WorkerRegistry:
     def __init__(self, redis: state.aioredis.Redis, heartbeat_s: float) -> None:
         self.redis = redis
         self.lost_after_s = heartbeat_s * LOST_AFTER_MISSED
+        # Heartbeats can only arrive while this process runs: silence during a coordinator
+        # restart is not the workers' fault.
+        self.listening_since = time.time()
         self._key = state.key("workers")
 
     async def register(self, reg: WorkerRegistration) -> Worker:
         now = time.time()
-        worker = Worker(**reg.model_dump(), registered_at=now, last_heartbeat=now)
+        raw = await self.redis.hget(self._key, reg.name)
+        previous = Worker.model_validate_json(raw) if raw else None
+        # The same process registering again (the coordinator restarted) keeps its job report,
+        # so the job state machine does not read its silence as "no phase".
+        health = previous.health if previous is not None and previous.pid == reg.pid else {}
+        worker = Worker(**reg.model_dump(), registered_at=now, last_heartbeat=now, health=health)
         await self.redis.hset(self._key, reg.name, worker.model_dump_json())
         return worker
 
     async def heartbeat(self, name: str, health: dict[str, Any]) -> Worker | None:
+        """Record a heartbeat; None when `name` is not registered by the process sending it
+        (the worker then registers again, replacing a stale or foreign registration)."""
         raw = await self.redis.hget(self._key, name)
         if raw is None:
             return None
         worker = Worker.model_validate_json(raw)
+        if "pid" in health and health["pid"] != worker.pid:
+            return None
         worker.last_heartbeat = time.time()
         worker.health = health
         await self.redis.hset(self._key, name, worker.model_dump_json())
@@ -62,7 +90,7 @@ class WorkerRegistry:
         workers = []
         for value in raw.values():
             worker = Worker.model_validate_json(value)
-            if now - worker.last_heartbeat > self.lost_after_s:
+            if now - max(worker.last_heartbeat, self.listening_since) > self.lost_after_s:
                 worker.status = "lost"
             else:
                 worker.status = "healthy" if worker.health.get("status") == "ok" else "starting"

@@ -32,7 +32,7 @@ from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium import codec, kafka, metrics, state
+from trillium import codec, kafka, metrics, rpc, state
 from trillium.job import JobRecord
 from trillium.models import build_dense_optimizer, build_model
 from trillium.pb import embedding_pb2 as pb
@@ -44,7 +44,6 @@ logger = logging.getLogger("trillium.nn_worker")
 
 SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 # Lookups requested ahead of the step being trained; the embedding worker holds back any
 # that would exceed the staleness bound, so this only caps the memory in flight.
 PREFETCH = 8
@@ -103,7 +102,7 @@ class NNWorker(Service):
         self.trained = 0
         workers = await self.peers("embedding_worker", config.topology.embedding_workers)
         # A rank always talks to the same embedding worker: its pushes stay in step order.
-        channel = grpc.aio.insecure_channel(workers[rank % len(workers)]["grpc_address"], options=GRPC_OPTIONS)
+        channel = rpc.channel(workers[rank % len(workers)]["grpc_address"])
         stub = pb_grpc.EmbeddingWorkerStub(channel)
         await self._init_process_group(job, progress, device)
         try:
@@ -116,13 +115,13 @@ class NNWorker(Service):
             while self.job is not None and self.job.state == "starting":
                 await asyncio.sleep(0.05)
             started = time.perf_counter()
-            losses, per_epoch = await self._train(job, stub, ddp, optimizer, device, progress)
+            losses, per_epoch, timing = await self._train(job, stub, ddp, optimizer, device, progress)
             train_s = time.perf_counter() - started
             scores = await self._evaluate(job, stub, model, device)
             gathered: list[Any] = [None] * world
             await asyncio.to_thread(dist.all_gather_object, gathered, scores)
             result: dict[str, Any] = {"samples": self.trained, "steps": len(losses), "train_seconds": train_s,
-                                      "loss_curve": losses, "epochs": per_epoch}
+                                      "loss_curve": losses, "epochs": per_epoch, "seconds": timing}
             if rank == 0:
                 labels = np.concatenate([g[0] for g in gathered])
                 probs = np.concatenate([g[1] for g in gathered])
@@ -164,9 +163,11 @@ class NNWorker(Service):
         return [np.array(codec.unpack_array(s.values.data), dtype=np.float32) for s in response.slots]
 
     async def _train(self, job: JobRecord, stub, ddp, optimizer, device: torch.device,
-                     progress: JobProgress) -> tuple[list[float], list[dict[str, float]]]:
-        """Train every epoch; returns the loss of each step and, per epoch, the samples
-        trained and the sum of their labels (what proves each sample was trained once)."""
+                     progress: JobProgress) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
+        """Train every epoch; returns the loss of each step, per epoch the samples trained
+        and the sum of their labels (what proves each sample was trained once), and where
+        the time went: waiting for embeddings, in the step (all-reduce included), waiting
+        for the last gradients to be handed over."""
         config = job.config
         rank, world = self.settings.index, config.topology.nn_ranks
         queue: asyncio.Queue = asyncio.Queue(maxsize=PREFETCH)
@@ -175,15 +176,22 @@ class NNWorker(Service):
         pusher = asyncio.create_task(self._push_loop(stub, pushes))
         losses: list[float] = []
         per_epoch = [{"samples": 0, "label_sum": 0.0} for _ in range(config.training.epochs)]
+        timing = {"lookup_wait": 0.0, "step": 0.0, "push_drain": 0.0}
+        clock = time.perf_counter
         try:
             for epoch in range(config.training.epochs):
                 while (item := await queue.get()) is not _EPOCH_END:
+                    await self._hold_while_paused(device)
                     raw, lookup = item
+                    t0 = clock()
                     response = await lookup
+                    t1 = clock()
                     batch = codec.decode_batch(raw)
                     STALENESS.labels(str(rank)).set(response.staleness)
                     loss_sum, step_samples, grads = await asyncio.to_thread(
                         self._step, ddp, optimizer, device, world, batch, self._embeddings(response))
+                    timing["lookup_wait"] += t1 - t0
+                    timing["step"] += clock() - t1
                     await pushes.put(pb.PushGradientsRequest(ref=response.ref, slots=[
                         pb.SlotGradient(slot=s.slot, grad=pb.Array(data=codec.pack_array(g)))
                         for s, g in zip(response.slots, grads)]))
@@ -193,7 +201,9 @@ class NNWorker(Service):
                     SAMPLES.labels(str(rank)).inc(batch.batch_size)
                     losses.append(loss_sum / step_samples)
                     await progress.add_step(rank, epoch, batch.batch_size, loss_sum)
+            t0 = clock()
             await pushes.join()  # every gradient handed over before evaluation reads the tables
+            timing["push_drain"] = clock() - t0
             if pusher.done():
                 pusher.result()  # a failed push fails the job
         finally:
@@ -202,7 +212,18 @@ class NNWorker(Service):
             for task in (feeder, pusher):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        return losses, per_epoch
+        return losses, per_epoch, timing
+
+    async def _hold_while_paused(self, device: torch.device) -> None:
+        """Wait here while the job is paused. The ranks agree on it (an all-reduce of what each
+        has heard), so they all hold before the same step and none waits inside a step's
+        collectives, which would time out during a long pause."""
+        while True:
+            paused = torch.tensor([float(self.job is not None and self.job.state == "paused")], device=device)
+            await asyncio.to_thread(dist.all_reduce, paused, dist.ReduceOp.MAX)
+            if not paused.item():
+                return
+            await asyncio.sleep(0.2)
 
     @staticmethod
     async def _push_loop(stub, pushes: asyncio.Queue) -> None:

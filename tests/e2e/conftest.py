@@ -17,7 +17,7 @@ from pipeline_helpers import DATA
 def training_stack(infra, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("training-stack")
     launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1),
-                kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_url)
+                kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(2))
     yield run_dir
     launcher.down(run_dir)
 

@@ -23,7 +23,7 @@ TOPOLOGY = Topology()  # the default: 1 coordinator, 2 PS shards, 1 embedding wo
 def stack(infra, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("stack")
     # The session's broker and Redis are "external" to this stack: that path is tested too.
-    st = launcher.up(run_dir, TOPOLOGY, kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_url)
+    st = launcher.up(run_dir, TOPOLOGY, kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(3))
     yield run_dir, st
     launcher.down(run_dir)
 
@@ -39,7 +39,7 @@ def test_status_json_names_endpoints_and_all_services_healthy(stack, infra) -> N
     st = json.loads(out.stdout)
     assert st["healthy"] is True
     assert st["kafka"] == {"bootstrap": infra.kafka_bootstrap, "external": True, "ok": True, "brokers": 1}
-    assert st["redis"]["url"] == infra.redis_url and st["redis"]["ok"]
+    assert st["redis"]["url"] == infra.redis_database(3) and st["redis"]["ok"]
     names = sorted(p["name"] for p in st["processes"])
     expected = sorted(f"{role}-{i}" for role in ROLES for i in range(TOPOLOGY.count(role)))
     assert names == expected
@@ -86,7 +86,7 @@ def test_second_up_in_same_run_dir_is_refused(stack) -> None:
 
 
 def test_down_leaves_no_process_behind(infra, tmp_path) -> None:
-    env = os.environ | {ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap, ENV_REDIS_URL: infra.redis_url}
+    env = os.environ | {ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap, ENV_REDIS_URL: infra.redis_database(4)}
     up = subprocess.run([sys.executable, "-m", "trillium.cli", "up", "--run-dir", str(tmp_path), "--nn-ranks", "1"],
                         capture_output=True, text=True, env=env, timeout=240)
     assert up.returncode == 0, up.stdout + up.stderr

@@ -1,0 +1,323 @@
+"""The coordinator's REST admin API under /v1: workers, jobs and their control, live
+staleness, embedding tables and checkpoint requests. Every route needs the bearer token."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import yaml
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
+
+from trillium.job import ACTIVE, IllegalTransition, JobConfig, JobRecord
+from trillium.progress import JobProgress
+
+from .jobs import CheckpointRequest, JobNotFound, lost_workers
+from .observe import TablesUnavailable, TablesView, job_tables
+from .registry import Worker, WorkerRegistration
+
+if TYPE_CHECKING:
+    from .server import Coordinator
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+# Bodies are kept as JSON records in Redis and read back all the time: they must stay within
+# what pydantic reads back (nesting) and what validation walks quickly (YAML aliases can make
+# a small body expand to a huge value).
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+class ErrorResponse(BaseModel):
+    detail: str
+
+
+class HeartbeatResponse(BaseModel):
+    worker: Worker
+    job: JobRecord | None  # the current job: how the coordinator hands out work
+
+
+class JobProgressView(BaseModel):
+    samples: int
+    steps: int
+    epoch: int
+    samples_per_sec: float = Field(description="mean over the job's running time")
+    recent_samples_per_sec: float | None = Field(description="over the last few seconds (0 while paused); "
+                                                             "null when not measured")
+    mean_loss: float | None
+    last_loss: float | None
+
+
+class StalenessView(BaseModel):
+    bound: int | None
+    max: int
+    mean: float
+    count: int
+    histogram: list[int] = Field(description="lookups by staleness 0, 1, ..., 15 and 16 or more")
+
+
+class JobView(BaseModel):
+    job: JobRecord = Field(description="the record: state, config, timestamps, error, and the last "
+                                       "evaluation metrics (`metrics`) once finished")
+    progress: JobProgressView
+    staleness: dict[int, StalenessView]  # per NN rank
+    results: dict[int, dict[str, Any]]  # per NN rank, once it is done: samples, steps, loss curve, eval
+    lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
+
+
+class StalenessReport(BaseModel):
+    job_id: str
+    bound: int | None = Field(description="the live bound; null: unbounded")
+    ranks: dict[int, StalenessView]  # observed per NN rank since the job started
+
+
+class StalenessUpdate(BaseModel):
+    bound: Annotated[int, Field(ge=0, le=(1 << 31) - 1)] | None = Field(
+        description="0: synchronous; k: up to k steps of gradients not yet applied; null: unbounded")
+
+
+def _bounded(doc: Any) -> Any:
+    """`doc` itself, unless it is too large or too deeply nested to keep (ValueError)."""
+    stack, seen = [(doc, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise ValueError(f"the document expands to more than {MAX_VALUES} values")
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the document nests deeper than {MAX_DEPTH} levels")
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node if isinstance(node, list) else []
+        stack.extend((child, depth + 1) for child in children)
+    return doc
+
+
+def _parsed(value: Any) -> Any:
+    """FastAPI decodes only JSON bodies: a YAML one reaches the model as bytes."""
+    if isinstance(value, bytes):
+        try:
+            value = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as err:
+            raise ValueError(f"invalid YAML: {err}") from None
+    return _bounded(value)
+
+
+JobConfigBody = Annotated[JobConfig, BeforeValidator(_parsed)]
+
+
+class HeartbeatRequest(BaseModel):
+    health: Annotated[dict[str, Any], AfterValidator(_bounded)] = {}
+
+
+def _absolute_data_paths(config: JobConfig) -> None:
+    # Files are opened by the data loader, wherever it runs: a path relative to the
+    # client's directory would mean nothing there.
+    for field in ("train", "test"):
+        path = getattr(config.data, field, None)
+        if path is not None and not path.is_absolute():
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", "data", field), "input": str(path),
+                                           "msg": "data paths sent to the API must be absolute"}])
+
+
+async def _job_media_type(request: Request) -> None:
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if media not in ("application/json", *YAML_TYPES):
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+                            f"send a job as application/json or application/yaml, not {media}")
+
+
+# ---- routes ------------------------------------------------------------------------------------
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+def add_api(app: FastAPI, coord: Coordinator) -> None:
+    token = coord.settings.token.encode()
+
+    def require_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        # Constant-time comparison: response timing must not leak the token.
+        if creds is None or not secrets.compare_digest(creds.credentials.encode(), token):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_errors(401, 413))
+
+    # ---- workers
+    @v1.post("/workers", response_model=Worker, tags=["workers"])
+    async def register_worker(reg: WorkerRegistration) -> Worker:
+        """Register a service instance (services do this themselves at start)."""
+        return await coord.registry.register(reg)
+
+    @v1.post("/workers/{name}/heartbeat", response_model=HeartbeatResponse, tags=["workers"],
+             responses=_errors(404))
+    async def heartbeat(name: str, body: HeartbeatRequest) -> HeartbeatResponse:
+        """A worker's heartbeat with its health; the answer carries the current job."""
+        worker = await coord.registry.heartbeat(name, body.health)
+        if worker is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered by this process")
+        return HeartbeatResponse(worker=worker, job=await coord.jobs.current())
+
+    @v1.get("/workers", response_model=list[Worker], tags=["workers"])
+    async def list_workers() -> list[Worker]:
+        """Every registered instance: role, index (NN rank or PS shard), addresses, last
+        heartbeat, health, and status (`lost` after 10 missed heartbeats)."""
+        return await coord.registry.workers()
+
+    @v1.delete("/workers/{name}", status_code=status.HTTP_204_NO_CONTENT, tags=["workers"],
+               responses=_errors(404))
+    async def deregister(name: str) -> None:
+        """Forget a worker (it registers again with its next heartbeat if it still runs)."""
+        if not await coord.registry.deregister(name):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered")
+
+    # ---- jobs
+    @v1.post("/jobs", response_model=JobRecord, status_code=status.HTTP_201_CREATED, tags=["jobs"],
+             dependencies=[Depends(_job_media_type)], responses=_errors(409, 415))
+    async def submit_job(config: JobConfigBody) -> JobRecord:
+        """Submit a job: the job file's schema, as JSON or YAML (`Content-Type:
+        application/yaml`). Data paths must be absolute. 409 while another job is active."""
+        _absolute_data_paths(config)
+        return await coord.jobs.create(config)
+
+    @v1.get("/jobs", response_model=list[JobRecord], tags=["jobs"])
+    async def list_jobs() -> list[JobRecord]:
+        """Every job not deleted, oldest first."""
+        return await coord.jobs.all()
+
+    @v1.get("/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_errors(404))
+    async def get_job(job_id: str) -> JobView:
+        """A job's state and progress: samples, steps, epoch, samples/s, loss, staleness per
+        rank, per-rank results and evaluation metrics once done, lost workers."""
+        return await job_view(coord, await coord.jobs.require(job_id))
+
+    @v1.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"],
+               responses=_errors(404, 409))
+    async def delete_job(job_id: str) -> None:
+        """Forget a finished, failed or stopped job and all its state in Redis."""
+        await coord.jobs.delete(job_id)
+
+    @v1.post("/jobs/{job_id}/pause", response_model=JobRecord, tags=["job control"], responses=_errors(404, 409))
+    async def pause_job(job_id: str) -> JobRecord:
+        """Pause a running job: the NN ranks stop before their next step (within a heartbeat)."""
+        return await coord.jobs.transition(job_id, "paused", expect=frozenset({"running"}))
+
+    @v1.post("/jobs/{job_id}/resume", response_model=JobRecord, tags=["job control"], responses=_errors(404, 409))
+    async def resume_job(job_id: str) -> JobRecord:
+        """Resume a paused job."""
+        return await coord.jobs.transition(job_id, "running", expect=frozenset({"paused"}))
+
+    @v1.post("/jobs/{job_id}/stop", response_model=JobRecord, status_code=status.HTTP_202_ACCEPTED,
+             tags=["job control"], responses=_errors(404, 409))
+    async def stop_job(job_id: str) -> JobRecord:
+        """Stop an active job: it is `stopping` until every worker has ended its part, then `stopped`."""
+        return await coord.jobs.transition(job_id, "stopping", expect=frozenset(ACTIVE - {"stopping"}))
+
+    # ---- staleness
+    @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"],
+            responses=_errors(404))
+    async def get_staleness(job_id: str) -> StalenessReport:
+        """The live staleness bound and the staleness observed per NN rank (max, mean, histogram)."""
+        return await staleness_report(coord, await coord.jobs.require(job_id))
+
+    @v1.put("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"],
+            responses=_errors(404, 409))
+    @v1.patch("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"],
+              responses=_errors(404, 409))
+    async def set_staleness(job_id: str, update: StalenessUpdate) -> StalenessReport:
+        """Change the bound of an active job, live: the embedding workers apply it to their next lookup."""
+        job = await coord.jobs.require(job_id)
+        if job.state not in ACTIVE - {"stopping"}:
+            raise IllegalTransition(f"job {job_id} is {job.state}; its staleness bound can no longer change")
+        await JobProgress(coord.redis, job_id).set_bound(update.bound)
+        return await staleness_report(coord, job)
+
+    # ---- tables and checkpoints
+    @v1.get("/jobs/{job_id}/tables", response_model=TablesView, tags=["tables"], responses=_errors(404, 409, 503))
+    async def get_tables(job_id: str) -> TablesView:
+        """Per embedding table: rows, memory, admitted/evicted/expired rows, summed over the
+        PS shards (and per shard), asked of each shard now. Only the current job's tables are held."""
+        return await job_tables(coord.registry, await coord.jobs.require(job_id), await coord.jobs.current())
+
+    @v1.get("/jobs/{job_id}/checkpoints", response_model=list[CheckpointRequest], tags=["checkpoints"],
+            responses=_errors(404))
+    async def list_checkpoints(job_id: str) -> list[CheckpointRequest]:
+        """The checkpoint requests of a job."""
+        return await coord.jobs.checkpoints(job_id)
+
+    @v1.post("/jobs/{job_id}/checkpoints", response_model=CheckpointRequest, status_code=status.HTTP_202_ACCEPTED,
+             tags=["checkpoints"], responses=_errors(404, 409))
+    async def request_checkpoint(job_id: str) -> CheckpointRequest:
+        """Request a checkpoint of a running or paused job. The request is recorded; writing
+        checkpoints is not implemented yet, so it stays `requested`."""
+        return await coord.jobs.request_checkpoint(job_id)
+
+    app.include_router(v1)
+    _error_handlers(app)
+    _yaml_in_openapi(app)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """The domain's errors as HTTP answers, with their message as the detail."""
+
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, JobNotFound):
+            code = status.HTTP_404_NOT_FOUND
+        elif isinstance(exc, TablesUnavailable) and not exc.conflict:
+            code = status.HTTP_503_SERVICE_UNAVAILABLE
+        else:  # IllegalTransition, or tables that are not the job's
+            code = status.HTTP_409_CONFLICT
+        return JSONResponse({"detail": str(exc)}, status_code=code)
+
+    for error in (JobNotFound, IllegalTransition, TablesUnavailable):
+        app.add_exception_handler(error, answer)
+
+
+def _yaml_in_openapi(app: FastAPI) -> None:
+    """Document that POST /v1/jobs takes YAML too, with the same schema as its JSON."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        schema = generate()
+        if fresh:
+            content = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+            for media in YAML_TYPES:
+                content[media] = content["application/json"]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+# ---- views -------------------------------------------------------------------------------------
+
+async def staleness_report(coord: Coordinator, job: JobRecord) -> StalenessReport:
+    progress = JobProgress(coord.redis, job.id)
+    stats = await progress.staleness(job.config.topology.nn_ranks)
+    return StalenessReport(job_id=job.id, bound=await progress.bound(),
+                           ranks={r: StalenessView(**s.as_dict()) for r, s in stats.items()})
+
+
+async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
+    progress = JobProgress(coord.redis, job.id)
+    ranks = job.config.topology.nn_ranks
+    training = await progress.training(ranks)
+    elapsed = (job.finished_at or time.time()) - job.started_at if job.started_at else 0.0
+    nan_to_none = lambda x: None if x != x else x  # noqa: E731 (JSON has no NaN)
+    return JobView(
+        job=job,
+        progress=JobProgressView(
+            samples=training["samples"], steps=training["steps"], epoch=training["epoch"],
+            samples_per_sec=training["samples"] / elapsed if elapsed > 0 else 0.0,
+            recent_samples_per_sec=coord.observer.samples_per_sec(job.id),
+            mean_loss=nan_to_none(training["mean_loss"]), last_loss=nan_to_none(training["last_loss"])),
+        staleness={r: StalenessView(**s.as_dict()) for r, s in (await progress.staleness(ranks)).items()},
+        results=await progress.rank_results(),
+        lost_workers=await lost_workers(coord.registry, job))

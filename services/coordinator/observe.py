@@ -1,0 +1,220 @@
+"""What the coordinator observes about the current job for /metrics and the REST views:
+recent throughput, staleness per rank, Kafka consumer lag, and the PS shards' tables
+(each shard's gRPC Stats, summed)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+
+import grpc
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import Gauge
+from pydantic import BaseModel
+
+from trillium import rpc
+from trillium.job import JobRecord
+from trillium.pb import embedding_pb2 as pb
+from trillium.pb import embedding_pb2_grpc as pb_grpc
+from trillium.progress import JobProgress
+from trillium.state import aioredis
+
+from .registry import WorkerRegistry
+
+logger = logging.getLogger("trillium.coordinator.observe")
+
+SAMPLES_PER_SEC = Gauge("trillium_job_samples_per_second", "samples trained per second, last few seconds", ["job"])
+STALENESS_MAX = Gauge("trillium_job_staleness_max", "largest lookup staleness observed", ["job", "rank"])
+STALENESS_BOUND = Gauge("trillium_job_staleness_bound", "the live staleness bound (-1: unbounded)", ["job"])
+KAFKA_LAG = Gauge("trillium_job_kafka_lag_messages", "messages of the job's topics not consumed yet",
+                  ["job", "topic", "partition"])
+TABLE_ROWS = Gauge("trillium_job_table_rows", "embedding rows, all PS shards", ["job", "table"])
+TABLE_BYTES = Gauge("trillium_job_table_memory_bytes", "embedding table memory, all PS shards", ["job", "table"])
+GAUGES = (SAMPLES_PER_SEC, STALENESS_MAX, STALENESS_BOUND, KAFKA_LAG, TABLE_ROWS, TABLE_BYTES)
+
+STAT_FIELDS = ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
+# Throughput is measured over this window: long enough to smooth steps, short enough that
+# a pause shows as 0 within seconds.
+RATE_WINDOW_S = 5.0
+
+
+class TableStats(BaseModel):
+    rows: int = 0
+    memory_bytes: int = 0
+    admitted: int = 0
+    evicted: int = 0
+    expired: int = 0
+    nan_grads_skipped: int = 0
+
+
+class ShardTables(BaseModel):
+    shard: int
+    grpc_address: str
+    tables: dict[str, TableStats]
+
+
+class TablesView(BaseModel):
+    job_id: str
+    tables: dict[str, TableStats]  # summed over the shards
+    shards: list[ShardTables]
+
+
+class TablesUnavailable(RuntimeError):
+    """The tables cannot be read now; `conflict` when they do not belong to the job (yet)."""
+
+    def __init__(self, message: str, conflict: bool) -> None:
+        super().__init__(message)
+        self.conflict = conflict
+
+
+async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecord | None) -> TablesView:
+    """The job's embedding tables as its PS shards hold them now."""
+    if current is None or current.id != job.id:
+        raise TablesUnavailable(f"job {job.id} is not the current job: the PS shards no longer hold its tables",
+                                conflict=True)
+    shards = {w.index: w for w in await registry.workers() if w.role == "embedding_ps"}
+    addresses = []
+    for i in range(job.config.topology.ps_shards):
+        worker = shards.get(i)
+        if worker is None or worker.status == "lost" or not worker.grpc_address:
+            raise TablesUnavailable(f"embedding_ps-{i} is not reachable", conflict=False)
+        # A shard's tables are this job's once it has set the job up (it keeps them afterwards).
+        if worker.job_phase(job.id) in (None, "setting_up"):
+            raise TablesUnavailable(f"embedding_ps-{i} has not set job {job.id} up yet", conflict=True)
+        addresses.append(worker.grpc_address)
+    try:
+        replies = await asyncio.gather(*(_shard_stats(address) for address in addresses))
+    except grpc.aio.AioRpcError as err:
+        raise TablesUnavailable(f"a PS shard did not answer: {err.code().name} {err.details()}",
+                                conflict=False) from None
+    total: dict[str, TableStats] = {}
+    per_shard = []
+    for address, reply in zip(addresses, replies):
+        tables = {t.table: TableStats(**{f: getattr(t, f) for f in STAT_FIELDS}) for t in reply.tables}
+        per_shard.append(ShardTables(shard=reply.shard, grpc_address=address, tables=tables))
+        for name, stats in tables.items():
+            so_far = total.get(name, TableStats())
+            total[name] = TableStats(**{f: getattr(so_far, f) + getattr(stats, f) for f in STAT_FIELDS})
+    return TablesView(job_id=job.id, tables=total, shards=per_shard)
+
+
+async def _shard_stats(address: str) -> pb.ShardStatsResponse:
+    async with rpc.channel(address) as channel:
+        return await pb_grpc.EmbeddingParameterServerStub(channel).Stats(pb.ShardStatsRequest(), timeout=5.0)
+
+
+class KafkaLag:
+    """Consumer lag of a job's consumer groups: end offset minus committed offset."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._admin: AIOKafkaAdminClient | None = None
+        self._offsets: AIOKafkaConsumer | None = None
+
+    async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)
+            await admin.start()
+            self._admin = admin
+        if self._offsets is None:
+            offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, request_timeout_ms=5000)
+            await offsets.start()
+            self._offsets = offsets
+        return self._admin, self._offsets
+
+    async def lag(self, job: JobRecord) -> dict[tuple[str, int], int]:
+        topo = job.config.topology
+        # The NN ranks consume samples and eval (group <job>.nn), the PS shards gradients (<job>.ps).
+        groups = {f"{job.id}.nn": [TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval)
+                                   for r in range(topo.nn_ranks)],
+                  f"{job.id}.ps": [TopicPartition(job.topics.gradients, s) for s in range(topo.ps_shards)]}
+        admin, offsets = await self._clients()
+        ends = await offsets.end_offsets([tp for tps in groups.values() for tp in tps])
+        out = {}
+        for group, tps in groups.items():
+            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+            for tp in tps:
+                done = committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0
+                out[(tp.topic, tp.partition)] = max(ends[tp] - done, 0)
+        return out
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            await self._admin.close()
+        if self._offsets is not None:
+            await self._offsets.stop()
+        self._admin = self._offsets = None
+
+
+class Observer:
+    """Samples the current job every few seconds into the gauges, and keeps the recent
+    throughput the job view reports."""
+
+    def __init__(self, redis: aioredis.Redis, registry: WorkerRegistry, bootstrap: str,
+                 interval_s: float = 1.0) -> None:
+        self.redis = redis
+        self.registry = registry
+        self.kafka = KafkaLag(bootstrap)
+        self.interval_s = interval_s
+        self._job_id: str | None = None
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._slow_at = 0.0
+
+    def samples_per_sec(self, job_id: str) -> float | None:
+        """Throughput over the last RATE_WINDOW_S while the job runs or is paused; None until
+        two samples were taken, and for any other job."""
+        if job_id != self._job_id or len(self._samples) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+    async def tick(self, job: JobRecord | None) -> None:
+        if job is None or job.id != self._job_id:
+            for gauge in GAUGES:
+                gauge.clear()
+            self._samples.clear()
+            self._job_id = job.id if job else None
+        if job is None:
+            return
+        if job.state not in ("running", "paused"):
+            SAMPLES_PER_SEC.labels(job.id).set(0.0)
+            self._samples.clear()
+            return
+        progress = JobProgress(self.redis, job.id)
+        ranks = job.config.topology.nn_ranks
+        now = time.monotonic()
+        self._samples.append((now, (await progress.training(ranks))["samples"]))
+        while now - self._samples[0][0] > RATE_WINDOW_S:
+            self._samples.popleft()
+        rate = self.samples_per_sec(job.id)
+        SAMPLES_PER_SEC.labels(job.id).set(rate or 0.0)
+        bound = await progress.bound()
+        STALENESS_BOUND.labels(job.id).set(-1 if bound is None else bound)
+        for rank, stats in (await progress.staleness(ranks)).items():
+            STALENESS_MAX.labels(job.id, str(rank)).set(stats.max)
+        if now - self._slow_at >= 5 * self.interval_s:  # the ones that leave this process
+            self._slow_at = now
+            await self._slow(job)
+
+    async def _slow(self, job: JobRecord) -> None:
+        try:
+            for (topic, partition), lag in (await self.kafka.lag(job)).items():
+                KAFKA_LAG.labels(job.id, topic, str(partition)).set(lag)
+        except Exception as exc:  # noqa: BLE001 (metrics are best effort; the broker may be away)
+            logger.warning("kafka lag unavailable", extra={"error": str(exc)})
+            with contextlib.suppress(Exception):
+                await self.kafka.close()  # reconnect next time
+        try:
+            view = await job_tables(self.registry, job, current=job)
+        except TablesUnavailable:
+            return
+        for table, stats in view.tables.items():
+            TABLE_ROWS.labels(job.id, table).set(stats.rows)
+            TABLE_BYTES.labels(job.id, table).set(stats.memory_bytes)
+
+    async def close(self) -> None:
+        await self.kafka.close()

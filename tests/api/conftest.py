@@ -1,0 +1,61 @@
+"""A stack for the REST API tests (2 NN ranks, 2 PS shards, 1 embedding worker) on the
+session's real Kafka and Redis, and an authenticated HTTP client of its coordinator."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trillium import launcher
+from trillium.client import TERMINAL
+from trillium.config import Topology
+from trillium.job import JobConfig, load_job
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@dataclass
+class ApiStack:
+    run_dir: Path
+    url: str
+    token: str
+    redis_url: str
+    http: httpx.Client  # /v1 with the token
+
+    def wait_for(self, job_id: str, states: set[str], timeout_s: float = 120.0) -> dict[str, Any]:
+        """Poll the job's view until its state is one of `states`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = self.http.get(f"/jobs/{job_id}").raise_for_status().json()
+            if view["job"]["state"] in states:
+                return view
+            assert view["job"]["state"] not in TERMINAL, f"job {job_id} {view['job']['state']}: {view['job']['error']}"
+            assert time.monotonic() < deadline, f"job {job_id} still {view['job']['state']}, not {states}"
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def api_stack(infra, tmp_path_factory) -> ApiStack:
+    run_dir = tmp_path_factory.mktemp("api-stack")
+    redis_url = infra.redis_database(1)
+    st = launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1),
+                     kafka_bootstrap=infra.kafka_bootstrap, redis_url=redis_url)
+    token = launcher.read_token(run_dir)
+    http = httpx.Client(base_url=st["coordinator_url"] + "/v1", headers={"Authorization": f"Bearer {token}"},
+                        timeout=30.0)
+    try:
+        yield ApiStack(run_dir, st["coordinator_url"], token, redis_url, http)
+    finally:
+        http.close()
+        launcher.down(run_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_job() -> JobConfig:
+    return load_job(DATA / "tiny_job.yaml")
+

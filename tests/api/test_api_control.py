@@ -1,0 +1,184 @@
+"""Job control through the REST API and the CLI on a real stack: pause really holds the NN
+ranks, a live staleness bound is respected from the next lookup on, stop ends a job, and a
+coordinator killed mid-job comes back with every job, state and worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import redis
+import yaml
+from typer.testing import CliRunner
+
+from trillium import launcher
+from trillium.cli import app
+from trillium.job import JobConfig
+
+
+def _job(base: JobConfig, **training) -> JobConfig:
+    return base.model_copy(update={"training": base.training.model_copy(update=training)})
+
+
+def _samples(api_stack, job_id: str) -> int:
+    return api_stack.http.get(f"/jobs/{job_id}").json()["progress"]["samples"]
+
+
+def _settled_samples(api_stack, job_id: str, timeout_s: float = 15.0) -> int:
+    """The sample count once it stops moving (a pause reaches the ranks with a heartbeat)."""
+    deadline = time.monotonic() + timeout_s
+    last = _samples(api_stack, job_id)
+    while True:
+        time.sleep(1.5)
+        now = _samples(api_stack, job_id)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, "samples still increasing while paused"
+        last = now
+
+
+def _histogram(api_stack, job_id: str) -> list[int]:
+    """Lookups by staleness, all ranks together."""
+    ranks = api_stack.http.get(f"/jobs/{job_id}/staleness").json()["ranks"].values()
+    return [sum(col) for col in zip(*(r["histogram"] for r in ranks))]
+
+
+def _restart_coordinator(api_stack) -> None:
+    """SIGKILL the coordinator and wait for the supervisor to bring it back."""
+    before = next(p for p in launcher.read_state(api_stack.run_dir)["processes"] if p["name"] == "coordinator-0")
+    os.kill(before["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        proc = next(p for p in launcher.read_state(api_stack.run_dir)["processes"] if p["name"] == "coordinator-0")
+        if proc["pid"] != before["pid"]:
+            try:
+                if httpx.get(api_stack.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+        assert time.monotonic() < deadline, "the coordinator was not restarted"
+        time.sleep(0.2)
+
+
+def test_stop_and_live_control_through_the_cli(api_stack, tiny_job) -> None:
+    cli = CliRunner()
+
+    def run(*args: str) -> str:
+        result = cli.invoke(app, [*args, "--run-dir", str(api_stack.run_dir)])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    job = api_stack.http.post("/jobs", json=_job(tiny_job, staleness_bound=2, epochs=20).model_dump(mode="json"))
+    assert job.status_code == 201, job.text
+    job_id = job.json()["id"]
+    assert job_id in run("jobs")
+    api_stack.wait_for(job_id, {"running"})
+
+    assert f"job {job_id}: paused" in run("pause", job_id)
+    assert "bound 3" in run("staleness", job_id, "--set", "3")
+    assert api_stack.http.get(f"/jobs/{job_id}/staleness").json()["bound"] == 3
+    assert "bound unbounded" in run("staleness", job_id, "--unbounded")
+    assert api_stack.http.get(f"/jobs/{job_id}/staleness").json()["bound"] is None
+    assert "paused" in run("job", job_id)
+    assert f"job {job_id}: running" in run("resume", job_id)
+
+    assert f"job {job_id}: stopping" in run("stop", job_id)
+    view = api_stack.wait_for(job_id, {"stopped", "failed"}, timeout_s=60)
+    assert view["job"]["state"] == "stopped", view["job"]["error"]
+    assert view["progress"]["samples"] < 20 * 1000  # it did not run to the end
+
+    # API errors end a command with one clear line.
+    for args, expected in [(("resume", job_id), f"HTTP 409: job {job_id} is stopped, not paused"),
+                           (("pause", "no-such-job"), "HTTP 404: no job 'no-such-job'"),
+                           (("staleness", job_id, "--set", "1"), "HTTP 409")]:
+        result = cli.invoke(app, [*args, "--run-dir", str(api_stack.run_dir)])
+        assert result.exit_code == 1 and expected in result.output, result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job) -> None:
+    http = api_stack.http
+    # Unbounded, 80 steps: lookups run ahead of the gradients (staleness > 0) until the bound changes.
+    config = _job(tiny_job, staleness_bound=None, epochs=4, batch_size=25)
+    total = 4 * 1000
+    submitted = http.post("/jobs", content=yaml.safe_dump(config.model_dump(mode="json")),
+                          headers={"Content-Type": "application/yaml"})
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+    api_stack.wait_for(job_id, {"running"})
+
+    # Illegal transitions while it runs.
+    assert http.post(f"/jobs/{job_id}/resume").status_code == 409
+    assert http.delete(f"/jobs/{job_id}").status_code == 409
+    other = http.post("/jobs", json=config.model_dump(mode="json"))
+    assert other.status_code == 409 and "one job runs at a time" in other.json()["detail"]
+
+    # Pause once training has begun: the sample count stops and stays put.
+    deadline = time.monotonic() + 60
+    while _samples(api_stack, job_id) == 0:
+        assert time.monotonic() < deadline, "no training progress"
+        time.sleep(0.05)
+    assert http.post(f"/jobs/{job_id}/pause").json()["state"] == "paused"
+    paused_at = _settled_samples(api_stack, job_id)
+    time.sleep(2.0)
+    view = http.get(f"/jobs/{job_id}").json()
+    assert view["job"]["state"] == "paused" and view["progress"]["samples"] == paused_at
+    assert 0 < paused_at < total
+
+    # While paused: the unbounded lookups ran ahead; bound it to 0 (synchronous), live.
+    before = http.get(f"/jobs/{job_id}/staleness").json()
+    assert before["bound"] is None and max(r["max"] for r in before["ranks"].values()) > 0
+    changed = http.put(f"/jobs/{job_id}/staleness", json={"bound": 0})
+    assert changed.status_code == 200 and changed.json()["bound"] == 0
+    histogram_at_change = _histogram(api_stack, job_id)
+    checkpoint = http.post(f"/jobs/{job_id}/checkpoints")
+    assert checkpoint.status_code == 202 and checkpoint.json()["state"] == "requested"
+
+    # Kill the coordinator: the job, its state, its live bound and the workers survive it.
+    _restart_coordinator(api_stack)
+    view = http.get(f"/jobs/{job_id}").json()
+    assert view["job"]["state"] == "paused" and view["progress"]["samples"] == paused_at
+    assert view["lost_workers"] == []
+    assert http.get(f"/jobs/{job_id}/staleness").json()["bound"] == 0
+    assert [c["id"] for c in http.get(f"/jobs/{job_id}/checkpoints").json()] == [checkpoint.json()["id"]]
+    workers = http.get("/workers").json()
+    assert len(workers) == 7 and all(w["status"] != "lost" for w in workers), workers
+    tables = http.get(f"/jobs/{job_id}/tables").json()
+    assert set(tables["tables"]) == {"a", "b"} and len(tables["shards"]) == 2
+    for name, stats in tables["tables"].items():
+        assert stats["rows"] > 0 and stats["memory_bytes"] > 0 and stats["admitted"] >= stats["rows"]
+        assert stats["rows"] == sum(s["tables"][name]["rows"] for s in tables["shards"])
+    # The restarted coordinator's gauges (Prometheus scrapes without a token).
+    deadline = time.monotonic() + 30
+    while True:
+        metrics = httpx.get(api_stack.url + "/metrics").text
+        if f'trillium_job_table_rows{{job="{job_id}",table="a"}}' in metrics:
+            break
+        assert time.monotonic() < deadline, "no table gauges"
+        time.sleep(0.5)
+    assert f'trillium_job_staleness_bound{{job="{job_id}"}} 0.0' in metrics
+    assert f'trillium_job_samples_per_second{{job="{job_id}"}} 0.0' in metrics  # paused
+    assert _samples(api_stack, job_id) == paused_at
+
+    # Resume: it runs to the end, and every lookup after the change kept to the new bound.
+    assert http.post(f"/jobs/{job_id}/resume").json()["state"] == "running"
+    view = api_stack.wait_for(job_id, {"finished", "failed", "stopped"})
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert view["progress"]["samples"] == total
+    assert view["job"]["metrics"]["auc"] > 0.5
+    after_change = [now - then for now, then in zip(_histogram(api_stack, job_id), histogram_at_change)]
+    assert sum(after_change) >= 10, after_change  # enough lookups happened after the change
+    assert after_change[1:] == [0] * (len(after_change) - 1), f"lookups staler than 0 after the change: {after_change}"
+    assert http.post(f"/jobs/{job_id}/checkpoints").status_code == 409  # nothing left to checkpoint
+
+    # Deleting it removes every key it had in Redis.
+    assert http.delete(f"/jobs/{job_id}").status_code == 204
+    assert http.get(f"/jobs/{job_id}").status_code == 404
+    assert job_id not in [j["id"] for j in http.get("/jobs").json()]
+    r = redis.Redis.from_url(api_stack.redis_url)
+    try:
+        assert r.keys(f"trillium:job:{job_id}:*") == []
+    finally:
+        r.close()

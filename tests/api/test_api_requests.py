@@ -1,0 +1,129 @@
+"""What the API refuses, and how: no token, unknown jobs, invalid configs (naming the field),
+oversized bodies and unsupported media types, against the real coordinator."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+import yaml
+
+from trillium.job import JobConfig
+
+LIMIT = 1 << 20
+
+
+def _v1_operations(api_stack) -> list[tuple[str, str]]:
+    schema = httpx.get(api_stack.url + "/openapi.json").raise_for_status().json()
+    return sorted((method.upper(), path) for path, ops in schema["paths"].items() if path.startswith("/v1/")
+                  for method in ops)
+
+
+def _job_json(job: JobConfig) -> dict:
+    return job.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-wrong-token-wrong"},
+                                     {"Authorization": "Basic dXNlcjpwYXNz"}], ids=["none", "wrong", "not-bearer"])
+def test_every_v1_route_needs_the_token(api_stack, headers) -> None:
+    operations = _v1_operations(api_stack)
+    assert {("POST", "/v1/jobs"), ("POST", "/v1/jobs/{job_id}/pause"), ("PUT", "/v1/jobs/{job_id}/staleness"),
+            ("GET", "/v1/jobs/{job_id}/tables"), ("GET", "/v1/workers")} <= set(operations)
+    with httpx.Client(base_url=api_stack.url, headers=headers) as anonymous:
+        for method, path in operations:
+            url = re.sub(r"\{[^}]+\}", "x", path)
+            r = anonymous.request(method, url, json={} if method in ("POST", "PUT", "PATCH") else None)
+            assert r.status_code == 401, (method, path, r.status_code, r.text)
+            assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_health_and_metrics_need_no_token(api_stack) -> None:
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert httpx.get(api_stack.url + path).status_code == 200, path
+    assert httpx.get(api_stack.url + "/openapi.json").json()["info"]["title"] == "Trillium coordinator"
+
+
+def test_unknown_job_is_404_on_every_job_route(api_stack) -> None:
+    http = api_stack.http
+    for method, path in _v1_operations(api_stack):
+        if "{job_id}" not in path:
+            continue
+        body = {"bound": 1} if path.endswith("/staleness") and method in ("PUT", "PATCH") else None
+        r = http.request(method, path.removeprefix("/v1").replace("{job_id}", "no-such-job"), json=body)
+        assert r.status_code == 404 and r.json() == {"detail": "no job 'no-such-job'"}, (method, path, r.text)
+    assert http.post("/workers/nn_worker-99/heartbeat", json={"health": {}}).status_code == 404
+
+
+def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
+    http = api_stack.http
+    good = _job_json(tiny_job)
+
+    bad_batch = json.loads(json.dumps(good))
+    bad_batch["training"]["batch_size"] = 0
+    r = http.post("/jobs", json=bad_batch)
+    assert r.status_code == 422
+    assert ["body", "training", "batch_size"] in [e["loc"] for e in r.json()["detail"]]
+
+    misspelt = json.loads(json.dumps(good))
+    misspelt["trainig"] = misspelt.pop("training")
+    r = http.post("/jobs", content=yaml.safe_dump(misspelt), headers={"Content-Type": "application/yaml"})
+    assert r.status_code == 422
+    locs = [e["loc"] for e in r.json()["detail"]]
+    assert ["body", "trainig"] in locs and ["body", "training"] in locs
+
+    undefined_table = json.loads(json.dumps(good))
+    undefined_table["slots"][0]["table"] = "nope"
+    r = http.post("/jobs", json=undefined_table)
+    assert r.status_code == 422 and "slots[0] 'c1': table 'nope' is not defined" in r.text
+
+    relative = json.loads(json.dumps(good))
+    relative["data"]["train"] = "tiny/train.tsv"
+    r = http.post("/jobs", json=relative)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "data", "train"]
+
+    for body in ("training: [unclosed", "- a list, not a mapping", "a: &x [*x, *x]"):
+        r = http.post("/jobs", content=body, headers={"Content-Type": "text/yaml"})
+        assert r.status_code == 422, (body, r.text)
+    # Aliases cannot blow a small body up into a huge document.
+    bomb = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(6))
+    r = http.post("/jobs", content=bomb, headers={"Content-Type": "application/yaml"})
+    assert r.status_code == 422 and "expands to more than" in r.text
+
+    # Nothing is stored that could not be read back: bodies nest 32 levels at most.
+    deep = json.loads(json.dumps(good))
+    deep["model"]["kwargs"]["hidden"] = json.loads("[" * 200 + "]" * 200)
+    r = http.post("/jobs", json=deep)
+    assert r.status_code == 422 and "nests deeper than 32 levels" in r.text
+    r = http.post("/workers/coordinator-0/heartbeat", json={"health": {"x": json.loads("[" * 200 + "]" * 200)}})
+    assert r.status_code == 422 and "nests deeper than 32 levels" in r.text
+
+    r = http.post("/jobs", content=json.dumps(good), headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+
+    for bound in (-1, "two", 1 << 40):
+        r = http.put("/jobs/x/staleness", json={"bound": bound})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "bound"], r.text
+    assert http.put("/jobs/x/staleness", json={}).status_code == 422  # the bound is required (null: unbounded)
+    assert http.post("/workers", json={"name": "nn_worker-0", "role": "embedding_ps", "index": 0,
+                                       "http_url": "http://x", "pid": 1}).status_code == 422
+
+
+def test_bodies_over_1_mib_are_413(api_stack) -> None:
+    http = api_stack.http
+    just_fits = b" " * (LIMIT - 2) + b"{}"  # whitespace-padded JSON: read, parsed, found invalid
+    assert http.post("/jobs", content=just_fits, headers={"Content-Type": "application/json"}).status_code == 422
+    too_big = b" " * LIMIT + b"{}"
+    r = http.post("/jobs", content=too_big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "over 1048576 bytes" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: the size is only known as it streams
+        for _ in range(17):
+            yield b" " * (1 << 16)
+
+    r = http.post("/jobs", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in r.request.headers and r.status_code == 413
+    # Refused before any route runs: also without a token.
+    assert httpx.post(api_stack.url + "/v1/jobs", content=too_big).status_code == 413
