@@ -27,7 +27,8 @@ app = typer.Typer(help="Trillium: hybrid training of recommender models with hug
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 console = Console()
 
-RunDir = Annotated[Optional[Path], typer.Option("--run-dir", help=f"stack directory [default: ${ENV_RUN_DIR} or .trillium/run]")]
+RunDir = Annotated[Optional[Path], typer.Option("--run-dir", help=f"stack directory (default: ${ENV_RUN_DIR} or .trillium/run; the demo's own: "
+                                                             ".trillium/demo)")]
 
 
 def _run_dir(run_dir: Path | None) -> Path:
@@ -190,8 +191,7 @@ def _finish(result: dict, report: Path | None) -> None:
 
 @app.command()
 def demo(mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) or async (unbounded)")] = "hybrid",
-         staleness: Annotated[Optional[int], typer.Option(min=0, help="the bound k in hybrid mode "
-                                                          "[default: the job's]")] = None,
+         staleness: Annotated[Optional[int], typer.Option(min=0, help="the bound k in hybrid mode (default: the job's bound)")] = None,
          job_file: Annotated[Path, typer.Option("--job", help="job YAML")] = launcher.REPO_ROOT / "examples/adult/job.yaml",
          report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = Path("reports/demo.json"),
          run_dir: RunDir = None) -> None:
