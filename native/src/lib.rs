@@ -1,0 +1,16 @@
+//! trillium_native: native embedding parameter store for Trillium.
+//!
+//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`) is
+//! independent of Python; `python` holds the PyO3 bindings.
+
+pub mod config;
+pub mod elem;
+pub mod hash;
+pub mod index;
+pub mod mem;
+pub mod optim;
+pub mod snapshot;
+pub mod store;
+pub mod table;
+
+mod python;

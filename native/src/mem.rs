@@ -1,0 +1,309 @@
+//! Memory primitives: a huge-page slab arena and a fixed-capacity raw buffer.
+//!
+//! Full-size slab chunks are bump-allocated from large 2 MiB-aligned anonymous
+//! mappings advised with `MADV_HUGEPAGE` (transparent huge pages), so random row
+//! accesses over multi-GiB tables do not thrash the TLB. Arena memory is never
+//! returned individually (slots are recycled through free lists instead); it is
+//! unmapped when the table is dropped. Small buffers (the first, growing chunk
+//! of each internal shard) live on the ordinary heap. Large hash indexes get
+//! their own huge-page mappings.
+
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use parking_lot::Mutex;
+
+pub const HUGE: usize = 2 << 20;
+const REGION: usize = 64 << 20;
+/// Buffers at least this large get their own huge-page mapping.
+pub const MMAP_MIN: usize = 2 << 20;
+
+#[inline]
+fn round_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// Map `len` bytes (a multiple of 4 KiB), 2 MiB aligned, advised for huge pages.
+fn map_huge(len: usize) -> *mut u8 {
+    #[cfg(unix)]
+    // SAFETY: plain anonymous mapping; we only unmap ranges we mapped.
+    unsafe {
+        let total = len + HUGE;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return std::ptr::null_mut();
+        }
+        let start = p as usize;
+        let aligned = round_up(start, HUGE);
+        if aligned > start {
+            libc::munmap(p, aligned - start);
+        }
+        let tail = start + total - (aligned + len);
+        if tail > 0 {
+            libc::munmap((aligned + len) as *mut libc::c_void, tail);
+        }
+        #[cfg(target_os = "linux")]
+        libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        aligned as *mut u8
+    }
+    #[cfg(not(unix))]
+    // SAFETY: valid non-zero layout.
+    unsafe {
+        alloc(Layout::from_size_align(len, HUGE).expect("layout"))
+    }
+}
+
+fn unmap_huge(p: *mut u8, len: usize) {
+    #[cfg(unix)]
+    // SAFETY: (p, len) is exactly a range returned by map_huge.
+    unsafe {
+        libc::munmap(p as *mut libc::c_void, len);
+    }
+    #[cfg(not(unix))]
+    // SAFETY: allocated by map_huge with this layout.
+    unsafe {
+        dealloc(p, Layout::from_size_align(len, HUGE).expect("layout"))
+    }
+}
+
+struct ArenaInner {
+    regions: Vec<(usize, usize)>,
+    cur: usize,
+    end: usize,
+    used: usize,
+}
+
+/// Bump allocator over huge-page regions (per table).
+pub struct Arena {
+    inner: Mutex<ArenaInner>,
+}
+
+// SAFETY: the raw addresses are only handed out, never dereferenced here.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Default for Arena {
+    fn default() -> Self {
+        Arena { inner: Mutex::new(ArenaInner { regions: Vec::new(), cur: 0, end: 0, used: 0 }) }
+    }
+}
+
+impl Arena {
+    /// Allocate `bytes` (64-byte aligned). Never freed individually.
+    pub fn alloc(&self, bytes: usize) -> *mut u8 {
+        let mut g = self.inner.lock();
+        let mut p = round_up(g.cur, 64);
+        if g.cur == 0 || p + bytes > g.end {
+            let len = REGION.max(round_up(bytes, HUGE));
+            let r = map_huge(len);
+            if r.is_null() {
+                handle_alloc_error(Layout::from_size_align(bytes.max(1), 64).unwrap_or(Layout::new::<u64>()));
+            }
+            g.regions.push((r as usize, len));
+            g.cur = r as usize;
+            g.end = r as usize + len;
+            p = g.cur;
+        }
+        g.cur = p + bytes;
+        g.used += bytes;
+        p as *mut u8
+    }
+    /// Bytes handed out to buffers.
+    pub fn used_bytes(&self) -> usize {
+        self.inner.lock().used
+    }
+    /// Bytes of address space mapped (untouched pages use no memory).
+    pub fn mapped_bytes(&self) -> usize {
+        self.inner.lock().regions.iter().map(|r| r.1).sum()
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for &(p, len) in &self.inner.lock().regions {
+            unmap_huge(p as *mut u8, len);
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Empty,
+    Heap,
+    Arena,
+    Mmap(usize),
+}
+
+/// A fixed-capacity buffer of plain numbers (no per-element drop).
+pub struct RawBuf<T: Copy> {
+    ptr: NonNull<T>,
+    len: usize,
+    cap: usize,
+    kind: Kind,
+}
+
+// SAFETY: RawBuf owns (or exclusively borrows from its arena) its memory like a Vec<T>.
+unsafe impl<T: Copy + Send> Send for RawBuf<T> {}
+unsafe impl<T: Copy + Sync> Sync for RawBuf<T> {}
+
+impl<T: Copy> Default for RawBuf<T> {
+    fn default() -> Self {
+        RawBuf { ptr: NonNull::dangling(), len: 0, cap: 0, kind: Kind::Empty }
+    }
+}
+
+impl<T: Copy> RawBuf<T> {
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    pub fn is_heap(&self) -> bool {
+        self.kind == Kind::Heap
+    }
+
+    fn allocate(cap: usize, arena: Option<&Arena>, big: bool) -> (NonNull<T>, usize, Kind) {
+        let elem = std::mem::size_of::<T>().max(1);
+        let bytes = cap * elem;
+        if cap == 0 {
+            return (NonNull::dangling(), 0, Kind::Empty);
+        }
+        if let Some(a) = arena {
+            let p = a.alloc(bytes) as *mut T;
+            // SAFETY: arena never returns null (aborts on failure).
+            return (unsafe { NonNull::new_unchecked(p) }, cap, Kind::Arena);
+        }
+        // A dedicated 2 MiB-aligned mapping advised for huge pages, rounded up
+        // only to 4 KiB: full 2 MiB extents get huge pages, the tail small ones.
+        if big && bytes >= MMAP_MIN {
+            let len = round_up(bytes, 4096);
+            let p = map_huge(len) as *mut T;
+            match NonNull::new(p) {
+                Some(p) => return (p, len / elem, Kind::Mmap(len)),
+                None => handle_alloc_error(Layout::from_size_align(bytes, 64).unwrap_or(Layout::new::<u64>())),
+            }
+        }
+        let layout = Layout::array::<T>(cap).unwrap_or_else(|_| handle_alloc_error(Layout::new::<u64>()));
+        // SAFETY: non-zero size.
+        let p = unsafe { alloc(layout) } as *mut T;
+        match NonNull::new(p) {
+            Some(p) => (p, cap, Kind::Heap),
+            None => handle_alloc_error(layout),
+        }
+    }
+
+    fn release(&mut self) {
+        match self.kind {
+            Kind::Heap => {
+                if let Ok(layout) = Layout::array::<T>(self.cap) {
+                    // SAFETY: allocated with this layout.
+                    unsafe { dealloc(self.ptr.as_ptr() as *mut u8, layout) }
+                }
+            }
+            Kind::Mmap(len) => unmap_huge(self.ptr.as_ptr() as *mut u8, len),
+            Kind::Arena | Kind::Empty => {}
+        }
+        self.kind = Kind::Empty;
+        self.ptr = NonNull::dangling();
+        self.cap = 0;
+        self.len = 0;
+    }
+
+    /// Grow to exactly `new_cap` elements (from `arena` if given), keeping contents.
+    pub fn grow_to(&mut self, new_cap: usize, arena: Option<&Arena>) {
+        if new_cap <= self.cap {
+            return;
+        }
+        let (p, cap, kind) = Self::allocate(new_cap, arena, false);
+        // SAFETY: both regions are valid for len elements and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), p.as_ptr(), self.len) };
+        let len = self.len;
+        self.release();
+        self.ptr = p;
+        self.cap = cap;
+        self.kind = kind;
+        self.len = len;
+    }
+
+    /// A buffer of `n` copies of `v`; large ones (>= 2 MiB, with `huge`) get a
+    /// dedicated 2 MiB-aligned `MADV_HUGEPAGE` mapping whose 4 KiB-rounded size
+    /// becomes the capacity (see `capacity()`).
+    pub fn filled(n: usize, v: T, huge: bool) -> Self {
+        let (p, cap, kind) = Self::allocate(n, None, huge);
+        let mut b = RawBuf { ptr: p, len: 0, cap, kind };
+        b.extend_fill(cap, v);
+        b
+    }
+
+    #[inline(always)]
+    pub fn push(&mut self, v: T) {
+        assert!(self.len < self.cap, "RawBuf overflow");
+        // SAFETY: len < cap.
+        unsafe { self.ptr.as_ptr().add(self.len).write(v) };
+        self.len += 1;
+    }
+
+    #[inline]
+    pub fn extend_fill(&mut self, n: usize, v: T) {
+        assert!(self.len + n <= self.cap, "RawBuf overflow");
+        for i in 0..n {
+            // SAFETY: len + i < cap.
+            unsafe { self.ptr.as_ptr().add(self.len + i).write(v) };
+        }
+        self.len += n;
+    }
+}
+
+impl<T: Copy> Drop for RawBuf<T> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl<T: Copy> Deref for RawBuf<T> {
+    type Target = [T];
+    #[inline(always)]
+    fn deref(&self) -> &[T] {
+        // SAFETY: ptr is valid for len initialized elements (dangling with len 0 is fine).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Copy> DerefMut for RawBuf<T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as above, and we own the memory exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rawbuf_grow_and_arena() {
+        let a = Arena::default();
+        let mut b: RawBuf<u64> = RawBuf::default();
+        b.grow_to(4, None);
+        for i in 0..4 {
+            b.push(i);
+        }
+        b.grow_to(1000, Some(&a));
+        b.extend_fill(996, 7);
+        assert_eq!(b.len(), 1000);
+        assert_eq!(&b[..5], &[0, 1, 2, 3, 7]);
+        assert!(a.used_bytes() >= 8000);
+        let big: RawBuf<u32> = RawBuf::filled(1 << 20, u32::MAX, true);
+        assert_eq!(big.capacity(), 1 << 20);
+        assert!(big.iter().all(|&x| x == u32::MAX));
+        let small: RawBuf<u32> = RawBuf::filled(10, 1, true);
+        assert_eq!(small.len(), 10);
+    }
+}

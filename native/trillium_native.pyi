@@ -1,0 +1,249 @@
+"""Native embedding parameter store of Trillium (Rust, PyO3).
+
+Everything batched releases the GIL and runs on the store's own thread pool.
+Ids are ``numpy.uint64`` arrays; rows are ``float32`` (or ``float16``) arrays.
+See ``native/README.md`` for semantics and the snapshot binary format.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Sequence, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+SNAPSHOT_FORMAT_VERSION: int
+
+DType = Literal["fp32", "fp16", "bf16"]
+Optimizer = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
+Admission = Literal["off", "probability", "threshold"]
+Initializer = Literal["uniform", "normal"]
+
+class TableStats(TypedDict):
+    rows: int
+    memory_bytes: int
+    admitted: int
+    not_admitted: int
+    evicted: int
+    expired: int
+    nan_grads_skipped: int
+    lookups: int
+    updates: int
+    dropped_grads: int
+    update_batches: int
+    version: int
+    internal_shards: int
+
+class TableConfig(TypedDict):
+    name: str
+    dim: int
+    dtype: str
+    initializer: str
+    init_low: float
+    init_high: float
+    init_mean: float
+    init_std: float
+    seed: int
+    optimizer: str
+    lr: float
+    weight_decay: float
+    eps: float
+    beta1: float
+    beta2: float
+    initial_accumulator: float
+    ftrl_alpha: float
+    ftrl_beta: float
+    ftrl_l1: float
+    ftrl_l2: float
+    weight_bound: float | None
+    admission: str
+    admission_probability: float
+    admission_threshold: int
+    admission_sketch_width: int
+    admission_sketch_depth: int
+    capacity: int | None
+    ttl_seconds: int | None
+    ttl_updates: int | None
+
+def shard_of(ids: npt.NDArray[np.uint64], num_shards: int) -> npt.NDArray[np.uint32]:
+    """Owning parameter-server shard of each id: ``splitmix64_mix(id) % num_shards``.
+
+    ``splitmix64_mix(z)``: ``z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9``;
+    ``z = (z ^ (z >> 27)) * 0x94D049BB133111EB``; ``z ^ (z >> 31)`` (mod 2**64).
+    This is THE ownership function of the system; it never changes.
+    Raises TypeError unless ``ids`` is a 1-D uint64 array; ValueError if
+    ``num_shards`` is not in [1, 2**32).
+    """
+
+def hash_ids(namespace: str, values: Sequence[str | bytes]) -> npt.NDArray[np.uint64]:
+    """Stable 64-bit ids of raw categorical values within a per-slot namespace.
+
+    ``id = xxh3_64(utf8(namespace) + b"\\x00" + utf8(value))`` (seed 0); bytes
+    values are hashed as given. Identical across processes, runs and machines.
+    """
+
+def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+    """Like :func:`hash_ids` over the canonical decimal text of each integer.
+
+    ``hash_ints(ns, np.array([42]))[0] == hash_ids(ns, ["42"])[0]``.
+    Accepts int64 (also int32, uint64, uint32) 1-D arrays.
+    """
+
+class EmbeddingStore:
+    """A set of named embedding tables (u64 id -> row of ``dim`` floats).
+
+    Args:
+        num_internal_shards: lock shards per table (default ``max(16, 4*threads)``
+            rounded up to a power of two). Tables with a capacity use at most
+            ``capacity // 1024`` (>= 1) shards. A ``threads=1`` store runs every call
+            inline on the calling thread.
+        threads: size of the store's private thread pool (default: the
+            ``RAYON_NUM_THREADS`` environment variable, else all cores).
+    """
+
+    def __init__(self, num_internal_shards: int | None = None, threads: int | None = None) -> None: ...
+    @property
+    def version(self) -> int:
+        """Current store version: every update batch with a version <= this has completed."""
+    @property
+    def threads(self) -> int:
+        """Size of the store's thread pool."""
+    @property
+    def num_internal_shards(self) -> int:
+        """Default number of internal shards per table."""
+    def create_table(
+        self,
+        name: str,
+        dim: int,
+        *,
+        dtype: DType = "fp32",
+        initializer: Initializer = "uniform",
+        init_low: float = -0.01,
+        init_high: float = 0.01,
+        init_mean: float = 0.0,
+        init_std: float = 0.01,
+        seed: int = 0,
+        optimizer: Optimizer = "sgd",
+        lr: float = 0.01,
+        weight_decay: float = 0.0,
+        eps: float = 1e-8,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        initial_accumulator: float = 0.0,
+        ftrl_alpha: float = 0.05,
+        ftrl_beta: float = 1.0,
+        ftrl_l1: float = 0.0,
+        ftrl_l2: float = 0.0,
+        weight_bound: float | None = None,
+        admission: Admission = "off",
+        admission_probability: float = 1.0,
+        admission_threshold: int = 0,
+        admission_sketch_width: int = 1048576,
+        admission_sketch_depth: int = 4,
+        capacity: int | None = None,
+        ttl_seconds: int | None = None,
+        ttl_updates: int | None = None,
+    ) -> None:
+        """Create a table. Rows are created lazily by :meth:`lookup`.
+
+        * ``dtype``: weight storage precision (arithmetic is always fp32).
+        * ``initializer``: ``uniform(init_low, init_high)`` or
+          ``normal(init_mean, init_std)``, deterministic per ``(seed, id)``.
+        * ``optimizer``: ``sgd`` (lr, weight_decay), ``adagrad`` (element-wise),
+          ``rowwise_adagrad`` (one accumulator per row += mean(g**2)), ``adam``
+          (per-row step counts), ``ftrl`` (FTRL-Proximal: ftrl_alpha/beta/l1/l2).
+          ``weight_decay`` is L2 added to the gradient (not supported with ftrl).
+          ``initial_accumulator`` seeds Adagrad accumulators and FTRL ``n``.
+        * ``weight_bound``: clip every weight to [-b, b] after each update.
+        * ``admission``: ``off``; ``probability`` (an id is admitted iff a
+          deterministic hash draw of ``(seed, id)`` is < admission_probability);
+          ``threshold`` (admitted once a count-min sketch has seen it
+          ``admission_threshold`` times in ``create=True`` lookups).
+        * ``capacity``: max rows; approximate LRU eviction by last lookup (exact
+          when an internal shard holds <= 64 rows, else oldest of 16 samples). ``ttl_seconds`` / ``ttl_updates``: rows not
+          updated for that long expire lazily on lookup or via :meth:`expire`.
+
+        Raises ValueError for a duplicate name, ``dim < 1``, unknown enum strings
+        or out-of-range hyper-parameters.
+        """
+    def drop_table(self, name: str) -> None:
+        """Remove a table. Raises KeyError if unknown."""
+    def tables(self) -> list[str]:
+        """Table names in creation order."""
+    def __contains__(self, name: str) -> bool: ...
+    def __len__(self) -> int:
+        """Total number of rows over all tables."""
+    def num_rows(self, table: str) -> int:
+        """Number of rows of ``table``."""
+    def memory_bytes(self, table: str | None = None) -> int:
+        """Bytes allocated (capacities of the actual allocations) by one table or all."""
+    def lookup(
+        self,
+        table: str,
+        ids: npt.NDArray[np.uint64],
+        *,
+        create: bool = True,
+        out_dtype: Literal["float32", "float16"] = "float32",
+    ) -> npt.NDArray[np.float32] | npt.NDArray[np.float16]:
+        """Rows of ``ids`` as a new ``(len(ids), dim)`` array.
+
+        With ``create=True`` missing ids are admitted per the table's policy and
+        initialized; non-admitted (or, with ``create=False``, missing) ids read as
+        zeros and are not inserted. All occurrences of an id in one call get the
+        same answer. Raises KeyError (unknown table), TypeError (ids not uint64),
+        ValueError (ids not 1-D, bad out_dtype).
+        """
+    def update(self, table: str, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> int:
+        """Apply the table's optimizer in place; returns the number of rows updated.
+
+        ``grads`` must be float32 of shape ``(len(ids), dim)``. Gradients of
+        duplicate ids are summed first. Ids without a row (never admitted,
+        evicted) are dropped without affecting other rows (``dropped_grads``).
+        Rows whose summed gradient has NaN/inf are skipped (``nan_grads_skipped``).
+        Each call is one update batch: it takes the next store version.
+        """
+    def get_row(self, table: str, id: int) -> npt.NDArray[np.float32] | None:
+        """Weights of one row as float32, or None if absent (no side effects)."""
+    def get_row_state(self, table: str, id: int) -> dict[str, object] | None:
+        """Weights plus optimizer state (``accumulator`` / ``m``, ``v``, ``step`` /
+        ``z``, ``n``), ``version`` and TTL stamps of one row, or None."""
+    def set_row(self, table: str, id: int, values: npt.ArrayLike) -> None:
+        """Overwrite (or create, bypassing admission) the weights of one row.
+
+        A new row gets fresh optimizer state; an existing row keeps it (FTRL's
+        ``z`` is recomputed so the weights are reproduced). Takes a new version.
+        """
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write all tables (config, rows, optimizer state, counters, sketch) to
+        ``path`` atomically (temp file + fsync + rename). Each internal shard is
+        captured at one instant (its lock is held while its rows are streamed);
+        different shards may reflect different moments of concurrent updates."""
+    def load(
+        self, path: str | os.PathLike[str], shard_index: int | None = None, num_shards: int | None = None
+    ) -> None:
+        """Merge a snapshot into this store (tables are created as needed).
+
+        With ``shard_index``/``num_shards`` only rows with
+        ``shard_of(id, num_shards) == shard_index`` are kept. The file is fully
+        verified before anything is applied: a corrupted, truncated or
+        unsupported file raises ValueError and leaves the store unchanged.
+        Counters are restored only by unfiltered loads.
+        """
+    def export_delta(
+        self, table: str, since_version: int
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], int]:
+        """Rows changed after ``since_version``: ``(ids, rows, current_version)``.
+
+        Call again with ``since_version=current_version`` to get the next delta;
+        no change is ever missed (a row may be returned twice). Rows created by
+        a lookup count as changed at the next update version.
+        """
+    def expire(self, table: str | None = None, *, now: float | None = None) -> int:
+        """Remove rows past their TTL (one table or all); returns how many.
+        ``now`` overrides the current UNIX time (seconds)."""
+    def stats(self, table: str) -> TableStats:
+        """Row count, memory and counters of a table."""
+    def table_config(self, table: str) -> TableConfig:
+        """The table's configuration as given to :meth:`create_table`."""

@@ -1,0 +1,298 @@
+"""API behaviour: init determinism, precision, hashing, concurrency, introspection,
+and clean errors for bad inputs."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import trillium_native as tn
+
+M64 = (1 << 64) - 1
+
+
+def mix64(z: int) -> int:
+    z &= M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+# ---------------------------------------------------------------- routing / hashing
+
+
+def test_shard_of_matches_documented_formula():
+    ids = np.array([0, 1, 2, 3, 12345678901234567890, M64, 1 << 63], dtype=np.uint64)
+    for n in (1, 2, 3, 7, 1000):
+        got = tn.shard_of(ids, n)
+        assert got.dtype == np.uint32
+        assert got.tolist() == [mix64(int(i)) % n for i in ids]
+    # frozen values (must never change across releases)
+    assert tn.shard_of(np.arange(8, dtype=np.uint64), 4).tolist() == [mix64(i) % 4 for i in range(8)]
+    assert mix64(1) == 0x5692161D100B05E5
+
+
+def test_shard_of_is_balanced():
+    counts = np.bincount(tn.shard_of(np.arange(100000, dtype=np.uint64), 7), minlength=7)
+    assert counts.min() > 13500 and counts.max() < 15100
+
+
+def test_hash_ids_and_hash_ints_stable():
+    a = tn.hash_ids("user", ["42", "alice", "", "é"])
+    assert a.dtype == np.uint64 and len(a) == 4
+    assert np.array_equal(a, tn.hash_ids("user", ("42", "alice", "", "é")))
+    assert np.array_equal(a[:2], tn.hash_ids("user", [b"42", b"alice"]))
+    assert tn.hash_ids("item", ["42"])[0] != a[0]  # namespaces differ
+    assert tn.hash_ids("ab", ["c"])[0] != tn.hash_ids("a", ["bc"])[0]  # separator byte
+    ints = np.array([42, -7, 0, 2**63 - 1, -(2**63)], dtype=np.int64)
+    h = tn.hash_ints("user", ints)
+    assert np.array_equal(h, tn.hash_ids("user", [str(int(v)) for v in ints]))
+    assert np.array_equal(tn.hash_ints("user", ints[:3].astype(np.int32)), h[:3])
+    # frozen value: xxh3_64(b"user\x0042")
+    assert int(tn.hash_ids("user", ["42"])[0]) == 16274034637320737580
+
+
+def test_hash_inputs_errors():
+    with pytest.raises(TypeError):
+        tn.hash_ids("n", "abc")
+    with pytest.raises(TypeError):
+        tn.hash_ids("n", ["a", 3])
+    with pytest.raises(TypeError):
+        tn.hash_ints("n", np.array([1.5]))
+    with pytest.raises(TypeError):
+        tn.hash_ints("n", [1, 2])
+    with pytest.raises(TypeError):
+        tn.shard_of(np.array([1, 2], np.int64), 3)
+    with pytest.raises(ValueError):
+        tn.shard_of(np.array([1], np.uint64), 0)
+
+
+# ---------------------------------------------------------------- init / precision
+
+
+@pytest.mark.parametrize("init", [dict(initializer="uniform", init_low=-0.5, init_high=0.25),
+                                  dict(initializer="normal", init_mean=1.0, init_std=0.1)])
+def test_deterministic_init_across_stores_and_shards(init):
+    ids = np.array([0, 1, 17, 2**40, M64], dtype=np.uint64)
+    a = tn.EmbeddingStore(num_internal_shards=1, threads=1)
+    b = tn.EmbeddingStore(num_internal_shards=13, threads=2)
+    a.create_table("t", 16, seed=77, **init)
+    b.create_table("t", 16, seed=77, **init)
+    ra = a.lookup("t", ids)
+    rb = b.lookup("t", ids[::-1].copy())[::-1]
+    np.testing.assert_array_equal(ra, rb)
+    c = tn.EmbeddingStore()
+    c.create_table("t", 16, seed=78, **init)
+    assert not np.array_equal(ra, c.lookup("t", ids))
+    assert len({r.tobytes() for r in ra}) == len(ids)
+    big = tn.EmbeddingStore()
+    big.create_table("t", 8, seed=1, **init)
+    v = big.lookup("t", np.arange(20000, dtype=np.uint64))
+    if init["initializer"] == "uniform":
+        assert v.min() >= -0.5 and v.max() < 0.25
+        assert abs(v.mean() - (-0.125)) < 0.01
+    else:
+        assert abs(v.mean() - 1.0) < 0.01 and abs(v.std() - 0.1) < 0.01
+
+
+@pytest.mark.parametrize("dtype,rtol", [("fp16", 2e-3), ("bf16", 1.6e-2)])
+def test_half_precision_storage(dtype, rtol):
+    ids = np.arange(200, dtype=np.uint64)
+    full = tn.EmbeddingStore()
+    half = tn.EmbeddingStore()
+    for s, dt in ((full, "fp32"), (half, dtype)):
+        s.create_table("t", 8, dtype=dt, optimizer="adagrad", lr=0.01, init_low=-1, init_high=1, seed=3)
+    a, b = full.lookup("t", ids), half.lookup("t", ids)
+    assert b.dtype == np.float32
+    np.testing.assert_allclose(b, a, rtol=rtol, atol=1e-6)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        g = rng.standard_normal((200, 8)).astype(np.float32)
+        full.update("t", ids, g)
+        half.update("t", ids, g)
+    np.testing.assert_allclose(half.lookup("t", ids), full.lookup("t", ids), rtol=3 * rtol, atol=1e-3)
+    h16 = half.lookup("t", ids, out_dtype="float16")
+    assert h16.dtype == np.float16 and h16.shape == (200, 8)
+    np.testing.assert_allclose(h16.astype(np.float32), half.lookup("t", ids), rtol=2e-3, atol=1e-4)
+    assert half.memory_bytes("t") < full.memory_bytes("t")
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def test_concurrent_updates_sum_exactly():
+    s = tn.EmbeddingStore(num_internal_shards=8, threads=2)
+    s.create_table("t", 4, optimizer="sgd", lr=1.0, init_low=0.0, init_high=0.0)
+    n_threads, iters, universe = 6, 60, 300
+    expected = np.zeros((universe, 4), np.float64)
+    plans = []
+    for t in range(n_threads):
+        rng = np.random.default_rng(t)
+        steps = []
+        for _ in range(iters):
+            ids = rng.integers(0, universe, size=128).astype(np.uint64)
+            g = rng.integers(-3, 4, size=(128, 4)).astype(np.float32)  # exact in fp32
+            np.add.at(expected, ids.astype(np.int64), g)
+            steps.append((ids, g))
+        plans.append(steps)
+    errors = []
+
+    def worker(steps):
+        try:
+            for ids, g in steps:
+                out = s.lookup("t", ids)
+                assert out.shape == (len(ids), 4)
+                s.update("t", ids, g)
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in plans]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    got = s.lookup("t", np.arange(universe, dtype=np.uint64), create=False)
+    present = np.array([s.get_row("t", i) is not None for i in range(universe)])
+    np.testing.assert_array_equal(got[present], -expected[present].astype(np.float32))
+    assert s.stats("t")["update_batches"] == n_threads * iters
+    assert s.version == n_threads * iters
+
+
+@pytest.mark.parametrize("admission", [dict(), dict(admission="threshold", admission_threshold=2)])
+def test_concurrent_inserts_create_each_row_once(admission):
+    s = tn.EmbeddingStore(num_internal_shards=4, threads=2)
+    s.create_table("t", 3, seed=5, **admission)
+    universe = 5000
+    errors = []
+
+    def worker(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(40):
+                ids = rng.integers(0, universe, size=2000).astype(np.uint64)
+                out = s.lookup("t", ids)
+                # duplicates within a batch always agree
+                order = np.argsort(ids, kind="stable")
+                a, b = ids[order], out[order]
+                same = a[1:] == a[:-1]
+                assert np.array_equal(b[1:][same], b[:-1][same])
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    present = [i for i in range(universe) if s.get_row("t", i) is not None]
+    assert s.num_rows("t") == len(present) == s.stats("t")["admitted"]
+    oracle = tn.EmbeddingStore(num_internal_shards=1, threads=1)
+    oracle.create_table("t", 3, seed=5)
+    ids = np.array(present, dtype=np.uint64)
+    np.testing.assert_array_equal(s.lookup("t", ids, create=False), oracle.lookup("t", ids))
+
+
+# ---------------------------------------------------------------- introspection
+
+
+def test_introspection():
+    s = tn.EmbeddingStore(num_internal_shards=4, threads=2)
+    assert s.threads == 2 and s.num_internal_shards == 4
+    s.create_table("a", 8, optimizer="rowwise_adagrad")
+    s.create_table("b", 3, dtype="fp16", capacity=10, ttl_seconds=5)
+    assert s.tables() == ["a", "b"] and "a" in s and "zz" not in s
+    m0 = s.memory_bytes("a")
+    s.lookup("a", np.arange(50000, dtype=np.uint64))
+    assert s.num_rows("a") == 50000 and len(s) == 50000
+    m1 = s.memory_bytes("a")
+    assert m1 > m0 + 50000 * 8 * 4
+    assert m1 < 50000 * (8 * 4 + 64) * 1.6
+    assert s.memory_bytes() >= m1 + s.memory_bytes("b")
+    st_ = s.stats("a")
+    for k in ["rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped", "lookups", "updates", "version"]:
+        assert k in st_
+    assert st_["lookups"] == 50000 and st_["admitted"] == 50000
+    cfg = s.table_config("b")
+    assert cfg["dtype"] == "fp16" and cfg["capacity"] == 10 and cfg["ttl_seconds"] == 5 and cfg["dim"] == 3
+    assert s.get_row("a", 10**12) is None
+    s.set_row("a", 10**12, np.arange(8, dtype=np.float64))
+    np.testing.assert_array_equal(s.get_row("a", 10**12), np.arange(8, dtype=np.float32))
+    s.drop_table("b")
+    assert s.tables() == ["a"]
+    assert "EmbeddingStore" in repr(s)
+
+
+def test_readonly_and_noncontiguous_inputs():
+    s = tn.EmbeddingStore()
+    s.create_table("t", 4, optimizer="sgd", lr=1.0, init_low=0.0, init_high=0.0)
+    base = np.arange(20, dtype=np.uint64)
+    ids = base[::2]  # non-contiguous
+    ro = base.copy()
+    ro.setflags(write=False)
+    r1 = s.lookup("t", ids)
+    r2 = s.lookup("t", ro)
+    assert r1.shape == (10, 4) and r2.shape == (20, 4)
+    g = np.ones((10, 8), np.float32)[:, ::2]  # non-contiguous grads
+    g.setflags(write=False)
+    assert s.update("t", ids, g) == 10
+    np.testing.assert_array_equal(s.get_row("t", 2), [-1, -1, -1, -1])
+    gf = np.asfortranarray(np.full((10, 4), 2.0, np.float32))
+    assert s.update("t", ids, gf) == 10
+    np.testing.assert_array_equal(s.get_row("t", 2), [-3, -3, -3, -3])
+    assert s.lookup("t", np.array([], np.uint64)).shape == (0, 4)
+    assert s.update("t", np.array([], np.uint64), np.zeros((0, 4), np.float32)) == 0
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_bad_inputs_raise_clean_errors():
+    s = tn.EmbeddingStore()
+    s.create_table("t", 4)
+    ids = np.array([1, 2], np.uint64)
+    cases = [
+        (KeyError, lambda: s.lookup("missing", ids)),
+        (KeyError, lambda: s.update("missing", ids, np.zeros((2, 4), np.float32))),
+        (KeyError, lambda: s.stats("missing")),
+        (KeyError, lambda: s.drop_table("missing")),
+        (TypeError, lambda: s.lookup("t", ids.astype(np.int64))),
+        (TypeError, lambda: s.lookup("t", [1, 2])),
+        (ValueError, lambda: s.lookup("t", ids.reshape(2, 1))),
+        (ValueError, lambda: s.lookup("t", ids, out_dtype="float64")),
+        (TypeError, lambda: s.update("t", ids, np.zeros((2, 4), np.float64))),
+        (ValueError, lambda: s.update("t", ids, np.zeros((3, 4), np.float32))),
+        (ValueError, lambda: s.update("t", ids, np.zeros((2, 5), np.float32))),
+        (ValueError, lambda: s.update("t", ids, np.zeros(8, np.float32))),
+        (ValueError, lambda: s.create_table("t", 4)),
+        (ValueError, lambda: s.create_table("z", 0)),
+        (ValueError, lambda: s.create_table("z", -3)),
+        (ValueError, lambda: s.create_table("z", 4, optimizer="rmsprop")),
+        (ValueError, lambda: s.create_table("z", 4, dtype="int8")),
+        (ValueError, lambda: s.create_table("z", 4, admission="sometimes")),
+        (ValueError, lambda: s.create_table("z", 4, initializer="xavier")),
+        (ValueError, lambda: s.create_table("z", 4, admission="threshold", admission_threshold=0)),
+        (ValueError, lambda: s.create_table("z", 4, admission="probability", admission_probability=1.5)),
+        (ValueError, lambda: s.create_table("z", 4, capacity=0)),
+        (ValueError, lambda: s.create_table("z", 4, ttl_updates=-1)),
+        (ValueError, lambda: s.create_table("z", 4, lr=float("nan"))),
+        (ValueError, lambda: s.create_table("z", 4, weight_bound=-1.0)),
+        (ValueError, lambda: s.create_table("z", 4, init_low=1.0, init_high=0.0)),
+        (ValueError, lambda: s.create_table("z", 4, optimizer="ftrl", weight_decay=0.1)),
+        (ValueError, lambda: s.create_table("z", 4, beta1=1.0)),
+        (ValueError, lambda: s.create_table("", 4)),
+        (ValueError, lambda: s.set_row("t", 1, np.zeros(3, np.float32))),
+        (ValueError, lambda: s.set_row("t", -1, np.zeros(4, np.float32))),
+        (TypeError, lambda: s.get_row("t", "x")),
+        (ValueError, lambda: s.load("/nonexistent", shard_index=3, num_shards=2)),
+        (ValueError, lambda: s.load("/nonexistent", shard_index=0)),
+        (ValueError, lambda: tn.EmbeddingStore(num_internal_shards=0)),
+        (ValueError, lambda: tn.EmbeddingStore(threads=0)),
+    ]
+    for exc, fn in cases:
+        with pytest.raises(exc):
+            fn()
+    assert s.tables() == ["t"]
