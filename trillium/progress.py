@@ -46,7 +46,7 @@ class JobProgress:
     def __init__(self, redis: state.aioredis.Redis, job_id: str) -> None:
         self.redis = redis
         self.job_id = job_id
-        self._applied = state.key("job", job_id, "applied")
+        self.applied_key = state.key("job", job_id, "applied")  # a hash, and the pub/sub channel
         self._bound = state.key("job", job_id, "staleness_bound")
         self._staleness = state.key("job", job_id, "staleness")
         self._samples = state.key("job", job_id, "samples")
@@ -57,13 +57,13 @@ class JobProgress:
     async def set_applied(self, shard: int, rank: int, step: int) -> None:
         """Record and announce (pub/sub) that `shard` applied `rank`'s gradients of `step`."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(self._applied, f"{shard}:{rank}", step)
-        pipe.publish(self._applied, f"{shard}:{rank}:{step}")
+        pipe.hset(self.applied_key, f"{shard}:{rank}", step)
+        pipe.publish(self.applied_key, f"{shard}:{rank}:{step}")
         await pipe.execute()
 
     async def applied(self) -> dict[tuple[int, int], int]:
         """The last applied step per (shard, rank)."""
-        raw = await self.redis.hgetall(self._applied)
+        raw = await self.redis.hgetall(self.applied_key)
         return {(int(k.split(":")[0]), int(k.split(":")[1])): int(v) for k, v in raw.items()}
 
     def watermark(self, shards: int, ranks: int) -> "AppliedWatermark":
@@ -177,7 +177,7 @@ class AppliedWatermark:
     async def run(self) -> None:
         """Follow the announcements until cancelled."""
         pubsub = self.progress.redis.pubsub()
-        await pubsub.subscribe(self.progress._applied)
+        await pubsub.subscribe(self.progress.applied_key)
         try:
             await self._update(await self.progress.applied(), await self.progress.bound())
             loop = asyncio.get_running_loop()
