@@ -63,12 +63,13 @@ def synthetic_job(train: Path, test: Path, hybrid_k: int) -> JobConfig:
     })
 
 
-def _scrape(st: dict[str, Any]) -> dict[str, float]:
+def _scrape(run_dir: Path) -> dict[str, float]:
     totals: dict[str, float] = {}
-    for proc in st["processes"]:
+    auth = {"Authorization": f"Bearer {launcher.read_token(run_dir)}"}
+    for proc in launcher.read_state(run_dir)["processes"]:
         if proc["role"] not in ("embedding_worker", "embedding_ps"):
             continue
-        text = httpx.get(f"{proc['http_url']}/metrics", timeout=10).text
+        text = httpx.get(f"{proc['http_url']}/metrics", headers=auth, timeout=10).raise_for_status().text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in STAGE_METRICS:
@@ -78,8 +79,7 @@ def _scrape(st: dict[str, Any]) -> dict[str, float]:
 
 def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dict[str, Any]:
     job = job.model_copy(update={"training": job.training.model_copy(update={"staleness_bound": bound})})
-    st = launcher.read_state(run_dir)
-    before = _scrape(st)
+    before = _scrape(run_dir)
     client = CoordinatorClient.for_stack(run_dir)
     started = time.monotonic()
     try:
@@ -89,7 +89,7 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
     report = summarize(view, mode, time.monotonic() - started)
     if report["state"] != "finished":
         raise RuntimeError(f"{mode} run {report['state']}: {report['error']}")
-    after = _scrape(st)
+    after = _scrape(run_dir)
     ranks = view["results"].values()
     report["stages_seconds"] = {
         **{STAGE_METRICS[k]: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in STAGE_METRICS},

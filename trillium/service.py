@@ -18,24 +18,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import html
+import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
 import time
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import httpx
 import prometheus_client
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import Depends, FastAPI, HTTPException, Response, status
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trillium import log
 from trillium.config import ConfigError, Role, ServiceSettings
 from trillium.job import JobRecord, participants
 
 logger = logging.getLogger("trillium.service")
+
+
+_bearer = HTTPBearer(auto_error=False)
+_SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{dom_id: "#swagger-ui", spec: {spec}}});</script></body></html>"""
 
 
 class _Server(uvicorn.Server):
@@ -58,7 +71,9 @@ class Service:
         self.job: JobRecord | None = None  # the current job as last heard, state included
         self._job_task: asyncio.Task[None] | None = None
         self._job_report: dict[str, Any] = {}
-        self.app = FastAPI(title=f"Trillium {self.role}", version="1")
+        # OpenAPI and docs are served below, behind the token like everything but health.
+        self.app = FastAPI(title=f"Trillium {self.role}", version="1", openapi_url=None, docs_url=None,
+                           redoc_url=None)
         self._add_admin_routes()
         self.add_routes(self.app)
 
@@ -144,8 +159,16 @@ class Service:
         return f"{self.advertised_host}:{port}" if port else None
 
     # ---- admin HTTP ------------------------------------------------------------------
+    def require_token(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        """FastAPI dependency: the stack's bearer token, compared in constant time so that
+        response timing leaks nothing about it."""
+        if creds is None or not secrets.compare_digest(creds.credentials.encode(), self.settings.token.encode()):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
     def _add_admin_routes(self) -> None:
         app = self.app
+        authorized = [Depends(self.require_token)]
 
         @app.get("/healthz", tags=["health"])
         async def healthz() -> dict[str, Any]:
@@ -157,9 +180,20 @@ class Service:
                 response.status_code = 503
             return {"ready": self.ready}
 
-        @app.get("/metrics", tags=["health"])
+        @app.get("/metrics", tags=["health"], dependencies=authorized)
         async def metrics() -> Response:
+            """Prometheus metrics (scrape with the token: `authorization: {credentials_file: ...}`)."""
             return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=authorized)
+        async def openapi() -> JSONResponse:
+            return JSONResponse(app.openapi())
+
+        @app.get("/docs", include_in_schema=False, dependencies=authorized)
+        async def docs() -> HTMLResponse:
+            # The spec is inlined: the page's own fetch of /openapi.json would carry no token.
+            return HTMLResponse(_SWAGGER_PAGE.format(title=html.escape(app.title),
+                                                     spec=json.dumps(app.openapi()).replace("</", "<\\/")))
 
     def health_report(self) -> dict[str, Any]:
         return {

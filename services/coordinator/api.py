@@ -3,7 +3,6 @@ staleness, embedding tables and checkpoint requests. Every route needs the beare
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -11,7 +10,6 @@ import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from trillium.job import ACTIVE, IllegalTransition, JobConfig, JobRecord
@@ -31,7 +29,6 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
 
-_bearer = HTTPBearer(auto_error=False)
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -140,15 +137,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def add_api(app: FastAPI, coord: Coordinator) -> None:
-    token = coord.settings.token.encode()
-
-    def require_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-        # Constant-time comparison: response timing must not leak the token.
-        if creds is None or not secrets.compare_digest(creds.credentials.encode(), token):
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_errors(401, 413))
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(coord.require_token)], responses=_errors(401, 413))
 
     # ---- workers
     @v1.post("/workers", response_model=Worker, tags=["workers"])

@@ -23,7 +23,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 import torch.distributed as dist

@@ -153,7 +153,7 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     # The restarted coordinator's gauges (Prometheus scrapes without a token).
     deadline = time.monotonic() + 30
     while True:
-        metrics = httpx.get(api_stack.url + "/metrics").text
+        metrics = api_stack.http.get(api_stack.url + "/metrics").text
         if f'trillium_job_table_rows{{job="{job_id}",table="a"}}' in metrics:
             break
         assert time.monotonic() < deadline, "no table gauges"

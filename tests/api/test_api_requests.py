@@ -16,7 +16,7 @@ LIMIT = 1 << 20
 
 
 def _v1_operations(api_stack) -> list[tuple[str, str]]:
-    schema = httpx.get(api_stack.url + "/openapi.json").raise_for_status().json()
+    schema = api_stack.http.get(api_stack.url + "/openapi.json").raise_for_status().json()
     return sorted((method.upper(), path) for path, ops in schema["paths"].items() if path.startswith("/v1/")
                   for method in ops)
 
@@ -39,10 +39,15 @@ def test_every_v1_route_needs_the_token(api_stack, headers) -> None:
             assert r.headers["www-authenticate"] == "Bearer"
 
 
-def test_health_and_metrics_need_no_token(api_stack) -> None:
-    for path in ("/healthz", "/readyz", "/metrics"):
+def test_only_health_answers_without_the_token(api_stack) -> None:
+    for path in ("/healthz", "/readyz"):
         assert httpx.get(api_stack.url + path).status_code == 200, path
-    assert httpx.get(api_stack.url + "/openapi.json").json()["info"]["title"] == "Trillium coordinator"
+    for path in ("/metrics", "/openapi.json", "/docs"):
+        anonymous = httpx.get(api_stack.url + path)
+        assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer", path
+        assert api_stack.http.get(api_stack.url + path).status_code == 200, path
+    assert api_stack.http.get(api_stack.url + "/openapi.json").json()["info"]["title"] == "Trillium coordinator"
+    assert "SwaggerUIBundle" in api_stack.http.get(api_stack.url + "/docs").text
 
 
 def test_unknown_job_is_404_on_every_job_route(api_stack) -> None:

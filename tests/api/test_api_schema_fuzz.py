@@ -46,7 +46,7 @@ class Target:
 
 @pytest.fixture(scope="module")
 def target(api_stack, tiny_job):
-    assert httpx.get(api_stack.url + "/openapi.json").json() == OPENAPI  # fuzzing what is served
+    assert api_stack.http.get(api_stack.url + "/openapi.json").json() == OPENAPI  # fuzzing what is served
     job = api_stack.http.post("/jobs", json=tiny_job.model_dump(mode="json"))
     assert job.status_code == 201, job.text
     yield Target(api_stack.url, api_stack.token, job.json()["id"], "nn_worker-1")
