@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
