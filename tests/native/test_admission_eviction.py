@@ -10,19 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trillium_native as tn
+from splitmix import mix64
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-M64 = (1 << 64) - 1
-
-
-def mix64(z: int) -> int:
-    """splitmix64 finalizer (documented in native/README.md)."""
-    z &= M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
 ADMIT_SALT = 0x13198A2E03707344
 
 

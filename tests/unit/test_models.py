@@ -7,15 +7,6 @@ from trillium.job import DenseAdagrad, DenseAdam, DenseSgd, ModelSpec
 from trillium.models import DNN, build_dense_optimizer, load_model
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # Tiny models: intra-op threads only add contention (badly so on a busy 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_dnn_takes_pooled_and_sequence_slots() -> None:
     model = DNN(num_dense=3, embedding_dims=[4, 2], hidden=[8])
     out = model(torch.randn(5, 3), [torch.randn(5, 4), torch.randn(5, 6, 2)])

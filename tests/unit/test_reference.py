@@ -14,15 +14,6 @@ from trillium.reference import _pool, _Table, train_baseline, train_reference
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # Tiny models: intra-op threads only add contention (badly so on a busy 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny() -> JobConfig:
     return load_job(TINY_JOB)
