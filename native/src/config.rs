@@ -169,9 +169,9 @@ impl AdmissionKind {
             "off" | "none" => Ok(AdmissionKind::Off),
             "probability" => Ok(AdmissionKind::Probability),
             "threshold" => Ok(AdmissionKind::Threshold),
-            _ => value_err(format!(
-                "unknown admission policy {s:?}: expected one of 'off', 'probability', 'threshold'"
-            )),
+            _ => {
+                value_err(format!("unknown admission policy {s:?}: expected one of 'off', 'probability', 'threshold'"))
+            }
         }
     }
     pub fn name(self) -> &'static str {
@@ -294,10 +294,7 @@ impl TableConfig {
             finite(n, v)?;
         }
         if self.init_low > self.init_high {
-            return value_err(format!(
-                "init_low ({}) must be <= init_high ({})",
-                self.init_low, self.init_high
-            ));
+            return value_err(format!("init_low ({}) must be <= init_high ({})", self.init_low, self.init_high));
         }
         if self.init_std < 0.0 {
             return value_err(format!("init_std must be >= 0, got {}", self.init_std));
@@ -318,10 +315,7 @@ impl TableConfig {
             return value_err(format!("beta2 must be in [0, 1), got {}", self.beta2));
         }
         if self.initial_accumulator < 0.0 {
-            return value_err(format!(
-                "initial_accumulator must be >= 0, got {}",
-                self.initial_accumulator
-            ));
+            return value_err(format!("initial_accumulator must be >= 0, got {}", self.initial_accumulator));
         }
         if self.optimizer == OptKind::Ftrl {
             if self.ftrl_alpha <= 0.0 {
@@ -331,9 +325,7 @@ impl TableConfig {
                 return value_err("ftrl_beta, ftrl_l1 and ftrl_l2 must be >= 0");
             }
             if self.weight_decay != 0.0 {
-                return value_err(
-                    "weight_decay is not supported with optimizer='ftrl'; use ftrl_l2 instead",
-                );
+                return value_err("weight_decay is not supported with optimizer='ftrl'; use ftrl_l2 instead");
             }
         }
         if let Some(b) = self.weight_bound {
@@ -353,9 +345,7 @@ impl TableConfig {
             }
             AdmissionKind::Threshold => {
                 if self.admission_threshold < 1 {
-                    return value_err(
-                        "admission='threshold' requires admission_threshold >= 1",
-                    );
+                    return value_err("admission='threshold' requires admission_threshold >= 1");
                 }
                 if !self.sketch_width.is_power_of_two() || self.sketch_width < 64 {
                     return value_err(format!(
@@ -367,10 +357,7 @@ impl TableConfig {
                     return value_err("admission_sketch_width must be <= 2**28");
                 }
                 if !(1..=16).contains(&self.sketch_depth) {
-                    return value_err(format!(
-                        "admission_sketch_depth must be in [1, 16], got {}",
-                        self.sketch_depth
-                    ));
+                    return value_err(format!("admission_sketch_depth must be in [1, 16], got {}", self.sketch_depth));
                 }
             }
         }

@@ -75,7 +75,7 @@ impl Index {
         let bits = bits_for(slot_limit.saturating_mul(2).max(16)).min(31);
         self.slot_bits = bits;
         self.entries = RawBuf::default(); // free the old table before allocating the new one
-        // Large indexes get a huge-page mapping; its rounded-up size is used as capacity.
+                                          // Large indexes get a huge-page mapping; its rounded-up size is used as capacity.
         self.entries = RawBuf::filled(cap, EMPTY, true);
         self.len = 0;
         for (slot, h) in items {

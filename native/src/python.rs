@@ -77,16 +77,10 @@ fn get_array<'py, T: Element, D: Dimension>(
     ndim: usize,
 ) -> PyResult<Arr<'py, T, D>> {
     let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{what} must be a numpy.ndarray of dtype {dtype_name}, got {}",
-            type_name(obj)
-        ))
+        PyTypeError::new_err(format!("{what} must be a numpy.ndarray of dtype {dtype_name}, got {}", type_name(obj)))
     })?;
     if arr.ndim() != ndim {
-        return Err(PyValueError::new_err(format!(
-            "{what} must be a {ndim}-D array, got shape {:?}",
-            arr.shape()
-        )));
+        return Err(PyValueError::new_err(format!("{what} must be a {ndim}-D array, got shape {:?}", arr.shape())));
     }
     let typed = match arr.cast::<PyArray<T, D>>() {
         Ok(a) => a.clone(),
@@ -103,9 +97,7 @@ fn get_array<'py, T: Element, D: Dimension>(
         let np = py.import("numpy")?;
         np.call_method1("ascontiguousarray", (typed,))?.cast_into::<PyArray<T, D>>()?
     };
-    let ro = typed
-        .try_readonly()
-        .map_err(|e| PyValueError::new_err(format!("{what}: cannot borrow array: {e}")))?;
+    let ro = typed.try_readonly().map_err(|e| PyValueError::new_err(format!("{what}: cannot borrow array: {e}")))?;
     Ok(Arr { ro })
 }
 
@@ -153,7 +145,9 @@ impl PyStore {
     #[pyo3(signature = (num_internal_shards=None, threads=None))]
     fn new(num_internal_shards: Option<i64>, threads: Option<i64>) -> PyResult<Self> {
         let ns = match num_internal_shards {
-            Some(n) if n < 1 => return Err(PyValueError::new_err(format!("num_internal_shards must be >= 1, got {n}"))),
+            Some(n) if n < 1 => {
+                return Err(PyValueError::new_err(format!("num_internal_shards must be >= 1, got {n}")))
+            }
             Some(n) => Some(n as usize),
             None => None,
         };
@@ -223,7 +217,9 @@ impl PyStore {
                 Ok(v) => v,
                 Err(_) => match s.extract::<i64>() {
                     Ok(v) => v as u64,
-                    Err(_) => return Err(PyTypeError::new_err(format!("seed must be an int in [-2**63, 2**64), got {s}"))),
+                    Err(_) => {
+                        return Err(PyTypeError::new_err(format!("seed must be an int in [-2**63, 2**64), got {s}")))
+                    }
                 },
             },
         };
@@ -242,8 +238,8 @@ impl PyStore {
         c.admission = AdmissionKind::parse(admission).map_err(to_py)?;
         c.admission_probability = admission_probability;
         let thr = nonneg(admission_threshold, "admission_threshold")?;
-        c.admission_threshold = u32::try_from(thr)
-            .map_err(|_| PyValueError::new_err("admission_threshold must be < 2**32"))?;
+        c.admission_threshold =
+            u32::try_from(thr).map_err(|_| PyValueError::new_err("admission_threshold must be < 2**32"))?;
         let w = nonneg(admission_sketch_width, "admission_sketch_width")?;
         c.sketch_width = u32::try_from(w).map_err(|_| PyValueError::new_err("admission_sketch_width is too large"))?;
         let d = nonneg(admission_sketch_depth, "admission_sketch_depth")?;
@@ -333,10 +329,12 @@ impl PyStore {
                 if n > 0 {
                     // SAFETY: the array was just created, is C-contiguous, and not shared yet.
                     let o = unsafe { std::slice::from_raw_parts_mut(out.data(), n * dim) };
-                    py.detach(|| guard(|| {
-                        store.lookup(&t, ids_s, o, create);
-                        Ok(())
-                    }))?;
+                    py.detach(|| {
+                        guard(|| {
+                            store.lookup(&t, ids_s, o, create);
+                            Ok(())
+                        })
+                    })?;
                 }
                 Ok(out.into_any())
             }
@@ -346,16 +344,18 @@ impl PyStore {
                 if n > 0 {
                     // SAFETY: as above.
                     let o = unsafe { std::slice::from_raw_parts_mut(out.data(), n * dim) };
-                    py.detach(|| guard(|| {
-                        store.lookup(&t, ids_s, o, create);
-                        Ok(())
-                    }))?;
+                    py.detach(|| {
+                        guard(|| {
+                            store.lookup(&t, ids_s, o, create);
+                            Ok(())
+                        })
+                    })?;
                 }
                 Ok(out.into_any())
             }
-            other => Err(PyValueError::new_err(format!(
-                "unknown out_dtype {other:?}: expected 'float32' or 'float16'"
-            ))),
+            other => {
+                Err(PyValueError::new_err(format!("unknown out_dtype {other:?}: expected 'float32' or 'float16'")))
+            }
         }
     }
 
@@ -385,7 +385,12 @@ impl PyStore {
         py.detach(|| guard(|| Ok(store.update(&t, ids_s, g))))
     }
 
-    fn get_row<'py>(&self, py: Python<'py>, table: &str, id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
+    fn get_row<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
         let t = self.table(table)?;
         let id = extract_u64(id, "id")?;
         let st = guard(|| Ok(t.get_state(id)))?;
@@ -393,7 +398,12 @@ impl PyStore {
     }
 
     /// Full row state for debugging: weights, optimizer state, version, ...
-    fn get_row_state<'py>(&self, py: Python<'py>, table: &str, id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    fn get_row_state<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let t = self.table(table)?;
         let id = extract_u64(id, "id")?;
         let st = match guard(|| Ok(t.get_state(id)))? {
@@ -427,7 +437,13 @@ impl PyStore {
         Ok(Some(d))
     }
 
-    fn set_row<'py>(&self, py: Python<'py>, table: &str, id: &Bound<'py, PyAny>, values: &Bound<'py, PyAny>) -> PyResult<()> {
+    fn set_row<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        id: &Bound<'py, PyAny>,
+        values: &Bound<'py, PyAny>,
+    ) -> PyResult<()> {
         let t = self.table(table)?;
         let id = extract_u64(id, "id")?;
         let dim = t.cfg.dim;
@@ -435,7 +451,8 @@ impl PyStore {
         let arr = np
             .call_method1("asarray", (values,))
             .map_err(|_| PyTypeError::new_err("values must be array-like of floats"))?;
-        let arr = np.call_method1("ascontiguousarray", (arr, "float32"))
+        let arr = np
+            .call_method1("ascontiguousarray", (arr, "float32"))
             .map_err(|e| PyTypeError::new_err(format!("values must be convertible to float32: {e}")))?;
         let v = get_array::<f32, Ix1>(py, &arr, "values", "float32", 1)?;
         let s = v.slice()?;
@@ -596,9 +613,9 @@ fn hash_ids<'py>(py: Python<'py>, namespace: &str, values: &Bound<'py, PyAny>) -
             out.push(one(&mut h, i, &item)?);
         }
     } else {
-        let it = values
-            .try_iter()
-            .map_err(|_| PyTypeError::new_err(format!("values must be a sequence of str, got {}", type_name(values))))?;
+        let it = values.try_iter().map_err(|_| {
+            PyTypeError::new_err(format!("values must be a sequence of str, got {}", type_name(values)))
+        })?;
         for (i, item) in it.enumerate() {
             out.push(one(&mut h, i, &item?)?);
         }
@@ -651,9 +668,7 @@ fn hash_ints<'py>(py: Python<'py>, namespace: &str, values: &Bound<'py, PyAny>) 
         py.detach(|| hash_int_slice(ns, s))
     } else {
         let d = dt.str().map(|s| s.to_string()).unwrap_or_default();
-        return Err(PyTypeError::new_err(format!(
-            "values must have dtype int64 (or int32/uint64/uint32), got {d}"
-        )));
+        return Err(PyTypeError::new_err(format!("values must have dtype int64 (or int32/uint64/uint32), got {d}")));
     };
     Ok(PyArray1::from_vec(py, out))
 }

@@ -328,9 +328,8 @@ fn write_table_rows<W: Elem, F: Write>(
 }
 
 pub fn write_snapshot(store: &Store, path: &Path) -> Result<()> {
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| StoreError::Value(format!("invalid snapshot path {}", path.display())))?;
+    let file_name =
+        path.file_name().ok_or_else(|| StoreError::Value(format!("invalid snapshot path {}", path.display())))?;
     let tmp = path.with_file_name(format!("{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
     let res = (|| -> Result<()> {
         let f = File::create(&tmp)?;
@@ -451,11 +450,8 @@ fn read_block_typed<W: Elem, R: Read>(
     cols: u32,
     n: usize,
 ) -> Result<RowBlock<W>> {
-    let mut b = RowBlock::<W> {
-        ids: rd.col(h, n, "row ids")?,
-        versions: rd.col(h, n, "row versions")?,
-        ..Default::default()
-    };
+    let mut b =
+        RowBlock::<W> { ids: rd.col(h, n, "row ids")?, versions: rd.col(h, n, "row versions")?, ..Default::default() };
     let mut w = vec![W::default(); n * cfg.dim];
     let bytes = W::as_bytes_mut(&mut w);
     rd.exact(bytes, "row weights")?;
@@ -489,7 +485,9 @@ pub fn read_snapshot(path: &Path, v: &mut dyn Visitor) -> Result<()> {
     }
     let ver = u32::from_le_bytes(hdr[8..12].try_into().unwrap_or_default());
     if ver != FORMAT_VERSION {
-        return corrupt(format!("unsupported snapshot format version {ver} (this build reads version {FORMAT_VERSION})"));
+        return corrupt(format!(
+            "unsupported snapshot format version {ver} (this build reads version {FORMAT_VERSION})"
+        ));
     }
     let crc = rd.u32("header checksum")?;
     if crc32fast::hash(&hdr) != crc {

@@ -113,7 +113,13 @@ impl Store {
             .thread_name(|i| format!("trillium-native-{i}"))
             .build()
             .map_err(|e| StoreError::Value(format!("cannot start thread pool: {e}")))?;
-        Ok(Store { tables: RwLock::new(Registry::default()), pool, threads, num_shards, clock: VersionClock::default() })
+        Ok(Store {
+            tables: RwLock::new(Registry::default()),
+            pool,
+            threads,
+            num_shards,
+            clock: VersionClock::default(),
+        })
     }
 
     pub fn create_table(&self, cfg: TableConfig) -> Result<()> {

@@ -23,7 +23,9 @@ use rayon::prelude::*;
 
 use crate::config::{AdmissionKind, InitKind, OptKind, Result, StoreError, TableConfig};
 use crate::elem::{Elem, OutElem};
-use crate::hash::{admission_draw, internal_hash, internal_shard, mix64, row_stream_seed, unit_f64, SplitMix64, SKETCH_SALT};
+use crate::hash::{
+    admission_draw, internal_hash, internal_shard, mix64, row_stream_seed, unit_f64, SplitMix64, SKETCH_SALT,
+};
 use crate::index::{Index, EMPTY};
 use crate::mem::{Arena, RawBuf};
 use crate::optim::{self, OptParams, RowScalars};
@@ -815,9 +817,9 @@ impl<W: Elem> Shard<W> {
         if self.index.needs_rebuild(self.high) {
             let Shard { index, chunks, rows, high, .. } = self;
             let live = chunks.iter().enumerate().flat_map(|(c, ch)| {
-                (0..ch.len()).filter(move |&o| ch.occupied(o)).map(move |o| {
-                    (((c << l.chunk_shift) | o) as u32, internal_hash(ch.id(l, o)))
-                })
+                (0..ch.len())
+                    .filter(move |&o| ch.occupied(o))
+                    .map(move |o| (((c << l.chunk_shift) | o) as u32, internal_hash(ch.id(l, o))))
             });
             index.rebuild(*rows + 1, *high, live);
         }
@@ -1006,13 +1008,18 @@ impl<W: Elem> Shard<W> {
         let dim = l.dim;
         let mut pairs: Vec<u64> = Vec::with_capacity(g.len());
         let mut dropped = 0;
-        self.pipeline(l, g, |_| {}, |_, k, s| {
-            if s == EMPTY {
-                dropped += 1;
-            } else {
-                pairs.push(((s as u64) << 32) | g.pos[k] as u64);
-            }
-        });
+        self.pipeline(
+            l,
+            g,
+            |_| {},
+            |_, k, s| {
+                if s == EMPTY {
+                    dropped += 1;
+                } else {
+                    pairs.push(((s as u64) << 32) | g.pos[k] as u64);
+                }
+            },
+        );
         local.dropped += dropped;
         pairs.sort_unstable();
         let mut tmp = vec![0f32; dim];
@@ -1627,7 +1634,8 @@ impl Table {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        let shards = with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().memory_bytes()).sum::<usize>());
+        let shards =
+            with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().memory_bytes()).sum::<usize>());
         shards + self.sketch.as_ref().map_or(0, |s| s.memory_bytes()) + std::mem::size_of::<Self>()
     }
 }
