@@ -164,17 +164,19 @@ class Batch:
 
 @dataclass(frozen=True)
 class EmbeddingRef:
-    """Which embedding worker looked up batch ``(epoch, batch_id)`` for NN rank ``rank``."""
+    """Which embedding worker looked up batch ``(epoch, batch_id)`` for NN rank ``rank``, in which
+    attempt of the job (see ``trillium.jobrecord``)."""
 
     worker: str
     rank: int
     batch_id: int
     epoch: int
+    attempt: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.worker, str) or not self.worker:
             raise ValueError(f"worker must be a non-empty string, got {self.worker!r}")
-        for name in ("rank", "batch_id", "epoch"):
+        for name in ("rank", "batch_id", "epoch", "attempt"):
             _require_index(name, getattr(self, name))
 
 

@@ -19,6 +19,11 @@ ENV_COORDINATOR_URL = "TRILLIUM_COORDINATOR_URL"
 ENV_TOKEN = "TRILLIUM_TOKEN"
 ENV_RUN_DIR = "TRILLIUM_RUN_DIR"
 
+# A service exits with this code (EX_TEMPFAIL) to be started afresh, e.g. an NN rank leaving an
+# abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
+# and do not count it as a crash.
+EXIT_RESTART = 75
+
 Role = Literal["coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader"]
 ROLES: tuple[Role, ...] = ("coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader")
 

@@ -19,11 +19,13 @@ __all__ = [
     "CRITEO_COLUMNS",
     "SOURCE_COLUMNS",
     "AdmissionConfig",
+    "CheckpointConfig",
     "DataConfig",
     "DenseColumn",
     "DenseOptimizerConfig",
     "EmbeddingOptimizerConfig",
     "FeatureSlot",
+    "InitFrom",
     "JobConfig",
     "LabelConfig",
     "ModelSpec",
@@ -355,7 +357,8 @@ DenseOptimizerConfig = Annotated[
 
 class TrainingConfig(_Strict):
     batch_size: PositiveInt
-    epochs: PositiveInt = 1
+    # 0: no training, only the evaluation of a warm start (`init_from`): a checkpoint's test metrics.
+    epochs: Annotated[int, Field(ge=0)] = 1
     # How many earlier steps may still have embedding gradients not applied on the PS when a
     # step's embeddings are looked up (see trillium.progress): 0 is synchronous, null unbounded.
     staleness_bound: Annotated[int, Field(ge=0)] | None
@@ -371,6 +374,33 @@ class TopologyConfig(_Strict):
     embedding_workers: PositiveInt = 1
 
 
+class CheckpointConfig(_Strict):
+    """When a running job is checkpointed, where to, and how many checkpoints are kept.
+
+    A checkpoint is taken at a step cut (every NN rank has finished step s, every PS shard has
+    applied every gradient up to s): on this schedule, on request (the REST API), and after the
+    last step. The job recovers from the latest one when any of its processes dies.
+    """
+
+    every_steps: PositiveInt | None = None
+    every_seconds: PositiveFloat | None = 600.0
+    keep_last: PositiveInt = 3
+    # A directory or an fsspec URL (s3://bucket/prefix, with s3fs installed); default
+    # <run-dir>/checkpoints. Each checkpoint is <dir>/<job id>/<step>/.
+    dir: Annotated[str, Field(min_length=1)] | None = None
+    evaluate: bool = False  # score the test split at each cut; the metrics go into the manifest
+    max_recoveries: Annotated[int, Field(ge=0)] = 3  # recoveries before the job fails for good
+
+
+class InitFrom(_Strict):
+    """A warm start: the embedding tables (resharded to this job's PS shards) and the dense model
+    and optimizer of another job's checkpoint. Nothing of its input position is taken."""
+
+    job: Annotated[str, Field(min_length=1)]
+    step: Annotated[int, Field(ge=0)] | None = None  # null: its latest complete checkpoint
+    dir: Annotated[str, Field(min_length=1)] | None = None  # where it is, if not this job's checkpoint dir
+
+
 class JobConfig(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
     data: DataConfig
@@ -381,9 +411,13 @@ class JobConfig(_Strict):
     model: ModelSpec
     training: TrainingConfig
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)  # null: no checkpoints
+    init_from: InitFrom | None = None
 
     @model_validator(mode="after")
     def _cross_check(self) -> JobConfig:
+        if self.training.epochs == 0 and self.init_from is None:
+            raise ValueError("training.epochs: 0 (evaluation only) needs init_from: a checkpoint to evaluate")
         columns = SOURCE_COLUMNS[self.data.source]
 
         def check_column(where: str, column: str) -> None:
@@ -433,45 +467,3 @@ def load_job(path: str | Path) -> JobConfig:
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a job file must be a YAML mapping, got {type(raw).__name__}")
     return JobConfig.model_validate(raw, context={"base_dir": path.parent.absolute()})
-
-
-# --- a submitted job, as the coordinator records it and hands it to the workers ----------
-
-JobState = Literal["submitted", "starting", "running", "paused", "stopping", "finished", "failed", "stopped"]
-ACTIVE: frozenset[str] = frozenset({"submitted", "starting", "running", "paused", "stopping"})
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "submitted": frozenset({"starting", "stopping", "failed"}),
-    "starting": frozenset({"running", "stopping", "failed"}),
-    "running": frozenset({"paused", "stopping", "finished", "failed"}),
-    "paused": frozenset({"running", "stopping", "failed"}),
-    "stopping": frozenset({"stopped", "failed"}),
-    "finished": frozenset(),
-    "failed": frozenset(),
-    "stopped": frozenset(),
-}
-
-class IllegalTransition(ValueError):
-    pass
-
-class Topics(BaseModel):
-    samples: str      # train batches, one partition per NN rank
-    eval: str         # test batches, one partition per NN rank
-    gradients: str    # embedding gradients, one partition per PS shard
-
-class JobRecord(BaseModel):
-    id: str
-    state: JobState
-    config: JobConfig
-    topics: Topics
-    created_at: float
-    updated_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-    error: str | None = None
-    metrics: dict[str, Any] | None = None
-
-def participants(config: JobConfig) -> dict[str, int]:
-    """How many instances of each role a job uses (indices 0..n-1)."""
-    topo = config.topology
-    return {"embedding_ps": topo.ps_shards, "embedding_worker": topo.embedding_workers,
-            "nn_worker": topo.nn_ranks, "data_loader": 1}

@@ -31,20 +31,33 @@ async def wait_for_kafka(bootstrap: str, timeout_s: float = 60.0) -> int:
     raise TimeoutError(f"Kafka at {bootstrap} did not answer a metadata request in {timeout_s:.0f}s: {last}")
 
 
-async def ensure_topics(bootstrap: str, partitions: dict[str, int]) -> None:
+async def ensure_topics(bootstrap: str, partitions: dict[str, int], configs: dict[str, str] | None = None) -> None:
     """Create the topics that do not exist yet (single-node friendly replication factor 1
-    unless the cluster has more brokers)."""
+    unless the cluster has more brokers), with the topic `configs` given."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         brokers = len((await admin.describe_cluster())["brokers"])
-        new = [NewTopic(name, n, min(3, brokers)) for name, n in partitions.items() if name not in existing]
+        new = [NewTopic(name, n, min(3, brokers), topic_configs=configs or {})
+               for name, n in partitions.items() if name not in existing]
         if new:
             try:
                 await admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass  # created concurrently by another process
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
+    """Delete those of `names` that exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        if doomed := [n for n in names if n in existing]:
+            await admin.delete_topics(doomed)
     finally:
         await admin.close()
 
@@ -66,18 +79,33 @@ def consumer(bootstrap: str, *, group_id: str | None, **overrides: object) -> AI
     return AIOKafkaConsumer(**options)
 
 
+# Every record a worker writes says which attempt of the job wrote it (see trillium.jobrecord): a
+# reader restored from a checkpoint counts only the records of its own attempt's lineage.
+ATTEMPT_HEADER = "trillium-attempt"
 # The end of an epoch's batches on a partition is a record with an empty value and this header
 # (value: the epoch number), so consumers know when an epoch is over without counting.
 EPOCH_END_HEADER = "trillium-epoch-end"
 
 
-def epoch_end_headers(epoch: int) -> list[tuple[str, bytes]]:
-    return [(EPOCH_END_HEADER, str(epoch).encode())]
+def headers(attempt: int, *, epoch_end: int | None = None) -> list[tuple[str, bytes]]:
+    out = [(ATTEMPT_HEADER, str(attempt).encode())]
+    if epoch_end is not None:
+        out.append((EPOCH_END_HEADER, str(epoch_end).encode()))
+    return out
+
+
+def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> int | None:
+    for key, value in headers or ():
+        if key == name:
+            return int(value)
+    return None
 
 
 def epoch_end(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
     """The epoch a marker record ends, or None for a data record."""
-    for name, value in headers or ():
-        if name == EPOCH_END_HEADER:
-            return int(value)
-    return None
+    return _header(headers, EPOCH_END_HEADER)
+
+
+def attempt_of(headers: Sequence[tuple[str, bytes]] | None) -> int:
+    """The attempt that wrote a record (0 for records written without the header)."""
+    return _header(headers, ATTEMPT_HEADER) or 0

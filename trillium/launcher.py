@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from trillium import log
-from trillium.config import (ENV_COORDINATOR_URL, ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ENV_RUN_DIR, ENV_TOKEN,
+from trillium.config import (EXIT_RESTART, ENV_COORDINATOR_URL, ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ENV_RUN_DIR, ENV_TOKEN,
                              ROLES, Topology, default_run_dir)
 from trillium.kafka import wait_for_kafka
 from trillium.state import wait_for_redis
@@ -378,6 +378,11 @@ class Supervisor:
     async def restart_if_crashed(self, proc: Proc) -> None:
         popen = self.popen.get(proc.name)
         if popen is None or popen.poll() is None or proc.state in ("failed", "stopped"):
+            return
+        if popen.returncode == EXIT_RESTART:  # asked to be started afresh: not a crash
+            logger.info("restart requested", extra={"proc": proc.name})
+            proc.restarts += 1
+            self.spawn(proc)
             return
         now = time.monotonic()
         proc.crash_times = [t for t in proc.crash_times if now - t < RESTART_WINDOW_S] + [now]

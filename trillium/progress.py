@@ -17,11 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from trillium import state
+
+logger = logging.getLogger("trillium.progress")
 
 # Staleness histogram buckets: 0, 1, ..., 15, and "16+" (unbounded async can go far).
 STALENESS_BUCKETS = 17
@@ -41,17 +46,20 @@ class StalenessStats:
 
 
 class JobProgress:
-    """Typed access to one job's keys."""
+    """Typed access to one job's keys. The applied watermarks and the NN ranks' rendezvous
+    belong to one attempt of the job: a recovered job starts both afresh, and nothing a worker
+    of an abandoned attempt still writes can reach the new one."""
 
-    def __init__(self, redis: state.aioredis.Redis, job_id: str) -> None:
+    def __init__(self, redis: state.aioredis.Redis, job_id: str, attempt: int = 0) -> None:
         self.redis = redis
         self.job_id = job_id
-        self.applied_key = state.key("job", job_id, "applied")  # a hash, and the pub/sub channel
+        self.attempt = attempt
+        self.applied_key = state.key("job", job_id, "applied", attempt)  # a hash, and the pub/sub channel
         self._bound = state.key("job", job_id, "staleness_bound")
         self._staleness = state.key("job", job_id, "staleness")
         self._samples = state.key("job", job_id, "samples")
         self._ranks = state.key("job", job_id, "ranks")
-        self._rendezvous = state.key("job", job_id, "rendezvous")
+        self._rendezvous = state.key("job", job_id, "rendezvous", attempt)
 
     # ---- applied watermarks (PS) -----------------------------------------------------
     async def set_applied(self, shard: int, rank: int, step: int) -> None:
@@ -59,6 +67,14 @@ class JobProgress:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.applied_key, f"{shard}:{rank}", step)
         pipe.publish(self.applied_key, f"{shard}:{rank}:{step}")
+        await pipe.execute()
+
+    async def set_applied_all(self, shard: int, ranks: int, step: int) -> None:
+        """A restored shard: every rank's gradients are applied up to `step` (-1: none yet)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for rank in range(ranks):
+            pipe.hset(self.applied_key, f"{shard}:{rank}", step)
+            pipe.publish(self.applied_key, f"{shard}:{rank}:{step}")
         await pipe.execute()
 
     async def applied(self) -> dict[tuple[int, int], int]:
@@ -102,14 +118,14 @@ class JobProgress:
         return out
 
     # ---- training progress (NN workers) ----------------------------------------------
-    async def add_step(self, rank: int, epoch: int, samples: int, loss_sum: float) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(self._samples, f"samples:{rank}", samples)
-        pipe.hincrbyfloat(self._samples, f"loss_sum:{rank}", loss_sum)
-        pipe.hincrby(self._samples, f"steps:{rank}", 1)
-        pipe.hset(self._samples, f"epoch:{rank}", epoch)
-        pipe.hset(self._samples, f"last_loss:{rank}", loss_sum / max(samples, 1))
-        await pipe.execute()
+    async def set_training(self, rank: int, *, samples: int, loss_sum: float, steps: int, epoch: int,
+                           last_loss: float | None) -> None:
+        """A rank's totals so far (absolute, so a rank restored from a checkpoint just says them again)."""
+        fields: dict[str, Any] = {f"samples:{rank}": samples, f"loss_sum:{rank}": repr(loss_sum),
+                                  f"steps:{rank}": steps, f"epoch:{rank}": epoch}
+        if last_loss is not None:
+            fields[f"last_loss:{rank}"] = repr(last_loss)
+        await self.redis.hset(self._samples, mapping=fields)
 
     async def training(self, ranks: int) -> dict[str, Any]:
         raw = await self.redis.hgetall(self._samples)
@@ -130,6 +146,10 @@ class JobProgress:
 
     async def rank_results(self) -> dict[int, dict[str, Any]]:
         return {int(k): json.loads(v) for k, v in (await self.redis.hgetall(self._ranks)).items()}
+
+    async def clear_rank_results(self) -> None:
+        """Forget the results of an abandoned attempt (a recovery re-runs what follows its checkpoint)."""
+        await self.redis.delete(self._ranks)
 
     # ---- torch.distributed rendezvous -----------------------------------------------------
     async def set_rendezvous(self, address: str) -> None:
@@ -175,10 +195,19 @@ class AppliedWatermark:
             self._changed.notify_all()
 
     async def run(self) -> None:
-        """Follow the announcements until cancelled."""
+        """Follow the announcements until cancelled, through Redis restarts (the hash is
+        re-read on every reconnection, so nothing announced meanwhile is missed)."""
+        while True:
+            try:
+                await self._follow()
+            except (RedisError, OSError) as err:
+                logger.warning("applied watermarks: Redis unavailable, reconnecting", extra={"error": str(err)})
+                await asyncio.sleep(self.refresh_s)
+
+    async def _follow(self) -> None:
         pubsub = self.progress.redis.pubsub()
-        await pubsub.subscribe(self.progress.applied_key)
         try:
+            await pubsub.subscribe(self.progress.applied_key)
             await self._update(await self.progress.applied(), await self.progress.bound())
             loop = asyncio.get_running_loop()
             next_refresh = loop.time() + self.refresh_s

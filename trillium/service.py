@@ -6,11 +6,19 @@ A service subclasses `Service`, overrides `start`/`stop` (and `add_routes` for a
 HTTP API of its own, `run_job` to take part in jobs), and its `__main__` calls
 `run_service(MyService)`.
 
-Jobs reach a worker in the coordinator's answers to its heartbeats. When a new job
-names this worker (its index is below the job's count for its role), `run_job` runs as
-a task; it reports its phase with `set_job_phase` ("setting_up" → "ready" → "done"), a
-raised exception reports "failed" with the error, and the task is cancelled when the job
-ends or is stopped. The phase travels back in the next heartbeat, which is sent at once.
+Jobs reach a worker in the coordinator's answers to its heartbeats. A job runs in
+attempts: the first, and one more for every recovery from a checkpoint. When an attempt
+of a job names this worker (its index is below the job's count for its role), `run_job`
+runs as a task; it reports its phase with `set_job_phase` ("setting_up" → "ready" →
+"done"), a raised exception reports "failed" with the error, and the task is cancelled
+when the job ends, is stopped, or moves on to a newer attempt. Every report carries the
+attempt it is about, so the coordinator never mistakes a late word of an abandoned attempt
+for the current one. The report travels back in the next heartbeat, sent at once.
+
+Checkpoints: the coordinator asks PS shards and data loaders to capture their state at a
+cut (`POST /job/capture`) and releases the NN ranks held at it (`POST /job/release`); a
+role answers by overriding `capture`/`release`, and reports each written part with
+`report_part`.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import sys
 import time
 from typing import Annotated, Any, ClassVar
 
+import grpc
 import httpx
 import prometheus_client
 import uvicorn
@@ -37,8 +46,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trillium import log
-from trillium.config import ConfigError, Role, ServiceSettings
-from trillium.job import JobRecord, participants
+from trillium.checkpoint import CaptureRequest, CaptureResult, CutReport, PartReport, ReleaseRequest
+from trillium.config import EXIT_RESTART, ConfigError, Role, ServiceSettings
+from trillium.jobrecord import TERMINAL, JobRecord, participants
 
 logger = logging.getLogger("trillium.service")
 
@@ -70,7 +80,9 @@ class Service:
         self._heartbeat_now = asyncio.Event()
         self.job: JobRecord | None = None  # the current job as last heard, state included
         self._job_task: asyncio.Task[None] | None = None
+        self._job_attempt: tuple[str, int] | None = None  # (job id, attempt) of _job_task
         self._job_report: dict[str, Any] = {}
+        self._parts: dict[int, dict[str, Any]] = {}  # checkpoint step -> PartReport, this attempt's
         # OpenAPI and docs are served below, behind the token like everything but health.
         self.app = FastAPI(title=f"Trillium {self.role}", version="1", openapi_url=None, docs_url=None,
                            redoc_url=None)
@@ -92,8 +104,16 @@ class Service:
         return {}
 
     async def run_job(self, job: JobRecord) -> None:
-        """Take part in `job`; the default role has nothing to do in jobs."""
+        """Take part in one attempt of `job`; the default role has nothing to do in jobs."""
         self.set_job_phase("done")
+
+    async def capture(self, request: CaptureRequest) -> CaptureResult:
+        """Capture this worker's state at a checkpoint cut (PS shards and data loaders)."""
+        raise HTTPException(status.HTTP_409_CONFLICT, f"a {self.role} has no state to capture")
+
+    async def release(self, request: ReleaseRequest) -> None:
+        """Go on after a checkpoint cut (NN ranks)."""
+        raise HTTPException(status.HTTP_409_CONFLICT, f"a {self.role} does not hold at checkpoint cuts")
 
     async def peers(self, role: Role, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """The registered workers `<role>-0 .. <role>-(count-1)`, waiting for them to register."""
@@ -112,41 +132,96 @@ class Service:
 
     # ---- jobs ------------------------------------------------------------------------
     def set_job_phase(self, phase: str, error: str | None = None) -> None:
-        assert self.job is not None
-        self._job_report = {"id": self.job.id, "phase": phase} | ({"error": error} if error else {})
+        assert self._job_attempt is not None
+        job_id, attempt = self._job_attempt
+        self._report(job_id, attempt, phase, error)
+
+    def _report(self, job_id: str, attempt: int, phase: str, error: str | None = None) -> None:
+        self._job_report = {"id": job_id, "attempt": attempt, "phase": phase} | ({"error": error} if error else {})
         self._heartbeat_now.set()
+
+    def report_cut(self, cut: CutReport | None) -> None:
+        """Say that this NN rank holds at a cut (None: no longer)."""
+        if cut is None:
+            self._job_report.pop("cut", None)
+        else:
+            self._job_report["cut"] = cut.model_dump(mode="json")
+        self._heartbeat_now.set()
+
+    def report_part(self, part: PartReport) -> None:
+        """Say that this worker's part of the checkpoint at `part.step` is written (or failed)."""
+        self._parts[part.step] = part.model_dump(mode="json")
+        for step in sorted(self._parts)[:-4]:  # the coordinator reads them within seconds
+            del self._parts[step]
+        self._heartbeat_now.set()
+
+    def job_is(self, *states: str) -> bool:
+        """Whether the current attempt of the job this task runs is in one of `states`."""
+        job = self.job
+        return job is not None and (job.id, job.attempt) == self._job_attempt and job.state in states
+
+    async def wait_until_running(self) -> None:
+        """Wait until the coordinator has every participant ready and starts the job (or resumes
+        it after a recovery); training before that would reach workers still setting up."""
+        while not self.job_is("running", "paused"):
+            await asyncio.sleep(0.05)
 
     async def _run_job_task(self, job: JobRecord) -> None:
         try:
             await self.run_job(job)
         except asyncio.CancelledError:
-            self._job_report = {"id": job.id, "phase": "stopped"}
+            self._report(job.id, job.attempt, "stopped")
             raise
         except Exception as exc:
-            logger.exception("job failed", extra={"job": job.id})
-            self.set_job_phase("failed", f"{type(exc).__name__}: {exc}")
+            logger.exception("job failed", extra={"job": job.id, "attempt": job.attempt})
+            self._report(job.id, job.attempt, "failed", describe_error(exc))
+
+    async def _cancel_job_task(self) -> None:
+        task, self._job_task = self._job_task, None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.left_attempt()
+
+    async def left_attempt(self) -> None:
+        """Hook, after this worker's part in an attempt has ended (done, failed or cancelled):
+        what the attempt leaves behind that this process cannot clean up."""
+
+    async def restart_process(self) -> None:
+        """Exit to be started afresh (EXIT_RESTART), deregistered first: the coordinator waits for
+        the new process to register instead of taking the silence for a lost worker."""
+        logger.warning("restarting the process")
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=2.0, headers={"Authorization": f"Bearer {self.settings.token}"}) as c:
+                await c.delete(f"{self.settings.coordinator_url}/v1/workers/{self.name}")
+        logging.shutdown()
+        os._exit(EXIT_RESTART)
 
     async def _on_job(self, job: JobRecord | None) -> None:
         if job is None:
             return
-        new = self.job is None or self.job.id != job.id
         self.job = job
-        if job.state in ("finished", "failed", "stopped", "stopping"):
-            if self._job_task is not None and not self._job_task.done():
-                self._job_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._job_task
+        attempt = (job.id, job.attempt)
+        if job.state in TERMINAL or job.state == "stopping":
+            await self._cancel_job_task()
             return
-        if new and self.settings.index < participants(job.config).get(self.role, 0):
-            if job.state not in ("submitted", "starting"):
-                # We (re)started after the job did: whatever we held for it is gone, and
-                # joining now would train on lost state or replay work. Say so; never rejoin.
-                self._job_report = {"id": job.id, "phase": "failed",
-                                    "error": f"{self.name} restarted while the job was {job.state}; its state is lost"}
-                self._heartbeat_now.set()
-                return
-            self._job_report = {"id": job.id, "phase": "setting_up"}
-            self._job_task = asyncio.create_task(self._run_job_task(job), name=f"job-{job.id}")
+        if self.settings.index >= participants(job.config).get(self.role, 0) or self._job_attempt == attempt:
+            return
+        await self._cancel_job_task()  # an older attempt, or another job: abandoned
+        self._job_attempt = attempt
+        self._parts = {}
+        if job.state in ("submitted", "starting", "recovering"):
+            self._report(job.id, job.attempt, "setting_up")
+            self._job_task = asyncio.create_task(self._run_job_task(job), name=f"job-{job.id}-{job.attempt}")
+        else:
+            # We (re)started while the attempt runs: whatever we held for it is gone, and joining
+            # now would train on lost state or replay work. Say so: the job recovers from its
+            # last checkpoint, in a new attempt that we join from the start.
+            self._report(job.id, job.attempt, "failed",
+                         f"restarted while the job was {job.state}; its state is lost")
 
     @property
     def advertised_host(self) -> str:
@@ -185,6 +260,19 @@ class Service:
             """Prometheus metrics (scrape with the token: `authorization: {credentials_file: ...}`)."""
             return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
+        @app.post("/job/capture", tags=["checkpoints"], dependencies=authorized)
+        async def capture(request: CaptureRequest) -> CaptureResult:
+            """Capture this worker's state at a checkpoint cut; the part is written in the background."""
+            self._require_attempt(request.job_id, request.attempt)
+            return await self.capture(request)
+
+        @app.post("/job/release", tags=["checkpoints"], dependencies=authorized)
+        async def release(request: ReleaseRequest) -> dict[str, bool]:
+            """Release this NN rank from a checkpoint cut."""
+            self._require_attempt(request.job_id, request.attempt)
+            await self.release(request)
+            return {"released": True}
+
         @app.get("/openapi.json", include_in_schema=False, dependencies=authorized)
         async def openapi() -> JSONResponse:
             return JSONResponse(app.openapi())
@@ -195,6 +283,11 @@ class Service:
             return HTMLResponse(_SWAGGER_PAGE.format(title=html.escape(app.title),
                                                      spec=json.dumps(app.openapi()).replace("</", "<\\/")))
 
+    def _require_attempt(self, job_id: str, attempt: int) -> None:
+        if self._job_attempt != (job_id, attempt) or self._job_task is None or self._job_task.done():
+            raise HTTPException(status.HTTP_409_CONFLICT,
+                                f"{self.name} is not running attempt {attempt} of job {job_id}")
+
     def health_report(self) -> dict[str, Any]:
         return {
             "status": "ok" if self.ready else "starting",
@@ -203,7 +296,7 @@ class Service:
             "name": self.name,
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 3),
-            "job": self._job_report or None,
+            "job": (self._job_report | {"parts": self._parts}) if self._job_report else None,
             **self.health(),
         }
 
@@ -268,16 +361,24 @@ class Service:
             self._stopping.set()
             logger.info("stopping")
             await heartbeat
-            if self._job_task is not None and not self._job_task.done():
-                self._job_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._job_task
+            await self._cancel_job_task()
         finally:
             self.ready = False
             await self.stop()
             server.should_exit = True
             await http_task
             logger.info("stopped")
+
+
+def describe_error(exc: BaseException, limit: int = 1000) -> str:
+    """An error as one readable line: a gRPC error as its status and details (not the raw dump
+    of its debug string), anything else as its type and message, newlines folded."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        text = f"gRPC {exc.code().name}: {exc.details()}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def run_service(cls: type[Service], argv: list[str] | None = None) -> None:

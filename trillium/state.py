@@ -6,7 +6,13 @@ import asyncio
 import time
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
+
+# A restarted Redis (AOF persistence: nothing acknowledged is lost) is back within seconds;
+# callers ride that out instead of failing the work in hand. About 30 s of retries.
+_RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=40)
 
 KEY_PREFIX = "trillium:"
 
@@ -17,7 +23,8 @@ def key(*parts: object) -> str:
 
 
 def connect(url: str) -> aioredis.Redis:
-    return aioredis.from_url(url, decode_responses=True, health_check_interval=30)
+    return aioredis.from_url(url, decode_responses=True, health_check_interval=30, retry=_RETRY,
+                             retry_on_error=[ConnectionError, TimeoutError])
 
 
 async def wait_for_redis(url: str, timeout_s: float = 30.0) -> None:
@@ -25,7 +32,7 @@ async def wait_for_redis(url: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        client = connect(url)
+        client = aioredis.from_url(url)  # no retries: this loop is the retry
         try:
             if await client.ping():
                 return

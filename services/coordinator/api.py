@@ -1,10 +1,10 @@
 """The coordinator's REST admin API under /v1: workers, jobs and their control, live
-staleness, embedding tables and checkpoint requests. Every route needs the bearer token."""
+staleness, embedding tables and checkpoints. Every route needs the bearer token."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
@@ -12,15 +12,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
-from trillium.job import ACTIVE, IllegalTransition, JobConfig, JobRecord
+from trillium.job import JobConfig
+from trillium.jobrecord import ACTIVE, IllegalTransition, JobRecord
 from trillium.progress import JobProgress
 
-from .jobs import CheckpointRequest, JobNotFound, lost_workers
+from .checkpoints import CheckpointInfo
+from .jobs import CheckpointRequested, JobNotFound, lost_workers
 from .observe import TablesUnavailable, TablesView, job_tables
+from .parts import CoordinatorParts as Coordinator
 from .registry import Worker, WorkerRegistration
-
-if TYPE_CHECKING:
-    from .server import Coordinator
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 # Bodies are kept as JSON records in Redis and read back all the time: they must stay within
@@ -68,6 +68,14 @@ class JobView(BaseModel):
     staleness: dict[int, StalenessView]  # per NN rank
     results: dict[int, dict[str, Any]]  # per NN rank, once it is done: samples, steps, loss curve, eval
     lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
+    last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
+    checkpoint_in_progress: bool
+
+
+class ResumeRequest(BaseModel):
+    checkpoint: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="a stopped or failed job: the step of the checkpoint to resume from (default: the "
+                          "newest); a paused job takes none")
 
 
 class StalenessReport(BaseModel):
@@ -199,8 +207,15 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         return await coord.jobs.transition(job_id, "paused", expect=frozenset({"running"}))
 
     @v1.post("/jobs/{job_id}/resume", response_model=JobRecord, tags=["job control"], responses=_errors(404, 409))
-    async def resume_job(job_id: str) -> JobRecord:
-        """Resume a paused job."""
+    async def resume_job(job_id: str, body: ResumeRequest | None = None) -> JobRecord:
+        """Resume a paused job; or a stopped or failed one from a checkpoint (the newest, or the
+        one at `checkpoint`): a new attempt restores it and goes on (`recovering`, then `running`)."""
+        job = await coord.jobs.require(job_id)
+        if job.state in ("stopped", "failed"):
+            return await coord.jobs.resume(job_id, body.checkpoint if body else None)
+        if body is not None and body.checkpoint is not None:
+            raise IllegalTransition(f"job {job_id} is {job.state}: only a stopped or failed job resumes from a "
+                                    "checkpoint")
         return await coord.jobs.transition(job_id, "running", expect=frozenset({"paused"}))
 
     @v1.post("/jobs/{job_id}/stop", response_model=JobRecord, status_code=status.HTTP_202_ACCEPTED,
@@ -235,18 +250,26 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         PS shards (and per shard), asked of each shard now. Only the current job's tables are held."""
         return await job_tables(coord.registry, await coord.jobs.require(job_id), await coord.jobs.current())
 
-    @v1.get("/jobs/{job_id}/checkpoints", response_model=list[CheckpointRequest], tags=["checkpoints"],
+    @v1.get("/jobs/{job_id}/checkpoints", response_model=list[CheckpointInfo], tags=["checkpoints"],
             responses=_errors(404))
-    async def list_checkpoints(job_id: str) -> list[CheckpointRequest]:
-        """The checkpoint requests of a job."""
-        return await coord.jobs.checkpoints(job_id)
+    async def list_checkpoints(job_id: str) -> list[CheckpointInfo]:
+        """A job's complete checkpoints, oldest first: step, epoch, size, seconds to write, how
+        long training held for the cut, the Kafka positions, and test metrics when taken."""
+        return await coord.checkpointer.list(await coord.jobs.require(job_id))
 
-    @v1.post("/jobs/{job_id}/checkpoints", response_model=CheckpointRequest, status_code=status.HTTP_202_ACCEPTED,
+    @v1.post("/jobs/{job_id}/checkpoints", response_model=CheckpointRequested, status_code=status.HTTP_202_ACCEPTED,
              tags=["checkpoints"], responses=_errors(404, 409))
-    async def request_checkpoint(job_id: str) -> CheckpointRequest:
-        """Request a checkpoint of a running or paused job. The request is recorded; writing
-        checkpoints is not implemented yet, so it stays `requested`."""
+    async def request_checkpoint(job_id: str) -> CheckpointRequested:
+        """Ask for a checkpoint of a running or paused job: the NN ranks cut after the step on
+        which they agree on it (within about a heartbeat); it is listed once its manifest is written."""
         return await coord.jobs.request_checkpoint(job_id)
+
+    @v1.delete("/jobs/{job_id}/checkpoints/{step}", status_code=status.HTTP_204_NO_CONTENT, tags=["checkpoints"],
+               responses=_errors(404))
+    async def delete_checkpoint(job_id: str, step: int) -> None:
+        """Delete one checkpoint of a job (complete or not)."""
+        if not await coord.checkpointer.delete(await coord.jobs.require(job_id), step):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no checkpoint at step {step}")
 
     app.include_router(v1)
     _error_handlers(app)
@@ -309,4 +332,6 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
             mean_loss=nan_to_none(training["mean_loss"]), last_loss=nan_to_none(training["last_loss"])),
         staleness={r: StalenessView(**s.as_dict()) for r, s in (await progress.staleness(ranks)).items()},
         results=await progress.rank_results(),
-        lost_workers=await lost_workers(coord.registry, job))
+        lost_workers=await lost_workers(coord.registry, job),
+        last_checkpoint=await coord.checkpointer.latest(job),
+        checkpoint_in_progress=coord.checkpointer.busy(job.id))

@@ -2,48 +2,64 @@
 through its states from what the workers report.
 
     submitted → starting → running ⇄ paused → stopping → finished | failed | stopped
+                              ↓ ↑       ↓
+                            recovering ←── failed | stopped (resume)
 
-One job runs at a time; the workers learn about it (config, topics, ranks, state) from the
-coordinator's answer to their heartbeats and report their phase for it in their health.
-Every change of a record is a compare-and-set (WATCH/MULTI): the REST API and the state
-machine loop never overwrite each other's changes, and a restarted coordinator picks the
-state machine up from Redis where the last one left it.
+One job runs at a time; the workers learn about it (config, topics, ranks, attempt, state)
+from the coordinator's answer to their heartbeats and report their phase for an attempt
+in their health. When a process of a running job dies, the job recovers: a new attempt
+starts from the last complete checkpoint (verified against its manifest; a corrupt one is
+passed over for the one before), every worker rolls back to it, and the job goes on. Every
+change of a record is a compare-and-set (WATCH/MULTI): the REST API and the state machine
+loop never overwrite each other's changes, and a restarted coordinator picks the state
+machine up from Redis where the last one left it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel
 from redis.exceptions import WatchError
 
 from trillium import kafka, state
-from trillium.job import (ACTIVE, TRANSITIONS, IllegalTransition, JobConfig, JobRecord, JobState, Topics,
-                          participants)
+from trillium.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
+from trillium.job import JobConfig
+from trillium.jobrecord import (ACTIVE, TERMINAL, TRANSITIONS, CheckpointRef, IllegalTransition, JobRecord, JobState,
+                                Recovery, Topics, extend_lineage, participants)
 from trillium.progress import JobProgress
 
-from .registry import WorkerRegistry
+from .registry import Worker, WorkerRegistry
 
 logger = logging.getLogger("trillium.coordinator.jobs")
 
-TERMINAL: frozenset[str] = frozenset(TRANSITIONS) - ACTIVE
+REGISTRATION_GRACE_S = 60.0  # how long a new job waits for the workers it needs to register
 
 
 class JobNotFound(LookupError):
     pass
 
 
-class CheckpointRequest(BaseModel):
-    """A request to checkpoint a job. Recorded only: writing checkpoints is not implemented yet."""
+@dataclass(frozen=True)
+class Picked:
+    """The checkpoint a new attempt starts from, and the newer ones refused on the way."""
 
-    id: str
+    manifest: Manifest
+    location: str
+    refused: list[str]
+
+
+class CheckpointRequested(BaseModel):
     job_id: str
+    seq: int
     requested_at: float
-    state: Literal["requested"] = "requested"
+    state: str = "requested"
 
 
 def _either(states: frozenset[str]) -> str:
@@ -52,8 +68,10 @@ def _either(states: frozenset[str]) -> str:
 
 
 class JobStore:
-    def __init__(self, redis: state.aioredis.Redis) -> None:
+    def __init__(self, redis: state.aioredis.Redis, run_dir: Path, bootstrap: str) -> None:
         self.redis = redis
+        self.run_dir = run_dir
+        self.bootstrap = bootstrap
         self._current = state.key("current_job")
         self._ids = state.key("jobs")
 
@@ -61,9 +79,8 @@ class JobStore:
     def _key(job_id: str) -> str:
         return state.key("job", job_id, "record")
 
-    @staticmethod
-    def _checkpoints(job_id: str) -> str:
-        return state.key("job", job_id, "checkpoints")
+    def checkpoints(self, job: JobRecord) -> JobCheckpoints | None:
+        return JobCheckpoints.of(job.config, job.id, self.run_dir)
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.get(self._key(job_id))
@@ -84,11 +101,32 @@ class JobStore:
         job_id = await self.redis.get(self._current)
         return await self.get(job_id) if job_id else None
 
+    def _warm_start(self, config: JobConfig) -> CheckpointRef | None:
+        """The checkpoint `config.init_from` names, which must exist and be complete."""
+        init = config.init_from
+        if init is None:
+            return None
+        base = init.dir or (config.checkpoint.dir if config.checkpoint and config.checkpoint.dir else None)
+        store = JobCheckpoints(base or str(self.run_dir / "checkpoints"), init.job)
+        complete = {m.step: m for m in store.complete()}
+        if not complete:
+            raise IllegalTransition(f"init_from: job {init.job} has no complete checkpoint in {store.base}")
+        step = max(complete) if init.step is None else init.step
+        if step not in complete:
+            raise IllegalTransition(f"init_from: job {init.job} has no complete checkpoint at step {step}; "
+                                    f"it has {sorted(complete)}")
+        manifest = complete[step]
+        for name in ("tables", "slots"):
+            if getattr(manifest.config, name) != getattr(config, name):
+                raise IllegalTransition(f"init_from: the {name} of job {init.job} differ from this job's")
+        return CheckpointRef(location=store.location(step), step=step)
+
     async def create(self, config: JobConfig) -> JobRecord:
         job_id = f"{config.name}-{uuid.uuid4().hex[:8]}"
         prefix = f"trillium.{job_id}"
         now = time.time()
-        job = JobRecord(id=job_id, state="submitted", config=config, created_at=now, updated_at=now,
+        warm = await asyncio.to_thread(self._warm_start, config)
+        job = JobRecord(id=job_id, state="submitted", config=config, created_at=now, updated_at=now, init_from=warm,
                         topics=Topics(samples=f"{prefix}.samples", eval=f"{prefix}.eval",
                                       gradients=f"{prefix}.gradients"))
         progress = JobProgress(self.redis, job_id)
@@ -111,7 +149,7 @@ class JobStore:
                 except WatchError:
                     continue
 
-    async def _update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord:
+    async def update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord:
         """Read-modify-write one record, retried if it changed in between."""
         key = self._key(job_id)
         async with self.redis.pipeline() as pipe:
@@ -132,9 +170,11 @@ class JobStore:
                     continue
 
     async def transition(self, job_id: str, to: JobState, *, expect: frozenset[str] | None = None,
-                         error: str | None = None, metrics: dict | None = None) -> JobRecord:
+                         error: str | None = None, metrics: dict | None = None,
+                         also: Callable[[JobRecord], None] | None = None) -> JobRecord:
         """Move a job to `to` if the state machine allows it from its current state (and that
-        state is in `expect`, when given), else raise IllegalTransition saying why."""
+        state is in `expect`, when given), else raise IllegalTransition saying why. `also`
+        changes the record in the same compare-and-set."""
         allowed = frozenset(s for s, targets in TRANSITIONS.items() if to in targets)
         if expect is not None:
             allowed &= expect
@@ -142,7 +182,8 @@ class JobStore:
         def change(job: JobRecord) -> None:
             if job.state not in allowed:
                 raise IllegalTransition(f"job {job.id} is {job.state}, not {_either(allowed)}")
-            logger.info("job state", extra={"job": job.id, "from": job.state, "to": to, "error": error})
+            logger.info("job state", extra={"job": job.id, "from": job.state, "to": to, "attempt": job.attempt,
+                                            "error": error})
             job.state = to
             if error:
                 job.error = error
@@ -152,11 +193,88 @@ class JobStore:
                 job.started_at = time.time()
             if to in TERMINAL:
                 job.finished_at = time.time()
+            if also is not None:
+                also(job)
 
-        return await self._update(job_id, change)
+        return await self.update(job_id, change)
 
-    async def delete(self, job_id: str) -> None:
-        """Forget a finished, failed or stopped job and every key it has in Redis."""
+    async def start_attempt(self, job: JobRecord, pick: Picked, cause: str, expect: frozenset[str],
+                            kind: str = "recovery") -> JobRecord:
+        """Move `job` to `recovering`: a new attempt that every worker starts from the checkpoint."""
+        attempt = job.attempt + 1
+        manifest = pick.manifest
+
+        def roll_back(record: JobRecord) -> None:
+            record.attempt = attempt
+            record.restore = CheckpointRef(location=pick.location, step=manifest.step)
+            record.lineage = extend_lineage(manifest.lineage, manifest.written, attempt)
+            record.recoveries.append(Recovery(at=time.time(), attempt=attempt, kind=kind, cause=cause,
+                                              checkpoint_step=manifest.step, refused=pick.refused))
+            record.error = None
+            record.finished_at = None
+            record.metrics = None
+
+        updated = await self.transition(job.id, "recovering", expect=expect, also=roll_back)
+        await JobProgress(self.redis, job.id).clear_rank_results()
+        logger.warning("job recovering", extra={"job": job.id, "attempt": attempt, "step": manifest.step,
+                                                "cause": cause})
+        return updated
+
+    async def resume(self, job_id: str, step: int | None) -> JobRecord:
+        """Resume a stopped or failed job from a checkpoint (the latest when `step` is None)."""
+        job = await self.require(job_id)
+        if job.state not in ("stopped", "failed"):
+            raise IllegalTransition(f"job {job_id} is {job.state}; only a stopped or failed job resumes "
+                                    "from a checkpoint (a paused one resumes as it is)")
+        pick = await self.pick_checkpoint(job, step)
+        async with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    await pipe.watch(self._current)
+                    current = await self.current()
+                    if current is not None and current.id != job_id and current.state in ACTIVE:
+                        raise IllegalTransition(f"job {current.id} is {current.state}; one job runs at a time")
+                    pipe.multi()
+                    pipe.set(self._current, job_id)
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue
+        return await self.start_attempt(job, pick, f"resumed from step {pick.manifest.step}",
+                                        expect=frozenset({"stopped", "failed"}), kind="resume")
+
+    async def pick_checkpoint(self, job: JobRecord, step: int | None = None) -> Picked:
+        """The newest complete checkpoint whose files match its manifest (or the one at `step`);
+        IllegalTransition says why there is none."""
+        store = self.checkpoints(job)
+        if store is None:
+            raise IllegalTransition(f"job {job.id} takes no checkpoints (checkpoint: null)")
+        complete = await asyncio.to_thread(store.complete)
+        if step is not None:
+            complete = [m for m in complete if m.step == step]
+            if not complete:
+                raise IllegalTransition(f"job {job.id} has no complete checkpoint at step {step}")
+        problems: list[str] = []
+        for manifest in reversed(complete):
+            try:
+                await asyncio.to_thread(store.dir(manifest.step).verify, manifest)
+                return Picked(manifest, store.location(manifest.step), problems)
+            except CorruptCheckpoint as err:
+                logger.error("checkpoint refused", extra={"job": job.id, "step": manifest.step, "error": str(err)})
+                problems.append(str(err))
+        raise IllegalTransition(f"job {job.id} has no complete checkpoint to recover from" +
+                                (f" (refused: {'; '.join(problems)})" if problems else ""))
+
+    async def create_topics(self, job: JobRecord) -> None:
+        """The job's topics, kept until the job is deleted: a recovery or a resume, however
+        late, re-reads them from its checkpoint's positions."""
+        topo = job.config.topology
+        await kafka.ensure_topics(self.bootstrap, {job.topics.samples: topo.nn_ranks, job.topics.eval: topo.nn_ranks,
+                                                   job.topics.gradients: topo.ps_shards}, {"retention.ms": "-1"})
+
+    async def delete(self, job_id: str) -> JobRecord:
+        """Forget a finished, failed or stopped job: every key it has in Redis and its Kafka
+        topics (its checkpoints stay: other jobs may start from them)."""
         key = self._key(job_id)
         async with self.redis.pipeline() as pipe:
             while True:
@@ -177,22 +295,23 @@ class JobStore:
                 except WatchError:
                     continue
         await JobProgress(self.redis, job_id).delete()
+        await kafka.delete_topics(self.bootstrap, [job.topics.samples, job.topics.eval, job.topics.gradients])
+        return job
 
-    async def request_checkpoint(self, job_id: str) -> CheckpointRequest:
-        job = await self.require(job_id)
-        if job.state not in ("running", "paused"):
-            raise IllegalTransition(f"job {job_id} is {job.state}; only a running or paused job can be checkpointed")
-        request = CheckpointRequest(id=f"ckpt-{uuid.uuid4().hex[:12]}", job_id=job_id, requested_at=time.time())
-        await self.redis.rpush(self._checkpoints(job_id), request.model_dump_json())
-        return request
+    async def request_checkpoint(self, job_id: str) -> CheckpointRequested:
+        def ask(job: JobRecord) -> None:
+            if job.state not in ("running", "paused"):
+                raise IllegalTransition(f"job {job_id} is {job.state}; only a running or paused job can be "
+                                        "checkpointed")
+            if job.config.checkpoint is None:
+                raise IllegalTransition(f"job {job_id} takes no checkpoints (checkpoint: null)")
+            job.checkpoint_seq += 1
 
-    async def checkpoints(self, job_id: str) -> list[CheckpointRequest]:
-        await self.require(job_id)
-        return [CheckpointRequest.model_validate_json(r)
-                for r in await self.redis.lrange(self._checkpoints(job_id), 0, -1)]
+        job = await self.update(job_id, ask)
+        return CheckpointRequested(job_id=job_id, seq=job.checkpoint_seq, requested_at=job.updated_at)
 
 
-def _needed(config: JobConfig) -> list[str]:
+def needed(config: JobConfig) -> list[str]:
     return [f"{role}-{i}" for role, n in participants(config).items() for i in range(n)]
 
 
@@ -201,54 +320,99 @@ async def lost_workers(registry: WorkerRegistry, job: JobRecord) -> list[str]:
     if job.state not in ACTIVE:
         return []
     workers = {w.name: w for w in await registry.workers()}
-    return [n for n in _needed(job.config) if n not in workers or workers[n].status == "lost"]
+    return [n for n in needed(job.config) if n not in workers or workers[n].status == "lost"]
 
 
-async def advance(store: JobStore, registry: WorkerRegistry, bootstrap: str) -> None:
-    """One tick of the job state machine, driven by the workers' reports."""
+def _cause(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[str, Worker]) -> str:
+    """One line naming the process at fault: a restarted or silent one if any; else the first
+    report, with the process it could not reach when its error names that one's address."""
+    restarted = [f"{name}: {error}" for name, error in failed if error and "restarted while" in error]
+    if restarted:
+        return restarted[0]
+    if lost:
+        return f"lost contact with {', '.join(lost)}"
+    name, error = failed[0]
+    error = error or "failed"
+    for other in workers.values():
+        addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
+        if other.name != name and any(a in error for a in addresses):
+            return f"{other.name} unreachable ({name}: {error})"
+    return f"{name}: {error}"
+
+
+async def advance(store: JobStore, registry: WorkerRegistry, checkpoint_busy: Callable[[str], bool]) -> None:
+    """One tick of the job state machine, driven by the workers' reports. `checkpoint_busy(job_id)`
+    says whether a checkpoint of the job is being written (the job finishes only after it)."""
     job = await store.current()
     if job is None or job.state not in ACTIVE:
         return
     try:
-        await _advance(store, registry, bootstrap, job)
+        await _advance(store, registry, job, checkpoint_busy)
     except IllegalTransition as err:
         # The API moved the job meanwhile (paused, stopped it): the next tick sees that.
         logger.debug("job moved under the state machine", extra={"job": job.id, "error": str(err)})
 
 
-async def _advance(store: JobStore, registry: WorkerRegistry, bootstrap: str, job: JobRecord) -> None:
+async def _advance(store: JobStore, registry: WorkerRegistry, job: JobRecord,
+                   checkpoint_busy: Callable[[str], bool]) -> None:
     config = job.config
     workers = {w.name: w for w in await registry.workers()}
-    needed = _needed(config)
-    missing = [name for name in needed if name not in workers]
-    involved = [workers[n] for n in needed if n in workers]
+    names = needed(config)
+    missing = [name for name in names if name not in workers]
+    involved = [workers[n] for n in names if n in workers]
+    phases = {w.name: w.job_phase(job.id, job.attempt) for w in involved}
 
-    failed = [(w.name, w.job_error()) for w in involved if w.job_phase(job.id) == "failed"]
+    failed = [(w.name, w.job_error()) for w in involved if phases[w.name] == "failed"]
     lost = [w.name for w in involved if w.status == "lost"]
-    if job.state in ("starting", "running", "paused") and (failed or lost):
-        why = "; ".join(f"{n}: {e}" for n, e in failed) or f"lost contact with {', '.join(lost)}"
-        await store.transition(job.id, "failed", error=why)
+    if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
+        await _recover_or_fail(store, job, _cause(failed, lost, workers))
         return
 
     if job.state == "submitted":
         if missing:
+            # A worker restarting (an NN rank leaving an earlier job's attempt) registers within seconds.
+            if time.time() - job.created_at < REGISTRATION_GRACE_S:
+                return
             await store.transition(job.id, "failed",
                                    error=f"the stack lacks workers this job needs: {', '.join(missing)} "
                                    "(start it with a topology at least as large as the job's)")
             return
-        await kafka.ensure_topics(bootstrap, {job.topics.samples: config.topology.nn_ranks,
-                                              job.topics.eval: config.topology.nn_ranks,
-                                              job.topics.gradients: config.topology.ps_shards})
+        await store.create_topics(job)
         await store.transition(job.id, "starting")
-    elif job.state == "starting":
-        if all(w.job_phase(job.id) in ("ready", "done") for w in involved) and not missing:
+    elif job.state in ("starting", "recovering"):
+        if not missing and all(phases[n] in ("ready", "done") for n in names):
             await store.transition(job.id, "running")
     elif job.state == "running":
         results = await JobProgress(store.redis, job.id).rank_results()
-        if len(results) == config.topology.nn_ranks:
+        if len(results) == config.topology.nn_ranks and not checkpoint_busy(job.id):
             await store.transition(job.id, "finished", metrics=results[0].get("eval"))
     elif job.state == "stopping":
         if lost:
             await store.transition(job.id, "failed", error=f"lost contact with {', '.join(lost)} while stopping")
-        elif all(w.job_phase(job.id) in (None, "stopped", "done", "failed") for w in involved):
+        elif all(phases[n] in (None, "stopped", "done", "failed") for n in phases):
             await store.transition(job.id, "stopped")
+
+
+async def _recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
+    """A process of the job failed: start a new attempt from the last checkpoint if the job
+    can recover, else fail it with a one-line reason."""
+    expect = frozenset({job.state})
+    if job.state == "starting":
+        await store.transition(job.id, "failed", expect=expect, error=cause)
+        return
+    if job.config.checkpoint is None:
+        await store.transition(job.id, "failed", expect=expect, error=f"{cause} (the job takes no checkpoints: "
+                                                                       "checkpoint: null)")
+        return
+    limit = job.config.checkpoint.max_recoveries
+    recoveries = sum(1 for r in job.recoveries if r.kind == "recovery")
+    if recoveries >= limit:
+        await store.transition(job.id, "failed", expect=expect,
+                               error=f"{cause} (gave up after {recoveries} recoveries: max_recoveries is {limit})")
+        return
+    try:
+        pick = await store.pick_checkpoint(job)
+    except IllegalTransition as err:
+        await store.transition(job.id, "failed", expect=expect, error=f"{cause} ({err})")
+        return
+    await store.start_attempt(job, pick, cause, expect=expect)

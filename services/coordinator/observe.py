@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 from pydantic import BaseModel
 
 from trillium import rpc
-from trillium.job import JobRecord
+from trillium.jobrecord import JobRecord
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
 from trillium.progress import JobProgress
@@ -83,7 +83,7 @@ async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecor
         if worker is None or worker.status == "lost" or not worker.grpc_address:
             raise TablesUnavailable(f"embedding_ps-{i} is not reachable", conflict=False)
         # A shard's tables are this job's once it has set the job up (it keeps them afterwards).
-        if worker.job_phase(job.id) in (None, "setting_up"):
+        if worker.job_phase(job.id, job.attempt) in (None, "setting_up"):
             raise TablesUnavailable(f"embedding_ps-{i} has not set job {job.id} up yet", conflict=True)
         addresses.append(worker.grpc_address)
     try:

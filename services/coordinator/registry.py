@@ -37,10 +37,17 @@ class Worker(WorkerRegistration):
     health: dict[str, Any] = {}
     status: Literal["healthy", "starting", "lost"] = "starting"
 
-    def job_phase(self, job_id: str) -> str | None:
-        """What the worker last reported about `job_id`: setting_up, ready, done, failed, stopped."""
+    def job_report(self, job_id: str, attempt: int) -> dict[str, Any] | None:
+        """What the worker last reported about this attempt of a job (see trillium.service)."""
         job = self.health.get("job")
-        return job.get("phase") if isinstance(job, dict) and job.get("id") == job_id else None
+        if isinstance(job, dict) and job.get("id") == job_id and job.get("attempt") == attempt:
+            return job
+        return None
+
+    def job_phase(self, job_id: str, attempt: int) -> str | None:
+        """setting_up, ready, done, failed or stopped; None when it said nothing of this attempt."""
+        report = self.job_report(job_id, attempt)
+        return report.get("phase") if report else None
 
     def job_error(self) -> str | None:
         job = self.health.get("job")

@@ -1,6 +1,7 @@
-"""The coordinator service: job control, the worker registry and staleness tracking,
-behind a token-protected REST API under /v1 (see api.py). Its state lives in Redis, so a
-restarted coordinator carries on where the last one stopped."""
+"""The coordinator service: job control, the worker registry, staleness tracking and
+checkpoints, behind a token-protected REST API under /v1 (see api.py). Its state lives in
+Redis (and checkpoints in their storage), so a restarted coordinator carries on where the
+last one stopped."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from trillium import state
 from trillium.service import Service, run_service
 
 from .api import add_api
+from .checkpoints import Checkpointer
 from .jobs import JobStore, advance
 from .limits import BodyLimit
 from .observe import Observer
@@ -47,13 +49,15 @@ class Coordinator(Service):
         await state.wait_for_redis(self.settings.redis_url)
         self.redis = state.connect(self.settings.redis_url)
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
-        self.jobs = JobStore(self.redis)
+        self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka_bootstrap)
+        self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.settings.token)
         self.observer = Observer(self.redis, self.registry, self.settings.kafka_bootstrap, OBSERVE_TICK_S)
         self._loops = [asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
                        asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe))]
 
     async def _advance(self) -> None:
-        await advance(self.jobs, self.registry, self.settings.kafka_bootstrap)
+        await advance(self.jobs, self.registry, self.checkpointer.busy)
+        await self.checkpointer.tick(await self.jobs.current())
 
     async def _observe(self) -> None:
         await self.observer.tick(await self.jobs.current())
@@ -65,6 +69,7 @@ class Coordinator(Service):
                 await task
         if hasattr(self, "observer"):
             await self.observer.close()
+            await self.checkpointer.close()
         if hasattr(self, "redis"):
             await self.redis.aclose()
 

@@ -4,6 +4,13 @@ It holds the job's embedding tables in the native store, serves lookups over gRP
 and applies the gradients of its Kafka partition (`gradients` topic, partition =
 shard) with the native optimizers, recording per rank how far it has applied them —
 the watermark the staleness bound is enforced against.
+
+Checkpoints: at a cut the coordinator asks the shard to capture its store. No gradient
+is applied meanwhile (the ranks hold, and the capture takes the apply lock), so the copy
+holds exactly the steps up to the cut; it is written while training goes on. A new
+attempt loads the shard's snapshot (a warm start in a job with another number of shards
+loads every old shard's file, keeping the IDs it owns), seeks the gradients partition to
+the recorded position and applies only what its own attempt writes there.
 """
 
 from __future__ import annotations
@@ -11,20 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import grpc
 import numpy as np
 import trillium_native
 from aiokafka import TopicPartition
+from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge, Histogram
 
 from trillium import codec, kafka, rpc, state
-from trillium.job import JobRecord
+from trillium.batch import GradientUpdate
+from trillium.checkpoint import (CaptureRequest, CaptureResult, CheckpointDir, Manifest, PartFile, PartReport,
+                                 ps_file)
+from trillium.jobrecord import JobRecord
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
 from trillium.progress import JobProgress
-from trillium.service import Service, run_service
+from trillium.service import Service, describe_error, run_service
 
 logger = logging.getLogger("trillium.embedding_ps")
 
@@ -68,6 +80,10 @@ class EmbeddingPS(Service):
         super().__init__(settings)
         self.store: trillium_native.EmbeddingStore | None = None
         self.applied_messages = 0
+        self._apply_lock = asyncio.Lock()  # held while a gradient is applied; a capture takes it
+        self._applied: dict[int, int] = {}  # rank -> last step applied
+        self._position = 0  # the gradients record to apply next
+        self._captures: dict[int, CaptureResult] = {}  # this attempt's, by step
 
     async def start(self) -> None:
         self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, lambda server:
@@ -92,18 +108,57 @@ class EmbeddingPS(Service):
                 "tables": {t: {k: s[k] for k in ("rows", "memory_bytes", "admitted", "evicted", "expired")}
                            for t, s in stats.items()}}
 
+    async def _restore(self, job: JobRecord, store: trillium_native.EmbeddingStore) -> tuple[int, int]:
+        """Load the attempt's checkpoint (or warm start); returns (gradients position, last step)."""
+        source = job.restore or job.init_from
+        if source is None:
+            return 0, -1
+        ckdir = CheckpointDir(source.location)
+        manifest = await asyncio.to_thread(ckdir.manifest)
+        if manifest is None:
+            raise RuntimeError(f"checkpoint {source.location} has no manifest")
+        shard, shards = self.settings.index, job.config.topology.ps_shards
+        old_shards = manifest.config.topology.ps_shards
+        if old_shards == shards:
+            await self._load(ckdir, manifest, store, ps_file(shard), None)
+        else:  # a warm start resharded: every old shard's file holds some of our IDs
+            for old in range(old_shards):
+                await self._load(ckdir, manifest, store, ps_file(old), (shard, shards))
+        if job.restore is None:
+            return 0, -1  # a warm start: this job's gradients and steps begin afresh
+        return manifest.positions[job.topics.gradients][shard], manifest.step
+
+    @staticmethod
+    async def _load(ckdir: CheckpointDir, manifest: Manifest, store: trillium_native.EmbeddingStore, name: str,
+                    owned: tuple[int, int] | None) -> None:
+        manifest.file(name)  # it must be one of the checkpoint's files
+        with ckdir.reading(name) as path:
+            if owned is None:
+                await asyncio.to_thread(store.load, path)
+            else:
+                await asyncio.to_thread(store.load, path, owned[0], owned[1])
+
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
         shard = self.settings.index
+        ranks = config.topology.nn_ranks
+        self.store = None
         store = trillium_native.EmbeddingStore()
         for name, table in config.tables.items():
             store.create_table(name, **table.store_kwargs(config.training.seed))
+        self._position, last_step = await self._restore(job, store)
+        self._applied = {rank: last_step for rank in range(ranks)}
+        self._captures = {}
         self.store = store
-        progress = JobProgress(self.redis, job.id)
+        progress = JobProgress(self.redis, job.id, job.attempt)
+        await progress.set_applied_all(shard, ranks, last_step)
         consumer = kafka.consumer(self.settings.kafka_bootstrap, group_id=f"{job.id}.ps")
         partition = TopicPartition(job.topics.gradients, shard)
         consumer.assign([partition])
         await consumer.start()
+        consumer.seek(partition, self._position)
+        # A step's updates, by rank, until every rank's has arrived (see _apply_step).
+        pending: dict[int, dict[int, tuple[GradientUpdate, int]]] = {}
         self.set_job_phase("ready")
         lag = GRADIENT_LAG.labels(str(shard))
         loop = asyncio.get_running_loop()
@@ -112,12 +167,14 @@ class EmbeddingPS(Service):
             while True:
                 records = (await consumer.getmany(partition, timeout_ms=200, max_records=64)).get(partition, [])
                 for record in records:
+                    if kafka.attempt_of(record.headers) != job.attempt:
+                        continue  # in flight when an earlier attempt was abandoned
                     update = codec.decode_gradients(record.value)
-                    rows = await asyncio.to_thread(self._apply, store, update)
-                    ROWS_APPLIED.labels(str(shard)).inc(rows)
                     # Ranks step in lock-step, so a rank's batch_id // nn_ranks is its step.
-                    await progress.set_applied(shard, update.rank, update.batch_id // config.topology.nn_ranks)
-                    self.applied_messages += 1
+                    step = update.batch_id // ranks
+                    pending.setdefault(step, {})[update.rank] = (update, record.offset)
+                    while (first := min(pending, default=None)) is not None and len(pending[first]) == ranks:
+                        await self._apply_step(store, first, pending.pop(first), progress)
                 # Offsets and lag are bookkeeping, not on the training path: twice a second.
                 if records and loop.time() >= next_commit:
                     await consumer.commit()
@@ -128,12 +185,65 @@ class EmbeddingPS(Service):
             with contextlib.suppress(Exception):
                 await consumer.stop()
 
+    async def capture(self, request: CaptureRequest) -> CaptureResult:
+        if request.step in self._captures:
+            return self._captures[request.step]  # asked again (a restarted coordinator)
+        job = self.job
+        assert job is not None and self.store is not None
+        async with self._apply_lock:
+            off = {rank: step for rank, step in self._applied.items() if step != request.step}
+            if off:
+                raise HTTPException(status.HTTP_409_CONFLICT,
+                                    f"{self.name} is not at the cut of step {request.step}: last applied {off}")
+            started = time.monotonic()
+            snapshot = await asyncio.to_thread(self.store.capture)
+            result = CaptureResult(positions={job.topics.gradients: {self.settings.index: self._position}})
+        logger.info("captured", extra={"step": request.step, "rows": snapshot.rows,
+                                       "seconds": round(time.monotonic() - started, 3)})
+        self._captures[request.step] = result
+        asyncio.create_task(self._write(request, snapshot))
+        return result
+
+    async def _write(self, request: CaptureRequest, snapshot: trillium_native.StoreCapture) -> None:
+        """Write a captured store into its checkpoint (training goes on meanwhile) and report it."""
+        name = ps_file(self.settings.index)
+        try:
+            started = time.monotonic()
+            with CheckpointDir(request.location).writing(name) as path:
+                size, sha = await asyncio.to_thread(snapshot.write, path)
+            snapshot.release()
+            self.report_part(PartReport(step=request.step, files=[PartFile(
+                name=name, role=self.role, index=self.settings.index, bytes=size, sha256=sha,
+                seconds=time.monotonic() - started)]))
+        except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
+            logger.exception("writing the snapshot failed", extra={"step": request.step})
+            self.report_part(PartReport(step=request.step, error=describe_error(err)))
+
+    async def _apply_step(self, store: trillium_native.EmbeddingStore, step: int,
+                          updates: dict[int, tuple[GradientUpdate, int]], progress: JobProgress) -> None:
+        """Apply one step's gradients of every rank as one optimizer update per table, their
+        sum taken in rank order: a synchronous step is one update with the step's whole gradient
+        (as one process training the ranks' batches together would), and it is the same update
+        however the ranks' messages interleaved — synchronous training is repeatable."""
+        ordered = [updates[rank][0] for rank in sorted(updates)]
+        async with self._apply_lock:
+            rows = await asyncio.to_thread(self._apply, store, ordered)
+            for rank in updates:
+                self._applied[rank] = step
+            self._position = max(offset for _, offset in updates.values()) + 1
+        ROWS_APPLIED.labels(str(self.settings.index)).inc(rows)
+        self.applied_messages += len(updates)
+        await progress.set_applied_all(self.settings.index, len(updates), step)
+
     @staticmethod
-    def _apply(store: trillium_native.EmbeddingStore, update) -> int:
+    def _apply(store: trillium_native.EmbeddingStore, updates: list[GradientUpdate]) -> int:
         rows = 0
-        for table, (ids, grads) in update.tables.items():
-            if len(ids):
-                rows += store.update(table, np.asarray(ids), np.asarray(grads))
+        for table in updates[0].tables:
+            parts = [u.tables[table] for u in updates if len(u.tables[table][0])]
+            if parts:
+                ids = np.concatenate([ids for ids, _ in parts])
+                grads = np.concatenate([grads for _, grads in parts])
+                rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
         return rows
 
 

@@ -23,7 +23,7 @@ from prometheus_client import Histogram
 
 from trillium import codec, kafka, rpc, state
 from trillium.batch import EmbeddingRef, GradientUpdate
-from trillium.job import JobRecord
+from trillium.jobrecord import JobRecord
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
 from trillium.progress import JobProgress
@@ -40,11 +40,16 @@ PUSH_SECONDS = Histogram("trillium_push_gradients_seconds", "gradient push laten
 MAX_PENDING = 4096
 
 
+class ShardUnavailable(RuntimeError):
+    """A PS shard did not answer a lookup."""
+
+
 class _JobContext:
-    def __init__(self, job: JobRecord, ps: list[pb_grpc.EmbeddingParameterServerStub],
+    def __init__(self, job: JobRecord, ps: list[pb_grpc.EmbeddingParameterServerStub], ps_addresses: list[str],
                  producer, progress: JobProgress) -> None:
         self.job = job
         self.ps = ps
+        self.ps_addresses = ps_addresses
         self.producer = producer
         self.progress = progress
         self.watermark = progress.watermark(job.config.topology.ps_shards, job.config.topology.nn_ranks)
@@ -55,14 +60,18 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
     def __init__(self, worker: "EmbeddingWorker") -> None:
         self.worker = worker
 
-    async def _context(self, context: grpc.aio.ServicerContext) -> _JobContext:
+    async def _context(self, context: grpc.aio.ServicerContext, attempt: int) -> _JobContext:
         ctx = self.worker.ctx
         if ctx is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.worker.name} has no job set up")
+        if attempt != ctx.job.attempt:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{self.worker.name} serves attempt {ctx.job.attempt} of job {ctx.job.id}, "
+                                f"not attempt {attempt}")
         return ctx
 
     async def LookupBatch(self, request: pb.BatchLookupRequest, context) -> pb.BatchLookupResponse:
-        ctx = await self._context(context)
+        ctx = await self._context(context, request.attempt)
         start = time.perf_counter()
         try:
             batch = codec.decode_batch(request.batch)
@@ -71,7 +80,10 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         config = ctx.job.config
         staleness = await self.worker.wait_for_staleness(ctx, batch.batch_id) if request.training else 0
         plan = pooling.plan(batch.ids, config.slots, config.topology.ps_shards)
-        rows = await self.worker.lookup_rows(ctx, plan)
+        try:
+            rows = await self.worker.lookup_rows(ctx, plan)
+        except ShardUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         pooled = pooling.pool(plan, rows)
         if request.training:
             ctx.pending[(batch.rank, batch.batch_id)] = plan
@@ -86,13 +98,14 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
                 entry.mask.data = codec.pack_array(mask.numpy())
             slots.append(entry)
         LOOKUP_SECONDS.observe(time.perf_counter() - start)
-        ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch)
+        ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch,
+                              attempt=ctx.job.attempt)
         return pb.BatchLookupResponse(ref=ref, slots=slots, staleness=staleness)
 
     async def PushGradients(self, request: pb.PushGradientsRequest, context) -> pb.PushGradientsResponse:
-        ctx = await self._context(context)
+        ctx = await self._context(context, request.ref.attempt)
         ref = EmbeddingRef(worker=request.ref.worker, rank=request.ref.rank, batch_id=request.ref.batch_id,
-                           epoch=request.ref.epoch)
+                           epoch=request.ref.epoch, attempt=request.ref.attempt)
         plan = ctx.pending.pop((ref.rank, ref.batch_id), None)
         if plan is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
@@ -134,8 +147,9 @@ class EmbeddingWorker(Service):
         producer = kafka.producer(self.settings.kafka_bootstrap, linger_ms=0)
         await producer.start()
         try:
-            self.ctx = _JobContext(job, [pb_grpc.EmbeddingParameterServerStub(c) for c in channels], producer,
-                                   JobProgress(self.redis, job.id))
+            self.ctx = _JobContext(job, [pb_grpc.EmbeddingParameterServerStub(c) for c in channels],
+                                   [w["grpc_address"] for w in shards], producer,
+                                   JobProgress(self.redis, job.id, job.attempt))
             self.set_job_phase("ready")
             await self.ctx.watermark.run()  # serve until the job ends (this task is cancelled)
         finally:
@@ -163,7 +177,14 @@ class EmbeddingWorker(Service):
                       for t, p in plan.tables.items() if len(p.shard_rows[shard])]
             if tables:
                 requests.append((shard, stub.Lookup(pb.ShardLookupRequest(tables=tables))))
-        for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(r for _, r in requests))):
+        async def answer(shard: int, call) -> pb.ShardLookupResponse:
+            try:
+                return await call
+            except grpc.aio.AioRpcError as err:  # say which shard, in one line (not the raw dump)
+                raise ShardUnavailable(f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err.code().name}: "
+                                       f"{err.details()}") from None
+
+        for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests))):
             for table_rows in response.tables:
                 rows[table_rows.table][plan.tables[table_rows.table].shard_rows[shard]] = \
                     codec.unpack_array(table_rows.rows.data)
@@ -178,7 +199,7 @@ class EmbeddingWorker(Service):
             tables = {t: (p.ids[p.shard_rows[shard]], grads[t][p.shard_rows[shard]]) for t, p in plan.tables.items()}
             update = GradientUpdate(rank=ref.rank, batch_id=ref.batch_id, epoch=ref.epoch, shard=shard, tables=tables)
             deliveries.append(await ctx.producer.send(topic, codec.encode_gradients(update), partition=shard,
-                                                      key=str(ref.rank).encode()))
+                                                      key=str(ref.rank).encode(), headers=kafka.headers(ref.attempt)))
         await asyncio.gather(*deliveries)  # acks=all: the updates are durable before we answer
         return len(deliveries)
 

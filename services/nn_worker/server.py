@@ -1,58 +1,105 @@
 """The nn_worker service: rank r of the synchronous dense training.
 
-Rank r reads its partition of the `samples` topic, asks the embedding worker for each
-batch's embeddings ahead of time (the staleness bound decides how far ahead the lookups
-really get), runs forward/backward of the job's model under DDP (gloo on CPU, NCCL on
-GPU: the dense gradients are all-reduced every step), and hands the gradients of the
-embeddings back without waiting for them to be applied. After the last epoch it scores
-its partition of the `eval` topic; rank 0 gathers the scores and computes the metrics.
+Rank r reads its partition of the `samples` topic from its position (feed.py), asks the
+embedding worker for each batch's embeddings ahead of time (the staleness bound decides how
+far ahead the lookups really get), runs forward/backward of the job's model under DDP (step.py:
+NCCL when every rank has a GPU of its own, gloo otherwise), and hands the gradients of the
+embeddings back without waiting for them to be applied. After the last epoch it scores its
+partition of the `eval` topic (evaluate.py); rank 0 gathers the scores and computes the metrics.
 
-Loss scaling: each rank's loss is `R * sum(losses of its batch) / samples in the step`,
-so DDP's gradient average is the gradient of the mean loss over the whole step; the
-embedding gradients are divided by R for the same reason. With one rank this is plain
-mean-loss SGD, which the golden test compares against a single-process reference.
+Before each step the ranks agree (one small all-reduce) on the step's sample count, on
+whether the job is paused, and on the newest checkpoint request. At a checkpoint cut — on
+request, every `every_steps`, after the last step — each rank hands its gradients to Kafka,
+holds and says so in its health; the coordinator captures the PS shards and releases the
+ranks; each rank then writes its progress (and rank 0 the dense model and optimizer) while
+training goes on. A new attempt restores all of it from the checkpoint and seeks the samples
+partition to the recorded position.
+
+An attempt the rank abandons (the job recovers, stops, or the rank fails) may leave a
+collective blocking the rank's torch thread: the process then exits to be started afresh
+(`EXIT_RESTART`), as torchelastic restarts its workers, and joins the next attempt new.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from aiokafka import TopicPartition
+from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium import codec, kafka, metrics, rpc, state
-from trillium.job import JobRecord
+from trillium import codec, rpc, state
+from trillium.checkpoint import (DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest,
+                                 rank_file)
+from trillium.jobrecord import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
 from trillium.progress import JobProgress
-from trillium.service import Service, run_service
+from trillium.service import Service, describe_error, run_service
+
+from . import evaluate
+from .feed import EpochEnd, Feed, GradientPusher, embeddings_of
+from .step import Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")
 
 SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
-# Lookups requested ahead of the step being trained; the embedding worker holds back any
-# that would exceed the staleness bound, so this only caps the memory in flight.
-PREFETCH = 8
-_EPOCH_END = object()
+PREFETCH = 8  # lookups requested ahead of the step being trained
+PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)
+HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
-def _device(rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device("cpu")
+@dataclass
+class RankState:
+    """A rank's own progress, checkpointed as rank-<r>.json."""
+
+    epochs: int
+    step: int = 0  # steps trained
+    epoch: int = 0  # the epoch in progress (== epochs once every epoch is trained)
+    position: int = 0  # the next samples record to read
+    seq: int = 0  # the last checkpoint request served
+    last_cut: int = -1  # the step of the last cut
+    trained: int = 0
+    loss_sum: float = 0.0
+    train_seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)  # the mean loss of every step
+    per_epoch: list[dict[str, float]] = field(default_factory=list)  # samples and label sum of each epoch
+
+    def __post_init__(self) -> None:
+        if not self.per_epoch:
+            self.per_epoch = [{"samples": 0, "label_sum": 0.0} for _ in range(self.epochs)]
+
+
+@dataclass
+class _Attempt:
+    """One attempt of a job, as this rank runs it."""
+
+    job: JobRecord
+    trainer: Trainer
+    stub: pb_grpc.EmbeddingWorkerStub
+    progress: JobProgress
+    state: RankState
+    pusher: GradientPusher | None = None
+    writes: list[asyncio.Task[None]] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=lambda: {"lookup_wait": 0.0, "step": 0.0, "cut": 0.0})
+
+
+def _bind(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 class NNWorker(Service):
@@ -63,6 +110,10 @@ class NNWorker(Service):
         # Ranks share the machine's cores in the local stack; one intra-op thread each by default.
         torch.set_num_threads(int(os.environ.get("TRILLIUM_TORCH_THREADS", "1")))
         self.trained = 0
+        self.placement: Placement | None = None
+        self._held: dict[int, asyncio.Future[ReleaseRequest]] = {}
+        self._released: set[int] = set()
+        self._group_dirty = False  # a process group this process cannot tear down cleanly
 
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
@@ -71,204 +122,263 @@ class NNWorker(Service):
         await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
-        return {"rank": self.settings.index, "samples_trained": self.trained, "device": str(_device(self.settings.index))}
+        device = str(self.placement.device) if self.placement else None
+        return {"rank": self.settings.index, "samples_trained": self.trained, "device": device}
 
-    # ---- setup -------------------------------------------------------------------------
-    async def _init_process_group(self, job: JobRecord, progress: JobProgress, device: torch.device) -> None:
+    async def left_attempt(self) -> None:
+        if self._group_dirty and not self._stopping.is_set():
+            logger.warning("left an attempt whose collectives may still block the torch thread")
+            await self.restart_process()
+
+    async def release(self, request: ReleaseRequest) -> None:
+        held = self._held.get(request.step)
+        if held is not None and not held.done():
+            held.set_result(request)
+        elif request.step not in self._released:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"{self.name} does not hold at step {request.step}")
+
+    # ---- setup ---------------------------------------------------------------------------------------
+    async def _process_group(self, job: JobRecord, progress: JobProgress, thread: ThreadPoolExecutor) -> Any:
+        """Join the attempt's process group; returns the group for the control all-reduce."""
         rank, world = self.settings.index, job.config.topology.nn_ranks
-        timeout = timedelta(minutes=10)
+        loop = asyncio.get_running_loop()
         if rank == 0:
-            store = await asyncio.to_thread(dist.TCPStore, self.advertised_host, 0, world, True, timeout,
-                                            wait_for_workers=False)
+            store = await loop.run_in_executor(thread, lambda: dist.TCPStore(
+                self.advertised_host, 0, world, True, COLLECTIVE_TIMEOUT, wait_for_workers=False))
             await progress.set_rendezvous(f"{self.advertised_host}:{store.port}")
         else:
             while (address := await progress.rendezvous()) is None:
                 await asyncio.sleep(0.2)
             host, port = address.rsplit(":", 1)
-            store = await asyncio.to_thread(dist.TCPStore, host, int(port), world, False, timeout)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        await asyncio.to_thread(dist.init_process_group, backend, store=store, rank=rank, world_size=world,
-                                timeout=timeout)
+            store = await loop.run_in_executor(thread, dist.TCPStore, host, int(port), world, False,
+                                               COLLECTIVE_TIMEOUT)
+        placement = self.placement
+        assert placement is not None
 
-    # ---- the job -----------------------------------------------------------------------
-    async def run_job(self, job: JobRecord) -> None:
+        def join() -> Any:
+            store.set(f"device/{rank}", placement.ident)
+            idents = [store.get(f"device/{r}").decode() for r in range(world)]
+            backend, why = choose_backend(idents)
+            logger.info("collective backend", extra={"backend": backend, "why": why, "device": str(placement.device)})
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT,
+                                    device_id=placement.device if backend == "nccl" else None)
+            self._group_dirty = True
+            # Control words stay on the CPU: no GPU synchronization for them.
+            return dist.new_group(backend="gloo") if backend == "nccl" else None
+
+        return await loop.run_in_executor(thread, join)
+
+    async def _setup(self, job: JobRecord, progress: JobProgress, thread: ThreadPoolExecutor) -> tuple[Trainer,
+                                                                                                       RankState]:
         config = job.config
         rank, world = self.settings.index, config.topology.nn_ranks
-        device = _device(rank)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        progress = JobProgress(self.redis, job.id)
-        self.trained = 0
+        control_group = await self._process_group(job, progress, thread)
+        device = self.placement.device
+
+        def build() -> Trainer:
+            model = build_model(config).to(device)
+            # DDP's constructor broadcasts rank 0's weights, waiting for every rank.
+            ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+            optimizer = build_dense_optimizer(config.training.dense_optimizer, ddp.parameters())
+            return Trainer(thread, ddp, optimizer, device, world, rank, control_group)
+
+        loop = asyncio.get_running_loop()
+        trainer = await loop.run_in_executor(thread, build)
+        rank_state = RankState(epochs=config.training.epochs)
+        source: CheckpointRef | None = job.restore or job.init_from
+        if source is not None:
+            ckdir = CheckpointDir(source.location)
+            manifest = await asyncio.to_thread(ckdir.manifest)
+            if manifest is None:
+                raise RuntimeError(f"checkpoint {source.location} has no manifest")
+            dense = await asyncio.to_thread(ckdir.read_verified, manifest, DENSE)
+            await loop.run_in_executor(thread, trainer.load_dense, dense)
+            if job.restore is not None:  # a recovery or resume also restores where the rank was
+                raw = await asyncio.to_thread(ckdir.read_verified, manifest, rank_file(rank))
+                rank_state = RankState(**json.loads(raw))
+        return trainer, rank_state
+
+    # ---- the job -------------------------------------------------------------------------------------
+    async def run_job(self, job: JobRecord) -> None:
+        config = job.config
+        rank = self.settings.index
+        self.placement = local_placement(rank)
+        thread = ThreadPoolExecutor(1, thread_name_prefix="torch", initializer=_bind, initargs=(self.placement.device,))
+        progress = JobProgress(self.redis, job.id, job.attempt)
         workers = await self.peers("embedding_worker", config.topology.embedding_workers)
         # A rank always talks to the same embedding worker: its pushes stay in step order.
         channel = rpc.channel(workers[rank % len(workers)]["grpc_address"])
-        stub = pb_grpc.EmbeddingWorkerStub(channel)
-        await self._init_process_group(job, progress, device)
+        clean = False
         try:
-            # DDP's constructor broadcasts the weights, waiting for every rank: off the event loop.
-            model = build_model(config).to(device)
-            ddp = await asyncio.to_thread(DistributedDataParallel, model,
-                                          device_ids=[device.index] if device.type == "cuda" else None)
-            optimizer = build_dense_optimizer(config.training.dense_optimizer, ddp.parameters())
+            trainer, rank_state = await self._setup(job, progress, thread)
+            run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state)
+            self.trained = rank_state.trained
+            await self._report_progress(run)
             self.set_job_phase("ready")
-            while self.job is not None and self.job.state == "starting":
-                await asyncio.sleep(0.05)
-            started = time.perf_counter()
-            losses, per_epoch, timing = await self._train(job, stub, ddp, optimizer, device, progress)
-            train_s = time.perf_counter() - started
-            scores = await self._evaluate(job, stub, model, device)
-            gathered: list[Any] = [None] * world
-            await asyncio.to_thread(dist.all_gather_object, gathered, scores)
-            result: dict[str, Any] = {"samples": self.trained, "steps": len(losses), "train_seconds": train_s,
-                                      "loss_curve": losses, "epochs": per_epoch, "seconds": timing}
+            await self.wait_until_running()
+            await self._train(run)
+            labels, probs = await evaluate.score(self._eval_feed(run), self._scorer(run))
+            gathered = await self._gather(run, (labels, probs))
+            await asyncio.gather(*run.writes)
+            s = run.state
+            result: dict[str, Any] = {"samples": s.trained, "steps": s.step, "train_seconds": s.train_seconds,
+                                      "loss_curve": s.losses, "epochs": s.per_epoch, "seconds": run.timing,
+                                      "attempt": job.attempt}
             if rank == 0:
-                labels = np.concatenate([g[0] for g in gathered])
-                probs = np.concatenate([g[1] for g in gathered])
-                result["eval"] = {"auc": metrics.auc(labels, probs), "logloss": metrics.logloss(labels, probs),
-                                  "samples": int(len(labels))}
+                result["eval"] = evaluate.summarize(gathered)
             await progress.set_rank_result(rank, result)
+            await asyncio.get_running_loop().run_in_executor(thread, dist.destroy_process_group)
+            self._group_dirty = False
+            clean = True
             self.set_job_phase("done")
         finally:
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
             await channel.close()
+            thread.shutdown(wait=clean)
 
-    async def _feed(self, job: JobRecord, topic: str, stub, queue: asyncio.Queue, epochs: int, training: bool) -> None:
-        """Read this rank's partition in order; start each batch's lookup as soon as it arrives."""
-        consumer = kafka.consumer(self.settings.kafka_bootstrap, group_id=f"{job.id}.nn")
-        partition = TopicPartition(topic, self.settings.index)
-        consumer.assign([partition])
-        await consumer.start()
-        try:
-            ended = 0
-            while ended < epochs:
-                records = (await consumer.getmany(partition, timeout_ms=500)).get(partition, [])
-                for record in records:
-                    if kafka.epoch_end(record.headers) is not None:
-                        ended += 1
-                        await queue.put(_EPOCH_END)
-                        continue
-                    lookup = asyncio.ensure_future(stub.LookupBatch(pb.BatchLookupRequest(batch=record.value,
-                                                                                          training=training)))
-                    await queue.put((record.value, lookup))
-                if records:
-                    await consumer.commit()
-        finally:
-            await consumer.stop()
+    def _torch(self, run: _Attempt, fn, *args) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(run.trainer.thread, fn, *args)
 
-    @staticmethod
-    def _embeddings(response: pb.BatchLookupResponse) -> list[np.ndarray]:
-        # Copies: torch wants writable arrays, and fp16 wire values become float32.
-        return [np.array(codec.unpack_array(s.values.data), dtype=np.float32) for s in response.slots]
+    def _scorer(self, run: _Attempt):
+        return lambda batch, embeddings: self._torch(run, run.trainer.scores, batch, embeddings)
 
-    async def _train(self, job: JobRecord, stub, ddp, optimizer, device: torch.device,
-                     progress: JobProgress) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
-        """Train every epoch; returns the loss of each step, per epoch the samples trained
-        and the sum of their labels (what proves each sample was trained once), and where
-        the time went: waiting for embeddings, in the step (all-reduce included), waiting
-        for the last gradients to be handed over."""
-        config = job.config
-        rank, world = self.settings.index, config.topology.nn_ranks
-        queue: asyncio.Queue = asyncio.Queue(maxsize=PREFETCH)
-        pushes: asyncio.Queue = asyncio.Queue()
-        feeder = asyncio.create_task(self._feed(job, job.topics.samples, stub, queue, config.training.epochs, True))
-        pusher = asyncio.create_task(self._push_loop(stub, pushes))
-        losses: list[float] = []
-        per_epoch = [{"samples": 0, "label_sum": 0.0} for _ in range(config.training.epochs)]
-        timing = {"lookup_wait": 0.0, "step": 0.0, "push_drain": 0.0}
+    async def _gather(self, run: _Attempt, value: Any) -> list[Any]:
+        gathered: list[Any] = [None] * run.trainer.world
+        await self._torch(run, lambda: dist.all_gather_object(gathered, value, group=run.trainer.control_group))
+        return gathered
+
+    def _eval_feed(self, run: _Attempt) -> Feed:
+        job, rank = run.job, self.settings.index
+        lookup = lambda raw: run.stub.LookupBatch(pb.BatchLookupRequest(batch=raw, training=False,  # noqa: E731
+                                                                        attempt=job.attempt))
+        return Feed(self.settings.kafka_bootstrap, job.topics.eval, rank, 0,
+                    PartitionLineage(job.lineage.get(job.topics.eval, {}).get(rank)), job.attempt, lookup,
+                    ahead=PREFETCH, group_id=None).run()
+
+    async def _report_progress(self, run: _Attempt) -> None:
+        s = run.state
+        await run.progress.set_training(self.settings.index, samples=s.trained, loss_sum=s.loss_sum, steps=s.step,
+                                        epoch=min(s.epoch, max(s.epochs - 1, 0)),
+                                        last_loss=s.losses[-1] if s.losses else None)
+
+    async def _train(self, run: _Attempt) -> None:
+        """Train the epochs left; cut for checkpoints on the way and after the last step."""
+        job, s = run.job, run.state
+        rank = self.settings.index
+        checkpoint = job.config.checkpoint
+        lookup = lambda raw: run.stub.LookupBatch(pb.BatchLookupRequest(batch=raw, training=True,  # noqa: E731
+                                                                        attempt=job.attempt))
+        feed = Feed(self.settings.kafka_bootstrap, job.topics.samples, rank, s.position,
+                    PartitionLineage(job.lineage.get(job.topics.samples, {}).get(rank)), job.attempt, lookup,
+                    ahead=PREFETCH, group_id=f"{job.id}.nn").run()
+        run.pusher = GradientPusher(run.stub.PushGradients).run()
+        loop = asyncio.get_running_loop()
         clock = time.perf_counter
+        next_report = loop.time()  # the first step is reported at once: the job view shows it going
+        started = clock()
         try:
-            for epoch in range(config.training.epochs):
-                while (item := await queue.get()) is not _EPOCH_END:
-                    await self._hold_while_paused(device)
-                    raw, lookup = item
-                    t0 = clock()
-                    response = await lookup
-                    t1 = clock()
-                    batch = codec.decode_batch(raw)
-                    STALENESS.labels(str(rank)).set(response.staleness)
-                    loss_sum, step_samples, grads = await asyncio.to_thread(
-                        self._step, ddp, optimizer, device, world, batch, self._embeddings(response))
-                    timing["lookup_wait"] += t1 - t0
-                    timing["step"] += clock() - t1
-                    await pushes.put(pb.PushGradientsRequest(ref=response.ref, slots=[
-                        pb.SlotGradient(slot=s.slot, grad=pb.Array(data=codec.pack_array(g)))
-                        for s, g in zip(response.slots, grads)]))
-                    self.trained += batch.batch_size
-                    per_epoch[batch.epoch]["samples"] += batch.batch_size
-                    per_epoch[batch.epoch]["label_sum"] += float(np.sum(batch.labels))
-                    SAMPLES.labels(str(rank)).inc(batch.batch_size)
-                    losses.append(loss_sum / step_samples)
-                    await progress.add_step(rank, epoch, batch.batch_size, loss_sum)
-            t0 = clock()
-            await pushes.join()  # every gradient handed over before evaluation reads the tables
-            timing["push_drain"] = clock() - t0
-            if pusher.done():
-                pusher.result()  # a failed push fails the job
+            while s.epoch < s.epochs:
+                item = await feed.get()
+                if isinstance(item, EpochEnd):
+                    s.position, s.epoch = item.offset + 1, item.epoch + 1
+                    continue
+                batch = codec.decode_batch(item.raw)
+                control = await self._torch(run, run.trainer.control, batch.batch_size, self.job_is("paused"),
+                                            self.job.checkpoint_seq)
+                if control.paused:
+                    await self._report_progress(run)  # the job view shows where it holds
+                while control.paused:
+                    if control.seq > s.seq and s.step > 0:
+                        await self._cut(run, "request", control.seq)
+                    await asyncio.sleep(0.2)
+                    control = await self._torch(run, run.trainer.control, batch.batch_size, self.job_is("paused"),
+                                                self.job.checkpoint_seq)
+                t0 = clock()
+                response = await item.lookup
+                t1 = clock()
+                STALENESS.labels(str(rank)).set(response.staleness)
+                loss_sum, grads = await self._torch(run, run.trainer.step, batch, embeddings_of(response),
+                                                    control.samples)
+                run.timing["lookup_wait"] += t1 - t0
+                run.timing["step"] += clock() - t1
+                run.pusher.put(pb.PushGradientsRequest(ref=response.ref, slots=[
+                    pb.SlotGradient(slot=slot.slot, grad=pb.Array(data=codec.pack_array(g)))
+                    for slot, g in zip(response.slots, grads)]))
+                s.step += 1
+                s.position = item.offset + 1
+                s.trained += batch.batch_size
+                s.loss_sum += loss_sum
+                s.losses.append(loss_sum / max(control.samples, 1))
+                s.per_epoch[batch.epoch]["samples"] += batch.batch_size
+                s.per_epoch[batch.epoch]["label_sum"] += float(batch.labels.sum())
+                self.trained = s.trained
+                SAMPLES.labels(str(rank)).inc(batch.batch_size)
+                if loop.time() >= next_report:
+                    await self._report_progress(run)
+                    next_report = loop.time() + PROGRESS_EVERY_S
+                if checkpoint is not None:
+                    if control.seq > s.seq:
+                        await self._cut(run, "request", control.seq)
+                    elif checkpoint.every_steps and s.step % checkpoint.every_steps == 0:
+                        await self._cut(run, "schedule", s.seq)
+            if checkpoint is not None and s.step > 0 and s.last_cut != s.step - 1:
+                await self._cut(run, "final", s.seq)
+            await run.pusher.join()  # every gradient handed over before evaluation reads the tables
         finally:
-            feeder.cancel()
-            pusher.cancel()
-            for task in (feeder, pusher):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        return losses, per_epoch, timing
+            s.train_seconds += clock() - started
+            await feed.stop()
+            await run.pusher.stop()
+        await self._report_progress(run)
 
-    async def _hold_while_paused(self, device: torch.device) -> None:
-        """Wait here while the job is paused. The ranks agree on it (an all-reduce of what each
-        has heard), so they all hold before the same step and none waits inside a step's
-        collectives, which would time out during a long pause."""
-        while True:
-            paused = torch.tensor([float(self.job is not None and self.job.state == "paused")], device=device)
-            await asyncio.to_thread(dist.all_reduce, paused, dist.ReduceOp.MAX)
-            if not paused.item():
-                return
-            await asyncio.sleep(0.2)
-
-    @staticmethod
-    async def _push_loop(stub, pushes: asyncio.Queue) -> None:
-        while True:
-            request = await pushes.get()
-            try:
-                await stub.PushGradients(request)
-            finally:
-                pushes.task_done()
-
-    @staticmethod
-    def _step(ddp, optimizer, device: torch.device, world: int, batch, embeddings: list[np.ndarray]):
-        """One synchronous step; returns (sum of losses, samples in the step, embedding gradients)."""
-        dense = torch.from_numpy(np.array(batch.dense, dtype=np.float32)).to(device)
-        labels = torch.from_numpy(np.array(batch.labels, dtype=np.float32)).to(device)
-        embs = [torch.from_numpy(e).to(device).requires_grad_() for e in embeddings]
-        step_samples = torch.tensor([float(batch.batch_size)], device=device)
-        dist.all_reduce(step_samples)
-        loss_sum = F.binary_cross_entropy_with_logits(ddp(dense, embs), labels, reduction="sum")
-        optimizer.zero_grad(set_to_none=True)
-        (loss_sum * world / step_samples).backward()
-        optimizer.step()
-        grads = [(e.grad if e.grad is not None else torch.zeros_like(e)).div(world).cpu().numpy() for e in embs]
-        return float(loss_sum), float(step_samples), grads
-
-    async def _evaluate(self, job: JobRecord, stub, model, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-        queue: asyncio.Queue = asyncio.Queue(maxsize=PREFETCH)
-        feeder = asyncio.create_task(self._feed(job, job.topics.eval, stub, queue, 1, False))
-        labels, probs = [], []
-        model.eval()
+    async def _cut(self, run: _Attempt, reason: str, seq: int) -> None:
+        """Hold at a checkpoint cut after the last step trained, until the coordinator releases us."""
+        job, s = run.job, run.state
+        rank = self.settings.index
+        step = s.step - 1
+        t0 = time.perf_counter()
+        await run.pusher.join()  # the PS shards can apply everything up to the cut
+        s.seq, s.last_cut = max(s.seq, seq), step
+        dense = await self._torch(run, run.trainer.dense_state) if rank == 0 else None
+        mine = json.dumps(asdict(s)).encode()
+        await self._report_progress(run)
+        held = asyncio.get_running_loop().create_future()
+        self._held[step] = held
+        self.report_cut(CutReport(attempt=job.attempt, step=step, epoch=s.epoch, at=time.time(), seq=seq,
+                                  reason=reason, positions={job.topics.samples: {rank: s.position}}))
         try:
-            while (item := await queue.get()) is not _EPOCH_END:
-                raw, lookup = item
-                response = await lookup
-                batch = codec.decode_batch(raw)
-                embeddings = self._embeddings(response)
-                with torch.no_grad():
-                    dense = torch.from_numpy(np.array(batch.dense, dtype=np.float32)).to(device)
-                    logits = model(dense, [torch.from_numpy(e).to(device) for e in embeddings])
-                labels.append(np.asarray(batch.labels))
-                probs.append(torch.sigmoid(logits).cpu().numpy())
+            release = await asyncio.wait_for(held, HOLD_TIMEOUT_S)
+        except TimeoutError:
+            logger.error("checkpoint cut never released; going on without it", extra={"step": step})
+            return
         finally:
-            feeder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await feeder
-        return np.concatenate(labels), np.concatenate(probs)
+            del self._held[step]
+            self._released = {step}
+            self.report_cut(None)
+            run.timing["cut"] += time.perf_counter() - t0
+        if release.location is None:
+            return  # abandoned by the coordinator
+        metrics = None
+        if release.evaluate:
+            scores = await evaluate.score(self._eval_feed(run), self._scorer(run))
+            gathered = await self._gather(run, scores)
+            metrics = evaluate.summarize(gathered) if rank == 0 else None
+        run.writes.append(asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics)))
+
+    async def _write_part(self, location: str, step: int, mine: bytes, dense: bytes | None,
+                          metrics: dict[str, Any] | None) -> None:
+        """Write this rank's part of the checkpoint (training goes on meanwhile) and report it."""
+        ckdir = CheckpointDir(location)
+        rank = self.settings.index
+        files = []
+        try:
+            for name, data in [(rank_file(rank), mine), *([(DENSE, dense)] if dense is not None else [])]:
+                t0 = time.monotonic()
+                size, sha = await asyncio.to_thread(ckdir.write_bytes, name, data)
+                files.append(PartFile(name=name, role=self.role, index=rank, bytes=size, sha256=sha,
+                                      seconds=time.monotonic() - t0))
+            self.report_part(PartReport(step=step, files=files, eval=metrics))
+        except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
+            logger.exception("writing the checkpoint part failed", extra={"step": step})
+            self.report_part(PartReport(step=step, error=describe_error(err)))
 
 
 def main() -> None:

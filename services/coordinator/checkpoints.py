@@ -1,0 +1,282 @@
+"""The coordinator's side of checkpoints: request → cut → capture → release → parts → manifest.
+
+1. A checkpoint is asked for (the REST API, `every_seconds`) by raising the job's
+   `checkpoint_seq`; the NN ranks agree on it in their per-step control all-reduce and cut
+   after the same step s. `every_steps` cuts and the final cut need no request: every rank
+   knows them.
+2. At the cut each rank hands its gradients up to s to Kafka, then holds and says so in its
+   health (`CutReport`).
+3. Once every rank holds at s, a driver task waits until every PS shard has applied every
+   rank's gradients up to s (the applied watermarks), asks each PS shard and data loader to
+   capture its state (`POST /job/capture`), and releases the ranks (`POST /job/release`).
+   Training pauses for this only.
+4. The parts are written while training goes on; each worker reports its files in its health
+   (`PartReport`).
+5. The manifest is written last; retention keeps the newest `keep_last`.
+
+Anything failing on the way abandons the checkpoint: held ranks are released, its directory is
+removed. A restarted coordinator drives a cut the ranks still hold from the start again (every
+step of it is idempotent on the workers), and removes directories nobody finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+from trillium.checkpoint import (DENSE, CaptureRequest, CaptureResult, CutReport, JobCheckpoints,
+                                 Manifest, Offsets, PartFile, PartReport, ReleaseRequest, loader_file, ps_file,
+                                 rank_file)
+from trillium.jobrecord import JobRecord
+from trillium.progress import JobProgress
+from trillium.state import aioredis
+
+from .jobs import JobStore
+from .registry import Worker, WorkerRegistry
+
+logger = logging.getLogger("trillium.coordinator.checkpoints")
+
+POLL_S = 0.02  # how often a driver looks at the workers' reports while the ranks hold
+APPLY_TIMEOUT_S = 120.0  # the PS shards apply what the ranks pushed before the cut well within this
+
+
+class CheckpointAbandoned(RuntimeError):
+    pass
+
+
+class CheckpointInfo(BaseModel):
+    """A complete checkpoint, as listed by the API."""
+
+    step: int
+    epoch: int
+    attempt: int
+    reason: str
+    created_at: float
+    bytes: int
+    seconds_to_write: float
+    pause_seconds: float
+    location: str
+    positions: Offsets
+    eval: dict[str, Any] | None = None
+    files: list[PartFile] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, manifest: Manifest, location: str) -> CheckpointInfo:
+        return cls(step=manifest.step, epoch=manifest.epoch, attempt=manifest.attempt, reason=manifest.reason,
+                   created_at=manifest.created_at, bytes=manifest.bytes, seconds_to_write=manifest.seconds_to_write,
+                   pause_seconds=manifest.pause_seconds, location=location, positions=manifest.positions,
+                   eval=manifest.eval, files=manifest.files)
+
+
+class Checkpointer:
+    def __init__(self, redis: aioredis.Redis, registry: WorkerRegistry, jobs: JobStore, token: str) -> None:
+        self.redis = redis
+        self.registry = registry
+        self.jobs = jobs
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0),
+                                      headers={"Authorization": f"Bearer {token}"})
+        self._drivers: dict[str, asyncio.Task[None]] = {}
+        self._due: dict[tuple[str, int], float] = {}  # (job, attempt) -> when every_seconds asks next
+        self._cleaned: set[tuple[str, int]] = set()
+        self._latest: dict[str, CheckpointInfo | None] = {}  # job -> newest complete checkpoint, once read
+
+    def busy(self, job_id: str) -> bool:
+        task = self._drivers.get(job_id)
+        return task is not None and not task.done()
+
+    async def close(self) -> None:
+        for task in self._drivers.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.http.aclose()
+
+    # ---- listing -------------------------------------------------------------------------------------
+    async def list(self, job: JobRecord) -> list[CheckpointInfo]:
+        store = self.jobs.checkpoints(job)
+        if store is None:
+            return []
+        manifests = await asyncio.to_thread(store.complete)
+        return [CheckpointInfo.of(m, store.location(m.step)) for m in manifests]
+
+    async def latest(self, job: JobRecord) -> CheckpointInfo | None:
+        if job.id not in self._latest:
+            listing = await self.list(job)
+            self._latest[job.id] = listing[-1] if listing else None
+        return self._latest[job.id]
+
+    async def delete(self, job: JobRecord, step: int) -> bool:
+        store = self.jobs.checkpoints(job)
+        if store is None or step not in await asyncio.to_thread(store.steps):
+            return False
+        await asyncio.to_thread(store.dir(step).remove)
+        self._latest.pop(job.id, None)
+        return True
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    async def tick(self, job: JobRecord | None) -> None:
+        for job_id, task in list(self._drivers.items()):
+            if task.done():
+                del self._drivers[job_id]
+            elif job is None or job.id != job_id or job.state not in ("running", "paused"):
+                task.cancel()  # the job stopped or recovers: its cut is gone with its attempt
+        if job is None or job.config.checkpoint is None or job.state not in ("running", "paused"):
+            return
+        if self.busy(job.id):
+            return
+        store = self.jobs.checkpoints(job)
+        assert store is not None
+        if (job.id, job.attempt) not in self._cleaned:
+            # Directories left by a write that never finished (a crash, a restarted coordinator).
+            await asyncio.to_thread(store.cleanup_incomplete)
+            self._cleaned.add((job.id, job.attempt))
+        cuts = await self._cuts(job)
+        if len(cuts) == job.config.topology.nn_ranks and len({c.step for c in cuts.values()}) == 1:
+            self._drivers[job.id] = asyncio.create_task(self._drive(job, store, cuts), name=f"checkpoint-{job.id}")
+            return
+        every = job.config.checkpoint.every_seconds
+        if every is not None and job.state == "running":
+            now = time.monotonic()
+            due = self._due.setdefault((job.id, job.attempt), now + every)
+            if now >= due:
+                self._due[(job.id, job.attempt)] = now + every
+                await self.jobs.request_checkpoint(job.id)
+
+    async def _cuts(self, job: JobRecord) -> dict[int, CutReport]:
+        out = {}
+        for w in await self.registry.workers():
+            report = w.job_report(job.id, job.attempt) if w.role == "nn_worker" else None
+            if report and report.get("cut"):
+                out[w.index] = CutReport.model_validate(report["cut"])
+        return out
+
+    async def _participants(self, job: JobRecord) -> dict[str, list[Worker]]:
+        topo = job.config.topology
+        counts = {"nn_worker": topo.nn_ranks, "embedding_ps": topo.ps_shards, "data_loader": 1}
+        workers = {(w.role, w.index): w for w in await self.registry.workers()}
+        out: dict[str, list[Worker]] = {}
+        for role, n in counts.items():
+            missing = [f"{role}-{i}" for i in range(n) if (role, i) not in workers]
+            if missing:
+                raise CheckpointAbandoned(f"{', '.join(missing)} not registered")
+            out[role] = [workers[(role, i)] for i in range(n)]
+        return out
+
+    # ---- one checkpoint ------------------------------------------------------------------------------
+    async def _drive(self, job: JobRecord, store: JobCheckpoints, cuts: dict[int, CutReport]) -> None:
+        step = next(iter(cuts.values())).step
+        ckdir = store.dir(step)
+        started = time.time()
+        released = False
+        try:
+            workers = await self._participants(job)
+            previous = await asyncio.to_thread(ckdir.manifest)
+            if previous is not None and previous.attempt != job.attempt:
+                await asyncio.to_thread(ckdir.remove)  # an abandoned attempt's checkpoint at the same step
+            await self._wait_applied(job, step)
+            captures = await asyncio.gather(*(
+                self._post(w, "/job/capture", CaptureRequest(job_id=job.id, attempt=job.attempt, step=step,
+                                                             location=store.location(step)), CaptureResult)
+                for w in workers["embedding_ps"] + workers["data_loader"]))
+            evaluate = job.config.checkpoint is not None and job.config.checkpoint.evaluate
+            await self._release(job, workers["nn_worker"], step, store.location(step), evaluate)
+            released = True
+            pause = time.time() - min(c.at for c in cuts.values())
+            reports = await self._parts(job, workers, step)
+            positions: Offsets = {}
+            written: Offsets = {}
+            for cut in cuts.values():
+                _merge(positions, cut.positions)
+            for capture in captures:
+                _merge(positions, capture.positions)
+                _merge(written, capture.written)
+            files = [f for r in reports for f in r.files]
+            expected = {DENSE, *(rank_file(r) for r in range(job.config.topology.nn_ranks)),
+                        *(ps_file(s) for s in range(job.config.topology.ps_shards)), loader_file(0)}
+            if {f.name for f in files} != expected:
+                raise CheckpointAbandoned(f"parts written: {sorted(f.name for f in files)}, expected {sorted(expected)}")
+            cut = next(iter(cuts.values()))
+            manifest = Manifest(job_id=job.id, attempt=job.attempt, step=step, epoch=cut.epoch, reason=cut.reason,
+                                created_at=time.time(), pause_seconds=pause, seconds_to_write=time.time() - started,
+                                config=job.config, positions=positions, written=written, lineage=job.lineage,
+                                files=files, eval=next((r.eval for r in reports if r.eval is not None), None))
+            await asyncio.to_thread(ckdir.write_manifest, manifest)
+            self._latest[job.id] = CheckpointInfo.of(manifest, store.location(step))
+            deleted = await asyncio.to_thread(store.retain, job.config.checkpoint.keep_last)
+            if job.config.checkpoint.every_seconds is not None:
+                self._due[(job.id, job.attempt)] = time.monotonic() + job.config.checkpoint.every_seconds
+            logger.info("checkpoint written", extra={"job": job.id, "step": step, "bytes": manifest.bytes,
+                                                     "seconds": round(manifest.seconds_to_write, 3),
+                                                     "pause_s": round(pause, 3), "deleted": deleted})
+        except (Exception, asyncio.CancelledError) as err:
+            if not isinstance(err, asyncio.CancelledError):
+                logger.error("checkpoint abandoned", extra={"job": job.id, "step": step, "error": str(err)})
+            if not released:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._release(job, (await self._participants(job))["nn_worker"], step,
+                                                       None, False))
+            with contextlib.suppress(Exception):
+                if await asyncio.to_thread(ckdir.manifest) is None:
+                    await asyncio.to_thread(ckdir.remove)
+            if isinstance(err, asyncio.CancelledError):
+                raise
+
+    async def _wait_applied(self, job: JobRecord, step: int) -> None:
+        """Until every PS shard has applied every rank's gradients up to `step`."""
+        progress = JobProgress(self.redis, job.id, job.attempt)
+        topo = job.config.topology
+        deadline = time.monotonic() + APPLY_TIMEOUT_S
+        while True:
+            applied = await progress.applied()
+            behind = [cell for cell in ((s, r) for s in range(topo.ps_shards) for r in range(topo.nn_ranks))
+                      if applied.get(cell, -1) < step]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise CheckpointAbandoned(f"PS shards did not apply step {step} in {APPLY_TIMEOUT_S:.0f}s: {behind}")
+            await asyncio.sleep(POLL_S)
+
+    async def _release(self, job: JobRecord, ranks: list[Worker], step: int, location: str | None,
+                       evaluate: bool) -> None:
+        request = ReleaseRequest(job_id=job.id, attempt=job.attempt, step=step, location=location, evaluate=evaluate)
+        await asyncio.gather(*(self._post(w, "/job/release", request, None) for w in ranks))
+
+    async def _parts(self, job: JobRecord, workers: dict[str, list[Worker]], step: int) -> list[PartReport]:
+        """Every participant's part of the checkpoint at `step`, as reported in its health."""
+        names = {w.name for group in workers.values() for w in group}
+        while True:
+            reports: dict[str, PartReport] = {}
+            for w in await self.registry.workers():
+                report = w.job_report(job.id, job.attempt) if w.name in names else None
+                part = (report or {}).get("parts", {}).get(str(step))
+                if part is not None:
+                    reports[w.name] = PartReport.model_validate(part)
+            failed = [f"{name}: {r.error}" for name, r in reports.items() if r.error]
+            if failed:
+                raise CheckpointAbandoned("; ".join(failed))
+            if len(reports) == len(names):
+                return list(reports.values())
+            current = await self.jobs.get(job.id)
+            if current is None or current.attempt != job.attempt or current.state not in ("running", "paused"):
+                raise CheckpointAbandoned(f"job {job.id} is {current.state if current else 'gone'}")
+            await asyncio.sleep(0.1)
+
+    async def _post(self, worker: Worker, path: str, body: BaseModel, answer: type[BaseModel] | None) -> Any:
+        try:
+            r = await self.http.post(worker.http_url + path, json=body.model_dump(mode="json"))
+        except httpx.HTTPError as err:
+            raise CheckpointAbandoned(f"{worker.name} did not answer {path}: {err}") from None
+        if r.status_code != 200:
+            raise CheckpointAbandoned(f"{worker.name} {path}: HTTP {r.status_code} {r.text[:300]}")
+        return answer.model_validate(r.json()) if answer is not None else None
+
+
+def _merge(into: Offsets, more: Offsets) -> None:
+    for topic, partitions in more.items():
+        into.setdefault(topic, {}).update(partitions)

@@ -1,0 +1,157 @@
+"""A rank's data path around its steps: batches in from Kafka, gradients out to the embedding worker.
+
+`Feed` reads one partition of a loader-written topic (samples or eval) in order from a given
+offset, counts only the records of the current attempt's lineage (trillium.jobrecord), and starts
+each batch's lookup as soon as the batch arrives, up to `ahead` of them (the embedding worker holds
+back any lookup that would exceed the staleness bound, so this only caps the memory in flight).
+`GradientPusher` hands each step's embedding gradients to the embedding worker, in step order,
+without the step waiting for it.
+
+Both run a background task; a task that dies fails whoever waits on it (`get`, `join`) at once,
+instead of leaving it waiting for items no task will deliver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiokafka import TopicPartition
+
+from trillium import codec, kafka
+from trillium.jobrecord import PartitionLineage
+from trillium.pb import embedding_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A batch record and its lookup, started when the record arrived."""
+
+    offset: int
+    raw: bytes  # the codec-encoded Batch, as read
+    lookup: asyncio.Future[pb.BatchLookupResponse]
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    offset: int
+    epoch: int
+
+
+class _Supervised:
+    """A background task whose death fails every wait on it."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def _unless_dead(self, awaitable: Awaitable[Any]) -> Any:
+        waiter = asyncio.ensure_future(awaitable)
+        assert self._task is not None, "not started"
+        done, _ = await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            return waiter.result()
+        waiter.cancel()
+        error = self._task.exception() if not self._task.cancelled() else None
+        raise RuntimeError(f"{self._task.get_name()} stopped: {error!r}") from error
+
+    async def stop(self) -> None:
+        """Cancel the task; a failure it died of was raised to whoever waited on it."""
+        task = self._task
+        if task is None:
+            return
+        if task.done():
+            if not task.cancelled():
+                task.exception()
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class Feed(_Supervised):
+    """Fetched items not taken when the feed stops have their lookups cancelled (or their errors
+    consumed): a stopped feed leaves nothing behind."""
+    def __init__(self, bootstrap: str, topic: str, partition: int, start: int, lineage: PartitionLineage,
+                 attempt: int, lookup: Callable[[bytes], Awaitable[pb.BatchLookupResponse]], *, ahead: int,
+                 group_id: str | None) -> None:
+        self.bootstrap = bootstrap
+        self.partition = TopicPartition(topic, partition)
+        self.start = start
+        self.lineage = lineage
+        self.attempt = attempt
+        self.lookup = lookup
+        self.group_id = group_id  # commits (for the lag metrics) only when given
+        self.queue: asyncio.Queue[Fetched | EpochEnd] = asyncio.Queue(maxsize=ahead)
+
+    def run(self) -> Feed:
+        self._task = asyncio.create_task(self._read(), name=f"feed {self.partition.topic}[{self.partition.partition}]")
+        return self
+
+    async def get(self) -> Fetched | EpochEnd:
+        return await self._unless_dead(self.queue.get())
+
+    async def stop(self) -> None:
+        await super().stop()
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if isinstance(item, Fetched):
+                item.lookup.cancel()
+                if item.lookup.done() and not item.lookup.cancelled():
+                    item.lookup.exception()  # retrieved: no "exception never retrieved" noise
+    async def _read(self) -> None:
+        consumer = kafka.consumer(self.bootstrap, group_id=self.group_id)
+        consumer.assign([self.partition])
+        await consumer.start()
+        try:
+            consumer.seek(self.partition, self.start)
+            loop = asyncio.get_running_loop()
+            next_commit = loop.time()
+            while True:
+                records = (await consumer.getmany(self.partition, timeout_ms=500)).get(self.partition, [])
+                for record in records:
+                    if not self.lineage.counts(record.offset, kafka.attempt_of(record.headers)):
+                        continue  # written by an abandoned attempt
+                    epoch = kafka.epoch_end(record.headers)
+                    if epoch is not None:
+                        await self.queue.put(EpochEnd(record.offset, epoch))
+                    else:
+                        lookup = asyncio.ensure_future(self.lookup(record.value))
+                        await self.queue.put(Fetched(record.offset, record.value, lookup))
+                # Offsets are committed for the lag metrics only (a restore seeks its checkpoint's).
+                if records and self.group_id is not None and loop.time() >= next_commit:
+                    await consumer.commit()
+                    next_commit = loop.time() + 0.5
+        finally:
+            await consumer.stop()
+
+
+class GradientPusher(_Supervised):
+    def __init__(self, push: Callable[[pb.PushGradientsRequest], Awaitable[Any]]) -> None:
+        self.push = push
+        self.queue: asyncio.Queue[pb.PushGradientsRequest] = asyncio.Queue()
+
+    def run(self) -> GradientPusher:
+        self._task = asyncio.create_task(self._send(), name="gradient pusher")
+        return self
+
+    def put(self, request: pb.PushGradientsRequest) -> None:
+        self.queue.put_nowait(request)
+
+    async def join(self) -> None:
+        """Until every gradient handed over so far is acknowledged (in Kafka)."""
+        await self._unless_dead(self.queue.join())
+
+    async def _send(self) -> None:
+        while True:
+            request = await self.queue.get()
+            await self.push(request)
+            self.queue.task_done()
+
+
+def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
+    """A lookup's embeddings, one float32 array per slot: copies, as torch wants writable arrays
+    and fp16 wire values become float32."""
+    return [np.array(codec.unpack_array(s.values.data), dtype=np.float32) for s in response.slots]

@@ -1,0 +1,322 @@
+"""Checkpoints: where they live, what a manifest says, and the messages of the cut protocol.
+
+Layout (a local directory by default, or any fsspec URL such as ``s3://bucket/prefix``)::
+
+    <dir>/<job id>/<step>/manifest.json     written last: the checkpoint exists iff it does
+                         ps-<shard>.snap    each PS shard's native snapshot (trillium_native format)
+                         dense.pt           the dense model and optimizer (NN rank 0; torch.save of
+                                            state_dicts, loadable with weights_only=True)
+                         rank-<r>.json      each NN rank's progress (counters, loss curve)
+                         loader-<i>.json    each data loader's position in its source
+
+The coordinator takes a checkpoint at a step cut s (services/coordinator/checkpoints.py): every NN
+rank has finished step s and holds; every PS shard has applied every rank's gradients up to s. Then
+each PS shard and data loader captures its state (``CaptureRequest``), the ranks are released
+(``ReleaseRequest``), every part is written while training goes on and reported in the worker's
+health (``PartReport``), and the coordinator writes the ``Manifest``: job config, step, epoch, the
+Kafka positions of every partition the job reads, each file's size and sha256, the format version.
+The manifest is written atomically (temp file, fsync, rename; a single put on object stores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import posixpath
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import fsspec
+from pydantic import BaseModel, Field
+
+from trillium.config import Role
+from trillium.job import JobConfig
+from trillium.jobrecord import Lineage
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DENSE = "dense.pt"
+
+# topic -> partition -> offset
+Offsets = dict[str, dict[int, int]]
+
+
+def ps_file(shard: int) -> str:
+    return f"ps-{shard}.snap"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank}.json"
+
+
+def loader_file(index: int) -> str:
+    return f"loader-{index}.json"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint's files do not match its manifest (missing, truncated, or altered)."""
+
+
+# ---- the manifest ------------------------------------------------------------------------------------
+
+
+class PartFile(BaseModel):
+    name: str  # within the checkpoint directory
+    role: Role
+    index: int
+    bytes: int
+    sha256: str
+    seconds: float = Field(description="time to write it")
+
+
+class Manifest(BaseModel):
+    format: int = FORMAT_VERSION
+    job_id: str
+    attempt: int
+    step: int = Field(description="the last step trained into it")
+    epoch: int = Field(description="the epoch of that step")
+    reason: Literal["schedule", "request", "final"]
+    created_at: float
+    pause_seconds: float = Field(description="how long the NN ranks held at the cut")
+    seconds_to_write: float = Field(description="from the cut to the manifest")
+    config: JobConfig
+    positions: Offsets = Field(description="where each reader resumes: the samples and eval topics (NN ranks), "
+                                           "the gradients topic (PS shards)")
+    written: Offsets = Field(description="how far the data loaders had written their topics (see lineage)")
+    lineage: Lineage
+    files: list[PartFile]
+    eval: dict[str, Any] | None = Field(None, description="test metrics at the cut, when asked for")
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def file(self, name: str) -> PartFile:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise CorruptCheckpoint(f"checkpoint {self.job_id}@{self.step} has no file {name}")
+
+
+# ---- the cut protocol --------------------------------------------------------------------------------
+
+
+class CutReport(BaseModel):
+    """An NN rank holding at a cut (in its health, until released)."""
+
+    attempt: int
+    step: int
+    epoch: int
+    at: float = Field(description="when the rank began to hold (UNIX time)")
+    seq: int = Field(description="the highest checkpoint request the ranks agreed on")
+    reason: Literal["schedule", "request", "final"]
+    positions: Offsets = Field(description="the next record to read, per topic partition the rank reads")
+
+
+class CaptureRequest(BaseModel):
+    """Coordinator -> PS shard or data loader: capture your state at the cut, then write it."""
+
+    job_id: str
+    attempt: int
+    step: int
+    location: str
+
+
+class CaptureResult(BaseModel):
+    positions: Offsets = Field(default_factory=dict, description="a PS shard's gradients position")
+    written: Offsets = Field(default_factory=dict, description="a data loader's written ends")
+
+
+class ReleaseRequest(BaseModel):
+    """Coordinator -> NN rank: the cut is captured; write your part, evaluate if asked, go on."""
+
+    job_id: str
+    attempt: int
+    step: int
+    location: str | None = Field(description="null: the checkpoint was abandoned, write nothing")
+    evaluate: bool = False
+
+
+class PartReport(BaseModel):
+    """A worker's part of a checkpoint, once written (in its health)."""
+
+    step: int
+    files: list[PartFile] = Field(default_factory=list)
+    eval: dict[str, Any] | None = None
+    error: str | None = None
+
+
+# ---- storage -----------------------------------------------------------------------------------------
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+class CheckpointDir:
+    """One checkpoint's directory, local or remote (fsspec)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.fs, self.path = fsspec.core.url_to_fs(location)
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    def _join(self, name: str) -> str:
+        return posixpath.join(self.path, name)
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[Path]:
+        """A local path to write `name` to (atomically, by the caller); uploaded on exit when remote."""
+        if self.local:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            yield Path(self.path) / name
+            return
+        with tempfile.TemporaryDirectory(prefix="trillium-ckpt-") as tmp:
+            yield Path(tmp) / name
+            self.fs.put(str(Path(tmp) / name), self._join(name))
+
+    @contextlib.contextmanager
+    def reading(self, name: str) -> Iterator[Path]:
+        """A local path holding `name` (downloaded first when remote)."""
+        if self.local:
+            yield Path(self.path) / name
+            return
+        with tempfile.TemporaryDirectory(prefix="trillium-ckpt-") as tmp:
+            self.fs.get(self._join(name), str(Path(tmp) / name))
+            yield Path(tmp) / name
+
+    def write_bytes(self, name: str, data: bytes) -> tuple[int, str]:
+        """Write a small file atomically; returns its size and sha256."""
+        with self.writing(name) as path:
+            _write_atomically(path, data)
+        return len(data), hashlib.sha256(data).hexdigest()
+
+    def read_verified(self, manifest: Manifest, name: str) -> bytes:
+        """A small file of the checkpoint, checked against its manifest entry."""
+        entry = manifest.file(name)
+        with self.reading(name) as path:
+            data = path.read_bytes()
+        if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CorruptCheckpoint(f"{self.location}/{name}: size or sha256 differs from the manifest")
+        return data
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        with self.writing(MANIFEST) as path:
+            _write_atomically(path, manifest.model_dump_json(indent=1).encode())
+
+    def manifest(self) -> Manifest | None:
+        try:
+            raw = self.fs.cat_file(self._join(MANIFEST))
+        except FileNotFoundError:
+            return None
+        try:
+            manifest = Manifest.model_validate_json(raw)
+        except ValueError as err:
+            raise CorruptCheckpoint(f"{self.location}/{MANIFEST} is not a valid manifest: {err}") from None
+        if manifest.format != FORMAT_VERSION:
+            raise CorruptCheckpoint(f"{self.location}: checkpoint format {manifest.format}, this build reads "
+                                    f"{FORMAT_VERSION}")
+        return manifest
+
+    def verify(self, manifest: Manifest) -> None:
+        """Every file present with the size and sha256 the manifest recorded (CorruptCheckpoint if not)."""
+        for entry in manifest.files:
+            where = f"{self.location}/{entry.name}"
+            try:
+                size = self.fs.size(self._join(entry.name))
+            except FileNotFoundError:
+                raise CorruptCheckpoint(f"{where} is missing") from None
+            if size != entry.bytes:
+                raise CorruptCheckpoint(f"{where} has {size} bytes, the manifest says {entry.bytes}")
+            with self.reading(entry.name) as path:
+                if sha256_file(path) != entry.sha256:
+                    raise CorruptCheckpoint(f"{where}: sha256 differs from the manifest (corrupt)")
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path, recursive=True)
+
+
+class JobCheckpoints:
+    """Every checkpoint of one job: ``<base>/<job id>/<step>/``."""
+
+    def __init__(self, base: str, job_id: str) -> None:
+        self.base = base.rstrip("/")
+        self.job_id = job_id
+        self.fs, root = fsspec.core.url_to_fs(self.base)
+        self.root = posixpath.join(root, job_id)
+
+    @classmethod
+    def of(cls, config: JobConfig, job_id: str, run_dir: Path) -> JobCheckpoints | None:
+        """A job's checkpoints where its config puts them (None when it takes none)."""
+        if config.checkpoint is None:
+            return None
+        return cls(config.checkpoint.dir or str(run_dir / "checkpoints"), job_id)
+
+    def location(self, step: int) -> str:
+        return f"{self.base}/{self.job_id}/{step}"
+
+    def dir(self, step: int) -> CheckpointDir:
+        return CheckpointDir(self.location(step))
+
+    def steps(self) -> list[int]:
+        """Steps with a directory, complete or not, ascending."""
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(int(name) for name in map(posixpath.basename, entries) if name.isdigit())
+
+    def complete(self) -> list[Manifest]:
+        """The complete checkpoints (those with a readable manifest), oldest first."""
+        out = []
+        for step in self.steps():
+            try:
+                manifest = self.dir(step).manifest()
+            except CorruptCheckpoint:
+                continue  # listed as nothing: a recovery must not pick it
+            if manifest is not None:
+                out.append(manifest)
+        return out
+
+    def cleanup_incomplete(self, keep: set[int] = frozenset()) -> list[int]:
+        """Remove checkpoint directories without a manifest (a write that never finished),
+        except the steps in `keep` (being written now)."""
+        removed = []
+        for step in self.steps():
+            if step not in keep and self.dir(step).manifest() is None:
+                self.dir(step).remove()
+                removed.append(step)
+        return removed
+
+    def retain(self, keep_last: int) -> list[int]:
+        """Delete all but the newest `keep_last` complete checkpoints; returns the deleted steps."""
+        old = [m.step for m in self.complete()][:-keep_last]
+        for step in old:
+            self.dir(step).remove()
+        return old
+
+    def remove_all(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.root, recursive=True)

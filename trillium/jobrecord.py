@@ -1,0 +1,127 @@
+"""A submitted job as the coordinator records it and hands it to the workers.
+
+The record carries the job's state machine, its **attempt** and its **lineage**:
+
+- Every recovery (and every resume) starts a new attempt from a complete checkpoint. Workers tag
+  what they report and what they write to Kafka with the attempt, so nothing of an abandoned
+  attempt — a late report, a zombie producer — is ever taken for the current one.
+- The lineage says which records of the loader-written topics (samples, eval) belong to the
+  current attempt's history. Per partition it is a list of segments ``(first offset, attempt)``:
+  a record at offset ``o`` counts iff its attempt header equals the attempt of the last segment
+  starting at or before ``o``. A new attempt restored from a checkpoint whose data loaders had
+  written up to offset ``E`` appends ``(E, new attempt)``: what the old attempt wrote after ``E``
+  is skipped, and the restored loaders write it again.
+
+    submitted → starting → running ⇄ paused → stopping → finished | failed | stopped
+                              ↓  ↑      ↓
+                            recovering (a new attempt from the last checkpoint)
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from trillium.job import JobConfig
+
+JobState = Literal["submitted", "starting", "running", "paused", "recovering", "stopping", "finished", "failed",
+                   "stopped"]
+ACTIVE: frozenset[str] = frozenset({"submitted", "starting", "running", "paused", "recovering", "stopping"})
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "submitted": frozenset({"starting", "stopping", "failed"}),
+    "starting": frozenset({"running", "stopping", "failed"}),
+    "running": frozenset({"paused", "recovering", "stopping", "finished", "failed"}),
+    "paused": frozenset({"running", "recovering", "stopping", "failed"}),
+    "recovering": frozenset({"running", "recovering", "stopping", "failed"}),
+    "stopping": frozenset({"stopped", "failed"}),
+    "finished": frozenset(),
+    "failed": frozenset({"recovering"}),  # resumed from a checkpoint
+    "stopped": frozenset({"recovering"}),
+}
+TERMINAL: frozenset[str] = frozenset(TRANSITIONS) - ACTIVE
+
+# topic -> partition -> [(first offset, attempt), ...] sorted by offset
+Lineage = dict[str, dict[int, list[tuple[int, int]]]]
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+class Topics(BaseModel):
+    samples: str  # train batches, one partition per NN rank
+    eval: str  # test batches, one partition per NN rank
+    gradients: str  # embedding gradients, one partition per PS shard
+
+
+class CheckpointRef(BaseModel):
+    """A complete checkpoint: the directory (or URL) holding its manifest."""
+
+    location: str
+    step: int
+
+
+class Recovery(BaseModel):
+    at: float
+    attempt: int = Field(description="the attempt this recovery started")
+    kind: Literal["recovery", "resume"] = "recovery"
+    cause: str
+    checkpoint_step: int
+    refused: list[str] = Field(default_factory=list, description="newer checkpoints passed over, and why")
+
+
+class JobRecord(BaseModel):
+    id: str
+    state: JobState
+    config: JobConfig
+    topics: Topics
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    metrics: dict[str, Any] | None = None
+    attempt: int = 0
+    restore: CheckpointRef | None = Field(None, description="the checkpoint the current attempt started from")
+    init_from: CheckpointRef | None = Field(None, description="the warm start of attempt 0 (config.init_from)")
+    lineage: Lineage = Field(default_factory=dict)
+    recoveries: list[Recovery] = Field(default_factory=list)
+    checkpoint_seq: int = Field(0, description="checkpoints requested so far (API, every_seconds); the NN "
+                                               "ranks cut at the first step after they agree on a new one")
+
+
+def participants(config: JobConfig) -> dict[str, int]:
+    """How many instances of each role a job uses (indices 0..n-1)."""
+    topo = config.topology
+    return {"embedding_ps": topo.ps_shards, "embedding_worker": topo.embedding_workers,
+            "nn_worker": topo.nn_ranks, "data_loader": 1}
+
+
+class PartitionLineage:
+    """Which records of one partition belong to the current attempt (see the module docstring)."""
+
+    def __init__(self, segments: list[tuple[int, int]] | None) -> None:
+        segments = sorted(segments or [(0, 0)])
+        self._starts = [start for start, _ in segments]
+        self._attempts = [attempt for _, attempt in segments]
+
+    def counts(self, offset: int, attempt: int) -> bool:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return i >= 0 and self._attempts[i] == attempt
+
+
+def extend_lineage(lineage: Lineage, ends: dict[str, dict[int, int]], attempt: int) -> Lineage:
+    """The lineage of `attempt`, restored from a checkpoint whose loaders had written up to `ends`."""
+    out: Lineage = {}
+    for topic in lineage.keys() | ends.keys():
+        parts = lineage.get(topic, {})
+        out[topic] = {}
+        for partition in parts.keys() | ends.get(topic, {}).keys():
+            segments = list(parts.get(partition, [(0, 0)]))
+            end = ends.get(topic, {}).get(partition)
+            if end is not None:
+                segments = [s for s in segments if s[0] < end] + [(end, attempt)]
+            out[topic][partition] = segments
+    return out
