@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from trillium import launcher
 from trillium.client import ApiError, CoordinatorClient, CoordinatorUnavailable
@@ -25,7 +26,9 @@ from trillium.job import JobConfig, load_job
 
 app = typer.Typer(help="Trillium: hybrid training of recommender models with huge embedding tables.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-console = Console()
+# No markup in what we print: job errors, paths and server messages are remote or user text
+# ("[/__w/...]" in an error once crashed the CLI). Our own emphasis is explicit styles.
+console = Console(markup=False, highlight=False)
 
 RunDir = Annotated[Optional[Path], typer.Option("--run-dir", help=f"stack directory (default: ${ENV_RUN_DIR} or .trillium/run; the demo's own: "
                                                              ".trillium/demo)")]
@@ -36,7 +39,7 @@ def _run_dir(run_dir: Path | None) -> Path:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)  # one line, however long
+    console.print(Text.assemble(("error: ", "red"), " ".join(message.split())), soft_wrap=True)  # one line
     raise typer.Exit(1)
 
 
@@ -58,7 +61,7 @@ def up(run_dir: RunDir = None,
             st = launcher.up(rd, topology)
         except launcher.LauncherError as err:
             _fail(str(err))
-    console.print(f"[green]stack running[/green] in {rd}")
+    console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
     console.print(f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
                   f"  coordinator {st['coordinator_url']}")
     if new_token:
@@ -76,9 +79,10 @@ def status(run_dir: RunDir = None,
     if st["phase"] in ("not running", "dead"):
         console.print(f"no stack running in {st['run_dir']} ({st['phase']})")
         raise typer.Exit(1)
-    console.print(f"stack in {st['run_dir']}: [bold]{st['phase']}[/bold]" + (f" — {st['error']}" if st.get("error") else ""))
+    console.print(Text.assemble(f"stack in {st['run_dir']}: ", (st["phase"], "bold"),
+                                f" — {st['error']}" if st.get("error") else ""))
     table = Table("part", "endpoint", "pid", "restarts", "health")
-    ok = lambda good: "[green]ok[/green]" if good else "[red]down[/red]"  # noqa: E731
+    ok = lambda good: Text("ok", "green") if good else Text("down", "red")  # noqa: E731
     table.add_row("kafka", st["kafka"]["bootstrap"], "external" if st["kafka"]["external"] else "", "", ok(st["kafka"]["ok"]))
     table.add_row("redis", st["redis"]["url"], "external" if st["redis"]["external"] else "", "", ok(st["redis"]["ok"]))
     for proc in st["processes"]:
@@ -102,15 +106,15 @@ def _load_job(path: Path) -> JobConfig:
     try:
         return load_job(path)
     except ValidationError as err:
-        console.print(f"[red]invalid job {path}:[/red]\n{describe_validation_error(err)}", highlight=False)
+        console.print(Text.assemble((f"invalid job {path}:", "red"), "\n" + describe_validation_error(err)))
     except (OSError, ValueError) as err:
-        console.print(f"[red]invalid job {path}:[/red] {err}", highlight=False)
+        console.print(Text.assemble((f"invalid job {path}:", "red"), f" {err}"))
     raise typer.Exit(2)
 
 
 def _follow(client: CoordinatorClient, job_id: str) -> dict:
     """Follow a job with a live progress bar; returns its final view."""
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} samples"),
+    columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(), TextColumn("{task.completed:,.0f} samples"),
                TextColumn("{task.fields[rate]:>8,.0f}/s  loss {task.fields[loss]:.4f}  staleness "
                           "max {task.fields[smax]} (bound {task.fields[bound]})"), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as bar:
@@ -126,7 +130,12 @@ def _follow(client: CoordinatorClient, job_id: str) -> dict:
         return client.follow(job_id, update)
 
 
-def summarize(view: dict, mode: str | None, elapsed_s: float) -> dict:
+def mode_of(bound: int | None) -> str:
+    """The training mode a staleness bound means."""
+    return "async" if bound is None else "sync" if bound == 0 else "hybrid"
+
+
+def summarize(view: dict, elapsed_s: float) -> dict:
     """The run's report: quality, speed and staleness, from the coordinator's final view."""
     job, results = view["job"], view["results"]
     stale = list(view["staleness"].values())
@@ -136,14 +145,18 @@ def summarize(view: dict, mode: str | None, elapsed_s: float) -> dict:
     metrics = job.get("metrics") or {}
     return {
         "job_id": job["id"], "state": job["state"], "error": job.get("error"),
-        "mode": mode, "staleness_bound": job["config"]["training"]["staleness_bound"],
+        "mode": mode_of(job["config"]["training"]["staleness_bound"]),
+        "staleness_bound": job["config"]["training"]["staleness_bound"],
         "auc": metrics.get("auc"), "logloss": metrics.get("logloss"), "eval_samples": metrics.get("samples"),
         "samples_trained": samples, "samples_per_sec": samples / train_s if train_s else 0.0,
         "train_seconds": train_s, "steps": max((r["steps"] for r in results.values()), default=0),
         "max_staleness_observed": max((s["max"] for s in stale), default=0),
         "mean_staleness_observed": sum(s["mean"] * s["count"] for s in stale) / lookups if lookups else 0.0,
         "nn_ranks": job["config"]["topology"]["nn_ranks"], "ps_shards": job["config"]["topology"]["ps_shards"],
-        "elapsed_s": elapsed_s,
+        "elapsed_s": elapsed_s, "attempt": job.get("attempt", 0),
+        "recoveries": [{"attempt": r["attempt"], "cause": r["cause"], "checkpoint_step": r["checkpoint_step"]}
+                       for r in job.get("recoveries", [])],
+        "last_checkpoint_step": (view.get("last_checkpoint") or {}).get("step"),
     }
 
 
@@ -156,14 +169,14 @@ def _print_summary(report: dict) -> None:
     console.print(table)
 
 
-def run_job(run_dir: Path, config: JobConfig, mode: str | None = None) -> dict:
+def run_job(run_dir: Path, config: JobConfig) -> dict:
     """Submit `config` to the stack in `run_dir`, follow it to the end, and report."""
     started = time.monotonic()
     with _coordinator(run_dir) as client:
         job = client.submit(config)
-        console.print(f"job [bold]{job['id']}[/bold] submitted")
+        console.print(Text.assemble("job ", (job["id"], "bold"), " submitted"))
         view = _follow(client, job["id"])
-    return summarize(view, mode, time.monotonic() - started)
+    return summarize(view, time.monotonic() - started)
 
 
 MODES = {"sync": 0, "async": None}
@@ -209,7 +222,7 @@ def demo(mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) 
     up(run_dir=rd, ps_shards=topo.ps_shards, embedding_workers=topo.embedding_workers, nn_ranks=topo.nn_ranks,
        data_loaders=1)
     try:
-        result = run_job(rd, config, mode)
+        result = run_job(rd, config)
     finally:
         down(run_dir=rd)
     _finish(result, report)
@@ -287,6 +300,14 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
                                        for k, v in job["metrics"].items())))
     if job.get("error"):
         rows.append(("error", job["error"]))
+    if job.get("attempt"):
+        rows.append(("attempt", str(job["attempt"])))
+    for r in job.get("recoveries", []):
+        rows.append((r["kind"], f"{_when(r['at'])} from step {r['checkpoint_step']}: {r['cause']}"))
+    if view.get("last_checkpoint"):
+        c = view["last_checkpoint"]
+        rows.append(("last checkpoint", f"step {c['step']} (epoch {c['epoch']}), {_when(c['created_at'])}, "
+                                        f"{c['bytes'] / 1e6:,.1f} MB"))
     table = Table("", "", show_header=False, box=None)
     for key, value in rows:
         table.add_row(key, str(value))
@@ -306,9 +327,43 @@ def pause(job_id: JobId, run_dir: RunDir = None) -> None:
 
 
 @app.command()
-def resume(job_id: JobId, run_dir: RunDir = None) -> None:
-    """Resume a paused job."""
-    _control(run_dir, lambda client: client.resume(job_id))
+def resume(job_id: JobId,
+           checkpoint: Annotated[Optional[int], typer.Option(min=0, help="the checkpoint's step (default: the "
+                                                                         "newest)")] = None,
+           run_dir: RunDir = None) -> None:
+    """Resume a paused job; or a stopped or failed one from a checkpoint (the job recovers from it
+    in a new attempt and goes on)."""
+    _control(run_dir, lambda client: client.resume(job_id, checkpoint))
+
+
+@app.command()
+def checkpoints(job_id: JobId,
+                take: Annotated[bool, typer.Option("--take", help="ask for a checkpoint of the running job now")]
+                = False,
+                delete: Annotated[Optional[int], typer.Option(min=0, help="delete the checkpoint at this step")]
+                = None,
+                run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+    """List a job's complete checkpoints; --take asks for one now, --delete STEP removes one."""
+    with _coordinator(run_dir) as client:
+        if take:
+            asked = client.request_checkpoint(job_id)
+            console.print(f"job {job_id}: checkpoint {asked['seq']} requested")
+            return
+        if delete is not None:
+            client.delete_checkpoint(job_id, delete)
+            console.print(f"job {job_id}: checkpoint at step {delete} deleted")
+            return
+        listing = client.checkpoints(job_id)
+    if as_json:
+        print(json.dumps(listing, indent=2))
+        return
+    table = Table("step", "epoch", "attempt", "reason", "written", "MB", "s to write", "pause s", "eval auc")
+    for c in listing:
+        auc = (c.get("eval") or {}).get("auc")
+        table.add_row(str(c["step"]), str(c["epoch"]), str(c["attempt"]), c["reason"], _when(c["created_at"]),
+                      f"{c['bytes'] / 1e6:,.1f}", f"{c['seconds_to_write']:.2f}", f"{c['pause_seconds']:.3f}",
+                      "" if auc is None else f"{auc:.4f}")
+    console.print(table if listing else f"job {job_id} has no complete checkpoint")
 
 
 @app.command()

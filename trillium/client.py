@@ -85,8 +85,19 @@ class CoordinatorClient:
     def pause(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", self._job(job_id, "pause"))
 
-    def resume(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", self._job(job_id, "resume"))
+    def resume(self, job_id: str, checkpoint: int | None = None) -> dict[str, Any]:
+        """Resume a paused job, or a stopped or failed one from a checkpoint (the newest by default)."""
+        body = {"checkpoint": checkpoint} if checkpoint is not None else None
+        return self._call("POST", self._job(job_id, "resume"), json=body)
+
+    def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", self._job(job_id, "checkpoints"))
+
+    def request_checkpoint(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", self._job(job_id, "checkpoints"))
+
+    def delete_checkpoint(self, job_id: str, step: int) -> None:
+        self._call("DELETE", self._job(job_id, "checkpoints", str(step)))
 
     def stop(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", self._job(job_id, "stop"))
