@@ -90,7 +90,8 @@ def test_stop_and_live_control_through_the_cli(api_stack, tiny_job) -> None:
     assert view["progress"]["samples"] < 20 * 1000  # it did not run to the end
 
     # API errors end a command with one clear line.
-    for args, expected in [(("resume", job_id), f"HTTP 409: job {job_id} is stopped, not paused"),
+    for args, expected in [(("resume", job_id), f"HTTP 409: job {job_id} has no complete checkpoint to recover from"),
+                           (("pause", "no-such-[bold]-job"), "HTTP 404: no job 'no-such-[bold]-job'"),  # no markup
                            (("pause", "no-such-job"), "HTTP 404: no job 'no-such-job'"),
                            (("staleness", job_id, "--set", "1"), "HTTP 409")]:
         result = cli.invoke(app, [*args, "--run-dir", str(api_stack.run_dir)])
@@ -133,8 +134,9 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     changed = http.put(f"/jobs/{job_id}/staleness", json={"bound": 0})
     assert changed.status_code == 200 and changed.json()["bound"] == 0
     histogram_at_change = _histogram(api_stack, job_id)
-    checkpoint = http.post(f"/jobs/{job_id}/checkpoints")
+    checkpoint = http.post(f"/jobs/{job_id}/checkpoints")  # taken at the step the ranks hold before
     assert checkpoint.status_code == 202 and checkpoint.json()["state"] == "requested"
+    assert checkpoint.json()["seq"] == 1
 
     # Kill the coordinator: the job, its state, its live bound and the workers survive it.
     _restart_coordinator(api_stack)
@@ -142,7 +144,16 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert view["job"]["state"] == "paused" and view["progress"]["samples"] == paused_at
     assert view["lost_workers"] == []
     assert http.get(f"/jobs/{job_id}/staleness").json()["bound"] == 0
-    assert [c["id"] for c in http.get(f"/jobs/{job_id}/checkpoints").json()] == [checkpoint.json()["id"]]
+    deadline = time.monotonic() + 60
+    while not (listing := http.get(f"/jobs/{job_id}/checkpoints").json()):
+        assert time.monotonic() < deadline, "the checkpoint asked for while paused was not written"
+        time.sleep(0.2)
+    assert [c["reason"] for c in listing] == ["request"]
+    steps = paused_at // (2 * config.training.batch_size)  # 2 ranks
+    assert listing[0]["step"] == steps - 1 and listing[0]["bytes"] > 0
+    assert {f["name"] for f in listing[0]["files"]} == {"dense.pt", "rank-0.json", "rank-1.json", "ps-0.snap",
+                                                        "ps-1.snap", "loader-0.json"}
+    assert http.get(f"/jobs/{job_id}").json()["last_checkpoint"]["step"] == steps - 1
     workers = http.get("/workers").json()
     assert len(workers) == 7 and all(w["status"] != "lost" for w in workers), workers
     tables = http.get(f"/jobs/{job_id}/tables").json()

@@ -56,7 +56,8 @@ def test_unknown_job_is_404_on_every_job_route(api_stack) -> None:
         if "{job_id}" not in path:
             continue
         body = {"bound": 1} if path.endswith("/staleness") and method in ("PUT", "PATCH") else None
-        r = http.request(method, path.removeprefix("/v1").replace("{job_id}", "no-such-job"), json=body)
+        path = path.removeprefix("/v1").replace("{job_id}", "no-such-job").replace("{step}", "0")
+        r = http.request(method, path, json=body)
         assert r.status_code == 404 and r.json() == {"detail": "no job 'no-such-job'"}, (method, path, r.text)
     assert http.post("/workers/nn_worker-99/heartbeat", json={"health": {}}).status_code == 404
 

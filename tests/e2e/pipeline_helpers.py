@@ -22,6 +22,6 @@ def run_to_end(run_dir: Path, job: JobConfig, timeout_s: float = 300) -> tuple[d
     try:
         submitted = client.submit(job)
         view = client.follow(submitted["id"], timeout_s=timeout_s)
-        return view, summarize(view, None, 0.0)
+        return view, summarize(view, 0.0)
     finally:
         client.close()

@@ -1,0 +1,189 @@
+"""Durable jobs on a real stack with its own Kafka and Redis: every process of a running job
+SIGKILLed after a checkpoint, the job recovering from it and training every sample exactly once
+per epoch; consistent checkpoints under async training; corrupt checkpoints refused; stopped
+jobs resumed; warm starts on another number of PS shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trillium import launcher
+from trillium.checkpoint import CheckpointDir, ps_file
+from trillium.cli import app
+from trillium.client import CoordinatorClient
+from trillium.config import Topology
+from trillium.data import BatchBuilder
+from trillium.job import JobConfig
+
+from pipeline_helpers import run_to_end, with_training
+
+EPOCHS = 40
+EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Path:
+    """A stack of its own (Kafka and Redis included): the tests restart both."""
+    run_dir = tmp_path_factory.mktemp("recovery-stack")
+    launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1))
+    yield run_dir
+    launcher.down(run_dir)
+
+
+def _durable(job: JobConfig, **checkpoint) -> JobConfig:
+    settings = {"every_steps": EVERY_STEPS, "every_seconds": None, "keep_last": 5, **checkpoint}
+    return job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update=settings)})
+
+
+@pytest.fixture(scope="module")
+def sync_job(tiny_job) -> JobConfig:
+    # Synchronous: a run is repeatable, so a recovered run is comparable with one that was not.
+    return _durable(with_training(tiny_job, epochs=EPOCHS, staleness_bound=0))
+
+
+@pytest.fixture(scope="module")
+def baseline(stack, sync_job) -> dict:
+    view, report = run_to_end(stack, sync_job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert view["job"]["recoveries"] == []
+    return report
+
+
+def _pid(run_dir: Path, name: str) -> int:
+    return next(p["pid"] for p in launcher.read_state(run_dir)["processes"] if p["name"] == name)
+
+
+def _wait(predicate, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _assert_exactly_once(view: dict, job: JobConfig) -> None:
+    split = BatchBuilder(job).split("train")
+    results = view["results"].values()
+    for epoch in range(job.training.epochs):
+        assert sum(r["epochs"][epoch]["samples"] for r in results) == split.rows, f"epoch {epoch}"
+        assert sum(r["epochs"][epoch]["label_sum"] for r in results) == pytest.approx(float(split.labels.sum()))
+
+
+def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str) -> dict:
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
+        view = client.job(job_id)
+        assert view["job"]["state"] == "running", view["job"]["error"]
+        assert view["progress"]["samples"] < 0.7 * EPOCHS * 1000, "the job ran too far before the kill"
+        os.kill(_pid(stack, victim), signal.SIGKILL)
+        return client.follow(job_id, timeout_s=300)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("victim", ["data_loader-0", "nn_worker-1", "embedding_worker-0", "embedding_ps-1",
+                                    "coordinator-0", "kafka", "redis"])
+def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, victim) -> None:
+    view = _kill_after_a_checkpoint(stack, sync_job, victim)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    _assert_exactly_once(view, sync_job)
+    assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002
+    recoveries = view["job"]["recoveries"]
+    if victim in ("coordinator-0", "kafka", "redis"):
+        assert recoveries == []  # nothing of the job's was lost: it rode the restart out
+    else:
+        assert len(recoveries) >= 1 and recoveries[0]["checkpoint_step"] >= EVERY_STEPS - 1
+        assert "\n" not in recoveries[0]["cause"] and "debug_error_string" not in recoveries[0]["cause"]
+
+
+def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) -> None:
+    """Under unbounded staleness lookups run ahead of the gradients, yet the checkpoint holds the
+    state at its cut: evaluating the restored checkpoint (here on one PS shard instead of two: the
+    snapshots reshard on load) gives the AUC the running job measured at the cut."""
+    job = _durable(with_training(tiny_job, epochs=13, staleness_bound=None), evaluate=True, keep_last=10)
+    view, _ = run_to_end(stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        listing = client.checkpoints(view["job"]["id"])
+        assert [c["reason"] for c in listing] == ["schedule", "schedule", "schedule", "final"]
+        middle = listing[1]
+        assert middle["eval"]["samples"] == 300
+        warm = JobConfig.model_validate(job.model_dump() | {
+            "name": "evaluate-checkpoint", "init_from": {"job": view["job"]["id"], "step": middle["step"]},
+            "topology": job.topology.model_dump() | {"ps_shards": 1}})
+        warm = with_training(warm, epochs=0)
+        restored, _ = run_to_end(stack, warm)
+    finally:
+        client.close()
+    assert restored["job"]["state"] == "finished", restored["job"]["error"]
+    assert restored["job"]["metrics"]["auc"] == pytest.approx(middle["eval"]["auc"], abs=1e-6)
+    assert restored["job"]["metrics"]["logloss"] == pytest.approx(middle["eval"]["logloss"], abs=1e-6)
+
+
+def test_a_corrupt_checkpoint_is_refused_and_recovery_takes_the_one_before(stack, sync_job) -> None:
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(sync_job)["id"]
+        _wait(lambda: len(client.checkpoints(job_id)) >= 2, "two checkpoints")
+        client.pause(job_id)  # no newer checkpoint while we damage the newest
+        listing = client.checkpoints(job_id)
+        newest, older = listing[-1], listing[-2]
+        with CheckpointDir(newest["location"]).reading(ps_file(1)) as path:
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+        os.kill(_pid(stack, "embedding_ps-0"), signal.SIGKILL)
+        view = client.follow(job_id, timeout_s=300)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    recovery = view["job"]["recoveries"][0]
+    assert recovery["checkpoint_step"] == older["step"]
+    assert len(recovery["refused"]) == 1 and "ps-1.snap: sha256 differs from the manifest" in recovery["refused"][0]
+    _assert_exactly_once(view, sync_job)
+
+
+def test_a_stopped_job_resumes_from_its_last_checkpoint(stack, sync_job) -> None:
+    cli = CliRunner()
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(sync_job)["id"]
+        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
+        client.stop(job_id)
+        _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop")
+        listing = cli.invoke(app, ["checkpoints", job_id, "--run-dir", str(stack), "--json"])
+        assert listing.exit_code == 0, listing.output
+        assert json.loads(listing.output)[0]["step"] == EVERY_STEPS - 1
+        resumed = cli.invoke(app, ["resume", job_id, "--run-dir", str(stack)])
+        assert resumed.exit_code == 0 and f"job {job_id}: recovering" in resumed.output, resumed.output
+        view = client.follow(job_id, timeout_s=300)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert [r["kind"] for r in view["job"]["recoveries"]] == ["resume"]
+    _assert_exactly_once(view, sync_job)
+
+
+def test_a_job_without_a_checkpoint_fails_naming_the_process(stack, sync_job) -> None:
+    job = sync_job.model_copy(update={"checkpoint": None})
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        _wait(lambda: client.job(job_id)["progress"]["samples"] > 2000, "training to get going")
+        os.kill(_pid(stack, "embedding_ps-0"), signal.SIGKILL)
+        view = client.follow(job_id, timeout_s=120)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "failed"
+    error = view["job"]["error"]
+    assert "embedding_ps-0" in error and "takes no checkpoints" in error
+    assert "\n" not in error and "debug_error_string" not in error

@@ -1,0 +1,83 @@
+"""Checkpoint storage: a checkpoint exists iff its manifest does; files are checked against it;
+retention and clean-up; the same code over a local directory and a non-local fsspec filesystem."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from trillium.checkpoint import DENSE, CorruptCheckpoint, JobCheckpoints, Manifest, PartFile, rank_file
+from trillium.job import load_job
+
+TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
+
+
+def _write(store: JobCheckpoints, step: int, *, manifest: bool = True) -> Manifest:
+    ckdir = store.dir(step)
+    files = []
+    for name, data in [(DENSE, b"dense-" * 1000), (rank_file(0), b'{"step": %d}' % step)]:
+        size, sha = ckdir.write_bytes(name, data)
+        files.append(PartFile(name=name, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0))
+    m = Manifest(job_id=store.job_id, attempt=0, step=step, epoch=0, reason="schedule", created_at=time.time(),
+                 pause_seconds=0.01, seconds_to_write=0.1, config=load_job(TINY_JOB), positions={"s": {0: step}},
+                 written={"s": {0: step}}, lineage={}, files=files)
+    if manifest:
+        ckdir.write_manifest(m)
+    return m
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path) -> JobCheckpoints:
+    base = str(tmp_path / "ckpt") if request.param == "local" else f"memory://trillium-test-{time.monotonic_ns()}"
+    return JobCheckpoints(base, "job-1")
+
+
+def test_only_checkpoints_with_a_manifest_are_complete(store) -> None:
+    _write(store, 10)
+    _write(store, 20, manifest=False)  # its writer died before the manifest
+    assert [m.step for m in store.complete()] == [10]
+    assert store.steps() == [10, 20]
+    assert store.cleanup_incomplete() == [20]
+    assert store.steps() == [10]
+
+
+def test_files_are_checked_against_the_manifest(store) -> None:
+    m = _write(store, 10)
+    store.dir(10).verify(m)
+    assert store.dir(10).read_verified(m, rank_file(0)) == b'{"step": 10}'
+    store.dir(10).write_bytes(DENSE, b"dense-" * 999)  # truncated
+    with pytest.raises(CorruptCheckpoint, match="has 5994 bytes, the manifest says 6000"):
+        store.dir(10).verify(m)
+    store.dir(10).write_bytes(DENSE, b"DENSE-" * 1000)  # same size, other bytes
+    with pytest.raises(CorruptCheckpoint, match="sha256 differs"):
+        store.dir(10).verify(m)
+    store.dir(10).write_bytes(rank_file(0), b'{"step": 11}')
+    with pytest.raises(CorruptCheckpoint, match="differs from the manifest"):
+        store.dir(10).read_verified(m, rank_file(0))
+
+
+def test_a_missing_file_and_an_unreadable_manifest_are_refused(store) -> None:
+    m = _write(store, 10)
+    store.dir(10).fs.rm(store.dir(10).path + "/" + DENSE)
+    with pytest.raises(CorruptCheckpoint, match="is missing"):
+        store.dir(10).verify(m)
+    store.dir(20).write_bytes("manifest.json", b"{not json")
+    with pytest.raises(CorruptCheckpoint, match="not a valid manifest"):
+        store.dir(20).manifest()
+    assert [c.step for c in store.complete()] == [10]  # never offered for a recovery
+
+
+def test_retention_keeps_the_newest(store) -> None:
+    for step in (5, 10, 15, 20):
+        _write(store, step)
+    assert store.retain(2) == [5, 10]
+    assert [m.step for m in store.complete()] == [15, 20]
+
+
+def test_the_manifest_is_written_atomically(tmp_path) -> None:
+    store = JobCheckpoints(str(tmp_path), "job-1")
+    _write(store, 7)
+    leftovers = [p.name for p in (tmp_path / "job-1" / "7").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # no temp file left behind: written, fsynced and renamed

@@ -1,0 +1,42 @@
+"""A rank's background tasks fail whoever waits on them the moment they die."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trillium.pb import embedding_pb2 as pb
+from trillium.services.nn_worker.feed import GradientPusher
+
+
+async def test_a_dead_push_loop_fails_the_wait_for_pushes_at_once() -> None:
+    pushed = []
+
+    async def push(request: pb.PushGradientsRequest) -> None:
+        if request.ref.batch_id == 2:
+            raise ConnectionError("embedding worker gone")
+        pushed.append(request.ref.batch_id)
+
+    pusher = GradientPusher(push).run()
+    for batch_id in range(5):
+        pusher.put(pb.PushGradientsRequest(ref=pb.EmbeddingRef(worker="w", batch_id=batch_id)))
+    with pytest.raises(RuntimeError, match="gradient pusher stopped: ConnectionError"):
+        await asyncio.wait_for(pusher.join(), timeout=5)  # before, this waited forever
+    assert pushed == [0, 1]
+    await pusher.stop()
+
+
+async def test_pushes_are_joined_in_order_when_all_goes_well() -> None:
+    pushed = []
+
+    async def push(request: pb.PushGradientsRequest) -> None:
+        await asyncio.sleep(0)
+        pushed.append(request.ref.batch_id)
+
+    pusher = GradientPusher(push).run()
+    for batch_id in range(20):
+        pusher.put(pb.PushGradientsRequest(ref=pb.EmbeddingRef(worker="w", batch_id=batch_id)))
+    await asyncio.wait_for(pusher.join(), timeout=5)
+    assert pushed == list(range(20))
+    await pusher.stop()
