@@ -86,7 +86,7 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
         view = client.follow(client.submit(job)["id"], timeout_s=3600)
     finally:
         client.close()
-    report = summarize(view, mode, time.monotonic() - started)
+    report = summarize(view, time.monotonic() - started)
     if report["state"] != "finished":
         raise RuntimeError(f"{mode} run {report['state']}: {report['error']}")
     after = _scrape(run_dir)
@@ -94,7 +94,7 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
     report["stages_seconds"] = {
         **{STAGE_METRICS[k]: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in STAGE_METRICS},
         **{f"nn_worker.{k} (mean over ranks)": round(sum(r["seconds"][k] for r in ranks) / len(ranks), 3)
-           for k in ("lookup_wait", "step", "push_drain")},
+           for k in ("lookup_wait", "step", "cut")},
     }
     report.pop("error")
     return report

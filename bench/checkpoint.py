@@ -1,0 +1,196 @@
+"""Checkpoint benchmark: a 10M-row x dim-64 embedding table on 2 PS shards.
+
+One run on one local stack (2 NN ranks, 2 PS shards) measures, side by side:
+
+- seconds to write a checkpoint of the live job (cut to manifest; each PS shard's snapshot
+  write; how long the NN ranks held for the cut) and bytes on disk per embedding value;
+- seconds to restore it: both PS snapshots loaded into native stores, and a whole recovery
+  (a PS shard SIGKILLed: from `recovering` to `running` again);
+- training throughput with a checkpoint every 30 s divided by throughput without (target
+  >= 0.95): two warm-started jobs training the same stream for the same number of samples.
+
+The table is seeded once: 10M rows created in native stores (split by `shard_of`, as the PS
+shards own them) and written as a checkpoint of a seed job, which both jobs `init_from`:
+
+    python bench/checkpoint.py --json
+    python bench/checkpoint.py --rows 1000000 --samples 200000    # a quicker run
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import trillium_native
+
+from trillium import launcher
+from trillium.checkpoint import DENSE, JobCheckpoints, Manifest, PartFile, ps_file
+from trillium.client import CoordinatorClient
+from trillium.config import Topology
+from trillium.job import JobConfig
+from trillium.models import build_dense_optimizer, build_model
+
+TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1)
+SLOTS = 8  # feature slots sharing the one big table
+
+
+def job_config(name: str, samples: int, dim: int, **extra: Any) -> JobConfig:
+    return JobConfig.model_validate({
+        "name": name,
+        "data": {"source": "synthetic", "rows": samples, "test_rows": 20_000, "seed": 5},
+        "slots": [{"name": f"c{i}", "column": f"C{i}", "table": "items"} for i in range(1, SLOTS + 1)],
+        "tables": {"items": {"dim": dim, "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}}},
+        "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
+        "label": {"column": "label", "positive": "1", "negative": "0"},
+        "model": {"cls": "trillium.models:DNN",
+                  "kwargs": {"num_dense": 13, "embedding_dims": [dim] * SLOTS, "hidden": [128, 64]}},
+        "training": {"batch_size": 512, "epochs": 1, "staleness_bound": 4,
+                     "dense_optimizer": {"name": "sgd", "lr": 0.1}, "seed": 0, "eval_batch_size": 4096},
+        "topology": {"nn_ranks": TOPOLOGY.nn_ranks, "ps_shards": TOPOLOGY.ps_shards, "embedding_workers": 1},
+        **extra,
+    })
+
+
+def seed_checkpoint(base: Path, config: JobConfig, rows: int) -> tuple[Manifest, float]:
+    """Write a checkpoint of `config` whose table holds `rows` rows; returns it and the seconds
+    both snapshots took to write."""
+    store_dir = JobCheckpoints(str(base), "seed").dir(0)
+    files = []
+    ids = np.arange(1, rows + 1, dtype=np.uint64)
+    owner = trillium_native.shard_of(ids, TOPOLOGY.ps_shards)
+    write_s = 0.0
+    table = config.tables["items"]
+    for shard in range(TOPOLOGY.ps_shards):
+        store = trillium_native.EmbeddingStore()
+        store.create_table("items", **table.store_kwargs(config.training.seed))
+        mine = ids[owner == shard]
+        for start in range(0, len(mine), 1 << 20):
+            store.lookup("items", mine[start:start + (1 << 20)])
+        started = time.perf_counter()
+        with store_dir.writing(ps_file(shard)) as path:
+            size, sha = store.dump(path)
+        write_s += time.perf_counter() - started
+        files.append(PartFile(name=ps_file(shard), role="embedding_ps", index=shard, bytes=size, sha256=sha,
+                              seconds=time.perf_counter() - started))
+        del store
+    model = build_model(config)
+    optimizer = build_dense_optimizer(config.training.dense_optimizer, model.parameters())
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    size, sha = store_dir.write_bytes(DENSE, buffer.getvalue())
+    files.append(PartFile(name=DENSE, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0))
+    manifest = Manifest(job_id="seed", attempt=0, step=0, epoch=0, reason="final", created_at=time.time(),
+                        pause_seconds=0.0, seconds_to_write=write_s, config=config, positions={}, written={},
+                        lineage={}, files=files)
+    store_dir.write_manifest(manifest)
+    return manifest, write_s
+
+
+def restore_seconds(manifest: Manifest, base: Path) -> float:
+    """Both PS shards' snapshots loaded into native stores, as a recovery does."""
+    store_dir = JobCheckpoints(str(base), manifest.job_id).dir(manifest.step)
+    started = time.perf_counter()
+    for shard in range(TOPOLOGY.ps_shards):
+        store = trillium_native.EmbeddingStore()
+        with store_dir.reading(ps_file(shard)) as path:
+            store.load(path)
+        del store
+    return time.perf_counter() - started
+
+
+def train(run_dir: Path, config: JobConfig, kill_ps_after_checkpoint: bool = False) -> dict[str, Any]:
+    client = CoordinatorClient.for_stack(run_dir)
+    try:
+        job_id = client.submit(config)["id"]
+        recovery_s = None
+        if kill_ps_after_checkpoint:
+            while client.job(job_id)["last_checkpoint"] is None:
+                time.sleep(0.2)
+            pid = next(p["pid"] for p in launcher.read_state(run_dir)["processes"] if p["name"] == "embedding_ps-1")
+            os.kill(pid, signal.SIGKILL)
+            while client.job(job_id)["job"]["state"] != "recovering":
+                time.sleep(0.05)
+            started = time.monotonic()
+            while client.job(job_id)["job"]["state"] == "recovering":
+                time.sleep(0.05)
+            recovery_s = time.monotonic() - started
+        view = client.follow(job_id, timeout_s=7200)
+        checkpoints = client.checkpoints(job_id)
+    finally:
+        client.close()
+    if view["job"]["state"] != "finished":
+        raise RuntimeError(f"job {job_id} {view['job']['state']}: {view['job']['error']}")
+    results = view["results"].values()
+    samples = sum(r["samples"] for r in results)
+    seconds = max(r["train_seconds"] for r in results)
+    return {"job_id": job_id, "samples": samples, "train_seconds": seconds, "samples_per_sec": samples / seconds,
+            "auc": view["job"]["metrics"]["auc"], "checkpoints": checkpoints, "recovery_seconds": recovery_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+    parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the seeded table")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=1_000_000, help="samples each training job trains")
+    parser.add_argument("--every-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="trillium-bench-ckpt-") as tmp:
+        base = Path(tmp) / "checkpoints"
+        seed = job_config("seed", args.samples, args.dim)
+        print(f"seeding a {args.rows:,}-row table", file=sys.stderr)
+        manifest, seed_write_s = seed_checkpoint(base, seed, args.rows)
+        restore_s = restore_seconds(manifest, base)
+        warm = {"job": "seed", "step": 0, "dir": str(base)}
+        without = job_config("without-checkpoints", args.samples, args.dim, init_from=warm, checkpoint=None)
+        with_ckpt = job_config("with-checkpoints", args.samples, args.dim, init_from=warm,
+                               checkpoint={"every_seconds": args.every_seconds, "keep_last": 2, "dir": str(base)})
+        recovered = job_config("recovered", args.samples // 4, args.dim, init_from=warm,
+                               checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)})
+        run_dir = Path(tmp) / "stack"
+        launcher.up(run_dir, TOPOLOGY)
+        try:
+            print("training without checkpoints", file=sys.stderr)
+            plain = train(run_dir, without)
+            print(f"training with a checkpoint every {args.every_seconds:.0f} s", file=sys.stderr)
+            durable = train(run_dir, with_ckpt)
+            print("a recovery", file=sys.stderr)
+            recovery = train(run_dir, recovered, kill_ps_after_checkpoint=True)
+        finally:
+            launcher.down(run_dir)
+    taken = [c for c in durable["checkpoints"] if c["reason"] != "final"] or durable["checkpoints"]
+    ps_bytes = sum(f["bytes"] for c in taken[-1:] for f in c["files"] if f["role"] == "embedding_ps")
+    rows_in_table = args.rows  # the training adds a few; bytes per value counts the seeded ones
+    result = {
+        "rows": args.rows, "dim": args.dim, "ps_shards": TOPOLOGY.ps_shards, "machine_cores": os.cpu_count(),
+        "seed_snapshots_write_seconds": round(seed_write_s, 3),
+        "checkpoints_taken": len(durable["checkpoints"]),
+        "seconds_to_write": round(float(np.mean([c["seconds_to_write"] for c in taken])), 3),
+        "ps_snapshot_write_seconds": round(float(np.mean([f["seconds"] for c in taken for f in c["files"]
+                                                          if f["role"] == "embedding_ps"])), 3),
+        "pause_seconds": round(float(np.mean([c["pause_seconds"] for c in taken])), 3),
+        "seconds_to_restore_ps_snapshots": round(restore_s, 3),
+        "recovery_seconds": round(recovery["recovery_seconds"], 3),
+        "bytes_on_disk_per_value": round(ps_bytes / (rows_in_table * args.dim), 3),
+        "samples_per_sec_without_checkpoints": round(plain["samples_per_sec"], 1),
+        "samples_per_sec_with_checkpoints": round(durable["samples_per_sec"], 1),
+        "throughput_with_vs_without_checkpoints": round(durable["samples_per_sec"] / plain["samples_per_sec"], 4),
+        "auc_with_vs_without": [round(durable["auc"], 4), round(plain["auc"], 4)],
+    }
+    result["targets"] = {"throughput_with_vs_without_checkpoints >= 0.95":
+                         result["throughput_with_vs_without_checkpoints"] >= 0.95}
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
