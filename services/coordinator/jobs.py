@@ -40,6 +40,7 @@ from .registry import Worker, WorkerRegistry
 logger = logging.getLogger("trillium.coordinator.jobs")
 
 REGISTRATION_GRACE_S = 60.0  # how long a new job waits for the workers it needs to register
+RECOVERY_GRACE_S = 300.0  # how long a recovering job waits for a silent worker (being restarted)
 
 
 class JobNotFound(LookupError):
@@ -364,6 +365,13 @@ async def _advance(store: JobStore, registry: WorkerRegistry, job: JobRecord,
 
     failed = [(w.name, w.job_error()) for w in involved if phases[w.name] == "failed"]
     lost = [w.name for w in involved if w.status == "lost"]
+    if job.state == "recovering" and lost and not failed:
+        # A worker being restarted is silent until it registers again: give it time, rather
+        # than starting attempt after attempt for the same death.
+        since = job.recoveries[-1].at if job.recoveries else job.updated_at
+        if time.time() - since < RECOVERY_GRACE_S:
+            return
+        lost = [f"{name} (not back after {RECOVERY_GRACE_S:.0f}s)" for name in lost]
     if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
         await _recover_or_fail(store, job, _cause(failed, lost, workers))
         return

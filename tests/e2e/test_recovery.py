@@ -60,7 +60,7 @@ def _pid(run_dir: Path, name: str) -> int:
     return next(p["pid"] for p in launcher.read_state(run_dir)["processes"] if p["name"] == name)
 
 
-def _wait(predicate, what: str, timeout_s: float = 120.0) -> None:
+def _wait(predicate, what: str, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
