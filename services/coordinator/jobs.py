@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from redis.exceptions import WatchError
 
 from trillium import kafka, state
+from trillium.config import KafkaConnection
 from trillium.job import (ACTIVE, TRANSITIONS, IllegalTransition, JobConfig, JobRecord, JobState, Topics,
                           participants)
 from trillium.progress import JobProgress
@@ -204,19 +205,19 @@ async def lost_workers(registry: WorkerRegistry, job: JobRecord) -> list[str]:
     return [n for n in _needed(job.config) if n not in workers or workers[n].status == "lost"]
 
 
-async def advance(store: JobStore, registry: WorkerRegistry, bootstrap: str) -> None:
+async def advance(store: JobStore, registry: WorkerRegistry, kafka_conn: KafkaConnection) -> None:
     """One tick of the job state machine, driven by the workers' reports."""
     job = await store.current()
     if job is None or job.state not in ACTIVE:
         return
     try:
-        await _advance(store, registry, bootstrap, job)
+        await _advance(store, registry, kafka_conn, job)
     except IllegalTransition as err:
         # The API moved the job meanwhile (paused, stopped it): the next tick sees that.
         logger.debug("job moved under the state machine", extra={"job": job.id, "error": str(err)})
 
 
-async def _advance(store: JobStore, registry: WorkerRegistry, bootstrap: str, job: JobRecord) -> None:
+async def _advance(store: JobStore, registry: WorkerRegistry, kafka_conn: KafkaConnection, job: JobRecord) -> None:
     config = job.config
     workers = {w.name: w for w in await registry.workers()}
     needed = _needed(config)
@@ -236,7 +237,7 @@ async def _advance(store: JobStore, registry: WorkerRegistry, bootstrap: str, jo
                                    error=f"the stack lacks workers this job needs: {', '.join(missing)} "
                                    "(start it with a topology at least as large as the job's)")
             return
-        await kafka.ensure_topics(bootstrap, {job.topics.samples: config.topology.nn_ranks,
+        await kafka.ensure_topics(kafka_conn, {job.topics.samples: config.topology.nn_ranks,
                                               job.topics.eval: config.topology.nn_ranks,
                                               job.topics.gradients: config.topology.ps_shards})
         await store.transition(job.id, "starting")

@@ -48,12 +48,12 @@ class Coordinator(Service):
         self.redis = state.connect(self.settings.redis_url)
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
         self.jobs = JobStore(self.redis)
-        self.observer = Observer(self.redis, self.registry, self.settings.kafka_bootstrap, OBSERVE_TICK_S)
+        self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
                        asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe))]
 
     async def _advance(self) -> None:
-        await advance(self.jobs, self.registry, self.settings.kafka_bootstrap)
+        await advance(self.jobs, self.registry, self.settings.kafka)
 
     async def _observe(self) -> None:
         await self.observer.tick(await self.jobs.current())

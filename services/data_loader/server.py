@@ -61,7 +61,7 @@ class DataLoader(Service):
         builder = BatchBuilder(config, quarantine=quarantine)
         # Reading and encoding the source is CPU work: keep the event loop (heartbeats) free.
         await asyncio.to_thread(builder.split, "train")
-        producer = kafka.producer(self.settings.kafka_bootstrap)
+        producer = kafka.producer(self.settings.kafka)
         await producer.start()
         self.set_job_phase("ready")
         self.counts = {"train_batches": 0, "train_samples": 0, "eval_batches": 0, "eval_samples": 0}

@@ -70,8 +70,8 @@ class EmbeddingPS(Service):
         self.applied_messages = 0
 
     async def start(self) -> None:
-        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, lambda server:
-                                           pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server))
+        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, self.settings.grpc,
+                                           lambda s: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), s))
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
@@ -100,7 +100,7 @@ class EmbeddingPS(Service):
             store.create_table(name, **table.store_kwargs(config.training.seed))
         self.store = store
         progress = JobProgress(self.redis, job.id)
-        consumer = kafka.consumer(self.settings.kafka_bootstrap, group_id=f"{job.id}.ps")
+        consumer = kafka.consumer(self.settings.kafka, group_id=f"{job.id}.ps")
         partition = TopicPartition(job.topics.gradients, shard)
         consumer.assign([partition])
         await consumer.start()

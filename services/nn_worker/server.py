@@ -101,7 +101,7 @@ class NNWorker(Service):
         self.trained = 0
         workers = await self.peers("embedding_worker", config.topology.embedding_workers)
         # A rank always talks to the same embedding worker: its pushes stay in step order.
-        channel = rpc.channel(workers[rank % len(workers)]["grpc_address"])
+        channel = rpc.channel(workers[rank % len(workers)]["grpc_address"], self.settings.grpc)
         stub = pb_grpc.EmbeddingWorkerStub(channel)
         await self._init_process_group(job, progress, device)
         try:
@@ -135,7 +135,7 @@ class NNWorker(Service):
 
     async def _feed(self, job: JobRecord, topic: str, stub, queue: asyncio.Queue, epochs: int, training: bool) -> None:
         """Read this rank's partition in order; start each batch's lookup as soon as it arrives."""
-        consumer = kafka.consumer(self.settings.kafka_bootstrap, group_id=f"{job.id}.nn")
+        consumer = kafka.consumer(self.settings.kafka, group_id=f"{job.id}.nn")
         partition = TopicPartition(topic, self.settings.index)
         consumer.assign([partition])
         await consumer.start()
