@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	  { echo "trillium setup: Python 3.11+ needed, $(PYTHON) is $$($(PYTHON) -V)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[train,dev]'
 	touch $@
 
 $(VENV)/.native: $(VENV)/.installed $(NATIVE_SRC)
