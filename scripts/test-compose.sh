@@ -50,6 +50,6 @@ engine_s=$((SECONDS - started))
 make -s images-offline
 images_s=$((SECONDS - started - engine_s))
 
-.venv/bin/python -m pytest -q -m compose tests/compose
+.venv/bin/python -m pytest -q -s -m compose tests/compose
 echo "test-compose: passed in $((SECONDS - started)) s (engine ${engine_s} s, images ${images_s} s," \
      "compose test $((SECONDS - started - engine_s - images_s)) s)"

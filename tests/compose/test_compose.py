@@ -140,6 +140,8 @@ def test_adult_trains_to_the_demos_quality(stack) -> None:
     assert report["state"] == "finished", report["error"]
     assert report["samples_trained"] == ADULT_TRAIN_ROWS
     assert report["auc"] >= 0.89, report
+    print(f"\ncompose: Adult AUC {report['auc']:.4f}, {report['samples_trained']} samples, "
+          f"{report['samples_per_sec']:.0f} samples/s")
 
 
 def _crash(container: str) -> None:
