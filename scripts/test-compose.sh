@@ -27,9 +27,12 @@ fi
 dockerd_pid=
 cleanup() {
   # Whatever the test left (it takes the project down itself; this covers a crash), then our engine.
-  for kind in container network volume; do
-    ids=$(docker "$kind" ls -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" 2>/dev/null || true)
-    [ -z "$ids" ] || docker "$kind" rm -f $ids >/dev/null 2>&1 || true
+  label="label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
+  ids=$(docker ps -aq --filter "$label" 2>/dev/null || true)
+  [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
+  for kind in network volume; do
+    ids=$(docker "$kind" ls -q --filter "$label" 2>/dev/null || true)
+    [ -z "$ids" ] || docker "$kind" rm $ids >/dev/null 2>&1 || true
   done
   if [ -n "$dockerd_pid" ]; then
     kill -TERM "$dockerd_pid" 2>/dev/null && wait "$dockerd_pid" 2>/dev/null || true

@@ -50,8 +50,8 @@ class Compose:
 
     def leftovers(self) -> dict[str, list[str]]:
         label = f"label=com.docker.compose.project={self.project}"
-        return {kind: _docker(kind, "ls", "-q", "--filter", label).split()
-                for kind in ("container", "network", "volume")}
+        return {"container": _docker("ps", "-aq", "--filter", label).split(),
+                **{kind: _docker(kind, "ls", "-q", "--filter", label).split() for kind in ("network", "volume")}}
 
 
 def _docker(*args: str) -> str:
