@@ -70,8 +70,9 @@ class EmbeddingPS(Service):
         self.applied_messages = 0
 
     async def start(self) -> None:
-        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, self.settings.grpc,
-                                           lambda s: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), s))
+        self.grpc_server = await rpc.serve(
+            self.settings.host, self.settings.grpc_port, self.settings.grpc,
+            lambda server: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server))
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
