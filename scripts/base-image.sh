@@ -28,7 +28,8 @@ if docker image inspect "$image" >/dev/null 2>&1; then
   exit 0
 fi
 [ "$(id -u)" = 0 ] || { echo "base-image: debootstrap needs root" >&2; exit 1; }
-command -v debootstrap >/dev/null || { echo "base-image: debootstrap not found (Debian: apt-get install debootstrap)" >&2; exit 1; }
+command -v debootstrap >/dev/null ||
+  { echo "base-image: debootstrap not found (Debian: apt-get install debootstrap)" >&2; exit 1; }
 
 root=$(mktemp -d /tmp/trillium-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT

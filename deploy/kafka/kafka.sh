@@ -10,7 +10,8 @@ set -eu
 data=/var/lib/kafka/data
 conf=/tmp/trillium-kafka
 host=$(hostname)
-jaas="org.apache.kafka.common.security.scram.ScramLoginModule required username=\"$TRILLIUM_KAFKA_USERNAME\" password=\"$TRILLIUM_KAFKA_PASSWORD\";"
+jaas="org.apache.kafka.common.security.scram.ScramLoginModule required"
+jaas="$jaas username=\"$TRILLIUM_KAFKA_USERNAME\" password=\"$TRILLIUM_KAFKA_PASSWORD\";"
 umask 077  # the files below hold the password
 mkdir -p "$conf"
 
