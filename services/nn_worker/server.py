@@ -111,7 +111,9 @@ class NNWorker(Service):
                                           device_ids=[device.index] if device.type == "cuda" else None)
             optimizer = build_dense_optimizer(config.training.dense_optimizer, ddp.parameters())
             self.set_job_phase("ready")
-            while self.job is not None and self.job.state == "starting":
+            # Train only once the job runs: it may still read "submitted" here, when its heartbeat
+            # came before the coordinator's next tick, and the embedding workers may not be ready.
+            while self.job is not None and self.job.state in ("submitted", "starting"):
                 await asyncio.sleep(0.05)
             started = time.perf_counter()
             losses, per_epoch, timing = await self._train(job, stub, ddp, optimizer, device, progress)
