@@ -321,8 +321,9 @@ class Supervisor:
         self.kafka_bootstrap = f"127.0.0.1:{port}"
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            fmt = subprocess.run(_java_argv(self.run_dir, ["kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                                           "-c", str(props)]),
+            # One argument, not two: a base64 id may start with '-', which the tool would take for an option.
+            fmt = subprocess.run(_java_argv(self.run_dir, ["kafka.tools.StorageTool", "format",
+                                                           f"--cluster-id={cluster_id}", "-c", str(props)]),
                                  capture_output=True, text=True)
             if fmt.returncode != 0:
                 raise LauncherError(f"formatting Kafka storage failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")

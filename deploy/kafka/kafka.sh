@@ -62,7 +62,7 @@ java_run() {
 }
 if [ ! -f "$data/meta.properties" ]; then
   # KRaft keeps the SCRAM credentials in its metadata log: they are written when the storage is formatted.
-  java_run kafka.tools.StorageTool format -t "$(java_run kafka.tools.StorageTool random-uuid)" \
+  java_run kafka.tools.StorageTool format --cluster-id="$(java_run kafka.tools.StorageTool random-uuid)" \
     -c "$conf/server.properties" \
     --add-scram "SCRAM-SHA-512=[name=$TRILLIUM_KAFKA_USERNAME,password=$TRILLIUM_KAFKA_PASSWORD]"
 fi
