@@ -5,14 +5,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 KAFKA_LIBS := .cache/kafka/libs
+KUSTOMIZE := .cache/bin/kustomize
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/Cargo.lock native/pyproject.toml
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test test-python test-native bench up down status clean
+.PHONY: setup demo test test-python test-native test-compose images images-offline compose-env bench up down status clean
 .DEFAULT_GOAL := setup
 
-setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok
+setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
 
 $(VENV)/.installed: pyproject.toml
 	@scripts/require.sh $(PYTHON)
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	  { echo "trillium setup: Python 3.11+ needed, $(PYTHON) is $$($(PYTHON) -V)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[train,dev]'
 	touch $@
 
 $(VENV)/.native: $(VENV)/.installed $(NATIVE_SRC)
@@ -35,6 +36,11 @@ $(KAFKA_LIBS)/.complete: deps/kafka/pom.xml
 	@scripts/require.sh java mvn
 	scripts/setup-kafka.sh $(KAFKA_LIBS)
 	touch $@
+
+# kustomize renders deploy/k8s for its test: built from the Go module proxy (Go's cache makes repeats fast).
+$(KUSTOMIZE):
+	@scripts/require.sh go
+	GOBIN=$(abspath .cache/bin) go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
 
 .cache/redis.ok:
 	@mkdir -p .cache
@@ -52,6 +58,33 @@ test-python:
 
 test-native: $(VENV)/.native
 	cd native && cargo test --release -q
+
+# ---- containers (docker-compose.yml, docs/operations.md) ----
+WHEELS := .cache/wheels
+IMAGE_SRC := pyproject.toml scripts/wheels.sh $(shell git ls-files trillium services)
+
+# What the images install, built here at the versions .venv runs (scripts/wheels.sh).
+$(WHEELS)/.complete: $(VENV)/.native $(PB) $(NATIVE_SRC) $(IMAGE_SRC)
+	scripts/wheels.sh
+	touch $@
+
+images: $(WHEELS)/.complete
+	scripts/images.sh
+
+# The same from Debian's packages and the Maven-resolved Kafka jars: for hosts without Docker Hub.
+images-offline: $(WHEELS)/.complete $(KAFKA_LIBS)/.complete
+	scripts/images.sh --offline
+
+# .env for docker-compose.yml with fresh secrets; an existing .env is kept.
+compose-env:
+	@test -e .env && echo ".env exists: kept" || { umask 077; for v in TRILLIUM_TOKEN TRILLIUM_REDIS_PASSWORD \
+	  TRILLIUM_KAFKA_PASSWORD GRAFANA_ADMIN_PASSWORD; do echo "$$v=$$(openssl rand -hex 24)"; done > .env; \
+	  echo ".env written (mode 600)"; }
+
+# docker compose for real: engine, offline images, the Adult job through the published API, a crashed
+# PS shard restarted, and nothing left behind (scripts/test-compose.sh).
+test-compose: setup
+	scripts/test-compose.sh
 
 bench: setup
 	$(PY) bench/embedding_store.py --json

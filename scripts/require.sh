@@ -5,6 +5,7 @@ declare -A how=(
   [java]="install a JDK 17+ (Debian: apt-get install openjdk-17-jre-headless)"
   [mvn]="install Apache Maven (Debian: apt-get install maven)"
   [cargo]="install Rust with rustup (https://rustup.rs)"
+  [go]="install Go 1.22+ (https://go.dev/dl)"
   [python3]="install Python 3.11+ (Debian: apt-get install python3 python3-venv)"
 )
 missing=0

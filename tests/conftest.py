@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from trillium import launcher
+from trillium.config import KafkaConnection
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,10 @@ class Infra:
     run_dir: Path
     kafka_bootstrap: str
     redis_url: str
+
+    @property
+    def kafka(self) -> KafkaConnection:
+        return KafkaConnection(bootstrap=self.kafka_bootstrap)
 
     def redis_database(self, db: int) -> str:
         """The same Redis server, another of its databases. Every stack that lives alongside

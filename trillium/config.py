@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
+from urllib.parse import quote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, FilePath, SecretStr, ValidationError, field_validator,
+                      model_validator)
 
 ENV_KAFKA_BOOTSTRAP = "TRILLIUM_KAFKA_BOOTSTRAP"
 ENV_REDIS_URL = "TRILLIUM_REDIS_URL"
 ENV_COORDINATOR_URL = "TRILLIUM_COORDINATOR_URL"
 ENV_TOKEN = "TRILLIUM_TOKEN"
 ENV_RUN_DIR = "TRILLIUM_RUN_DIR"
+# Security once services leave loopback (see docs/operations.md).
+ENV_REDIS_PASSWORD = "TRILLIUM_REDIS_PASSWORD"
+ENV_KAFKA_SECURITY_PROTOCOL = "TRILLIUM_KAFKA_SECURITY_PROTOCOL"
+ENV_KAFKA_SASL_MECHANISM = "TRILLIUM_KAFKA_SASL_MECHANISM"
+ENV_KAFKA_USERNAME = "TRILLIUM_KAFKA_USERNAME"
+ENV_KAFKA_PASSWORD = "TRILLIUM_KAFKA_PASSWORD"
+ENV_KAFKA_CA_FILE = "TRILLIUM_KAFKA_CA_FILE"
+ENV_GRPC_TLS_CERT = "TRILLIUM_GRPC_TLS_CERT"
+ENV_GRPC_TLS_KEY = "TRILLIUM_GRPC_TLS_KEY"
+ENV_GRPC_TLS_CA = "TRILLIUM_GRPC_TLS_CA"
+# The address peers reach this service at, when its host name is not it (a Kubernetes pod: its IP).
+ENV_ADVERTISE_HOST = "TRILLIUM_ADVERTISE_HOST"
 
 # A service exits with this code (EX_TEMPFAIL) to be started afresh, e.g. an NN rank leaving an
 # abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
@@ -40,6 +54,84 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
         got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
         lines.append(f"{prefix}{field}: {e['msg']}{got}")
     return "\n".join(lines)
+
+
+def _from_env(names: dict[str, str]) -> dict[str, str]:
+    return {field: os.environ[var] for field, var in names.items() if os.environ.get(var)}
+
+
+def _validate(cls: type[BaseModel], values: dict[str, object], env_names: dict[str, str]) -> BaseModel:
+    """`cls(**values)`, or a ConfigError naming each bad field and the variable it comes from."""
+    try:
+        return cls(**values)
+    except ValidationError as err:
+        lines = describe_validation_error(err).splitlines()
+        for i, line in enumerate(lines):
+            field = line.split(":", 1)[0]
+            if field in env_names:
+                lines[i] = f"{line} (set {env_names[field]})" if "Field required" in line else \
+                    f"{line} (from {env_names[field]})"
+        raise ConfigError("\n".join(lines)) from None
+
+
+class KafkaConnection(BaseModel):
+    """How every Kafka client of a process connects; `trillium.kafka` applies it to all of them.
+    PLAINTEXT suits the local stack on loopback; anywhere else, SASL (SCRAM) and optionally TLS."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap: str = Field(min_length=1)
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
+    username: str | None = None
+    password: SecretStr | None = None
+    ca_file: FilePath | None = Field(None, description="CA bundle for SSL/SASL_SSL (default: the system's)")
+
+    @model_validator(mode="after")
+    def _credentials(self) -> "KafkaConnection":
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and not (self.username and self.password):
+            raise ValueError(f"security_protocol {self.security_protocol} needs a username and a password")
+        if not sasl and (self.username or self.password):
+            raise ValueError(f"a username/password is only used with SASL, not security_protocol "
+                             f"{self.security_protocol}")
+        return self
+
+    ENV: ClassVar[dict[str, str]] = {
+        "bootstrap": ENV_KAFKA_BOOTSTRAP, "security_protocol": ENV_KAFKA_SECURITY_PROTOCOL,
+        "sasl_mechanism": ENV_KAFKA_SASL_MECHANISM, "username": ENV_KAFKA_USERNAME,
+        "password": ENV_KAFKA_PASSWORD, "ca_file": ENV_KAFKA_CA_FILE}
+
+    @classmethod
+    def from_env(cls, bootstrap: str | None = None) -> "KafkaConnection":
+        """The TRILLIUM_KAFKA_* environment (`bootstrap` overrides its address); raises ConfigError."""
+        values = _from_env(cls.ENV) | ({"bootstrap": bootstrap} if bootstrap else {})
+        return _validate(cls, values, cls.ENV)
+
+    @property
+    def secured(self) -> bool:
+        return self.security_protocol != "PLAINTEXT"
+
+
+class GrpcTls(BaseModel):
+    """TLS for every gRPC server and channel of a process: its own certificate and key, and the CA
+    that signed its peers' (a stack shares one CA). Peers are addressed by the host names they
+    register, which the certificates must name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cert_file: FilePath
+    key_file: FilePath
+    ca_file: FilePath
+
+
+class GrpcCredentials(BaseModel):
+    """What `trillium.rpc` needs to serve and to call: the stack's token (always checked) and TLS."""
+
+    model_config = ConfigDict(frozen=True)
+
+    token: SecretStr
+    tls: GrpcTls | None = None
 
 
 def default_run_dir() -> Path:
@@ -74,12 +166,16 @@ class ServiceSettings(BaseModel):
     role: Role
     index: int = Field(0, ge=0, description="rank of an NN worker, shard of a PS, else instance number")
     host: str = "127.0.0.1"
+    advertise_host: str | None = Field(None, min_length=1, description="peers' address of this service "
+                                       "(default: the bound address, or the host name when bound to all)")
     http_port: int = Field(ge=0, le=65535, description="health, metrics and (coordinator) REST API")
     grpc_port: int | None = Field(None, ge=0, le=65535)
-    kafka_bootstrap: str = Field(min_length=1)
-    redis_url: str = Field(min_length=1)
+    kafka: KafkaConnection
+    redis_url: str = Field(min_length=1, repr=False)
+    redis_password: SecretStr | None = Field(None, description="for the URL's user, when the URL carries none")
     coordinator_url: str = Field(min_length=1)
     token: str = Field(min_length=16, repr=False)
+    grpc_tls: GrpcTls | None = None
     run_dir: Path
     heartbeat_s: float = Field(1.0, gt=0, le=60)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -90,6 +186,19 @@ class ServiceSettings(BaseModel):
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return v
+
+    @model_validator(mode="after")
+    def _redis_credentials(self) -> "ServiceSettings":
+        # The password may live apart from the address (a Kubernetes Secret beside a ConfigMap).
+        if self.redis_password is not None:
+            parts = urlsplit(self.redis_url)
+            if parts.password is not None:
+                raise ValueError("redis_password: the Redis URL carries a password already; give it once")
+            user = quote(parts.username or "", safe="")
+            secret = quote(self.redis_password.get_secret_value(), safe="")
+            self.redis_url = parts._replace(netloc=f"{user}:{secret}@{parts.netloc.rpartition('@')[2]}").geturl()
+            self.redis_password = None
+        return self
 
     @field_validator("coordinator_url")
     @classmethod
@@ -102,23 +211,24 @@ class ServiceSettings(BaseModel):
     def name(self) -> str:
         return f"{self.role}-{self.index}"
 
+    @property
+    def grpc(self) -> GrpcCredentials:
+        return GrpcCredentials(token=self.token, tls=self.grpc_tls)
+
+    ENV: ClassVar[dict[str, str]] = {
+        "redis_url": ENV_REDIS_URL, "redis_password": ENV_REDIS_PASSWORD, "coordinator_url": ENV_COORDINATOR_URL,
+        "token": ENV_TOKEN, "run_dir": ENV_RUN_DIR, "advertise_host": ENV_ADVERTISE_HOST}
+    TLS_ENV: ClassVar[dict[str, str]] = {"cert_file": ENV_GRPC_TLS_CERT, "key_file": ENV_GRPC_TLS_KEY,
+                                         "ca_file": ENV_GRPC_TLS_CA}
+
     @classmethod
     def from_env(cls, **values: object) -> "ServiceSettings":
         """Build from explicit values plus the TRILLIUM_* environment; raises ConfigError."""
-        env = {
-            "kafka_bootstrap": os.environ.get(ENV_KAFKA_BOOTSTRAP),
-            "redis_url": os.environ.get(ENV_REDIS_URL),
-            "coordinator_url": os.environ.get(ENV_COORDINATOR_URL),
-            "token": os.environ.get(ENV_TOKEN),
-            "run_dir": os.environ.get(ENV_RUN_DIR),
-        }
-        merged = {k: v for k, v in env.items() if v is not None} | {k: v for k, v in values.items() if v is not None}
-        try:
-            return cls(**merged)
-        except ValidationError as err:
-            env_names = {"kafka_bootstrap": ENV_KAFKA_BOOTSTRAP, "redis_url": ENV_REDIS_URL,
-                         "coordinator_url": ENV_COORDINATOR_URL, "token": ENV_TOKEN, "run_dir": ENV_RUN_DIR}
-            msg = describe_validation_error(err)
-            for field, var in env_names.items():
-                msg = msg.replace(f"{field}: Field required", f"{field}: Field required (set {var})")
-            raise ConfigError(msg) from None
+        env: dict[str, object] = dict(_from_env(cls.ENV))
+        env["kafka"] = _from_env(KafkaConnection.ENV)
+        if tls := _from_env(cls.TLS_ENV):
+            env["grpc_tls"] = tls
+        merged = env | {k: v for k, v in values.items() if v is not None}
+        names = cls.ENV | {f"kafka.{k}": v for k, v in KafkaConnection.ENV.items()} | \
+            {f"grpc_tls.{k}": v for k, v in cls.TLS_ENV.items()}
+        return _validate(cls, merged, names)

@@ -23,8 +23,6 @@ from typing import Literal
 
 import numpy as np
 
-from trillium.metrics import auc
-
 __all__ = [
     "DEFAULT_VOCAB_SIZES",
     "DatagenReport",
@@ -238,6 +236,10 @@ def generate_criteo(
             probs.append(block.probs)
             labels.append(block.labels)
     all_labels = np.concatenate(labels)
+    # Here, not at the top: the data loader reads synthetic sources through this module, and its
+    # image carries no scikit-learn (the `train` extra).
+    from trillium.metrics import auc
+
     return DatagenReport(
         path=path,
         rows=rows,

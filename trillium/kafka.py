@@ -1,5 +1,7 @@
-"""Kafka helpers over aiokafka: readiness, topics, and producers/consumers with the
-project's defaults (idempotent, acks=all producers; manual-commit consumers)."""
+"""Kafka helpers over aiokafka: readiness, topics, and producers/consumers/admin clients with the
+project's defaults (idempotent, acks=all producers; manual-commit consumers). Every client of
+the project is made here, so each one connects with the process's KafkaConnection: its
+address, and SASL/TLS when configured."""
 
 from __future__ import annotations
 
@@ -10,14 +12,29 @@ import time
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.helpers import create_ssl_context
+
+from trillium.config import KafkaConnection
 
 
-async def wait_for_kafka(bootstrap: str, timeout_s: float = 60.0) -> int:
+def _connection(conn: KafkaConnection) -> dict[str, object]:
+    """The options every aiokafka client takes to reach and authenticate to the cluster."""
+    options: dict[str, object] = dict(bootstrap_servers=conn.bootstrap, security_protocol=conn.security_protocol)
+    if conn.security_protocol.startswith("SASL"):
+        assert conn.username and conn.password  # KafkaConnection validates it
+        options.update(sasl_mechanism=conn.sasl_mechanism, sasl_plain_username=conn.username,
+                       sasl_plain_password=conn.password.get_secret_value())
+    if conn.security_protocol.endswith("SSL"):
+        options["ssl_context"] = create_ssl_context(cafile=str(conn.ca_file) if conn.ca_file else None)
+    return options
+
+
+async def wait_for_kafka(conn: KafkaConnection, timeout_s: float = 60.0) -> int:
     """Block until a metadata request succeeds; returns the number of brokers."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        client = AIOKafkaClient(**_connection(conn), request_timeout_ms=5000)
         try:
             await client.bootstrap()
             brokers = client.cluster.brokers()
@@ -28,53 +45,57 @@ async def wait_for_kafka(bootstrap: str, timeout_s: float = 60.0) -> int:
         finally:
             await client.close()
         await asyncio.sleep(0.5)
-    raise TimeoutError(f"Kafka at {bootstrap} did not answer a metadata request in {timeout_s:.0f}s: {last}")
+    raise TimeoutError(f"Kafka at {conn.bootstrap} did not answer a metadata request in {timeout_s:.0f}s: {last}")
 
 
-async def ensure_topics(bootstrap: str, partitions: dict[str, int], configs: dict[str, str] | None = None) -> None:
+def admin(conn: KafkaConnection, **overrides: object) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**(_connection(conn) | overrides))
+
+
+async def ensure_topics(conn: KafkaConnection, partitions: dict[str, int], configs: dict[str, str] | None = None,
+                        ) -> None:
     """Create the topics that do not exist yet (single-node friendly replication factor 1
     unless the cluster has more brokers), with the topic `configs` given."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin_client = admin(conn)
+    await admin_client.start()
     try:
-        existing = set(await admin.list_topics())
-        brokers = len((await admin.describe_cluster())["brokers"])
+        existing = set(await admin_client.list_topics())
+        brokers = len((await admin_client.describe_cluster())["brokers"])
         new = [NewTopic(name, n, min(3, brokers), topic_configs=configs or {})
                for name, n in partitions.items() if name not in existing]
         if new:
             try:
-                await admin.create_topics(new)
+                await admin_client.create_topics(new)
             except TopicAlreadyExistsError:
                 pass  # created concurrently by another process
     finally:
-        await admin.close()
+        await admin_client.close()
 
 
-async def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
+async def delete_topics(conn: KafkaConnection, names: Sequence[str]) -> None:
     """Delete those of `names` that exist."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin_client = admin(conn)
+    await admin_client.start()
     try:
-        existing = set(await admin.list_topics())
+        existing = set(await admin_client.list_topics())
         if doomed := [n for n in names if n in existing]:
-            await admin.delete_topics(doomed)
+            await admin_client.delete_topics(doomed)
     finally:
-        await admin.close()
+        await admin_client.close()
 
 
-def producer(bootstrap: str, **overrides: object) -> AIOKafkaProducer:
+def producer(conn: KafkaConnection, **overrides: object) -> AIOKafkaProducer:
     """An idempotent producer: acks from all in-sync replicas, no duplicates on retry."""
-    options: dict[str, object] = dict(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
-                                      linger_ms=5, max_request_size=16 * 1024 * 1024)
+    options = _connection(conn) | dict(enable_idempotence=True, acks="all", linger_ms=5,
+                                       max_request_size=16 * 1024 * 1024)
     options.update(overrides)
     return AIOKafkaProducer(**options)
 
 
-def consumer(bootstrap: str, *, group_id: str | None, **overrides: object) -> AIOKafkaConsumer:
+def consumer(conn: KafkaConnection, *, group_id: str | None, **overrides: object) -> AIOKafkaConsumer:
     """A consumer that commits only what the caller says it has processed."""
-    options: dict[str, object] = dict(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
-                                      auto_offset_reset="earliest", fetch_max_bytes=64 * 1024 * 1024,
-                                      max_partition_fetch_bytes=16 * 1024 * 1024)
+    options = _connection(conn) | dict(group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
+                                       fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
     options.update(overrides)
     return AIOKafkaConsumer(**options)
 

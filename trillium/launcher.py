@@ -35,7 +35,8 @@ from typing import Any
 import httpx
 
 from trillium import log
-from trillium.config import (EXIT_RESTART, ENV_COORDINATOR_URL, ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ENV_RUN_DIR, ENV_TOKEN,
+from trillium.config import (EXIT_RESTART, ENV_COORDINATOR_URL, ENV_KAFKA_BOOTSTRAP, ENV_KAFKA_SECURITY_PROTOCOL,
+                             ENV_REDIS_URL, ENV_RUN_DIR, ENV_TOKEN, KafkaConnection,
                              ROLES, Topology, default_run_dir)
 from trillium.kafka import wait_for_kafka
 from trillium.state import wait_for_redis
@@ -108,6 +109,11 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((run_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _kafka_connection(bootstrap: str, external: bool) -> KafkaConnection:
+    """Our own broker listens in plaintext on loopback; an external one is reached as the environment says."""
+    return KafkaConnection.from_env(bootstrap) if external else KafkaConnection(bootstrap=bootstrap)
 
 
 def read_token(run_dir: Path) -> str:
@@ -307,6 +313,10 @@ class Supervisor:
 
     async def start_kafka(self) -> None:
         port, cport = self.port("kafka"), self.port("kafka_controller")
+        if KafkaConnection.from_env(f"127.0.0.1:{port}").secured:
+            # The services would inherit the setting and fail against our plaintext broker.
+            raise LauncherError(f"{ENV_KAFKA_SECURITY_PROTOCOL} is set, but the launcher's own broker is plaintext "
+                                f"on loopback: unset it, or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka")
         props = _kafka_config(self.run_dir, port, cport)
         self.kafka_bootstrap = f"127.0.0.1:{port}"
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
@@ -321,7 +331,8 @@ class Supervisor:
                     log=str(self.logs / "kafka.log"))
         self.procs.append(proc)
         self.spawn(proc)
-        await self.wait_ready(proc, lambda: wait_for_kafka(self.kafka_bootstrap, timeout_s=2), 90)
+        conn = _kafka_connection(self.kafka_bootstrap, external=False)
+        await self.wait_ready(proc, lambda: wait_for_kafka(conn, timeout_s=2), 90)
 
     def token(self) -> str:
         path = self.run_dir / "token"
@@ -370,7 +381,7 @@ class Supervisor:
         if not self.kafka_external:
             await self.start_kafka()
         else:
-            await wait_for_kafka(self.kafka_bootstrap)
+            await wait_for_kafka(_kafka_connection(self.kafka_bootstrap, external=True))
         if self.with_services:
             await self.start_services()
 
@@ -504,7 +515,8 @@ def up(run_dir: Path, topology: Topology | None = None, *, services: bool = True
 async def _probe(st: dict[str, Any]) -> dict[str, Any]:
     async def kafka() -> dict[str, Any]:
         try:
-            return {"ok": True, "brokers": await wait_for_kafka(st["kafka"]["bootstrap"], timeout_s=5)}
+            conn = _kafka_connection(st["kafka"]["bootstrap"], st["kafka"]["external"])
+            return {"ok": True, "brokers": await wait_for_kafka(conn, timeout_s=5)}
         except Exception as exc:
             return {"ok": False, "error": str(exc)}
 

@@ -225,6 +225,8 @@ class Service:
 
     @property
     def advertised_host(self) -> str:
+        if self.settings.advertise_host:
+            return self.settings.advertise_host
         # Bound to all interfaces (a container): peers reach us by our host name.
         return socket.gethostname() if self.settings.host in ("0.0.0.0", "::") else self.settings.host
 

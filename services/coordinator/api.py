@@ -248,7 +248,8 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
     async def get_tables(job_id: str) -> TablesView:
         """Per embedding table: rows, memory, admitted/evicted/expired rows, summed over the
         PS shards (and per shard), asked of each shard now. Only the current job's tables are held."""
-        return await job_tables(coord.registry, await coord.jobs.require(job_id), await coord.jobs.current())
+        return await job_tables(coord.registry, await coord.jobs.require(job_id), await coord.jobs.current(),
+                                coord.settings.grpc)
 
     @v1.get("/jobs/{job_id}/checkpoints", response_model=list[CheckpointInfo], tags=["checkpoints"],
             responses=_errors(404))

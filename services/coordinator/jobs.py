@@ -30,6 +30,7 @@ from redis.exceptions import WatchError
 
 from trillium import kafka, state
 from trillium.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
+from trillium.config import KafkaConnection
 from trillium.job import JobConfig
 from trillium.jobrecord import (ACTIVE, TERMINAL, TRANSITIONS, CheckpointRef, IllegalTransition, JobRecord, JobState,
                                 Recovery, Topics, extend_lineage, participants)
@@ -69,10 +70,10 @@ def _either(states: frozenset[str]) -> str:
 
 
 class JobStore:
-    def __init__(self, redis: state.aioredis.Redis, run_dir: Path, bootstrap: str) -> None:
+    def __init__(self, redis: state.aioredis.Redis, run_dir: Path, kafka_conn: KafkaConnection) -> None:
         self.redis = redis
         self.run_dir = run_dir
-        self.bootstrap = bootstrap
+        self.kafka = kafka_conn
         self._current = state.key("current_job")
         self._ids = state.key("jobs")
 
@@ -270,7 +271,7 @@ class JobStore:
         """The job's topics, kept until the job is deleted: a recovery or a resume, however
         late, re-reads them from its checkpoint's positions."""
         topo = job.config.topology
-        await kafka.ensure_topics(self.bootstrap, {job.topics.samples: topo.nn_ranks, job.topics.eval: topo.nn_ranks,
+        await kafka.ensure_topics(self.kafka, {job.topics.samples: topo.nn_ranks, job.topics.eval: topo.nn_ranks,
                                                    job.topics.gradients: topo.ps_shards}, {"retention.ms": "-1"})
 
     async def delete(self, job_id: str) -> JobRecord:
@@ -296,7 +297,7 @@ class JobStore:
                 except WatchError:
                     continue
         await JobProgress(self.redis, job_id).delete()
-        await kafka.delete_topics(self.bootstrap, [job.topics.samples, job.topics.eval, job.topics.gradients])
+        await kafka.delete_topics(self.kafka, [job.topics.samples, job.topics.eval, job.topics.gradients])
         return job
 
     async def request_checkpoint(self, job_id: str) -> CheckpointRequested:

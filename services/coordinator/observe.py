@@ -16,7 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import Gauge
 from pydantic import BaseModel
 
-from trillium import rpc
+from trillium import kafka, rpc
+from trillium.config import GrpcCredentials, KafkaConnection
 from trillium.jobrecord import JobRecord
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
@@ -28,13 +29,14 @@ from .registry import WorkerRegistry
 logger = logging.getLogger("trillium.coordinator.observe")
 
 SAMPLES_PER_SEC = Gauge("trillium_job_samples_per_second", "samples trained per second, last few seconds", ["job"])
+LOSS = Gauge("trillium_job_loss", "training loss of the last step, mean over the ranks", ["job"])
 STALENESS_MAX = Gauge("trillium_job_staleness_max", "largest lookup staleness observed", ["job", "rank"])
 STALENESS_BOUND = Gauge("trillium_job_staleness_bound", "the live staleness bound (-1: unbounded)", ["job"])
 KAFKA_LAG = Gauge("trillium_job_kafka_lag_messages", "messages of the job's topics not consumed yet",
                   ["job", "topic", "partition"])
 TABLE_ROWS = Gauge("trillium_job_table_rows", "embedding rows, all PS shards", ["job", "table"])
 TABLE_BYTES = Gauge("trillium_job_table_memory_bytes", "embedding table memory, all PS shards", ["job", "table"])
-GAUGES = (SAMPLES_PER_SEC, STALENESS_MAX, STALENESS_BOUND, KAFKA_LAG, TABLE_ROWS, TABLE_BYTES)
+GAUGES = (SAMPLES_PER_SEC, LOSS, STALENESS_MAX, STALENESS_BOUND, KAFKA_LAG, TABLE_ROWS, TABLE_BYTES)
 
 STAT_FIELDS = ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
 # Throughput is measured over this window: long enough to smooth steps, short enough that
@@ -71,7 +73,8 @@ class TablesUnavailable(RuntimeError):
         self.conflict = conflict
 
 
-async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecord | None) -> TablesView:
+async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecord | None,
+                     creds: GrpcCredentials) -> TablesView:
     """The job's embedding tables as its PS shards hold them now."""
     if current is None or current.id != job.id:
         raise TablesUnavailable(f"job {job.id} is not the current job: the PS shards no longer hold its tables",
@@ -87,7 +90,7 @@ async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecor
             raise TablesUnavailable(f"embedding_ps-{i} has not set job {job.id} up yet", conflict=True)
         addresses.append(worker.grpc_address)
     try:
-        replies = await asyncio.gather(*(_shard_stats(address) for address in addresses))
+        replies = await asyncio.gather(*(_shard_stats(address, creds) for address in addresses))
     except grpc.aio.AioRpcError as err:
         raise TablesUnavailable(f"a PS shard did not answer: {err.code().name} {err.details()}",
                                 conflict=False) from None
@@ -102,26 +105,26 @@ async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecor
     return TablesView(job_id=job.id, tables=total, shards=per_shard)
 
 
-async def _shard_stats(address: str) -> pb.ShardStatsResponse:
-    async with rpc.channel(address) as channel:
+async def _shard_stats(address: str, creds: GrpcCredentials) -> pb.ShardStatsResponse:
+    async with rpc.channel(address, creds) as channel:
         return await pb_grpc.EmbeddingParameterServerStub(channel).Stats(pb.ShardStatsRequest(), timeout=5.0)
 
 
 class KafkaLag:
     """Consumer lag of a job's consumer groups: end offset minus committed offset."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, conn: KafkaConnection) -> None:
+        self.conn = conn
         self._admin: AIOKafkaAdminClient | None = None
         self._offsets: AIOKafkaConsumer | None = None
 
     async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
         if self._admin is None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)
+            admin = kafka.admin(self.conn, request_timeout_ms=5000)
             await admin.start()
             self._admin = admin
         if self._offsets is None:
-            offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, request_timeout_ms=5000)
+            offsets = kafka.consumer(self.conn, group_id=None, request_timeout_ms=5000)
             await offsets.start()
             self._offsets = offsets
         return self._admin, self._offsets
@@ -154,11 +157,12 @@ class Observer:
     """Samples the current job every few seconds into the gauges, and keeps the recent
     throughput the job view reports."""
 
-    def __init__(self, redis: aioredis.Redis, registry: WorkerRegistry, bootstrap: str,
-                 interval_s: float = 1.0) -> None:
+    def __init__(self, redis: aioredis.Redis, registry: WorkerRegistry, kafka_conn: KafkaConnection,
+                 grpc_creds: GrpcCredentials, interval_s: float = 1.0) -> None:
         self.redis = redis
         self.registry = registry
-        self.kafka = KafkaLag(bootstrap)
+        self.kafka = KafkaLag(kafka_conn)
+        self.grpc_creds = grpc_creds
         self.interval_s = interval_s
         self._job_id: str | None = None
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
@@ -187,7 +191,9 @@ class Observer:
         progress = JobProgress(self.redis, job.id)
         ranks = job.config.topology.nn_ranks
         now = time.monotonic()
-        self._samples.append((now, (await progress.training(ranks))["samples"]))
+        training = await progress.training(ranks)
+        self._samples.append((now, training["samples"]))
+        LOSS.labels(job.id).set(training["last_loss"])
         while now - self._samples[0][0] > RATE_WINDOW_S:
             self._samples.popleft()
         rate = self.samples_per_sec(job.id)
@@ -209,7 +215,7 @@ class Observer:
             with contextlib.suppress(Exception):
                 await self.kafka.close()  # reconnect next time
         try:
-            view = await job_tables(self.registry, job, current=job)
+            view = await job_tables(self.registry, job, current=job, creds=self.grpc_creds)
         except TablesUnavailable:
             return
         for table, stats in view.tables.items():

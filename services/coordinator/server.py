@@ -49,9 +49,9 @@ class Coordinator(Service):
         await state.wait_for_redis(self.settings.redis_url)
         self.redis = state.connect(self.settings.redis_url)
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
-        self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka_bootstrap)
+        self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
         self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.settings.token)
-        self.observer = Observer(self.redis, self.registry, self.settings.kafka_bootstrap, OBSERVE_TICK_S)
+        self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
                        asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe))]
 

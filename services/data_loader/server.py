@@ -99,7 +99,7 @@ class DataLoader(Service):
         builder = BatchBuilder(config, quarantine=quarantine if job.restore is None else None)
         # Reading and encoding the source is CPU work: keep the event loop (heartbeats) free.
         await asyncio.to_thread(builder.split, "train")
-        producer = kafka.producer(self.settings.kafka_bootstrap)
+        producer = kafka.producer(self.settings.kafka)
         await producer.start()
         try:
             partitions = [TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval) for r in range(ranks)]
@@ -130,7 +130,7 @@ class DataLoader(Service):
             await producer.stop()
 
     async def _end_offsets(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
-        consumer = kafka.consumer(self.settings.kafka_bootstrap, group_id=None)
+        consumer = kafka.consumer(self.settings.kafka, group_id=None)
         await consumer.start()
         try:
             ends = await consumer.end_offsets(partitions)

@@ -86,8 +86,9 @@ class EmbeddingPS(Service):
         self._captures: dict[int, CaptureResult] = {}  # this attempt's, by step
 
     async def start(self) -> None:
-        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, lambda server:
-                                           pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server))
+        self.grpc_server = await rpc.serve(
+            self.settings.host, self.settings.grpc_port, self.settings.grpc,
+            lambda server: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server))
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
@@ -152,7 +153,7 @@ class EmbeddingPS(Service):
         self.store = store
         progress = JobProgress(self.redis, job.id, job.attempt)
         await progress.set_applied_all(shard, ranks, last_step)
-        consumer = kafka.consumer(self.settings.kafka_bootstrap, group_id=f"{job.id}.ps")
+        consumer = kafka.consumer(self.settings.kafka, group_id=f"{job.id}.ps")
         partition = TopicPartition(job.topics.gradients, shard)
         consumer.assign([partition])
         await consumer.start()

@@ -129,8 +129,8 @@ class EmbeddingWorker(Service):
         torch.set_num_threads(1)
 
     async def start(self) -> None:
-        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, lambda server:
-                                           pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), server))
+        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, self.settings.grpc,
+                                           lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), s))
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
@@ -142,9 +142,9 @@ class EmbeddingWorker(Service):
 
     async def run_job(self, job: JobRecord) -> None:
         shards = await self.peers("embedding_ps", job.config.topology.ps_shards)
-        channels = [rpc.channel(w["grpc_address"]) for w in shards]
+        channels = [rpc.channel(w["grpc_address"], self.settings.grpc) for w in shards]
         # Gradients are on the critical path of synchronous training: no linger.
-        producer = kafka.producer(self.settings.kafka_bootstrap, linger_ms=0)
+        producer = kafka.producer(self.settings.kafka, linger_ms=0)
         await producer.start()
         try:
             self.ctx = _JobContext(job, [pb_grpc.EmbeddingParameterServerStub(c) for c in channels],

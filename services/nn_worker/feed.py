@@ -23,6 +23,7 @@ import numpy as np
 from aiokafka import TopicPartition
 
 from trillium import codec, kafka
+from trillium.config import KafkaConnection
 from trillium.jobrecord import PartitionLineage
 from trillium.pb import embedding_pb2 as pb
 
@@ -74,10 +75,10 @@ class _Supervised:
 class Feed(_Supervised):
     """Fetched items not taken when the feed stops have their lookups cancelled (or their errors
     consumed): a stopped feed leaves nothing behind."""
-    def __init__(self, bootstrap: str, topic: str, partition: int, start: int, lineage: PartitionLineage,
+    def __init__(self, conn: KafkaConnection, topic: str, partition: int, start: int, lineage: PartitionLineage,
                  attempt: int, lookup: Callable[[bytes], Awaitable[pb.BatchLookupResponse]], *, ahead: int,
                  group_id: str | None) -> None:
-        self.bootstrap = bootstrap
+        self.conn = conn
         self.partition = TopicPartition(topic, partition)
         self.start = start
         self.lineage = lineage
@@ -102,7 +103,7 @@ class Feed(_Supervised):
                 if item.lookup.done() and not item.lookup.cancelled():
                     item.lookup.exception()  # retrieved: no "exception never retrieved" noise
     async def _read(self) -> None:
-        consumer = kafka.consumer(self.bootstrap, group_id=self.group_id)
+        consumer = kafka.consumer(self.conn, group_id=self.group_id)
         consumer.assign([self.partition])
         await consumer.start()
         try:

@@ -207,7 +207,7 @@ class NNWorker(Service):
         progress = JobProgress(self.redis, job.id, job.attempt)
         workers = await self.peers("embedding_worker", config.topology.embedding_workers)
         # A rank always talks to the same embedding worker: its pushes stay in step order.
-        channel = rpc.channel(workers[rank % len(workers)]["grpc_address"])
+        channel = rpc.channel(workers[rank % len(workers)]["grpc_address"], self.settings.grpc)
         clean = False
         try:
             trainer, rank_state = await self._setup(job, progress, thread)
@@ -250,7 +250,7 @@ class NNWorker(Service):
         job, rank = run.job, self.settings.index
         lookup = lambda raw: run.stub.LookupBatch(pb.BatchLookupRequest(batch=raw, training=False,  # noqa: E731
                                                                         attempt=job.attempt))
-        return Feed(self.settings.kafka_bootstrap, job.topics.eval, rank, 0,
+        return Feed(self.settings.kafka, job.topics.eval, rank, 0,
                     PartitionLineage(job.lineage.get(job.topics.eval, {}).get(rank)), job.attempt, lookup,
                     ahead=PREFETCH, group_id=None).run()
 
@@ -267,7 +267,7 @@ class NNWorker(Service):
         checkpoint = job.config.checkpoint
         lookup = lambda raw: run.stub.LookupBatch(pb.BatchLookupRequest(batch=raw, training=True,  # noqa: E731
                                                                         attempt=job.attempt))
-        feed = Feed(self.settings.kafka_bootstrap, job.topics.samples, rank, s.position,
+        feed = Feed(self.settings.kafka, job.topics.samples, rank, s.position,
                     PartitionLineage(job.lineage.get(job.topics.samples, {}).get(rank)), job.attempt, lookup,
                     ahead=PREFETCH, group_id=f"{job.id}.nn").run()
         run.pusher = GradientPusher(run.stub.PushGradients).run()

@@ -7,7 +7,6 @@ import sys
 import uuid
 
 import numpy as np
-from aiokafka.admin import AIOKafkaAdminClient
 
 from trillium import kafka, state
 from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL
@@ -15,16 +14,16 @@ from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL
 
 async def test_kafka_produce_consume_round_trip(infra) -> None:
     topic = f"roundtrip-{uuid.uuid4().hex[:8]}"
-    await kafka.ensure_topics(infra.kafka_bootstrap, {topic: 2})
+    await kafka.ensure_topics(infra.kafka, {topic: 2})
     payloads = [np.arange(i, i + 1000, dtype=np.uint64).tobytes() for i in range(10)]
-    producer = kafka.producer(infra.kafka_bootstrap)
+    producer = kafka.producer(infra.kafka)
     await producer.start()
     try:
         for i, payload in enumerate(payloads):
             await producer.send_and_wait(topic, payload, partition=i % 2, key=str(i).encode())
     finally:
         await producer.stop()
-    consumer = kafka.consumer(infra.kafka_bootstrap, group_id=f"g-{topic}")
+    consumer = kafka.consumer(infra.kafka, group_id=f"g-{topic}")
     consumer.subscribe([topic])
     await consumer.start()
     received: dict[bytes, bytes] = {}
@@ -42,9 +41,9 @@ async def test_kafka_produce_consume_round_trip(infra) -> None:
 
 async def test_ensure_topics_is_idempotent(infra) -> None:
     topic = f"topics-{uuid.uuid4().hex[:8]}"
-    await kafka.ensure_topics(infra.kafka_bootstrap, {topic: 3})
-    await kafka.ensure_topics(infra.kafka_bootstrap, {topic: 3})
-    admin = AIOKafkaAdminClient(bootstrap_servers=infra.kafka_bootstrap)
+    await kafka.ensure_topics(infra.kafka, {topic: 3})
+    await kafka.ensure_topics(infra.kafka, {topic: 3})
+    admin = kafka.admin(infra.kafka)
     await admin.start()
     try:
         (described,) = await admin.describe_topics([topic])

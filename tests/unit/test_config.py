@@ -1,0 +1,77 @@
+"""Security settings from the environment: each bad one fails at start, naming the field and the
+variable it came from."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from trillium import config
+from trillium.config import ConfigError, KafkaConnection, ServiceSettings
+
+BASE = {config.ENV_KAFKA_BOOTSTRAP: "kafka:9092", config.ENV_REDIS_URL: "redis://trillium@redis:6379/0",
+        config.ENV_COORDINATOR_URL: "http://coordinator:8080", config.ENV_TOKEN: "t" * 24,
+        config.ENV_RUN_DIR: "/tmp"}
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for name in dir(config):
+        if name.startswith("ENV_"):
+            monkeypatch.delenv(getattr(config, name), raising=False)
+    for var, value in BASE.items():
+        monkeypatch.setenv(var, value)
+    return monkeypatch
+
+
+def _settings() -> ServiceSettings:
+    return ServiceSettings.from_env(role="embedding_ps", http_port=8080)
+
+
+def test_the_redis_password_joins_the_urls_user(env) -> None:
+    env.setenv(config.ENV_REDIS_PASSWORD, "p@ss/word:1")
+    url = _settings().redis_url
+    assert url == "redis://trillium:p%40ss%2Fword%3A1@redis:6379/0"
+    # redis-py reads it back as it was given.
+    kwargs = redis.connection.parse_url(url)
+    assert (kwargs["username"], kwargs["password"]) == ("trillium", "p@ss/word:1")
+    assert "p@ss" not in repr(_settings())
+
+
+def test_a_password_given_twice_is_refused(env) -> None:
+    env.setenv(config.ENV_REDIS_URL, "redis://trillium:one@redis:6379/0")
+    env.setenv(config.ENV_REDIS_PASSWORD, "two")
+    with pytest.raises(ConfigError, match="redis_password: the Redis URL carries a password already"):
+        _settings()
+
+
+def test_kafka_sasl_needs_a_user_and_a_password(env) -> None:
+    env.setenv(config.ENV_KAFKA_SECURITY_PROTOCOL, "SASL_PLAINTEXT")
+    with pytest.raises(ConfigError, match="kafka: .*SASL_PLAINTEXT needs a username and a password"):
+        _settings()
+    env.setenv(config.ENV_KAFKA_USERNAME, "trillium")
+    env.setenv(config.ENV_KAFKA_PASSWORD, "secret")
+    kafka = _settings().kafka
+    assert (kafka.security_protocol, kafka.sasl_mechanism, kafka.username) == ("SASL_PLAINTEXT", "SCRAM-SHA-512",
+                                                                               "trillium")
+    assert "secret" not in repr(kafka)
+
+
+def test_a_bad_kafka_setting_names_its_variable(env) -> None:
+    env.setenv(config.ENV_KAFKA_SECURITY_PROTOCOL, "SASL")
+    with pytest.raises(ConfigError, match=r"kafka\.security_protocol: .*\(from TRILLIUM_KAFKA_SECURITY_PROTOCOL\)"):
+        _settings()
+    env.setenv(config.ENV_KAFKA_SECURITY_PROTOCOL, "PLAINTEXT")
+    env.setenv(config.ENV_KAFKA_PASSWORD, "secret")
+    with pytest.raises(ConfigError, match="only used with SASL"):
+        KafkaConnection.from_env()
+
+
+def test_grpc_tls_needs_all_three_files(env, tmp_path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not checked here")
+    env.setenv(config.ENV_GRPC_TLS_CERT, str(cert))
+    with pytest.raises(ConfigError) as err:
+        _settings()
+    assert "grpc_tls.key_file: Field required (set TRILLIUM_GRPC_TLS_KEY)" in str(err.value)
+    assert "grpc_tls.ca_file: Field required (set TRILLIUM_GRPC_TLS_CA)" in str(err.value)
