@@ -91,6 +91,34 @@ def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.u
     Accepts int64 (also int32, uint64, uint32) 1-D arrays.
     """
 
+class StoreCapture:
+    """A point-in-time copy of an :class:`EmbeddingStore`, from :meth:`EmbeddingStore.capture`.
+
+    Holds its memory until :meth:`release` (or the object dies); usable as a context manager
+    that releases on exit. Takes no lock of the store: any number of writes may run while
+    the store trains.
+    """
+
+    def write(self, path: str | os.PathLike[str]) -> tuple[int, str]:
+        """Write the capture to ``path`` in the snapshot format of :meth:`EmbeddingStore.dump`
+        (readable by :meth:`EmbeddingStore.load`), atomically (temp file + fsync + rename +
+        fsync of the directory), GIL released. Returns ``(bytes written, sha256 hex digest of
+        the file)``, the digest computed over the bytes as they are written. The same capture
+        always writes the same bytes. Raises ValueError once released, OSError on I/O errors.
+        """
+    @property
+    def rows(self) -> int:
+        """Number of rows captured, over all tables. Raises ValueError once released."""
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the copy; 0 once released."""
+    def tables(self) -> list[str]:
+        """Names of the captured tables, in creation order. Raises ValueError once released."""
+    def release(self) -> None:
+        """Free the copy now (a write in progress finishes first). Idempotent."""
+    def __enter__(self) -> StoreCapture: ...
+    def __exit__(self, *exc: object) -> bool: ...
+
 class EmbeddingStore:
     """A set of named embedding tables (u64 id -> row of ``dim`` floats).
 
@@ -215,21 +243,53 @@ class EmbeddingStore:
         A new row gets fresh optimizer state; an existing row keeps it (FTRL's
         ``z`` is recomputed so the weights are reproduced). Takes a new version.
         """
-    def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write all tables (config, rows, optimizer state, counters, sketch) to
-        ``path`` atomically (temp file + fsync + rename). Each internal shard is
-        captured at one instant (its lock is held while its rows are streamed);
-        different shards may reflect different moments of concurrent updates."""
+    def capture(self) -> StoreCapture:
+        """A point-in-time copy of the whole store, to write later (a checkpoint at a step cut:
+        stop applying updates, capture, resume at once, ``write`` in the background).
+
+        Copies every table's config, counters, admission sketch and live rows (weights,
+        optimizer state, versions, TTL stamps) and the version clock; internal shards are
+        copied whole (a memcpy per column) in parallel on the store's pool, GIL released.
+        Costs about the rows' memory again (``StoreCapture.memory_bytes``) until released.
+
+        Consistent (one instant for the whole store) when no ``update``/``set_row`` runs
+        meanwhile; lookups may run, and rows they create in a shard before it is copied
+        are included.
+
+        **Locking behaviour:** each internal shard's *read* lock in turn, for as long as
+        copying that shard takes (a few ms); lookups of existing rows proceed, while a lookup
+        that creates rows in that shard, or an update to it, waits for its copy.
+        """
+    def dump(self, path: str | os.PathLike[str]) -> tuple[int, str]:
+        """Write all tables (config, rows, optimizer state, counters, sketch) to ``path``
+        atomically (temp file + fsync + rename + fsync of the directory), streaming from the
+        live store without a copy. Returns ``(bytes written, sha256 hex digest of the file)``,
+        the digest computed over the bytes as they are written.
+
+        **Locking behaviour:** each internal shard's *read* lock in turn, held while that
+        shard's rows are written (as long as the file system takes): lookups that create rows
+        in that shard, and updates to it, wait meanwhile. So each internal shard is captured
+        at one instant; different shards may reflect different moments of concurrent updates
+        (use :meth:`capture` for one instant without holding locks during the write).
+        """
     def load(
         self, path: str | os.PathLike[str], shard_index: int | None = None, num_shards: int | None = None
     ) -> None:
         """Merge a snapshot into this store (tables are created as needed).
 
         With ``shard_index``/``num_shards`` only rows with
-        ``shard_of(id, num_shards) == shard_index`` are kept. The file is fully
-        verified before anything is applied: a corrupted, truncated or
+        ``shard_of(id, num_shards) == shard_index`` are kept: a checkpoint of S PS shards is
+        loaded into T by each new shard ``t`` loading every old file with ``(t, T)``. Rows
+        overwrite rows with the same id; the store version advances to the file's if
+        larger; event counters add this shard's share (the T shares of a file's counter add
+        up to it exactly); ``update_batches`` becomes the largest seen and every row keeps
+        its age in update batches; admission sketches merge by element-wise max.
+        The file is fully verified before anything is applied: a corrupted, truncated or
         unsupported file raises ValueError and leaves the store unchanged.
-        Counters are restored only by unfiltered loads.
+
+        **Locking behaviour:** verifying takes no shard lock; applying takes the write lock of
+        each internal shard receiving rows, per block of rows (and, when a table's
+        ``update_batches`` moves up, each shard's write lock in turn to shift its stamps).
         """
     def export_delta(
         self, table: str, since_version: int

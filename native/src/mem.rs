@@ -4,7 +4,8 @@
 //! mappings advised with `MADV_HUGEPAGE` (transparent huge pages), so random row
 //! accesses over multi-GiB tables do not thrash the TLB. Arena memory is never
 //! returned individually (slots are recycled through free lists instead); it is
-//! unmapped when the table is dropped. Small buffers (the first, growing chunk
+//! unmapped when the table is dropped (or the capture released: captures use an
+//! arena of ordinary pages). Small buffers (the first, growing chunk
 //! of each internal shard) live on the ordinary heap. Large hash indexes get
 //! their own huge-page mappings.
 
@@ -26,6 +27,11 @@ fn round_up(x: usize, a: usize) -> usize {
 
 /// Map `len` bytes (a multiple of 4 KiB), 2 MiB aligned, advised for huge pages.
 fn map_huge(len: usize) -> *mut u8 {
+    map_aligned(len, true)
+}
+
+/// Map `len` bytes (a multiple of 4 KiB), 2 MiB aligned, advised for huge pages if `huge`.
+fn map_aligned(len: usize, huge: bool) -> *mut u8 {
     #[cfg(unix)]
     // SAFETY: plain anonymous mapping; we only unmap ranges we mapped.
     unsafe {
@@ -51,12 +57,15 @@ fn map_huge(len: usize) -> *mut u8 {
             libc::munmap((aligned + len) as *mut libc::c_void, tail);
         }
         #[cfg(target_os = "linux")]
-        libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        if huge {
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
         aligned as *mut u8
     }
     #[cfg(not(unix))]
     // SAFETY: valid non-zero layout.
     unsafe {
+        let _ = huge;
         alloc(Layout::from_size_align(len, HUGE).expect("layout"))
     }
 }
@@ -84,6 +93,7 @@ struct ArenaInner {
 /// Bump allocator over huge-page regions (per table).
 pub struct Arena {
     inner: Mutex<ArenaInner>,
+    huge: bool,
 }
 
 // SAFETY: the raw addresses are only handed out, never dereferenced here.
@@ -92,30 +102,57 @@ unsafe impl Sync for Arena {}
 
 impl Default for Arena {
     fn default() -> Self {
-        Arena { inner: Mutex::new(ArenaInner { regions: Vec::new(), cur: 0, end: 0, used: 0 }) }
+        Arena::new(true)
     }
 }
 
 impl Arena {
-    /// Allocate `bytes` (64-byte aligned). Never freed individually.
+    /// An arena of ordinary pages, for short-lived bulk copies (store captures): memory
+    /// advised for huge pages is faulted in by compacting memory first, which made a
+    /// capture's first copy of 2M rows 7x slower (2.3 s instead of 0.34 s of CPU).
+    pub fn small_pages() -> Self {
+        Arena::new(false)
+    }
+
+    fn new(huge: bool) -> Self {
+        Arena { inner: Mutex::new(ArenaInner { regions: Vec::new(), cur: 0, end: 0, used: 0 }), huge }
+    }
+
+    /// Allocate `bytes` (64-byte aligned). Never freed individually. A small-page arena
+    /// faults the pages in at once (`MADV_POPULATE_WRITE`, outside the lock): a third less
+    /// CPU for a capture's copy than a page fault per 4 KiB.
     pub fn alloc(&self, bytes: usize) -> *mut u8 {
-        let mut g = self.inner.lock();
-        let mut p = round_up(g.cur, 64);
-        if g.cur == 0 || p + bytes > g.end {
-            let len = REGION.max(round_up(bytes, HUGE));
-            let r = map_huge(len);
-            if r.is_null() {
-                handle_alloc_error(Layout::from_size_align(bytes.max(1), 64).unwrap_or(Layout::new::<u64>()));
+        let p = {
+            let mut g = self.inner.lock();
+            let mut p = round_up(g.cur, 64);
+            if g.cur == 0 || p + bytes > g.end {
+                let len = REGION.max(round_up(bytes, HUGE));
+                let r = map_aligned(len, self.huge);
+                if r.is_null() {
+                    handle_alloc_error(Layout::from_size_align(bytes.max(1), 64).unwrap_or(Layout::new::<u64>()));
+                }
+                g.regions.push((r as usize, len));
+                g.cur = r as usize;
+                g.end = r as usize + len;
+                p = g.cur;
             }
-            g.regions.push((r as usize, len));
-            g.cur = r as usize;
-            g.end = r as usize + len;
-            p = g.cur;
+            g.cur = p + bytes;
+            g.used += bytes;
+            p
+        };
+        #[cfg(target_os = "linux")]
+        if !self.huge && bytes > 0 {
+            let lo = p & !4095;
+            let hi = round_up(p + bytes, 4096);
+            // SAFETY: [lo, hi) lies within a region this arena mapped (regions are 2 MiB
+            // multiples at 2 MiB-aligned addresses); populating only faults pages in and never
+            // changes their contents. Kernels before 5.14 refuse the advice (EINVAL): the
+            // pages are then faulted in on first touch.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_POPULATE_WRITE) };
         }
-        g.cur = p + bytes;
-        g.used += bytes;
         p as *mut u8
     }
+
     /// Bytes handed out to buffers.
     pub fn used_bytes(&self) -> usize {
         self.inner.lock().used
@@ -239,6 +276,14 @@ impl<T: Copy> RawBuf<T> {
         let mut b = RawBuf { ptr: p, len: 0, cap, kind };
         b.extend_fill(cap, v);
         b
+    }
+
+    /// A copy of `src` with capacity `src.len()` (from `arena` if given).
+    pub fn copy_of(src: &[T], arena: Option<&Arena>) -> Self {
+        let (p, cap, kind) = Self::allocate(src.len(), arena, false);
+        // SAFETY: `p` is valid for `cap >= src.len()` elements and does not overlap `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p.as_ptr(), src.len()) };
+        RawBuf { ptr: p, len: src.len(), cap, kind }
     }
 
     #[inline(always)]

@@ -412,6 +412,55 @@ impl<W: Elem> Chunk<W> {
     fn occupied(&self, l: usize) -> bool {
         (self.occ[l >> 6] >> (l & 63)) & 1 == 1
     }
+
+    /// Copy of the chunk: every column up to `len` (free slots included, the occupancy
+    /// bitmap tells them apart) except the LRU ticks, which snapshots do not keep.
+    fn copy(&self, arena: &Arena) -> Self {
+        let a = Some(arena);
+        Chunk {
+            recs: RawBuf::copy_of(&self.recs, a),
+            len: self.len,
+            versions: RawBuf::copy_of(&self.versions, a),
+            state: RawBuf::copy_of(&self.state, a),
+            acc: RawBuf::copy_of(&self.acc, a),
+            steps: RawBuf::copy_of(&self.steps, a),
+            lru: RawBuf::default(),
+            utime: RawBuf::copy_of(&self.utime, a),
+            utick: RawBuf::copy_of(&self.utick, a),
+            occ: self.occ[..self.len.div_ceil(64)].to_vec(),
+            _w: std::marker::PhantomData,
+        }
+    }
+
+    /// Gather the live rows into `blk` (the snapshot writer's row block); versions are
+    /// offsets from the owning shard's `vbase`.
+    pub fn gather(&self, l: &Layout, vbase: u64, blk: &mut RowBlock<W>) {
+        blk.clear();
+        let sd = l.state_dim;
+        for o in 0..self.len() {
+            if !self.occupied(o) {
+                continue;
+            }
+            blk.ids.push(self.id(l, o));
+            blk.versions.push(vbase + self.versions[o] as u64);
+            blk.weights.extend_from_slice(self.w(l, o));
+            if sd > 0 {
+                blk.state.extend_from_slice(&self.state[o * sd..(o + 1) * sd]);
+            }
+            if l.has_acc {
+                blk.acc.push(self.acc[o]);
+            }
+            if l.has_steps {
+                blk.steps.push(self.steps[o]);
+            }
+            if l.has_utime {
+                blk.utime.push(self.utime[o]);
+            }
+            if l.has_utick {
+                blk.utick.push(self.utick[o]);
+            }
+        }
+    }
 }
 
 /// Mutable view of all the fields of one row.
@@ -484,6 +533,20 @@ pub struct Shard<W: Copy> {
     pub rng: u64,
     /// Base of the u32 row-version offsets.
     pub vbase: u64,
+}
+
+/// A point-in-time copy of one internal shard's rows (see `Shard::copy`).
+pub struct ShardCopy<W: Copy> {
+    pub chunks: Vec<Chunk<W>>,
+    /// Base of the chunks' u32 version offsets.
+    pub vbase: u64,
+    pub rows: usize,
+}
+
+impl<W: Elem> ShardCopy<W> {
+    pub fn memory_bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.memory_bytes()).sum::<usize>() + std::mem::size_of::<Self>()
+    }
 }
 
 /// Fill `out` with the deterministic initial vector of `id`.
@@ -1172,32 +1235,18 @@ impl<W: Elem> Shard<W> {
             + std::mem::size_of::<Self>()
     }
 
-    /// Gather the live rows of chunk `c` into `blk` (snapshot writer).
-    pub fn gather_chunk(&self, l: &Layout, c: usize, blk: &mut RowBlock<W>) {
-        blk.clear();
-        let ch = &self.chunks[c];
-        let sd = l.state_dim;
-        for o in 0..ch.len() {
-            if !ch.occupied(o) {
-                continue;
-            }
-            blk.ids.push(ch.id(l, o));
-            blk.versions.push(self.version_of(ch, o));
-            blk.weights.extend_from_slice(ch.w(l, o));
-            if sd > 0 {
-                blk.state.extend_from_slice(&ch.state[o * sd..(o + 1) * sd]);
-            }
-            if l.has_acc {
-                blk.acc.push(ch.acc[o]);
-            }
-            if l.has_steps {
-                blk.steps.push(ch.steps[o]);
-            }
-            if l.has_utime {
-                blk.utime.push(ch.utime[o]);
-            }
-            if l.has_utick {
-                blk.utick.push(ch.utick[o]);
+    /// A copy of the shard's rows for a point-in-time capture; the chunks are copied whole
+    /// (a memcpy per column beats gathering row by row while the shard is locked).
+    pub fn copy(&self, arena: &Arena) -> ShardCopy<W> {
+        ShardCopy { chunks: self.chunks.iter().map(|ch| ch.copy(arena)).collect(), vbase: self.vbase, rows: self.rows }
+    }
+
+    /// Add `d` to every row's last-update batch: the rows keep their age when the table's
+    /// update-batch count moves up by `d` (merging snapshots, see snapshot/read.rs).
+    pub fn shift_update_batches(&mut self, d: u32) {
+        for ch in &mut self.chunks {
+            for t in ch.utick.iter_mut() {
+                *t = t.wrapping_add(d);
             }
         }
     }
@@ -1627,6 +1676,15 @@ impl Table {
         });
         self.counters.add_local(&total);
         total.expired
+    }
+
+    /// Add `d` to every row's last-update batch (see `Shard::shift_update_batches`).
+    ///
+    /// **Locking behaviour:** each internal shard's write lock in turn.
+    pub fn shift_update_batches(&self, d: u32) {
+        if self.layout.has_utick && d != 0 {
+            with_shards!(&self.shards, shards => shards.iter().for_each(|s| s.write().shift_update_batches(d)))
+        }
     }
 
     pub fn rows(&self) -> usize {

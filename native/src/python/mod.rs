@@ -1,4 +1,4 @@
-//! PyO3 bindings, one module per area (store, hashing); this one registers them and holds
+//! PyO3 bindings, one module per area (store, captures, hashing); this one registers them and holds
 //! the helpers they share. Every batched call releases the GIL and runs on the store's
 //! own rayon pool; every entry point catches panics and maps errors to
 //! ValueError / TypeError / KeyError / OSError.
@@ -11,9 +11,10 @@ use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::config::StoreError;
-use crate::snapshot;
+use crate::snapshot::FORMAT_VERSION;
 
 mod hash;
+mod snapshot;
 mod store;
 
 pub(crate) fn to_py(e: StoreError) -> PyErr {
@@ -124,10 +125,11 @@ pub(crate) fn nonneg(v: i64, what: &str) -> PyResult<u64> {
 #[pymodule]
 fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
+    m.add_class::<snapshot::PyCapture>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("SNAPSHOT_FORMAT_VERSION", snapshot::FORMAT_VERSION)?;
+    m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     Ok(())
 }

@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::snapshot::{written, PyCapture};
 use super::{extract_u64, get_array, guard, nonneg, opt_nonneg, to_py};
 use crate::config::{AdmissionKind, DType, InitKind, OptKind, TableConfig};
 use crate::snapshot;
@@ -354,9 +355,15 @@ impl PyStore {
         guard(|| store.set_row(&t, id, s))
     }
 
-    fn dump(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    /// Point-in-time copy of the whole store (see `snapshot::Capture::new`).
+    fn capture(&self, py: Python<'_>) -> PyResult<PyCapture> {
         let store = &*self.store;
-        py.detach(|| guard(|| snapshot::write_snapshot(store, &path)))
+        py.detach(|| guard(|| Ok(snapshot::Capture::new(store)))).map(PyCapture::new)
+    }
+
+    fn dump(&self, py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
+        let store = &*self.store;
+        py.detach(|| guard(|| snapshot::write_snapshot(store, &path))).map(written)
     }
 
     #[pyo3(signature = (path, shard_index=None, num_shards=None))]

@@ -1,22 +1,26 @@
 //! Versioned binary snapshot format (see native/README.md for the layout).
 //!
-//! Writing streams each internal shard chunk by chunk while holding that
-//! shard's lock, so every internal shard is captured at a single instant and
-//! at most one chunk's worth of rows is buffered. Loading first verifies the
+//! `dump` streams each internal shard chunk by chunk while holding that shard's
+//! read lock, so every internal shard is written as of a single instant and at
+//! most one chunk's worth of rows is buffered. A `Capture` copies every shard
+//! first (the whole store as of one instant, when no update runs meanwhile) and
+//! is written later with the same writer. Loading first verifies the
 //! whole file (structure and every checksum) and only then applies it, so a
 //! corrupted file leaves the store untouched.
 //!
-//! `meta` encodes the table metadata block, `write` the writer, `read` the
-//! verifying reader and the loader.
+//! `meta` encodes the table metadata block, `write` the writer (shared by `dump` and
+//! captures), `read` the verifying reader and the loader, `capture` point-in-time copies.
 
 use crate::config::{Result, StoreError, TableConfig};
 
+mod capture;
 mod meta;
 mod read;
 mod write;
 
+pub use capture::Capture;
 pub use read::{load_snapshot, read_snapshot, AnyBlock, Visitor};
-pub use write::write_snapshot;
+pub use write::{write_snapshot, Written};
 
 #[cfg(target_endian = "big")]
 compile_error!("the snapshot writer assumes a little-endian target");

@@ -275,6 +275,14 @@ struct Apply<'a> {
     store: &'a Store,
     filter: Option<(u32, u32)>,
     table: Option<Arc<Table>>,
+    /// Added to the current table's loaded last-update batches (see `Apply::table`).
+    utick_shift: u32,
+}
+
+/// Shard `i` of `n`'s share of a counter: the `n` shares of `c` add up to exactly `c`.
+pub(super) fn share(c: u64, i: u32, n: u32) -> u64 {
+    let c = c as u128;
+    (c * (i as u128 + 1) / n as u128 - c * i as u128 / n as u128) as u64
 }
 
 fn apply_block<W: Elem>(
@@ -339,12 +347,19 @@ impl Visitor for Apply<'_> {
                 t
             }
         };
-        if self.filter.is_none() {
-            let mut c = *counters;
-            c[8] = 0; // update_batches handled below
-            t.counters.add_all(&c);
-        }
-        t.counters.update_batches.fetch_max(counters[8], Ordering::Relaxed);
+        // Event counters: each of `n` filtered loads of a file adds its share, so the new
+        // shards together count what the old ones did.
+        let (i, n) = self.filter.unwrap_or((0, 1));
+        let mut c: [u64; 9] = std::array::from_fn(|k| share(counters[k], i, n));
+        c[8] = 0; // update_batches is a clock, not an event count: below
+        t.counters.add_all(&c);
+        // The table's update-batch count becomes the largest seen; every row keeps its age
+        // in update batches (the TTL by updates): rows already here move up with the count,
+        // rows from this file are shifted from the file's count to the table's.
+        let prev = t.counters.update_batches.fetch_max(counters[8], Ordering::Relaxed);
+        let now = prev.max(counters[8]);
+        t.shift_update_batches(now.wrapping_sub(prev) as u32);
+        self.utick_shift = now.wrapping_sub(counters[8]) as u32;
         self.table = Some(t);
         Ok(())
     }
@@ -352,20 +367,33 @@ impl Visitor for Apply<'_> {
         if let Some(t) = &self.table {
             if let Some(sk) = &t.sketch {
                 if sk.width == width as usize && sk.depth == depth as usize {
+                    // Element-wise max: an id's sightings are all in one file (its owner's,
+                    // lookups are routed by shard_of), so the max is still an over-estimate
+                    // of every id's count, without the other shards' traffic a sum would add;
+                    // and loading a file twice changes nothing.
                     for (c, v) in sk.counters.iter().zip(counters) {
-                        let cur = c.load(Ordering::Relaxed);
-                        c.store(cur.saturating_add(*v), Ordering::Relaxed);
+                        c.fetch_max(*v, Ordering::Relaxed);
                     }
                 }
             }
         }
         Ok(())
     }
-    fn rows(&mut self, blk: AnyBlock) -> Result<()> {
+    fn rows(&mut self, mut blk: AnyBlock) -> Result<()> {
         let t = match &self.table {
             Some(t) => t.clone(),
             None => return corrupt("row block outside of a table"),
         };
+        if self.utick_shift != 0 {
+            let utick = match &mut blk {
+                AnyBlock::F32(b) => &mut b.utick,
+                AnyBlock::F16(b) => &mut b.utick,
+                AnyBlock::BF16(b) => &mut b.utick,
+            };
+            for u in utick {
+                *u = u.wrapping_add(self.utick_shift);
+            }
+        }
         match (&t.shards, &blk) {
             (Shards::F32(s), AnyBlock::F32(b)) => apply_block(self.store, &t, s, b, self.filter),
             (Shards::F16(s), AnyBlock::F16(b)) => apply_block(self.store, &t, s, b, self.filter),
@@ -381,8 +409,16 @@ impl Visitor for Apply<'_> {
 }
 
 /// Load (merge) a snapshot into the store, optionally keeping only the rows
-/// with `shard_of(id, num_shards) == shard_index`.
+/// with `shard_of(id, num_shards) == shard_index`. Loading each of S files with
+/// `(i, n)` into store `i` of `n` reshards a checkpoint (see native/README.md for
+/// how rows, counters, sketches, clocks and update-batch stamps merge).
+///
+/// **Locking behaviour:** the verifying pass takes the table registry's read lock
+/// only to look tables up. The applying pass takes the registry's write lock to
+/// create missing tables, then, per row block, the *write* lock of each internal
+/// shard receiving rows (one pool task per shard); a table whose update-batch count
+/// moves up has every shard's write lock taken in turn to shift the stamps.
 pub fn load_snapshot(store: &Store, path: &Path, filter: Option<(u32, u32)>) -> Result<()> {
     read_snapshot(path, &mut Verify { store })?;
-    read_snapshot(path, &mut Apply { store, filter, table: None })
+    read_snapshot(path, &mut Apply { store, filter, table: None, utick_shift: 0 })
 }

@@ -1,147 +1,269 @@
-//! The snapshot writer.
+//! The snapshot writer, shared by `dump` (streaming the live store) and `Capture::write`
+//! (a point-in-time copy): both describe their tables through `TableSource`.
+//!
+//! The file is written to `path.tmp-<pid>`, fsynced, renamed to `path`, and the directory
+//! is fsynced so that the rename survives a crash. The SHA-256 of the file is computed
+//! over the bytes on their way to it, so checking a checkpoint's manifest needs no
+//! second read.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use parking_lot::RwLock;
+use sha2::{Digest, Sha256};
 
 use super::meta::encode_meta;
 use super::*;
 use crate::elem::Elem;
 use crate::store::{now_secs, Store};
-use crate::table::{RowBlock, Shard, Table};
+use crate::table::{Chunk, Layout, RowBlock, Table};
 use crate::with_shards;
 
-struct CrcWriter<W: Write> {
-    w: W,
+/// Bytes written and the SHA-256 of the file.
+pub type Written = (u64, [u8; 32]);
+
+/// Counts and hashes every byte on its way to the file.
+struct HashingWriter<F: Write> {
+    inner: F,
+    sha: Sha256,
+    bytes: u64,
 }
-impl<W: Write> CrcWriter<W> {
+
+impl<F: Write> Write for HashingWriter<F> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.sha.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes the blocks of the format (see native/README.md) and counts tables and rows
+/// for the trailer.
+pub(super) struct SnapWriter {
+    w: BufWriter<HashingWriter<File>>,
+    tables: u32,
+    rows: u64,
+    blk_rows: u64,
+}
+
+impl SnapWriter {
+    /// Write `b` and feed it to the block checksum `h`.
     fn put(&mut self, h: &mut crc32fast::Hasher, b: &[u8]) -> std::io::Result<()> {
         h.update(b);
         self.w.write_all(b)
     }
-}
 
-fn write_rows_block<W: Elem, F: Write>(
-    out: &mut CrcWriter<F>,
-    cfg: &TableConfig,
-    blk: &RowBlock<W>,
-) -> std::io::Result<()> {
-    let cols = columns_of(cfg);
-    let n = blk.len() as u64;
-    let plen = payload_len(cfg, cols, n);
-    out.w.write_all(&TAG_ROWS.to_le_bytes())?;
-    let mut h = crc32fast::Hasher::new();
-    out.put(&mut h, &(n as u32).to_le_bytes())?;
-    out.put(&mut h, &cols.to_le_bytes())?;
-    out.put(&mut h, &plen.to_le_bytes())?;
-    out.put(&mut h, bytes_of(&blk.ids))?;
-    out.put(&mut h, bytes_of(&blk.versions))?;
-    out.put(&mut h, W::as_bytes(&blk.weights))?;
-    if cols & COL_STATE != 0 {
-        out.put(&mut h, bytes_of(&blk.state))?;
+    fn raw(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.w.write_all(b)
     }
-    if cols & COL_ACC != 0 {
-        out.put(&mut h, bytes_of(&blk.acc))?;
-    }
-    if cols & COL_STEPS != 0 {
-        out.put(&mut h, bytes_of(&blk.steps))?;
-    }
-    if cols & COL_UTIME != 0 {
-        out.put(&mut h, bytes_of(&blk.utime))?;
-    }
-    if cols & COL_UTICK != 0 {
-        out.put(&mut h, bytes_of(&blk.utick))?;
-    }
-    out.w.write_all(&h.finalize().to_le_bytes())
-}
 
-fn write_table_rows<W: Elem, F: Write>(
-    out: &mut CrcWriter<F>,
-    t: &Table,
-    shards: &[RwLock<Shard<W>>],
-) -> std::io::Result<u64> {
-    let mut blk = RowBlock::<W>::default();
-    let mut total = 0u64;
-    for sh in shards {
-        // The shard lock is held while all of its rows are streamed: each
-        // internal shard is captured at one instant.
-        let g = sh.read();
-        for c in 0..g.chunks.len() {
-            g.gather_chunk(&t.layout, c, &mut blk);
-            if !blk.is_empty() {
-                write_rows_block(out, &t.cfg, &blk)?;
-                total += blk.len() as u64;
-            }
-        }
-    }
-    Ok(total)
-}
-
-pub fn write_snapshot(store: &Store, path: &Path) -> Result<()> {
-    let file_name =
-        path.file_name().ok_or_else(|| StoreError::Value(format!("invalid snapshot path {}", path.display())))?;
-    let tmp = path.with_file_name(format!("{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
-    let res = (|| -> Result<()> {
-        let f = File::create(&tmp)?;
-        let mut out = CrcWriter { w: BufWriter::with_capacity(4 << 20, f) };
-        let tables = store.tables_ordered();
-        // header
+    fn header(&mut self, next_version: u64, num_tables: u32, created_secs: u64) -> std::io::Result<()> {
         let mut h = crc32fast::Hasher::new();
-        let mut hdr = Vec::with_capacity(40);
+        let mut hdr = Vec::with_capacity(36);
         hdr.extend_from_slice(MAGIC);
         hdr.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         hdr.extend_from_slice(&0u32.to_le_bytes());
-        hdr.extend_from_slice(&store.clock.next_value().to_le_bytes());
-        hdr.extend_from_slice(&(tables.len() as u32).to_le_bytes());
-        hdr.extend_from_slice(&(now_secs() as u64).to_le_bytes());
-        out.put(&mut h, &hdr)?;
-        out.w.write_all(&h.finalize().to_le_bytes())?;
-        let mut all_rows = 0u64;
-        for t in &tables {
-            let meta = encode_meta(&t.cfg, &t.counters.snapshot());
-            out.w.write_all(&TAG_META.to_le_bytes())?;
-            out.w.write_all(&(meta.len() as u32).to_le_bytes())?;
-            let mut h = crc32fast::Hasher::new();
-            out.put(&mut h, &meta)?;
-            out.w.write_all(&h.finalize().to_le_bytes())?;
-            if let Some(sk) = &t.sketch {
-                out.w.write_all(&TAG_SKETCH.to_le_bytes())?;
-                let mut h = crc32fast::Hasher::new();
-                out.put(&mut h, &(sk.width as u32).to_le_bytes())?;
-                out.put(&mut h, &(sk.depth as u32).to_le_bytes())?;
-                let mut buf: Vec<u32> = Vec::with_capacity(1 << 16);
-                for chunk in sk.counters.chunks(1 << 16) {
-                    buf.clear();
-                    buf.extend(chunk.iter().map(|c| c.load(Ordering::Relaxed)));
-                    out.put(&mut h, bytes_of(&buf))?;
-                }
-                out.w.write_all(&h.finalize().to_le_bytes())?;
-            }
-            let rows = with_shards!(&t.shards, s => write_table_rows(&mut out, t, s))?;
-            all_rows += rows;
-            out.w.write_all(&TAG_TEND.to_le_bytes())?;
-            let mut h = crc32fast::Hasher::new();
-            out.put(&mut h, &rows.to_le_bytes())?;
-            out.w.write_all(&h.finalize().to_le_bytes())?;
-        }
-        out.w.write_all(&TAG_TRAILER.to_le_bytes())?;
+        hdr.extend_from_slice(&next_version.to_le_bytes());
+        hdr.extend_from_slice(&num_tables.to_le_bytes());
+        hdr.extend_from_slice(&created_secs.to_le_bytes());
+        self.put(&mut h, &hdr)?;
+        self.raw(&h.finalize().to_le_bytes())
+    }
+
+    fn meta(&mut self, cfg: &TableConfig, counters: &[u64; 9]) -> std::io::Result<()> {
+        let meta = encode_meta(cfg, counters);
+        self.raw(&TAG_META.to_le_bytes())?;
+        self.raw(&(meta.len() as u32).to_le_bytes())?;
         let mut h = crc32fast::Hasher::new();
-        out.put(&mut h, &(tables.len() as u32).to_le_bytes())?;
-        out.put(&mut h, &all_rows.to_le_bytes())?;
-        out.put(&mut h, &store.clock.next_value().to_le_bytes())?;
-        out.put(&mut h, END_MAGIC)?;
-        out.w.write_all(&h.finalize().to_le_bytes())?;
-        let f = out.w.into_inner().map_err(|e| StoreError::Io(e.into_error()))?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
+        self.put(&mut h, &meta)?;
+        self.raw(&h.finalize().to_le_bytes())?;
+        self.tables += 1;
+        self.blk_rows = 0;
         Ok(())
+    }
+
+    /// The admission sketch: `width * depth` counters, row-major.
+    pub(super) fn sketch(
+        &mut self,
+        width: usize,
+        depth: usize,
+        cells: impl Iterator<Item = u32>,
+    ) -> std::io::Result<()> {
+        self.raw(&TAG_SKETCH.to_le_bytes())?;
+        let mut h = crc32fast::Hasher::new();
+        self.put(&mut h, &(width as u32).to_le_bytes())?;
+        self.put(&mut h, &(depth as u32).to_le_bytes())?;
+        let mut buf: Vec<u32> = Vec::with_capacity(1 << 16);
+        let mut cells = cells.peekable();
+        while cells.peek().is_some() {
+            buf.clear();
+            buf.extend(cells.by_ref().take(1 << 16));
+            self.put(&mut h, bytes_of(&buf))?;
+        }
+        self.raw(&h.finalize().to_le_bytes())
+    }
+
+    fn rows_block<W: Elem>(&mut self, cfg: &TableConfig, blk: &RowBlock<W>) -> std::io::Result<()> {
+        let cols = columns_of(cfg);
+        let n = blk.len() as u64;
+        let plen = payload_len(cfg, cols, n);
+        self.raw(&TAG_ROWS.to_le_bytes())?;
+        let mut h = crc32fast::Hasher::new();
+        self.put(&mut h, &(n as u32).to_le_bytes())?;
+        self.put(&mut h, &cols.to_le_bytes())?;
+        self.put(&mut h, &plen.to_le_bytes())?;
+        self.put(&mut h, bytes_of(&blk.ids))?;
+        self.put(&mut h, bytes_of(&blk.versions))?;
+        self.put(&mut h, W::as_bytes(&blk.weights))?;
+        for (col, data) in [
+            (COL_STATE, bytes_of(&blk.state)),
+            (COL_ACC, bytes_of(&blk.acc)),
+            (COL_STEPS, bytes_of(&blk.steps)),
+            (COL_UTIME, bytes_of(&blk.utime)),
+            (COL_UTICK, bytes_of(&blk.utick)),
+        ] {
+            if cols & col != 0 {
+                self.put(&mut h, data)?;
+            }
+        }
+        self.raw(&h.finalize().to_le_bytes())?;
+        self.blk_rows += n;
+        Ok(())
+    }
+
+    /// One row block per chunk holding live rows (at most one chunk is buffered in `blk`).
+    pub(super) fn chunks<W: Elem>(
+        &mut self,
+        cfg: &TableConfig,
+        l: &Layout,
+        chunks: &[Chunk<W>],
+        vbase: u64,
+        blk: &mut RowBlock<W>,
+    ) -> std::io::Result<()> {
+        for ch in chunks {
+            ch.gather(l, vbase, blk);
+            if !blk.is_empty() {
+                self.rows_block(cfg, blk)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn table_end(&mut self) -> std::io::Result<()> {
+        let rows = self.blk_rows;
+        self.raw(&TAG_TEND.to_le_bytes())?;
+        let mut h = crc32fast::Hasher::new();
+        self.put(&mut h, &rows.to_le_bytes())?;
+        self.raw(&h.finalize().to_le_bytes())?;
+        self.rows += rows;
+        Ok(())
+    }
+
+    fn trailer(&mut self, next_version: u64) -> std::io::Result<()> {
+        self.raw(&TAG_TRAILER.to_le_bytes())?;
+        let mut h = crc32fast::Hasher::new();
+        let (tables, rows) = (self.tables, self.rows);
+        self.put(&mut h, &tables.to_le_bytes())?;
+        self.put(&mut h, &rows.to_le_bytes())?;
+        self.put(&mut h, &next_version.to_le_bytes())?;
+        self.put(&mut h, END_MAGIC)?;
+        self.raw(&h.finalize().to_le_bytes())
+    }
+}
+
+/// A table as the writer sees it: the live table (`dump`) or a captured copy.
+pub(super) trait TableSource {
+    fn config(&self) -> &TableConfig;
+    fn counters(&self) -> [u64; 9];
+    /// Write the SKCH block, if the table has an admission sketch.
+    fn write_sketch(&self, w: &mut SnapWriter) -> std::io::Result<()>;
+    /// Write the table's ROWS blocks.
+    fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()>;
+}
+
+/// Write a snapshot of `tables` atomically. `next_version` is read for the header and
+/// again for the trailer (the loader takes the larger).
+pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
+    path: &Path,
+    created_secs: u64,
+    next_version: impl Fn() -> u64,
+    tables: &[T],
+) -> Result<Written> {
+    let file_name =
+        path.file_name().ok_or_else(|| StoreError::Value(format!("invalid snapshot path {}", path.display())))?;
+    let tmp = path.with_file_name(format!("{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
+    let res = (|| -> Result<Written> {
+        let f = File::create(&tmp)?;
+        let mut w = SnapWriter {
+            w: BufWriter::with_capacity(4 << 20, HashingWriter { inner: f, sha: Sha256::new(), bytes: 0 }),
+            tables: 0,
+            rows: 0,
+            blk_rows: 0,
+        };
+        w.header(next_version(), tables.len() as u32, created_secs)?;
+        for t in tables {
+            w.meta(t.config(), &t.counters())?;
+            t.write_sketch(&mut w)?;
+            t.write_rows(&mut w)?;
+            w.table_end()?;
+        }
+        w.trailer(next_version())?;
+        let hw = w.w.into_inner().map_err(|e| StoreError::Io(e.into_error()))?;
+        hw.inner.sync_all()?;
+        drop(hw.inner);
+        std::fs::rename(&tmp, path)?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir)?.sync_all()?;
+        Ok((hw.bytes, hw.sha.finalize().into()))
     })();
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     res
+}
+
+impl TableSource for Table {
+    fn config(&self) -> &TableConfig {
+        &self.cfg
+    }
+    fn counters(&self) -> [u64; 9] {
+        self.counters.snapshot()
+    }
+    fn write_sketch(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+        match &self.sketch {
+            Some(sk) => w.sketch(sk.width, sk.depth, sk.counters.iter().map(|c| c.load(Ordering::Relaxed))),
+            None => Ok(()),
+        }
+    }
+    fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+        with_shards!(&self.shards, shards => {
+            let mut blk = RowBlock::default();
+            for sh in shards {
+                // The shard's read lock is held while its rows are streamed: each internal
+                // shard is written as of one instant.
+                let g = sh.read();
+                w.chunks(&self.cfg, &self.layout, &g.chunks, g.vbase, &mut blk)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Stream the live store to `path`, in the format and with the writer of `Capture::write`,
+/// without copying the store (at most one chunk of rows is buffered).
+///
+/// **Locking behaviour:** takes the table registry's read lock only to list the tables;
+/// then each internal shard's *read* lock in turn, held while that shard's rows are
+/// gathered, hashed and written (as long as the file system takes to absorb them):
+/// lookups that create rows in that shard, and updates to it, wait meanwhile.
+pub fn write_snapshot(store: &Store, path: &Path) -> Result<Written> {
+    write_file(path, now_secs() as u64, || store.clock.next_value(), &store.tables_ordered())
 }

@@ -1,0 +1,92 @@
+//! Bindings of point-in-time captures (`StoreCapture`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::guard;
+use crate::snapshot::{Capture, Written};
+
+/// `(bytes written, sha256 hex digest of the file)`, as returned by `dump` and `write`.
+pub(crate) fn written(w: Written) -> (u64, String) {
+    let (bytes, sha) = w;
+    (bytes, sha.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A point-in-time copy of an `EmbeddingStore` (from `EmbeddingStore.capture()`).
+#[pyclass(name = "StoreCapture", module = "trillium_native", frozen)]
+pub struct PyCapture {
+    /// None once released. An `Arc` so that a write in progress (GIL released) keeps the
+    /// copy alive while another thread releases it.
+    inner: Mutex<Option<Arc<Capture>>>,
+}
+
+impl PyCapture {
+    pub(crate) fn new(c: Capture) -> Self {
+        PyCapture { inner: Mutex::new(Some(Arc::new(c))) }
+    }
+
+    fn get(&self) -> PyResult<Arc<Capture>> {
+        self.inner.lock().clone().ok_or_else(|| PyValueError::new_err("the StoreCapture was released"))
+    }
+}
+
+#[pymethods]
+impl PyCapture {
+    /// Write the capture to `path` atomically; returns (bytes, sha256 hex).
+    fn write(&self, py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
+        let c = self.get()?;
+        py.detach(|| guard(|| c.write(&path))).map(written)
+    }
+
+    #[getter]
+    fn rows(&self) -> PyResult<u64> {
+        Ok(self.get()?.rows())
+    }
+
+    #[getter]
+    fn memory_bytes(&self) -> usize {
+        self.inner.lock().as_ref().map_or(0, |c| c.memory_bytes())
+    }
+
+    fn tables(&self) -> PyResult<Vec<String>> {
+        Ok(self.get()?.table_names())
+    }
+
+    /// Free the copy now (once a write in progress has finished). Idempotent.
+    fn release(&self, py: Python<'_>) {
+        let c = self.inner.lock().take();
+        // Unmapping gigabytes takes a while: not while holding the GIL.
+        py.detach(move || drop(c));
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: &Bound<'_, PyAny>,
+        _exc: &Bound<'_, PyAny>,
+        _tb: &Bound<'_, PyAny>,
+    ) -> bool {
+        self.release(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match &*self.inner.lock() {
+            Some(c) => format!(
+                "StoreCapture(tables={:?}, rows={}, memory_bytes={})",
+                c.table_names(),
+                c.rows(),
+                c.memory_bytes()
+            ),
+            None => "StoreCapture(released)".into(),
+        }
+    }
+}
