@@ -1,4 +1,5 @@
-"""Native embedding parameter store of Trillium (Rust, PyO3).
+"""Native embedding parameter store of Trillium (Rust, PyO3), and the embedding worker's
+per-batch dedup, routing, pooling and gradient scatter (``PoolingLayout``).
 
 Everything batched releases the GIL and runs on the store's own thread pool.
 Ids are ``numpy.uint64`` arrays; rows are ``float32`` (or ``float16``) arrays.
@@ -307,3 +308,79 @@ class EmbeddingStore:
         """Row count, memory and counters of a table."""
     def table_config(self, table: str) -> TableConfig:
         """The table's configuration as given to :meth:`create_table`."""
+
+PoolingKind = Literal["sum", "mean", "none"]
+
+class PoolingLayout:
+    """The embedding worker's feature slots over its tables and PS shards, built once per job
+    (``services/embedding_worker/pooling.py`` wraps it).
+
+    Args:
+        slots: ``(name, table, pooling, max_len)`` per slot, in the model's order; pooling
+            ``"sum"`` / ``"mean"`` (pooled slots) or ``"none"`` (a sequence padded to
+            ``max_len``, which it then needs).
+        dims: the dim of each table (by name).
+        num_shards: PS shards, for ``shard_of``.
+
+    Raises ValueError (a slot given twice, an unknown pooling, ``max_len`` missing,
+    ``num_shards`` out of [1, 2**32)), KeyError (a slot's table not in ``dims``).
+    """
+
+    def __init__(
+        self, slots: Sequence[tuple[str, str, PoolingKind, int | None]], dims: dict[str, int], num_shards: int
+    ) -> None: ...
+    @property
+    def width(self) -> int:
+        """P: columns of the pooled output, the pooled slots' dims added up."""
+    @property
+    def columns(self) -> list[tuple[int, int] | None]:
+        """Per slot: its ``(start, stop)`` columns in the pooled output, or None (a sequence slot)."""
+    @property
+    def tables(self) -> list[str]:
+        """The tables the slots read, in order of first use: the order of
+        ``PoolingPlan.ids`` and of the rows given to ``PoolingPlan.pool``."""
+    def plan(
+        self, keys: Sequence[str], values: npt.NDArray[np.uint64], lengths: npt.NDArray[np.int32]
+    ) -> PoolingPlan:
+        """Plan a batch from its ``KeyedIds`` arrays: ``values`` key-major, ``lengths[k * B + i]``
+        IDs of sample ``i`` under ``keys[k]`` (keys in any order; keys no slot reads are
+        ignored). Dedups each table's IDs (slots sharing a table share rows) and groups the
+        unique IDs by owning shard (``shard_of``; within a shard, in order of first
+        appearance). GIL released. Raises KeyError (a slot missing from ``keys``),
+        TypeError (dtypes), ValueError (lengths inconsistent with values, or a sequence
+        slot's sample holding more than ``max_len`` IDs).
+        """
+
+class PoolingPlan:
+    """One batch's plan (from :meth:`PoolingLayout.plan`); read-only, so ``pool`` and
+    ``scatter`` may run on several threads. Sums run in ID-occurrence order from zero in
+    float32 (as ``torch.index_add_`` did); a mean divides by the sample's ID count (an empty
+    sample pools to zeros)."""
+
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def ids(self) -> list[npt.NDArray[np.uint64]]:
+        """Per table (``PoolingLayout.tables`` order): its unique IDs, grouped by owning shard."""
+    @property
+    def shard_offsets(self) -> list[npt.NDArray[np.int64]]:
+        """Per table: ``int64[num_shards + 1]``; shard ``s`` owns ``ids[t][o[s]:o[s + 1]]``, and the
+        same rows of the looked-up rows and of the gradients: one contiguous range per shard."""
+    def pool(
+        self, rows: Sequence[npt.NDArray[np.float32]], *, out_dtype: Literal["float32", "float16"] = "float32"
+    ) -> tuple[npt.NDArray[np.float32], list[tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]]]:
+        """Pool the looked-up rows (per table, float32 ``[len(ids[t]), dim]`` in plan order) into
+        ``(pooled [B, width], [(values [B, max_len, dim], mask [B, max_len]) per sequence slot])``:
+        pooled slots side by side in slot order, sequences zero-padded with a bool mask.
+        float16 output rounds the float32 results to nearest even. GIL released. Raises
+        ValueError (shapes, out_dtype), TypeError (dtypes).
+        """
+    def scatter(
+        self, pooled_grad: npt.NDArray[np.float32], sequence_grads: Sequence[npt.NDArray[np.float32]]
+    ) -> list[npt.NDArray[np.float32]]:
+        """The gradient of :meth:`pool`'s output (``pooled_grad`` float32 ``[B, width]``, one float32
+        ``[B, max_len, dim]`` per sequence slot) -> per table, float32 ``[len(ids[t]), dim]`` in
+        plan order: each unique ID's gradient summed over its occurrences (a mean slot's
+        gradient divided by the sample's ID count first); positions past a sample's IDs are
+        ignored. GIL released. Raises ValueError (shapes), TypeError (dtypes).
+        """

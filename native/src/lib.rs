@@ -1,7 +1,7 @@
 //! trillium_native: native embedding parameter store for Trillium.
 //!
-//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`) is
-//! independent of Python; `python` holds the PyO3 bindings.
+//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, and the
+//! embedding worker's `pooling`) is independent of Python; `python` holds the PyO3 bindings.
 
 pub mod config;
 pub mod elem;
@@ -9,6 +9,7 @@ pub mod hash;
 pub mod index;
 pub mod mem;
 pub mod optim;
+pub mod pooling;
 pub mod snapshot;
 pub mod store;
 pub mod table;

@@ -1,105 +1,105 @@
-"""A batch's embedding work, in arrays: dedup IDs per table, route them to PS shards,
-pool the looked-up rows per feature slot, and (backwards) turn the gradients of the
-pooled embeddings into one summed gradient per unique ID and shard.
+"""A batch's embedding work, done by the native core (``trillium_native.PoolingLayout``):
+dedup IDs per table (slots sharing a table share rows), route them to PS shards, pool the
+looked-up rows per feature slot, and (backwards) turn the gradients of the pooled
+embeddings into one summed gradient per unique ID and shard. Python does no numpy or
+torch work per slot or ID any more: per slot it only hands out views.
 
-`plan()` keeps everything the backward pass needs, so a gradient push is pure scatter.
+Letters: B samples; slot f reads table t(f) of dim D_f; P = sum of D_f over the pooled
+(``sum``/``mean``) slots; U_t unique IDs of table t in the batch.
+
+    layout = Layout(slots, tables, num_shards)     # once per job
+    p = plan(layout, keyed_ids)                    # p.tables[t].ids: uint64[U_t], by shard
+    rows[t][p.tables[t].shard_rows[s]] = <shard s's lookup of p.tables[t].ids[shard_rows[s]]>
+    out = pool(p, rows)                            # out.pooled: [B, P]; out.sequences
+    grads = scatter_gradients(p, slot_grads)       # per table float32[U_t, D], plan order
+
+A table's unique IDs are grouped by owning shard, so each shard's IDs, rows and gradients
+are contiguous: ``shard_rows`` are slices, and a lookup request or gradient message per
+shard takes views, no gathers. ``plan()`` keeps everything the backward pass needs, so a
+gradient push is pure scatter. Inputs are validated by the native core (shapes, dtypes,
+a sequence longer than its ``max_len``): ValueError, TypeError, KeyError name the slot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 import trillium_native
 
 from trillium.batch import KeyedIds
-from trillium.job import FeatureSlot
+from trillium.job import FeatureSlot, TableConfig
+
+
+class Layout:
+    """The job's feature slots over its tables and PS shards (built once per job)."""
+
+    def __init__(self, slots: Sequence[FeatureSlot], tables: Mapping[str, TableConfig], num_shards: int) -> None:
+        self.slots = list(slots)
+        self.native = trillium_native.PoolingLayout(
+            [(s.name, s.table, s.pooling, s.max_len) for s in self.slots],
+            {name: t.dim for name, t in tables.items()}, num_shards)
+        self.tables: list[str] = self.native.tables        # the tables the slots read
+        self.columns = self.native.columns                 # per slot: (start, stop) in pooled, or None
+        self.num_shards = num_shards
 
 
 @dataclass(frozen=True)
 class TablePlan:
-    ids: np.ndarray                # uint64[U]: the batch's unique IDs of this table
-    shard_rows: list[np.ndarray]   # per shard: positions in `ids` owned by that shard
+    ids: np.ndarray          # uint64[U]: the batch's unique IDs of this table, grouped by owning shard
+    shard_rows: list[slice]  # per shard: its range of `ids` (and of the rows and gradients)
 
-
-@dataclass(frozen=True)
-class SlotPlan:
-    slot: FeatureSlot
-    inverse: torch.Tensor          # int64[n]: each ID's position in its table's unique IDs
-    sample: torch.Tensor           # int64[n]: the sample each ID belongs to
-    position: torch.Tensor | None  # int64[n]: position within the sequence (pooling "none")
-    lengths: np.ndarray            # int32[B]
+    def shard_ids(self, shard: int) -> np.ndarray:
+        return self.ids[self.shard_rows[shard]]
 
 
 @dataclass(frozen=True)
 class BatchPlan:
+    layout: Layout
     batch_size: int
     tables: dict[str, TablePlan]
-    slots: list[SlotPlan]
+    native: trillium_native.PoolingPlan
 
 
-def plan(ids: KeyedIds, slots: list[FeatureSlot], num_shards: int) -> BatchPlan:
-    """Dedup per table (slots sharing a table share rows) and route by the ownership function."""
-    by_table: dict[str, list[tuple[FeatureSlot, np.ndarray, np.ndarray]]] = {}
-    for slot in slots:
-        values, lengths = ids.slot(slot.name)
-        by_table.setdefault(slot.table, []).append((slot, values, lengths))
-    batch = ids.batch_size
-    tables: dict[str, TablePlan] = {}
-    slot_plans: dict[str, SlotPlan] = {}
-    for table, members in by_table.items():
-        unique, inverse = np.unique(np.concatenate([v for _, v, _ in members]), return_inverse=True)
-        owner = trillium_native.shard_of(unique, num_shards)
-        tables[table] = TablePlan(unique, [np.flatnonzero(owner == s) for s in range(num_shards)])
-        start = 0
-        for slot, values, lengths in members:
-            n = len(values)
-            sample = np.repeat(np.arange(batch, dtype=np.int64), lengths)
-            position = None
-            if slot.pooling == "none":
-                starts = np.cumsum(lengths, dtype=np.int64) - lengths
-                position = torch.from_numpy(np.arange(n, dtype=np.int64) - starts[sample])
-            slot_plans[slot.name] = SlotPlan(slot, torch.from_numpy(inverse[start:start + n].astype(np.int64)),
-                                             torch.from_numpy(sample), position, np.asarray(lengths))
-            start += n
-    return BatchPlan(batch, tables, [slot_plans[s.name] for s in slots])
+@dataclass(frozen=True)
+class Pooled:
+    """The model's embedding inputs of one batch."""
+
+    layout: Layout
+    pooled: np.ndarray                               # float32|float16[B, P]: pooled slots side by side
+    sequences: list[tuple[np.ndarray, np.ndarray]]   # per sequence slot: ([B, max_len, D], bool[B, max_len])
+
+    def slots(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Per slot, in slot order: (values, mask); pooled slots are column views of `pooled`."""
+        seqs = iter(self.sequences)
+        return [(self.pooled[:, c[0]:c[1]], None) if c is not None else next(seqs) for c in self.layout.columns]
 
 
-def pool(p: BatchPlan, rows: dict[str, np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Per slot: the pooled embeddings [B, dim] (sequence slots: [B, max_len, dim] and a mask)."""
-    out = []
-    for sp in p.slots:
-        table_rows = torch.from_numpy(rows[sp.slot.table])
-        values = table_rows.index_select(0, sp.inverse)
-        dim = table_rows.shape[1]
-        if sp.position is None:
-            pooled = torch.zeros(p.batch_size, dim).index_add_(0, sp.sample, values)
-            if sp.slot.pooling == "mean":
-                pooled /= torch.from_numpy(np.maximum(sp.lengths, 1).astype(np.float32)).unsqueeze(1)
-            out.append((pooled, None))
-        else:
-            seq = torch.zeros(p.batch_size, sp.slot.max_len, dim)
-            mask = torch.zeros(p.batch_size, sp.slot.max_len, dtype=torch.bool)
-            seq[sp.sample, sp.position] = values
-            mask[sp.sample, sp.position] = True
-            out.append((seq, mask))
-    return out
+def plan(layout: Layout, ids: KeyedIds) -> BatchPlan:
+    """Dedup per table and route by the ownership function."""
+    native = layout.native.plan(ids.keys, ids.values, ids.lengths)
+    tables = {}
+    for table, unique, offsets in zip(layout.tables, native.ids, native.shard_offsets, strict=True):
+        bounds = offsets.tolist()
+        tables[table] = TablePlan(unique, [slice(a, b) for a, b in zip(bounds, bounds[1:])])
+    return BatchPlan(layout, native.batch_size, tables, native)
 
 
-def scatter_gradients(p: BatchPlan, grads: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """Per table: the gradient of each unique ID [U, dim], summed over every use in the batch."""
-    out: dict[str, torch.Tensor] = {}
-    for sp, grad in zip(p.slots, grads, strict=True):
-        g = torch.from_numpy(np.array(grad, dtype=np.float32))  # a writable float32 copy
-        if sp.position is None:
-            if sp.slot.pooling == "mean":
-                g /= torch.from_numpy(np.maximum(sp.lengths, 1).astype(np.float32)).unsqueeze(1)
-            per_id = g.index_select(0, sp.sample)
-        else:
-            per_id = g[sp.sample, sp.position]
-        table = sp.slot.table
-        if table not in out:
-            out[table] = torch.zeros(len(p.tables[table].ids), g.shape[-1])
-        out[table].index_add_(0, sp.inverse, per_id)
-    return {t: g.numpy() for t, g in out.items()}
+def pool(p: BatchPlan, rows: Mapping[str, np.ndarray], *, fp16: bool = False) -> Pooled:
+    """Pool each table's looked-up rows (float32 [U_t, D], plan order) per slot."""
+    pooled, sequences = p.native.pool([rows[t] for t in p.layout.tables],
+                                      out_dtype="float16" if fp16 else "float32")
+    return Pooled(p.layout, pooled, sequences)
+
+
+def scatter_gradients(p: BatchPlan, grads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """Per table: the gradient of each unique ID [U, D] (plan order), summed over every use in
+    the batch, from the gradients of `Pooled.slots()` (one float32 array per slot, in slot
+    order; the pooled slots' ones are taken apart, not joined into [B, P] first)."""
+    layout = p.layout
+    if len(grads) != len(layout.slots):
+        raise ValueError(f"expected a gradient per slot ({len(layout.slots)}), got {len(grads)}")
+    pooled = [g for g, cols in zip(grads, layout.columns) if cols is not None]
+    sequences = [g for g, cols in zip(grads, layout.columns) if cols is None]
+    return dict(zip(layout.tables, p.native.scatter(pooled, sequences), strict=True))

@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-import torch
 from prometheus_client import Histogram
 
 from trillium import codec, kafka, rpc, state
@@ -53,6 +52,7 @@ class _JobContext:
         self.producer = producer
         self.progress = progress
         self.watermark = progress.watermark(job.config.topology.ps_shards, job.config.topology.nn_ranks)
+        self.layout = pooling.Layout(job.config.slots, job.config.tables, job.config.topology.ps_shards)
         self.pending: OrderedDict[tuple[int, int], pooling.BatchPlan] = OrderedDict()
 
 
@@ -79,23 +79,22 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         config = ctx.job.config
         staleness = await self.worker.wait_for_staleness(ctx, batch.batch_id) if request.training else 0
-        plan = pooling.plan(batch.ids, config.slots, config.topology.ps_shards)
+        plan = pooling.plan(ctx.layout, batch.ids)
         try:
             rows = await self.worker.lookup_rows(ctx, plan)
         except ShardUnavailable as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        pooled = pooling.pool(plan, rows)
+        pooled = pooling.pool(plan, rows, fp16=request.fp16)
         if request.training:
             ctx.pending[(batch.rank, batch.batch_id)] = plan
             while len(ctx.pending) > MAX_PENDING:
                 dropped = ctx.pending.popitem(last=False)[0]
                 logger.error("gradients never pushed; plan dropped", extra={"rank": dropped[0], "batch_id": dropped[1]})
-        dtype = np.float16 if request.fp16 else np.float32
         slots = []
-        for slot, (values, mask) in zip(config.slots, pooled):
-            entry = pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values.numpy().astype(dtype))))
+        for slot, (values, mask) in zip(config.slots, pooled.slots()):
+            entry = pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values)))
             if mask is not None:
-                entry.mask.data = codec.pack_array(mask.numpy())
+                entry.mask.data = codec.pack_array(mask)
             slots.append(entry)
         LOOKUP_SECONDS.observe(time.perf_counter() - start)
         ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch,
@@ -112,7 +111,7 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         with PUSH_SECONDS.time():
             try:
                 grads = pooling.scatter_gradients(plan, [codec.unpack_array(s.grad.data) for s in request.slots])
-            except (ValueError, RuntimeError, codec.CodecError) as err:
+            except (ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
             sent = await self.worker.produce_gradients(ctx, ref, plan, grads)
         return pb.PushGradientsResponse(messages=sent)
@@ -124,9 +123,6 @@ class EmbeddingWorker(Service):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.ctx: _JobContext | None = None
-        # Pooling works on small tensors, where OpenMP's fork/join costs 100x the work
-        # (2 ms instead of 20 µs per index_add_): one intra-op thread.
-        torch.set_num_threads(1)
 
     async def start(self) -> None:
         self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, self.settings.grpc,
@@ -173,10 +169,11 @@ class EmbeddingWorker(Service):
         rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
         requests = []
         for shard, stub in enumerate(ctx.ps):
-            tables = [pb.TableIds(table=t, ids=pb.Array(data=codec.pack_array(p.ids[p.shard_rows[shard]])))
-                      for t, p in plan.tables.items() if len(p.shard_rows[shard])]
+            tables = [pb.TableIds(table=t, ids=pb.Array(data=codec.pack_array(p.shard_ids(shard))))
+                      for t, p in plan.tables.items() if len(p.shard_ids(shard))]
             if tables:
                 requests.append((shard, stub.Lookup(pb.ShardLookupRequest(tables=tables))))
+
         async def answer(shard: int, call) -> pb.ShardLookupResponse:
             try:
                 return await call

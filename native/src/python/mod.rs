@@ -1,4 +1,4 @@
-//! PyO3 bindings, one module per area (store, captures, hashing); this one registers them and holds
+//! PyO3 bindings, one module per area (store, captures, hashing, pooling); this one registers them and holds
 //! the helpers they share. Every batched call releases the GIL and runs on the store's
 //! own rayon pool; every entry point catches panics and maps errors to
 //! ValueError / TypeError / KeyError / OSError.
@@ -14,6 +14,7 @@ use crate::config::StoreError;
 use crate::snapshot::FORMAT_VERSION;
 
 mod hash;
+mod pooling;
 mod snapshot;
 mod store;
 
@@ -126,6 +127,8 @@ pub(crate) fn nonneg(v: i64, what: &str) -> PyResult<u64> {
 fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<snapshot::PyCapture>()?;
+    m.add_class::<pooling::PyLayout>()?;
+    m.add_class::<pooling::PyPlan>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;
