@@ -19,7 +19,7 @@ import numpy as np
 
 from trillium import codec, kafka
 from trillium.batch import Batch, KeyedIds
-from trillium.data import BatchBuilder
+from trillium.features import BatchBuilder
 from trillium.job import JobRecord
 from trillium.service import Service, run_service
 

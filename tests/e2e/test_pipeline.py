@@ -15,7 +15,7 @@ import pytest
 
 from trillium import launcher
 from trillium.client import CoordinatorClient
-from trillium.data import BatchBuilder
+from trillium.features import BatchBuilder
 from trillium.job import load_job
 from trillium.reference import train_reference
 

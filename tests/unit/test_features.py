@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import trillium_native
 
-from trillium.data import BatchBuilder, read_adult, read_rows
+from trillium.features import BatchBuilder, dense_stats, epoch_batches
 from trillium.datagen import generate_criteo
 from trillium.job import JobConfig, load_job
+from trillium.sources import open_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,14 +70,16 @@ def criteo_job(train: Path, slots: list[dict[str, Any]], **training: Any) -> Job
     )
 
 
-def test_read_adult_handles_the_test_file_quirks(tmp_path: Path) -> None:
+def test_adult_preset_handles_the_test_file_quirks(tmp_path: Path) -> None:
     path = tmp_path / "adult.test"
-    path.write_text(f"|1x3 Cross validator\n{adult_row(label='>50K.')}\n\n{adult_row(workclass='?')}\n")
-    rows = list(read_adult(path))
-    assert [r.line for r in rows] == [2, 4]
-    assert rows[0].fields[-1] == ">50K" and rows[0].fields[1] == "State-gov"
-    assert rows[1].fields[1] == "?"
-    assert rows[0].raw == adult_row(label=">50K.") and rows[0].file == str(path)
+    lines = ["|1x3 Cross validator", adult_row(label=">50K."), "", "   ", adult_row(workclass="?")]
+    path.write_text("\n".join(lines) + "\n")
+    builder = BatchBuilder(adult_job(path))
+    batch = next(builder.batches())
+    np.testing.assert_array_equal(batch.labels, [1.0, 0.0])  # ">50K." is ">50K"
+    values, lengths = batch.ids.slot("workclass")  # cells stripped; "?" is a value
+    np.testing.assert_array_equal(values, trillium_native.hash_ids("workclass", ["State-gov", "?"]))
+    assert builder.malformed == {}  # the "|" line and the blank ones are no rows
 
 
 def test_malformed_rows_are_counted_logged_and_quarantined(
@@ -97,7 +100,7 @@ def test_malformed_rows_are_counted_logged_and_quarantined(
     quarantine.parent.mkdir()
     quarantine.write_text('{"earlier": "record"}\n')
     builder = BatchBuilder(adult_job(train), quarantine=quarantine)
-    with caplog.at_level(logging.WARNING, logger="trillium.data"):
+    with caplog.at_level(logging.WARNING, logger="trillium.features"):
         split = builder.split("train")
     assert split.rows == 2
     np.testing.assert_array_equal(split.labels, [0.0, 1.0])
@@ -203,18 +206,19 @@ def test_ranks_are_batch_id_modulo_nn_ranks(tmp_path: Path) -> None:
     assert [b.rank for b in BatchBuilder(adult_job(train)).batches()] == [0, 1, 0, 1]
 
 
-def test_shuffle_is_a_deterministic_function_of_seed_and_epoch(tmp_path: Path) -> None:
+def test_shuffle_buffer_is_a_deterministic_function_of_seed_and_epoch(tmp_path: Path) -> None:
     train = write_numbered(tmp_path, 50)
 
-    def order(seed: int, epoch: int) -> list[float]:
-        job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle=True, seed=seed)
+    def order(seed: int, epoch: int, buffer: int = 20) -> list[float]:
+        job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle_buffer=buffer, seed=seed)
         return np.concatenate([b.dense[:, 0] for b in BatchBuilder(job).batches("train", epoch)]).tolist()
 
     assert order(1, 0) == order(1, 0)
     assert order(1, 0) != order(1, 1) and order(1, 0) != order(2, 0)
     assert sorted(order(1, 0)) == list(range(50))
+    assert order(1, 0, buffer=0) == list(range(50))  # no buffer: file order
     # IDs move with their rows.
-    job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle=True, seed=1)
+    job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle_buffer=20, seed=1)
     for batch in BatchBuilder(job).batches("train", 1):
         assert len(batch.ids.values) == batch.batch_size
 
@@ -241,7 +245,7 @@ def test_synthetic_source_equals_the_generated_file(tmp_path: Path) -> None:
 def test_a_job_without_test_split(tmp_path: Path) -> None:
     builder = BatchBuilder(criteo_job(write_numbered(tmp_path, 3), [{"name": "c1", "column": "C1"}]))
     assert not builder.has_test
-    assert list(read_rows(builder.job.data, "test")) == []
+    assert list(open_source(builder.job.data).blocks("test", ["label"])) == []
 
 
 def test_adult_example_reads_cleanly() -> None:
