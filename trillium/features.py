@@ -118,39 +118,48 @@ class Quarantine:
 
 @dataclass(frozen=True, eq=False)
 class EncodedBlock:
-    """Encoded rows: slot ``k``'s IDs of row ``i`` are ``values[k][offsets[k, i]:offsets[k, i + 1]]``."""
+    """Encoded rows: slot ``k``'s IDs of row ``i`` are ``values[k][offsets[k, i]:offsets[k, i + 1]]``
+    (offsets rather than lengths: a shuffle buffer holds many of these, and slicing needs them)."""
 
-    lengths: np.ndarray  # int32[slots, rows]
-    values: tuple[np.ndarray, ...]  # uint64[lengths[k].sum()] per slot
+    offsets: np.ndarray  # int32 (int64 past 2**31 IDs)[slots, rows + 1], from 0
+    values: tuple[np.ndarray, ...]  # uint64[offsets[k, -1]] per slot
     dense: np.ndarray  # float32[rows, num_dense], normalized, missing = 0
     labels: np.ndarray  # float32[rows]
+
+    @staticmethod
+    def from_lengths(
+        lengths: np.ndarray, values: tuple[np.ndarray, ...], dense: np.ndarray, labels: np.ndarray
+    ) -> EncodedBlock:
+        """From int[slots, rows] lengths."""
+        wide = lengths.shape[1] and int(lengths.sum(axis=1, dtype=np.int64).max()) >= 1 << 31
+        offsets = np.zeros((lengths.shape[0], lengths.shape[1] + 1), np.int64 if wide else np.int32)
+        np.cumsum(lengths, axis=1, out=offsets[:, 1:])
+        return EncodedBlock(offsets, values, dense, labels)
 
     @property
     def rows(self) -> int:
         return len(self.labels)
 
-    @cached_property
-    def offsets(self) -> np.ndarray:  # int64[slots, rows + 1]
-        out = np.zeros((self.lengths.shape[0], self.rows + 1), np.int64)
-        np.cumsum(self.lengths, axis=1, out=out[:, 1:])
-        return out
+    def lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """int32[slots, rows] of rows ``start:stop``."""
+        stop = self.rows if stop is None else stop
+        return np.diff(self.offsets[:, start : stop + 1], axis=1).astype(np.int32, copy=False)
 
     def take(self, rows: np.ndarray) -> EncodedBlock:
         """These rows, in this order."""
-        offsets = self.offsets
         values = []
+        lengths = self.offsets[:, rows + 1] - self.offsets[:, rows]
         for k, slot_values in enumerate(self.values):
-            starts = offsets[k, rows]
-            lengths = offsets[k, rows + 1] - starts
+            starts = self.offsets[k, rows]
             # Output j comes from starts[row of j] + (j - the first output position of that row).
-            shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+            shift = np.repeat(starts - (np.cumsum(lengths[k]) - lengths[k]), lengths[k])
             values.append(slot_values[shift + np.arange(len(shift))])
-        return EncodedBlock(self.lengths[:, rows], tuple(values), self.dense[rows], self.labels[rows])
+        return EncodedBlock.from_lengths(lengths, tuple(values), self.dense[rows], self.labels[rows])
 
     @staticmethod
     def empty(slots: int, dense: int) -> EncodedBlock:
         return EncodedBlock(
-            np.zeros((slots, 0), np.int32),
+            np.zeros((slots, 1), np.int32),
             tuple(np.zeros(0, np.uint64) for _ in range(slots)),
             np.zeros((0, dense), np.float32),
             np.zeros(0, np.float32),
@@ -158,8 +167,8 @@ class EncodedBlock:
 
     @staticmethod
     def concat(blocks: Sequence[EncodedBlock]) -> EncodedBlock:
-        return EncodedBlock(
-            np.concatenate([b.lengths for b in blocks], axis=1),
+        return EncodedBlock.from_lengths(
+            np.concatenate([b.lengths() for b in blocks], axis=1),
             tuple(np.concatenate(v) for v in zip(*(b.values for b in blocks), strict=True)),
             np.concatenate([b.dense for b in blocks]),
             np.concatenate([b.labels for b in blocks]),
@@ -244,7 +253,8 @@ class Encoder:
         for k, slot in enumerate(self.job.slots):
             ids, lengths[k] = _slot_ids(slot, as_text(block.table.column(slot.column)), keep)
             values.append(ids)
-        return EncodedBlock(lengths, tuple(values), self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32))
+        dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)
+        return EncodedBlock.from_lengths(lengths, tuple(values), dense, labels)
 
     def _normalize(self, raw: np.ndarray) -> np.ndarray:
         if self.stats is None:
@@ -478,7 +488,7 @@ def _batches(
     have, batch_id = 0, first_id
 
     def batch() -> Batch:
-        lengths = np.concatenate([b.lengths[:, i:j] for b, i, j in pieces], axis=1)
+        lengths = np.concatenate([b.lengths(i, j) for b, i, j in pieces], axis=1)
         values = np.concatenate(
             [b.values[k][b.offsets[k, i] : b.offsets[k, j]] for k in range(len(keys)) for b, i, j in pieces]
         )

@@ -73,7 +73,7 @@ class _Records:
     (0-based, in the block) of every non-empty record, numbered from 1 as pyarrow numbers the
     rows it rejects. Computed once, on first use."""
 
-    def __init__(self, data: bytes, quote: bytes | None) -> None:
+    def __init__(self, data: bytes | bytearray, quote: bytes | None) -> None:
         self._data, self._quote = data, quote
         self._spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._lock = threading.Lock()
@@ -119,7 +119,7 @@ class _Records:
         """``(line, raw)`` of records ``numbers`` (1-based)."""
         starts, stops, lines = self.spans()
         return [
-            (first_line + int(lines[i]), self._data[starts[i] : stops[i]].decode("utf-8", "replace"))
+            (first_line + int(lines[i]), bytes(self._data[starts[i] : stops[i]]).decode("utf-8", "replace"))
             for i in np.asarray(numbers, np.int64) - 1
         ]
 
@@ -137,7 +137,7 @@ class Spec:
     index: int  # the file's place in the split's list
 
 
-def parse_block(spec: Spec, k: int, data: bytes, lines: LineCounter, lines_before: int) -> RowBlock:
+def parse_block(spec: Spec, k: int, data: bytes | bytearray, lines: LineCounter, lines_before: int) -> RowBlock:
     """Parse block ``k`` of a file (a ``BlockTask`` body); ``lines.line() + lines_before`` is the
     line number of its first byte."""
     dialect = spec.dialect

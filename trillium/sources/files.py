@@ -44,6 +44,7 @@ __all__ = [
 
 GRID = 1 << 22  # 4 MiB: about 18k Criteo rows per block
 _READ = 1 << 22
+_LOOKAHEAD = 1 << 16  # read past a grid line to find the row end there
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
@@ -136,7 +137,7 @@ def share(units: Sequence[Unit], part: int, parts: int) -> list[Unit]:
     return mine
 
 
-def count_lines(data: bytes) -> int:
+def count_lines(data: bytes | bytearray) -> int:
     """Line breaks in ``data`` (``\\n``, ``\\r\\n`` or a lone ``\\r``, as Python and pyarrow
     count them)."""
     v = np.frombuffer(data, np.uint8)
@@ -171,7 +172,7 @@ class LineCounter:
             return self._line
 
 
-def _row_end(buf: bytes, start: int, quote: bytes | None) -> int:
+def _row_end(buf: bytes | bytearray, start: int, quote: bytes | None) -> int:
     """The index just after the first line break at or after ``start`` that ends a row (outside
     quotes when ``quote`` is given; ``buf`` starts at a row's start); -1 when ``buf`` has none."""
     nl = buf.find(b"\n", start)
@@ -212,24 +213,40 @@ def seek_row(f: BinaryIO, offset: int) -> int:
             return f.seek(pos + nl + 1)
 
 
-def cut(f: BinaryIO, offset: int, last: int, quote: bytes | None) -> Iterator[tuple[int, int, bytes]]:
+def _read_into(f: BinaryIO, view: memoryview) -> int:
+    """Fill ``view`` from ``f``; how many bytes were read (fewer only at the end of ``f``)."""
+    got = 0
+    while got < len(view) and (n := f.readinto(view[got:])):
+        got += n
+    return got
+
+
+def cut(f: BinaryIO, offset: int, last: int, quote: bytes | None) -> Iterator[tuple[int, int, bytearray]]:
     """The blocks before block ``last`` of the rows read from ``f``, positioned at byte ``offset``
     (a row's start): ``(k, offset, bytes)`` per block that starts a row, ``bytes`` ending at a
     row's end. ``quote``: rows may hold line breaks inside such quotes (``f`` must then be
-    positioned at its first row, so that quotes pair up)."""
-    buf, eof = b"", False
+    positioned at its first row, so that quotes pair up). Each block is read into its own buffer;
+    only the few bytes read past its end are copied to the next."""
+    rest, more = b"", True
     while (k := offset // GRID) < last:
         target = (k + 1) * GRID - 1 - offset  # the block ends at the first row end from here on
+        buf = bytearray(max(target + _LOOKAHEAD, len(rest)))
+        buf[: len(rest)] = rest
+        filled = len(rest) + (_read_into(f, memoryview(buf)[len(rest) :]) if more else 0)
+        more = more and filled == len(buf)
+        del buf[filled:]
         end = _row_end(buf, target, quote) if len(buf) > target else -1
-        while end < 0 and not eof:
-            chunk = f.read(_READ)
-            eof = not chunk
+        while end < 0 and more:  # a long row: read on to its end
+            searched = len(buf)
+            chunk = f.read(_LOOKAHEAD)
+            more = bool(chunk)
             buf += chunk
-            if len(buf) > target:
-                end = _row_end(buf, target, quote)
+            end = _row_end(buf, max(target, searched), quote) if len(buf) > target else -1
         if end < 0:
             end = len(buf)  # the last row, without a line break
         if not end:
             return
-        yield k, offset, buf[:end]
-        buf, offset = buf[end:], offset + end
+        rest = bytes(buf[end:])
+        del buf[end:]
+        yield k, offset, buf
+        offset += end
