@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 import trillium_native
 
-from trillium.features import BatchBuilder, dense_stats, epoch_batches
+from trillium.features import (
+    _STATS_CHUNK,
+    BatchBuilder,
+    EncodedBlock,
+    Encoder,
+    _encoded,
+    _Moments,
+    _shuffle,
+    dense_stats,
+    epoch_batches,
+)
 from trillium.datagen import generate_criteo
 from trillium.job import JobConfig, load_job
 from trillium.sources import open_source
@@ -256,3 +266,95 @@ def test_adult_example_reads_cleanly() -> None:
     assert 0.2 < train.labels.mean() < 0.3 and 0.2 < test.labels.mean() < 0.3
     np.testing.assert_allclose(train.dense.mean(axis=0), 0, atol=1e-4)  # all standardized
     np.testing.assert_allclose(train.dense.std(axis=0), 1, atol=1e-4)
+
+
+def many_blocks_job(tmp_path: Path, **training: Any) -> JobConfig:
+    """A Criteo-format job over ~3 grid blocks (~40k rows), with statistics from the train split."""
+    path = tmp_path / "train.tsv"
+    generate_criteo(path, 40_000, seed=5, vocab_sizes=[1000] * 26)
+    return criteo_job(path, [{"name": "c1", "column": "C1"}, {"name": "c2", "column": "C2"}], **training)
+
+
+@pytest.mark.parametrize("buffer", [0, 5000])
+def test_streamed_epochs_equal_the_in_memory_ones_and_resume_at_any_batch(tmp_path: Path, buffer: int) -> None:
+    job = many_blocks_job(tmp_path, batch_size=1000, shuffle_buffer=buffer, seed=3)
+    builder = BatchBuilder(job)
+    stats = dense_stats(job)
+    assert stats == builder.dense_stats
+    assert len(builder.split("train").blocks) >= 3
+    for epoch in (0, 1):
+        expect = list(builder.batches("train", epoch))
+        assert len(expect) == 40
+        assert list(epoch_batches(job, "train", stats=stats, epoch=epoch)) == expect
+        for skip in (1, 17, 39, 40):  # within a block, across blocks, the last batch, past the end
+            assert list(epoch_batches(job, "train", stats=stats, epoch=epoch, skip=skip)) == expect[skip:]
+    if buffer:
+        assert list(builder.batches("train", 0)) != list(builder.batches("train", 1))
+
+
+class CountingEncoder(Encoder):
+    """Counts the rows it encodes."""
+
+    encoded = 0
+
+    def encode(self, block: Any, checked: Any, *, skip: int = 0) -> Any:
+        out = super().encode(block, checked, skip=skip)
+        CountingEncoder.encoded += out.rows
+        return out
+
+
+def test_skipped_batches_are_not_encoded_without_a_shuffle_buffer(tmp_path: Path) -> None:
+    job = many_blocks_job(tmp_path, batch_size=1000)
+    encoder = CountingEncoder(job, dense_stats(job))
+    CountingEncoder.encoded = 0
+    rows = sum(b.rows for b in _encoded(job, "train", encoder, part=0, parts=1, skip_rows=35_000, quarantine=None))
+    assert rows == 5_000
+    assert CountingEncoder.encoded < 40_000 - 20_000  # at most a block or two encoded in vain
+
+
+def encoded_rows(ids: list[int]) -> EncodedBlock:
+    lengths = np.ones((1, len(ids)), np.int32)
+    values = (np.array(ids, np.uint64),)
+    return EncodedBlock.from_lengths(lengths, values, np.array(ids, np.float32)[:, None], np.zeros(len(ids), np.float32))
+
+
+def test_the_shuffle_buffer_moves_rows_at_most_about_its_size(tmp_path: Path) -> None:
+    blocks = [encoded_rows(list(range(start, start + 100))) for start in range(0, 2000, 100)]
+
+    def shuffled(seed: int, size: int, skip: int = 0) -> list[int]:
+        out = _shuffle(iter(blocks), size, np.random.default_rng(seed), skip)
+        return [int(v) for block in out for v in block.values[0]]
+
+    order = shuffled(0, 250)
+    assert sorted(order) == list(range(2000)) and order != list(range(2000))
+    assert order == shuffled(0, 250) and order != shuffled(1, 250)
+    position = np.argsort(order)  # where each row went
+    # A row leaves no earlier than when its block arrives: at most buffer + block rows ahead.
+    assert (position >= np.arange(2000) - 250 - 100).all()
+    assert shuffled(0, 250, skip=777) == order[777:]
+    ids = [int(v) for block in _shuffle(iter(blocks), 250, np.random.default_rng(0), 0) for v in block.dense[:, 0]]
+    assert ids == order  # IDs and dense values move together
+
+
+def test_statistics_merged_over_chunks_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(3, 1, 3 * _STATS_CHUNK + 12345) + 1e6  # a large mean: no cancellation
+    moments = _Moments()
+    for start in range(0, len(values), 9999):  # any cut of the input gives the same chunks
+        moments.add(values[start : start + 9999])
+    stats = moments.stats("standard")
+    assert stats["mean"] == pytest.approx(values.mean(), rel=1e-14)
+    assert stats["std"] == pytest.approx(values.std(), rel=1e-10)
+    other = _Moments()
+    other.add(values)
+    assert other.stats("standard") == stats
+    small = _Moments()
+    small.add(values[:1000])
+    assert small.stats("standard") == {"mean": float(values[:1000].mean()), "std": float(values[:1000].std())}
+    assert moments.stats("minmax") == {"min": float(values.min()), "max": float(values.max())}
+
+
+def test_given_statistics_are_checked(tmp_path: Path) -> None:
+    job = many_blocks_job(tmp_path)
+    with pytest.raises(ValueError, match="dense column 'I2' \\(standard\\): stats need mean and std"):
+        next(epoch_batches(job, "train", stats={"I2": {"mean": 1.0}}))

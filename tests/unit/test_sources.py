@@ -165,13 +165,14 @@ def test_a_missing_column_fails_validation_naming_it_and_the_header(tmp_path: Pa
 
 
 def test_a_column_split_cuts_by_hour_and_reports_bad_values_once(tmp_path: Path) -> None:
-    rows = [*ROWS, ["a6", "1", "", "x", "1", "", "1", ""], ["a7", "0", "soon", "x", "1", "", "1", ""]]
+    rows = [*ROWS, ["a6", "1", "", "x", "1", "", "1", ""], ["a7", "0", "soon", "x", "1", "", "1", ""], ["a8", "1"]]
     job = csv_job(write_csv(tmp_path / "train.csv", rows), data={"split": {"by": "hour", "test_from": 14102900}})
     builder = BatchBuilder(job)
     assert builder.has_test
     np.testing.assert_array_equal(builder.split("train").labels, [1, 0, 0])
     np.testing.assert_array_equal(builder.split("test").labels, [1, 0])
-    assert builder.malformed == {"split_value": 2}  # with the train split only
+    # Rows of neither split are reported once, with the train split.
+    assert builder.malformed == {"split_value": 2, "field_count": 1}
     by_text = csv_job(tmp_path / "train.csv", data={"split": {"by": "id", "test_from": "a4"}})
     builder = BatchBuilder(by_text)
     assert (builder.split("train").rows, builder.split("test").rows) == (3, 4)

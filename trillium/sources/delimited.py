@@ -187,11 +187,14 @@ def parse_block(spec: Spec, k: int, data: bytes | bytearray, lines: LineCounter,
         return locate_parsed(kept[rows] if kept is not None else rows)
 
     bad = []
+    # A row that cannot be parsed belongs to no split: with a split policy, it is reported with the
+    # train split only (as split.py reports rows without a split value).
     reported = [
         (number, f"expected {len(spec.names)} fields, got {fields}")
         for number, fields, text in invalid
         if not (dialect.skip_prefix and text.startswith(dialect.skip_prefix))
         and not (dialect.strip and not text.strip())
+        and (spec.policy is None or spec.split == "train")
     ]
     if reported:
         places = records.locate(np.array([n for n, _ in reported]), lines.line() + lines_before)
