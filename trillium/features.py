@@ -217,13 +217,12 @@ class Encoder:
                 problems.setdefault(row, (DENSE_VALUE, reason))
         text = as_text(table.column(job.label.column))
         positive = self._member(text, self._positive)
-        if self._negative is None:
-            negative = present(text) & ~positive
-        else:
-            negative = self._member(text, self._negative)
+        # Without negative values, any other value is 0 (but an empty cell is no value).
+        negative = present(text) & ~positive if self._negative is None else self._member(text, self._negative)
         unknown = np.flatnonzero(~positive & ~negative)
         if len(unknown):
-            cells = text.take(pa.array(unknown)).view(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())
+            cells = text.take(pa.array(unknown))
+            cells = cells.view(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())
             for row, cell in zip(unknown, cells.to_pylist(), strict=True):
                 shown = (cell or b"").decode("utf-8", "replace")
                 problems.setdefault(int(row), (LABEL, f"{job.label.column}: unknown label {shown!r}"))

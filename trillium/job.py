@@ -148,8 +148,9 @@ class CsvData(_FileData):
     header: bool = True  # the first line of every file names its columns
     # The column names in file order: needed without a header; with one, they replace its names.
     columns: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    # Quoted values may contain line breaks. Such files are then read whole by one loader (a byte
-    # range cannot tell a line break inside quotes from a row's end).
+    # Quoted values may contain line breaks (a quote then only opens or closes a quoted cell, as
+    # RFC 4180 writes them). Such files are read whole by one loader: a byte range cannot tell a
+    # line break inside quotes from a row's end.
     quoted_newlines: bool = False
 
     @model_validator(mode="after")

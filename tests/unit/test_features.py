@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import trillium_native
 
+from trillium.datagen import generate_criteo
 from trillium.features import (
     _STATS_CHUNK,
     BatchBuilder,
@@ -20,7 +21,6 @@ from trillium.features import (
     dense_stats,
     epoch_batches,
 )
-from trillium.datagen import generate_criteo
 from trillium.job import JobConfig, load_job
 from trillium.sources import open_source
 
@@ -315,7 +315,8 @@ def test_skipped_batches_are_not_encoded_without_a_shuffle_buffer(tmp_path: Path
 def encoded_rows(ids: list[int]) -> EncodedBlock:
     lengths = np.ones((1, len(ids)), np.int32)
     values = (np.array(ids, np.uint64),)
-    return EncodedBlock.from_lengths(lengths, values, np.array(ids, np.float32)[:, None], np.zeros(len(ids), np.float32))
+    dense = np.array(ids, np.float32)[:, None]
+    return EncodedBlock.from_lengths(lengths, values, dense, np.zeros(len(ids), np.float32))
 
 
 def test_the_shuffle_buffer_moves_rows_at_most_about_its_size(tmp_path: Path) -> None:

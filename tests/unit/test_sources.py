@@ -279,6 +279,17 @@ def test_malformed_rows_name_file_line_and_raw_text(tmp_path: Path) -> None:
     assert builder.malformed == {"field_count": 1, "dense_value": 1, "label": 1}
 
 
+def test_a_stray_quote_in_an_unquoted_cell_is_an_ordinary_character(tmp_path: Path) -> None:
+    path = tmp_path / "train.csv"
+    good = ",".join(ROWS[0][:-1]) + ",plain"
+    path.write_text("\n".join([",".join(HEADER), good.replace("plain", '12" screen'), good, "x,2,1,,1,,1,n"]) + "\n")
+    builder = BatchBuilder(csv_job(path), quarantine=tmp_path / "q.jsonl")
+    values, _ = next(builder.batches()).ids.slot("note")
+    np.testing.assert_array_equal(values, trillium_native.hash_ids("note", ['12" screen', "plain"]))
+    [record] = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
+    assert (record["line"], record["reason"]) == (4, "click: unknown label '2'")
+
+
 def test_line_numbers_of_a_share_that_starts_mid_file(tmp_path: Path) -> None:
     rows = numbered_rows(100_000)
     rows[90_000][6] = "n/a"  # line 90_002 (after the header)

@@ -69,13 +69,17 @@ class _Header:
 
 
 class _Records:
-    """The rows of a block as its bytes hold them: the byte span (without line break) and the line
-    (0-based, in the block) of every non-empty record, numbered from 1 as pyarrow numbers the
-    rows it rejects. Computed once, on first use."""
+    """The rows of a block as its bytes hold them, found only when asked (for malformed rows): the
+    byte span (without line break) and the line (0-based, in the block) of every non-empty record,
+    numbered from 1 as pyarrow numbers the rows it rejects (``rejected``; it parsed ``parsed``)."""
 
-    def __init__(self, data: bytes | bytearray, quote: bytes | None) -> None:
-        self._data, self._quote = data, quote
+    def __init__(
+        self, data: bytes | bytearray, quote: bytes | None, rejected: list[int], parsed: int, file: str
+    ) -> None:
+        self._data, self._quote, self._file = data, quote, file
+        self._rejected, self._parsed = np.array(rejected, np.int64), parsed
         self._spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._rows: np.ndarray | None = None
         self._lock = threading.Lock()
 
     def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,18 +109,21 @@ class _Records:
         keep = stops > starts
         return starts[keep], stops[keep], first_line[keep]
 
-    def row_numbers(self, rejected: np.ndarray, rows: int, file: str) -> np.ndarray:
-        """The record numbers of the ``rows`` rows pyarrow parsed, given those it rejected."""
-        total = len(self.spans()[0])
-        if total != rows + len(rejected):
-            raise ValueError(
-                f"{file}: pyarrow read {rows + len(rejected)} rows where a block's bytes hold {total} lines: "
-                "a line break inside quotes? (set data.quoted_newlines: true)"
-            )
-        return np.setdiff1d(np.arange(1, total + 1), rejected)
+    def rows(self) -> np.ndarray:
+        """The record numbers of the rows pyarrow parsed, in order."""
+        if self._rows is None:
+            total = len(self.spans()[0])
+            if total != self._parsed + len(self._rejected):
+                raise ValueError(
+                    f"{self._file}: pyarrow read {self._parsed + len(self._rejected)} rows where a block's "
+                    f"bytes hold {total} lines: a line break inside quotes? (set data.quoted_newlines: true)"
+                )
+            self._rows = np.setdiff1d(np.arange(1, total + 1), self._rejected)
+        return self._rows
 
-    def locate(self, numbers: np.ndarray, first_line: int) -> list[tuple[int, str]]:
+    def place(self, numbers: np.ndarray, first_line: int) -> list[tuple[int, str]]:
         """``(line, raw)`` of records ``numbers`` (1-based)."""
+        self.rows()  # the records match pyarrow's, or fail saying why
         starts, stops, lines = self.spans()
         return [
             (first_line + int(lines[i]), bytes(self._data[starts[i] : stops[i]]).decode("utf-8", "replace"))
@@ -170,23 +177,22 @@ def parse_block(spec: Spec, k: int, data: bytes | bytearray, lines: LineCounter,
     )
     if dialect.strip or dialect.drop_final_dot:
         table = _adult_quirks(table, spec.names[-1], dialect)
-    records = _Records(data, dialect.quote.encode() if dialect.quote is not None else None)
-    rejected = np.array([number for number, _, _ in invalid], np.int64)
-    parsed = table.num_rows
+    # Line breaks inside quotes are row breaks unless the job says otherwise (a stray quote in an
+    # unquoted cell, `12" screen`, is then an ordinary character, as pyarrow reads it).
+    quote = dialect.quote.encode() if dialect.quoted_newlines and dialect.quote else None
+    records = _Records(data, quote, [number for number, _, _ in invalid], table.num_rows, spec.file)
     keep, problems = split_rows(spec.policy, table, spec.split, (spec.index << FILE_SHIFT) | (k << BLOCK_SHIFT))
     kept = None
     if keep is not None:
         table, kept = table.filter(pa.array(keep)), np.flatnonzero(keep)
 
-    def locate_parsed(rows: np.ndarray) -> list[tuple[int, str]]:
-        numbers = records.row_numbers(rejected, parsed, spec.file)[rows]
-        return records.locate(numbers, lines.line() + lines_before)
+    def place(numbers: np.ndarray) -> list[tuple[int, str]]:
+        return records.place(numbers, lines.line() + lines_before)
 
     def locate(rows: np.ndarray) -> list[tuple[int, str]]:
         rows = np.asarray(rows, np.int64)
-        return locate_parsed(kept[rows] if kept is not None else rows)
+        return place(records.rows()[kept[rows] if kept is not None else rows])
 
-    bad = []
     # A row that cannot be parsed belongs to no split: with a split policy, it is reported with the
     # train split only (as split.py reports rows without a split value).
     reported = [
@@ -196,13 +202,19 @@ def parse_block(spec: Spec, k: int, data: bytes | bytearray, lines: LineCounter,
         and not (dialect.strip and not text.strip())
         and (spec.policy is None or spec.split == "train")
     ]
+    bad = []
     if reported:
-        places = records.locate(np.array([n for n, _ in reported]), lines.line() + lines_before)
-        bad += [Malformed(spec.file, line, raw, FIELD_COUNT, why) for (_, why), (line, raw) in zip(reported, places)]
+        places = place(np.array([number for number, _ in reported]))
+        bad += [
+            Malformed(spec.file, line, raw, FIELD_COUNT, why)
+            for (_, why), (line, raw) in zip(reported, places, strict=True)
+        ]
     if problems:
         rows = np.array(sorted(problems), np.int64)
-        places = locate_parsed(rows)
-        bad += [Malformed(spec.file, line, raw, SPLIT_VALUE, problems[int(r)]) for r, (line, raw) in zip(rows, places)]
+        bad += [
+            Malformed(spec.file, line, raw, SPLIT_VALUE, problems[int(row)])
+            for row, (line, raw) in zip(rows, place(records.rows()[rows]), strict=True)
+        ]
     bad.sort(key=lambda m: m.line)
     return RowBlock(spec.file, table, tuple(bad), locate)
 
@@ -241,12 +253,16 @@ class DelimitedSource:
         units = []
         for index, path in enumerate(files):
             size = path.stat().st_size
-            if compression(path) or self._dialect.quoted_newlines:
-                units.append(Unit(index, path, 0, -1, size))  # read whole (files.py says why)
+            if self._whole(path):
+                units.append(Unit(index, path, 0, 1, size))
             else:
                 units += [Unit(index, path, k, k + 1, min(GRID, size - k * GRID)) for k in range(-(-size // GRID))]
         for unit in share(units, part, parts):
             yield from self._unit_tasks(split, unit, wanted)
+
+    def _whole(self, path: Path) -> bool:
+        """Whether a file is read whole, never from a byte offset (files.py says why)."""
+        return compression(path) is not None or self._dialect.quoted_newlines
 
     def _unit_tasks(self, split: Split, unit: Unit, wanted: tuple[str, ...]) -> Iterator[BlockTask]:
         header = self._header(unit.path)
@@ -254,10 +270,9 @@ class DelimitedSource:
         if missing:
             raise ValueError(f"{unit.path}: no column {missing[0]!r}; its columns: {', '.join(header.names)}")
         spec = Spec(str(unit.path), header.names, wanted, self._dialect, self._policy, split, unit.index)
-        whole = unit.last < 0
         quote = self._dialect.quote.encode() if self._dialect.quoted_newlines and self._dialect.quote else None
         with open_stream(unit.path) as f:
-            if whole:
+            if self._whole(unit.path):
                 f.read(header.end)  # a stream: read past the header
                 offset, last, at = header.end, 1 << 62, 1 + header.lines
             else:

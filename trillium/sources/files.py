@@ -22,10 +22,13 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from trillium.job import SplitPolicy
 
 __all__ = [
     "GRID",
@@ -66,7 +69,9 @@ class SplitFiles:
     """The files of each split of a file source: the test split's are the test files, or the train
     files when a split policy cuts them in two (``split.py``)."""
 
-    def __init__(self, train: Path | Sequence[Path], test: Path | Sequence[Path] | None, policy: object) -> None:
+    def __init__(
+        self, train: Path | Sequence[Path], test: Path | Sequence[Path] | None, policy: SplitPolicy | None
+    ) -> None:
         self._train, self._test, self._policy = train, test, policy
 
     def has(self, split: str) -> bool:
@@ -102,12 +107,13 @@ def compression(path: Path) -> str | None:
 def open_stream(path: Path) -> BinaryIO:
     """The file's bytes, decompressed when its extension says so."""
     codec = compression(path)
-    return pa.input_stream(str(path), compression=codec) if codec else open(path, "rb")  # noqa: SIM115
+    return pa.input_stream(str(path), compression=codec) if codec else open(path, "rb")
 
 
 @dataclass(frozen=True)
 class Unit:
-    """What one loader reads whole: blocks ``[first, last)`` of file ``index`` of the split."""
+    """What one loader reads whole: blocks ``[first, last)`` of file ``index`` of the split (grid
+    blocks of a plain file, row groups of a Parquet file; ``[0, 1)`` for a file read whole)."""
 
     index: int
     path: Path
