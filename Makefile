@@ -56,6 +56,7 @@ test-native: $(VENV)/.native
 bench: setup
 	$(PY) bench/embedding_store.py --json
 	$(PY) bench/e2e.py --json
+	$(PY) bench/data_loader.py --json
 
 up: setup
 	$(VENV)/bin/trillium up

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -193,10 +194,8 @@ class Encoder:
     (they may come from a checkpoint)."""
 
     def __init__(self, job: JobConfig, stats: DenseStats | None) -> None:
-        for d in job.dense if stats is not None else ():
-            keys = {"standard": ("mean", "std"), "minmax": ("min", "max")}.get(d.normalization, ())
-            if any(not isinstance(stats.get(d.column, {}).get(key), (int, float)) for key in keys):
-                raise ValueError(f"dense column {d.column!r} ({d.normalization}): stats need {' and '.join(keys)}")
+        if stats is not None:
+            _check_stats(job, stats)
         self.job, self.stats = job, stats
         slots = [s.column for s in job.slots]
         self.columns = tuple(dict.fromkeys([*slots, *(d.column for d in job.dense), job.label.column]))
@@ -269,6 +268,20 @@ class Encoder:
                 x = np.sign(x) * np.log1p(np.abs(x))
             out[:, j] = np.nan_to_num(x, nan=0.0)
         return out
+
+
+def _check_stats(job: JobConfig, stats: DenseStats) -> None:
+    for d in job.dense:
+        if d.normalization not in ("standard", "minmax"):
+            continue
+        low, high = ("mean", "std") if d.normalization == "standard" else ("min", "max")
+        given = stats.get(d.column)
+        values = [given.get(key) for key in (low, high)] if isinstance(given, dict) else [None, None]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values) or (
+            values[1] <= (0 if d.normalization == "standard" else values[0])
+        ):
+            need = "a mean and a std > 0" if d.normalization == "standard" else "a min and a max > min"
+            raise ValueError(f"dense column {d.column!r} ({d.normalization}): stats need {need}, got {given!r}")
 
 
 def _slot_ids(slot: FeatureSlot, text: pa.Array, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -357,5 +357,7 @@ def test_statistics_merged_over_chunks_match_numpy() -> None:
 
 def test_given_statistics_are_checked(tmp_path: Path) -> None:
     job = many_blocks_job(tmp_path)
-    with pytest.raises(ValueError, match="dense column 'I2' \\(standard\\): stats need mean and std"):
-        next(epoch_batches(job, "train", stats={"I2": {"mean": 1.0}}))
+    for bad in ({}, {"I2": {"mean": 1.0}}, {"I2": {"mean": 1.0, "std": 0.0}}, {"I2": {"mean": "1", "std": 1.0}}):
+        with pytest.raises(ValueError, match="dense column 'I2' \\(standard\\): stats need a mean and a std > 0"):
+            epoch_batches(job, "train", stats=bad)
+    assert next(epoch_batches(job, "train", stats={"I2": {"mean": 1.0, "std": 2.0}})).batch_size == 4
