@@ -9,17 +9,17 @@ came from), split by split, in file order, in disjoint shares for several loader
   ``cells.py``: Arrow columns read as text or numbers; ``rows.py``: the vocabulary.
 
 ``trillium.features`` turns the blocks into batches. ``trillium.job`` imports ``presets`` (to
-validate preset column names), so nothing in this package imports ``trillium.job`` at run time:
-the config classes appear in annotations only, and a source tells kinds apart by their tags
-(``data.source``, ``split.by``).
+validate preset column names), so nothing in this package imports ``trillium.job`` at run time
+(the config classes appear in annotations only, and a source tells kinds apart by their tags,
+``data.source`` and ``split.by``), and importing the package loads no reader: ``open_source``
+does, so that the coordinator and the command line, which validate jobs, never load pyarrow or
+the synthetic data generator.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trillium.sources.delimited import DelimitedSource
-from trillium.sources.parquet import ParquetSource
 from trillium.sources.rows import (
     DENSE_VALUE,
     FIELD_COUNT,
@@ -31,7 +31,6 @@ from trillium.sources.rows import (
     Source,
     Split,
 )
-from trillium.sources.synthetic import SyntheticSource
 
 if TYPE_CHECKING:
     from trillium.job import DataConfig, JobConfig
@@ -53,10 +52,17 @@ __all__ = [
 
 def open_source(data: DataConfig) -> Source:
     """The source of a job's ``data`` section."""
+    # The readers are imported here, not above (see the module docstring).
     if data.source == "parquet":
+        from trillium.sources.parquet import ParquetSource
+
         return ParquetSource(data)
     if data.source == "synthetic":
+        from trillium.sources.synthetic import SyntheticSource
+
         return SyntheticSource(data)
+    from trillium.sources.delimited import DelimitedSource
+
     return DelimitedSource(data)
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-import numpy as np
-import pyarrow as pa
+if TYPE_CHECKING:  # annotations only: importing the package stays light (see __init__)
+    import numpy as np
+    import pyarrow as pa
 
-if TYPE_CHECKING:  # annotations only: trillium.job imports this package's presets
     from trillium.job import JobConfig
 
 __all__ = [
