@@ -7,6 +7,7 @@ import csv
 import gzip
 import io
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from trillium.features import BatchBuilder, dense_stats, epoch_batches
 from trillium.job import JobConfig, load_job
 from trillium.sources import open_source
 from trillium.sources.cells import as_numbers
-from trillium.sources.files import GRID, cut
+from trillium.sources.files import GRID, LineChain, LineCounter, cut, next_row, ranges, read_range
 
 HEADER = ["id", "click", "hour", "site", "C14", "tags", "price", "note"]
 # A layout no preset knows: string, numeric-looking and multi-valued categoricals, missing values,
@@ -204,6 +205,35 @@ def test_blocks_cut_on_the_grid_whatever_the_line_ending(tmp_path: Path, newline
     assert b"".join(bytes(b) for _, _, b in blocks) == data
     quoted = b'"a\nb",1\n' + b"c,2\n"  # a line break inside quotes is no row end
     assert [bytes(b) for _, _, b in cut(io.BytesIO(quoted), 0, 1 << 62, b'"')] == [quoted]
+    # A plain file's blocks found by seeking (where a loader's share starts) are the same ranges.
+    path = tmp_path / "grid.csv"
+    path.write_bytes(data + b"tail-without-newline")
+    with open(path, "rb") as f:
+        expect = [(k, offset, offset + len(b)) for k, offset, b in cut(f, 0, 1 << 62, None)]
+        assert list(ranges(f, 0, 1 << 62)) == expect
+        assert next_row(f, GRID + 1) == GRID + 64  # mid-line: the next row
+        assert list(ranges(f, GRID + 64, 1 << 62)) == [(1, GRID + 64, 2 * GRID), *expect[2:]]
+        assert list(ranges(f, next_row(f, GRID), 2)) == expect[1:2]
+    assert read_range(path, *expect[-1][1:]).endswith(b"tail-without-newline")
+
+
+def test_line_chain_numbers_blocks_counted_out_of_order() -> None:
+    chain = LineChain(LineCounter(Path("unused"), 0, 10))
+    chain.record(1, 5)
+    chain.record(0, 3)
+    assert chain.first_line(0) == 10 and chain.first_line(2) == 18
+    waiting = threading.Thread(target=lambda: results.append(chain.first_line(4)))
+    results: list[int] = []
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive()  # block 3 not counted yet
+    chain.record(3, 1)
+    chain.record(2, 0)
+    waiting.join(5)
+    assert results == [19]
+    chain.record(4, None)  # block 4 failed before counting
+    with pytest.raises(RuntimeError, match="block 4 of the same share failed"):
+        chain.first_line(5)
 
 
 def numbered_rows(n: int) -> list[list[str]]:

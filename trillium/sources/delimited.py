@@ -16,7 +16,7 @@ recovered from the block's bytes only for blocks that have some (``_Records``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,6 +29,7 @@ import pyarrow.csv as pacsv
 
 from trillium.sources.files import (
     GRID,
+    LineChain,
     LineCounter,
     SplitFiles,
     Unit,
@@ -36,8 +37,10 @@ from trillium.sources.files import (
     count_lines,
     cut,
     first_row,
+    next_row,
     open_stream,
-    seek_row,
+    ranges,
+    read_range,
     share,
 )
 from trillium.sources.presets import ADULT, CRITEO, Dialect
@@ -47,7 +50,7 @@ from trillium.sources.split import BLOCK_SHIFT, FILE_SHIFT, policy_column, split
 if TYPE_CHECKING:
     from trillium.job import AdultData, CriteoData, CsvData, JobConfig, SplitPolicy
 
-__all__ = ["DelimitedSource", "Spec", "parse_block"]
+__all__ = ["DelimitedSource", "Spec", "block_task"]
 
 _HEADER_LIMIT = 1 << 20  # a header line longer than this is a wrong delimiter or no header
 
@@ -144,9 +147,23 @@ class Spec:
     index: int  # the file's place in the split's list
 
 
-def parse_block(spec: Spec, k: int, data: bytes | bytearray, lines: LineCounter, lines_before: int) -> RowBlock:
-    """Parse block ``k`` of a file (a ``BlockTask`` body); ``lines.line() + lines_before`` is the
-    line number of its first byte."""
+def block_task(
+    spec: Spec, k: int, i: int, read: Callable[[], bytes | bytearray], lines: LineChain
+) -> RowBlock:
+    """A ``BlockTask`` body: read block ``k`` of a file, the ``i``-th of its share (``lines``
+    numbers them), count its line breaks, and parse it."""
+    try:
+        data = read()
+        lines.record(i, count_lines(data))
+    except BaseException:
+        lines.record(i, None)
+        raise
+    return parse_block(spec, k, data, lambda: lines.first_line(i))
+
+
+def parse_block(spec: Spec, k: int, data: bytes | bytearray, first_line: Callable[[], int]) -> RowBlock:
+    """Parse block ``k`` of a file; ``first_line()`` is the line number of its first byte (asked
+    for malformed rows only)."""
     dialect = spec.dialect
     invalid: list[tuple[int, int, str]] = []  # (record number, fields, text) of rows pyarrow rejects
 
@@ -187,7 +204,7 @@ def parse_block(spec: Spec, k: int, data: bytes | bytearray, lines: LineCounter,
         table, kept = table.filter(pa.array(keep)), np.flatnonzero(keep)
 
     def place(numbers: np.ndarray) -> list[tuple[int, str]]:
-        return records.place(numbers, lines.line() + lines_before)
+        return records.place(numbers, first_line())
 
     def locate(rows: np.ndarray) -> list[tuple[int, str]]:
         rows = np.asarray(rows, np.int64)
@@ -270,18 +287,19 @@ class DelimitedSource:
         if missing:
             raise ValueError(f"{unit.path}: no column {missing[0]!r}; its columns: {', '.join(header.names)}")
         spec = Spec(str(unit.path), header.names, wanted, self._dialect, self._policy, split, unit.index)
-        quote = self._dialect.quote.encode() if self._dialect.quoted_newlines and self._dialect.quote else None
-        with open_stream(unit.path) as f:
-            if self._whole(unit.path):
-                f.read(header.end)  # a stream: read past the header
-                offset, last, at = header.end, 1 << 62, 1 + header.lines
-            else:
-                offset = seek_row(f, max(unit.first * GRID, header.end))
-                last, at = unit.last, 1 + header.lines if offset == header.end else None
-            lines, lines_before = LineCounter(unit.path, offset, at), 0
-            for k, _, data in cut(f, offset, last, quote):
-                yield partial(parse_block, spec, k, data, lines, lines_before)
-                lines_before += count_lines(data)
+        if self._whole(unit.path):  # read here, in order: a stream, or quotes to pair up
+            quote = self._dialect.quote.encode() if self._dialect.quoted_newlines and self._dialect.quote else None
+            lines = LineChain(LineCounter(unit.path, header.end, 1 + header.lines))
+            with open_stream(unit.path) as f:
+                f.read(header.end)
+                for i, (k, _, data) in enumerate(cut(f, header.end, 1 << 62, quote)):
+                    yield partial(block_task, spec, k, i, partial(bytes, data), lines)
+            return
+        with open(unit.path, "rb") as f:  # only the block ends here; each task reads its block
+            offset = next_row(f, max(unit.first * GRID, header.end))
+            lines = LineChain(LineCounter(unit.path, offset, 1 + header.lines if offset == header.end else None))
+            for i, (k, start, end) in enumerate(ranges(f, offset, unit.last)):
+                yield partial(block_task, spec, k, i, partial(read_range, unit.path, start, end), lines)
 
     def _header(self, path: Path) -> _Header:
         """The file's column names and where its rows start (cached per file)."""

@@ -18,6 +18,7 @@ some loaders get none.
 from __future__ import annotations
 
 import glob
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GRID",
+    "LineChain",
     "LineCounter",
     "SplitFiles",
     "Unit",
@@ -40,13 +42,15 @@ __all__ = [
     "cut",
     "expand",
     "first_row",
+    "next_row",
     "open_stream",
-    "seek_row",
+    "ranges",
+    "read_range",
     "share",
 ]
 
 GRID = 1 << 22  # 4 MiB: about 18k Criteo rows per block
-_READ = 1 << 22
+_READ = 1 << 22  # bytes per read while counting lines
 _LOOKAHEAD = 1 << 16  # read past a grid line to find the row end there
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
@@ -178,6 +182,31 @@ class LineCounter:
             return self._line
 
 
+class LineChain:
+    """Line numbers of consecutive blocks read from one place (a share of a file, a stream): each
+    block's task counts its own line breaks, in a worker thread; block ``i``'s first line is the
+    place's first line plus the breaks of blocks ``0..i-1``, waited for when asked. Tasks start
+    in order, so those are running or done (a task that fails first records None)."""
+
+    def __init__(self, start: LineCounter) -> None:
+        self._start = start
+        self._counts: dict[int, int | None] = {}
+        self._changed = threading.Condition()
+
+    def record(self, i: int, lines: int | None) -> None:
+        with self._changed:
+            self._counts[i] = lines
+            self._changed.notify_all()
+
+    def first_line(self, i: int) -> int:
+        with self._changed:
+            self._changed.wait_for(lambda: all(j in self._counts for j in range(i)))
+            counts = [self._counts[j] for j in range(i)]
+        if None in counts:
+            raise RuntimeError(f"block {counts.index(None)} of the same share failed: its line count is unknown")
+        return self._start.line() + sum(counts)  # type: ignore[arg-type]  # no None left
+
+
 def _row_end(buf: bytes | bytearray, start: int, quote: bytes | None) -> int:
     """The index just after the first line break at or after ``start`` that ends a row (outside
     quotes when ``quote`` is given; ``buf`` starts at a row's start); -1 when ``buf`` has none."""
@@ -201,22 +230,40 @@ def first_row(f: BinaryIO, quote: bytes | None, limit: int) -> bytes | None:
     return buf[:end] if 0 <= end <= limit else None
 
 
-def seek_row(f: BinaryIO, offset: int) -> int:
-    """Position ``f`` (a plain file) at the first row starting at or after ``offset``; returns
-    that position (the file's size when none)."""
+def next_row(f: BinaryIO, offset: int) -> int:
+    """The first row start at or after byte ``offset`` of a plain file (its size when none): just
+    after the first ``\\n`` at or after ``offset - 1``."""
     if offset == 0:
-        f.seek(0)
         return 0
-    f.seek(offset - 1)
-    pos, buf = offset - 1, b""
-    while True:
-        chunk = f.read(_READ)
-        if not chunk:
-            return f.seek(0, 2)
-        buf += chunk
-        nl = buf.find(b"\n")
+    pos = f.seek(offset - 1)
+    while chunk := f.read(_LOOKAHEAD):
+        nl = chunk.find(b"\n")
         if nl >= 0:
-            return f.seek(pos + nl + 1)
+            return pos + nl + 1
+        pos += len(chunk)
+    return f.seek(0, os.SEEK_END)
+
+
+def ranges(f: BinaryIO, offset: int, last: int) -> Iterator[tuple[int, int, int]]:
+    """``(k, start, end)``: the byte range of each block before block ``last`` of a plain file's
+    rows from ``offset`` (a row's start). Only a little is read past each grid line, to find the
+    row end there: the blocks' bytes are read by whoever parses them (``read_range``)."""
+    size = os.fstat(f.fileno()).st_size
+    while offset < size and (k := offset // GRID) < last:
+        end = next_row(f, (k + 1) * GRID)
+        yield k, offset, end
+        offset = end
+
+
+def read_range(path: Path, start: int, end: int) -> bytearray:
+    """Bytes ``[start, end)`` of a file."""
+    buf = bytearray(end - start)
+    with open(path, "rb") as f:
+        f.seek(start)
+        got = _read_into(f, memoryview(buf))
+    if got != len(buf):
+        raise OSError(f"{path}: {got} bytes at offset {start} where {len(buf)} were: did it change while read?")
+    return buf
 
 
 def _read_into(f: BinaryIO, view: memoryview) -> int:

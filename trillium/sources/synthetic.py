@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trillium.datagen import SAMPLE_ROWS, PlantedModel
-from trillium.sources.delimited import Spec, parse_block
-from trillium.sources.files import LineCounter, Unit, count_lines, cut, share
+from trillium.sources.delimited import Spec, block_task
+from trillium.sources.files import LineChain, LineCounter, Unit, cut, share
 from trillium.sources.presets import CRITEO, CRITEO_COLUMNS
 from trillium.sources.rows import BlockTask, Split
 
@@ -51,15 +51,16 @@ class SyntheticSource:
         first, last = mine[0].first, mine[-1].last
         spec = Spec(name, CRITEO_COLUMNS, tuple(columns), CRITEO, None, split, 0)
         model = PlantedModel.create(self._data.seed, vocab_sizes=self._data.vocab_sizes)
-        line = 1
+        skipped = 0  # rows (lines) of the blocks before the share
+        lines: LineChain | None = None
+        i = 0
         for b, sample in enumerate(model.sample(rows, split)):
             if b >= last:
                 return
             if b < first:
-                line += len(sample.labels)  # one line per row
+                skipped += len(sample.labels)
                 continue
-            lines, before = LineCounter(Path(name), 0, line), 0
+            lines = lines or LineChain(LineCounter(Path(name), 0, 1 + skipped))
             for _, _, data in cut(io.BytesIO(sample.to_tsv()), 0, 1 << 62, None):
-                yield partial(parse_block, spec, 0, data, lines, before)
-                before += count_lines(data)
-            line += before
+                yield partial(block_task, spec, 0, i, partial(bytes, data), lines)
+                i += 1
