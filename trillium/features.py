@@ -619,9 +619,9 @@ class BatchBuilder:
         """The normalization statistics in use, ``{column: {"mean", "std"} | {"min", "max"}}``, of
         ``standard`` and ``minmax`` columns (given in the job, or computed on the train split)."""
         if self._stats is None:
-            reports = _stats_needed(self.job)
-            self._stats = dense_stats(self.job, quarantine=self._report("train") if reports else None)
-            if reports:
+            passes = bool(_stats_needed(self.job))  # a pass over the train split reports its rows
+            self._stats = dense_stats(self.job, quarantine=self._report("train") if passes else None)
+            if passes:
                 self._reports["train"].finish()
         return self._stats
 
