@@ -6,8 +6,9 @@ columns exist in the source's schema, ...) name the slot or field at fault. Rela
 are resolved against the YAML file's directory by ``load_job``, which also checks the columns the
 job names against the headers (or Parquet schemas) of its files when they can be read there.
 
-This module is configuration only: it imports pydantic, yaml and the presets' column lists
-(``trillium.sources.presets``, constants), never a reader.
+This module is configuration: it imports pydantic, yaml and the presets' column lists
+(``trillium.sources.presets``, constants); only ``load_job`` reaches for the readers, to check the
+files.
 """
 
 from __future__ import annotations

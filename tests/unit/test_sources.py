@@ -118,6 +118,21 @@ def test_parquet_form_of_the_same_data_gives_the_same_batches(tmp_path: Path) ->
     assert csv_batches == list(BatchBuilder(from_parquet).batches())
 
 
+def test_parquet_malformed_rows_name_the_row_number_and_the_row(tmp_path: Path) -> None:
+    rows = [r[:] for r in ROWS]
+    rows[3][6] = "cheap"  # price is then a string column
+    table = pacsv.read_csv(write_csv(tmp_path / "train.csv", rows), convert_options=pacsv.ConvertOptions(
+        column_types={"C14": pa.string()}))
+    pq.write_table(table, tmp_path / "train.parquet", row_group_size=2)
+    job = csv_job(tmp_path / "train.parquet", data={"source": "parquet"})
+    builder = BatchBuilder(job, quarantine=tmp_path / "q.jsonl")
+    assert builder.split("train").rows == 4
+    [record] = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
+    assert (record["file"], record["line"], record["reason"]) == (
+        str(tmp_path / "train.parquet"), 4, "price: non-numeric value 'cheap'")
+    assert json.loads(record["raw"]) == {**dict(zip(HEADER, rows[3], strict=True)), "click": 1, "hour": 14102902}
+
+
 def test_compressed_files_and_globs_read_in_order(tmp_path: Path) -> None:
     plain = write_csv(tmp_path / "day_0.csv", ROWS[:3])
     with gzip.open(tmp_path / "day_1.csv.gz", "wt", newline="") as f:

@@ -5,7 +5,7 @@ that of a batch, not of a file or a row group), and decodes in C++ with the GIL 
 keep their stored types; ``trillium.features`` reads a categorical column of any type as text (an
 integer ID hashes as its decimal digits, as in CSV) and a dense one as numbers. Loaders share a
 split's files by row groups; a malformed row is reported with its row number in the file as its
-"line" and the row as JSON as its raw text.
+"line" and the row (every column), as JSON, as its raw text.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from trillium.sources.files import SplitFiles, Unit, share
@@ -39,8 +40,9 @@ def _block(
     kept = np.arange(table.num_rows) if keep is None else np.flatnonzero(keep)
 
     def locate_parsed(rows: np.ndarray) -> list[tuple[int, str]]:
-        picked = batch.take(pa.array(rows, pa.int64())).to_pylist()
-        return [(first_row + int(r) + 1, json.dumps(row, default=str)) for r, row in zip(rows, picked, strict=True)]
+        # The whole rows (every column, not only those read), taken from the file again.
+        whole = ds.dataset(file, format="parquet").take(pa.array(first_row + rows, pa.int64())).to_pylist()
+        return [(first_row + int(r) + 1, json.dumps(row, default=str)) for r, row in zip(rows, whole, strict=True)]
 
     bad = ()
     if problems:
