@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from trillium.metrics import auc
+from trillium.sources.rows import Split
 
 __all__ = [
     "DEFAULT_VOCAB_SIZES",
@@ -40,7 +40,6 @@ NUM_DENSE = 13
 DEFAULT_VOCAB_SIZES: tuple[int, ...] = tuple(
     int(v) for v in np.round(np.logspace(3, 6, NUM_CATEGORICAL))
 )
-Split = Literal["train", "test"]
 _SPLIT_STREAM = {"train": 1, "test": 2}  # stream 0 draws the model itself
 SAMPLE_ROWS = 1 << 17  # rows per block of PlantedModel.sample (the RNG draws them block by block)
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
