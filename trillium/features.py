@@ -120,7 +120,9 @@ class Quarantine:
 @dataclass(frozen=True, eq=False)
 class EncodedBlock:
     """Encoded rows: slot ``k``'s IDs of row ``i`` are ``values[k][offsets[k, i]:offsets[k, i + 1]]``
-    (offsets rather than lengths: a shuffle buffer holds many of these, and slicing needs them)."""
+    (offsets rather than lengths: a shuffle buffer holds many of these, and slicing needs them).
+    Not validated on construction: only the encoder and these methods build one, on the hot path;
+    the ``Batch`` cut from them is validated."""
 
     offsets: np.ndarray  # int32 (int64 past 2**31 IDs)[slots, rows + 1], from 0
     values: tuple[np.ndarray, ...]  # uint64[offsets[k, -1]] per slot
