@@ -17,7 +17,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import resource
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -29,7 +28,10 @@ BATCH_SIZE = 4096
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    # VmHWM, not getrusage's ru_maxrss: that one survives exec, so a spawned child would report the
+    # resident size of the parent it was forked from if that was larger.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024  # kB
 
 
 def _loader(path: str) -> tuple[int, float, float]:
