@@ -89,6 +89,7 @@ test-compose: setup
 bench: setup
 	$(PY) bench/embedding_store.py --json
 	$(PY) bench/e2e.py --json
+	$(PY) bench/data_loader.py --json
 
 up: setup
 	$(VENV)/bin/trillium up

@@ -120,6 +120,18 @@ class StoreCapture:
     def __enter__(self) -> StoreCapture: ...
     def __exit__(self, *exc: object) -> bool: ...
 
+
+def hash_strings(
+    namespace: str, data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int32] | npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
+    """:func:`hash_ids` of every value of an Arrow-layout string column, without a Python
+    object per value: value ``i`` is ``data[offsets[i]:offsets[i + 1]]`` (``len(offsets) - 1``
+    values; ``offsets`` may start above 0, as in a sliced column). Pass an Arrow ``StringArray``'s
+    data and offsets buffers as numpy views. The GIL is released while hashing.
+    Raises TypeError for other dtypes; ValueError if ``offsets`` is empty, decreases, or points
+    past ``data`` (the first bad offset is named).
+    """
+
 class EmbeddingStore:
     """A set of named embedding tables (u64 id -> row of ``dim`` floats).
 

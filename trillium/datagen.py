@@ -19,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
+from trillium.sources.rows import Split
+
 __all__ = [
     "DEFAULT_VOCAB_SIZES",
+    "SAMPLE_ROWS",
     "DatagenReport",
     "PlantedModel",
     "SyntheticRows",
@@ -37,9 +39,8 @@ NUM_DENSE = 13
 DEFAULT_VOCAB_SIZES: tuple[int, ...] = tuple(
     int(v) for v in np.round(np.logspace(3, 6, NUM_CATEGORICAL))
 )
-Split = Literal["train", "test"]
 _SPLIT_STREAM = {"train": 1, "test": 2}  # stream 0 draws the model itself
-_CHUNK_ROWS = 1 << 17
+SAMPLE_ROWS = 1 << 17  # rows per block of PlantedModel.sample (the RNG draws them block by block)
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
 
 
@@ -181,8 +182,8 @@ class PlantedModel:
     def sample(self, rows: int, split: Split = "train") -> Iterator[SyntheticRows]:
         """``rows`` rows of ``split`` (an independent stream per split), in blocks."""
         rng = _rng(self.seed, _SPLIT_STREAM[split])
-        for start in range(0, rows, _CHUNK_ROWS):
-            categorical, dense = self._draw(min(_CHUNK_ROWS, rows - start), rng)
+        for start in range(0, rows, SAMPLE_ROWS):
+            categorical, dense = self._draw(min(SAMPLE_ROWS, rows - start), rng)
             probs = 1.0 / (1.0 + np.exp(-self._logits(categorical, dense)))
             labels = (rng.random(len(probs)) < probs).astype(np.uint8)
             yield SyntheticRows(categorical, dense, probs, labels)

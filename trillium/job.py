@@ -3,7 +3,12 @@
 Every model forbids unknown keys, so a misspelt key fails naming the field; enumerations are
 ``Literal``s, so a bad value fails listing the allowed ones; cross-field checks (tables exist,
 columns exist in the source's schema, ...) name the slot or field at fault. Relative data paths
-are resolved against the YAML file's directory by ``load_job``.
+are resolved against the YAML file's directory by ``load_job``, which also checks the columns the
+job names against the headers (or Parquet schemas) of its files when they can be read there.
+
+This module is configuration: it imports pydantic, yaml and the presets' column lists
+(``trillium.sources.presets``, constants); only ``load_job`` reaches for the readers, to check the
+files.
 """
 
 from __future__ import annotations
@@ -12,46 +17,41 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from trillium.sources.presets import PRESET_COLUMNS
 
 __all__ = [
-    "ADULT_COLUMNS",
-    "CRITEO_COLUMNS",
-    "SOURCE_COLUMNS",
     "AdmissionConfig",
     "CheckpointConfig",
+    "ColumnSplit",
+    "CsvData",
     "DataConfig",
     "DenseColumn",
     "DenseOptimizerConfig",
     "EmbeddingOptimizerConfig",
     "FeatureSlot",
     "InitFrom",
+    "FractionSplit",
     "JobConfig",
     "LabelConfig",
     "ModelSpec",
+    "ParquetData",
+    "SplitPolicy",
     "TableConfig",
     "TopologyConfig",
     "TrainingConfig",
     "load_job",
 ]
-
-# adult.names order; the label column is named as in the data set's SOURCE.md.
-ADULT_COLUMNS: tuple[str, ...] = (
-    "age", "workclass", "fnlwgt", "education", "education_num", "marital_status", "occupation",
-    "relationship", "race", "sex", "capital_gain", "capital_loss", "hours_per_week",
-    "native_country", "income_bracket",
-)  # fmt: skip
-CRITEO_COLUMNS: tuple[str, ...] = (
-    "label",
-    *(f"I{i}" for i in range(1, 14)),
-    *(f"C{i}" for i in range(1, 27)),
-)
-# The synthetic source generates Criteo-format rows in process (see trillium.datagen).
-SOURCE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "adult": ADULT_COLUMNS,
-    "criteo": CRITEO_COLUMNS,
-    "synthetic": CRITEO_COLUMNS,
-}
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
@@ -66,29 +66,119 @@ class _Strict(BaseModel):
 # --- data ------------------------------------------------------------------------------------
 
 
+class FractionSplit(_Strict):
+    """The test split is a stable pseudo-random ``test_fraction`` of the rows, drawn per row from
+    ``seed`` and the row's place in its file (see ``trillium.sources.split``); the rest is train."""
+
+    by: Literal["fraction"]
+    test_fraction: Annotated[float, Field(gt=0, lt=1)]
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
+
+
+class ColumnSplit(_Strict):
+    """A cut on a column, e.g. time: rows whose ``by`` column is >= ``test_from`` are the test
+    split, the others train. A number compares numerically (the column must hold numbers), a
+    string as text (ISO dates sort as text)."""
+
+    by: Annotated[str, Field(min_length=1)]  # the column's name
+    test_from: int | float | str
+
+
+def _split_kind(value: Any) -> str:
+    by = value.get("by") if isinstance(value, dict) else getattr(value, "by", None)
+    return "fraction" if by == "fraction" else "column"
+
+
+# ``by`` is "fraction" or the name of the column to cut on (the issue's ``{by: hour, ...}``).
+SplitPolicy = Annotated[
+    Annotated[FractionSplit, Tag("fraction")] | Annotated[ColumnSplit, Tag("column")],
+    Discriminator(_split_kind),
+]
+# One file, or several; a path may be a glob (``data/day_*.csv.gz``), expanded in sorted order.
+Paths = Path | Annotated[list[Path], Field(min_length=1)]
+
+
 class _FileData(_Strict):
-    train: Path
-    test: Path | None = None
+    """Files per split: ``test`` files, or a ``split`` policy cutting the ``train`` files in two,
+    or neither (no test split)."""
+
+    source: str  # each kind narrows it to its Literal
+    train: Paths
+    test: Paths | None = None
+    split: SplitPolicy | None = None
 
     @field_validator("train", "test")
     @classmethod
-    def _resolve(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+    def _resolve(cls, paths: Path | list[Path] | None, info: ValidationInfo) -> Path | list[Path] | None:
         base = (info.context or {}).get("base_dir")
-        if path is None or base is None or path.is_absolute():
-            return path
-        return Path(base) / path
+        if paths is None or base is None:
+            return paths
+        if isinstance(paths, list):
+            return [p if p.is_absolute() else Path(base) / p for p in paths]
+        return paths if paths.is_absolute() else Path(base) / paths
+
+    @model_validator(mode="after")
+    def _one_test_split(self) -> _FileData:
+        if self.test is not None and self.split is not None:
+            raise ValueError("data: give test files or a split policy, not both")
+        return self
+
+    def schema_columns(self) -> tuple[str, ...] | None:
+        """The columns a job may name when the job file alone tells (None: the files' headers
+        do, and ``load_job`` checks them there)."""
+        return PRESET_COLUMNS.get(self.source)
 
 
 class AdultData(_FileData):
-    """UCI Adult CSV (``adult.data`` / ``adult.test``)."""
+    """UCI Adult CSV (``adult.data`` / ``adult.test``), a preset of the CSV reader."""
 
     source: Literal["adult"]
 
 
 class CriteoData(_FileData):
-    """Criteo-format TSV: label, I1..I13, C1..C26, tab-separated."""
+    """Criteo-format TSV: label, I1..I13, C1..C26, tab-separated; a preset of the CSV reader."""
 
     source: Literal["criteo"]
+
+
+class CsvData(_FileData):
+    """Delimited text (CSV, TSV, ...), each file plain or compressed (``.gz``, ``.zst``: by its
+    extension). Every cell is read as text; an empty cell is a missing value."""
+
+    source: Literal["csv"]
+    delimiter: Annotated[str, Field(min_length=1, max_length=1)] = ","
+    quote: Annotated[str, Field(min_length=1, max_length=1)] | None = '"'  # None: no quoting
+    header: bool = True  # the first line of every file names its columns
+    # The column names in file order: needed without a header; with one, they replace its names.
+    columns: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    # Quoted values may contain line breaks (a quote then only opens or closes a quoted cell, as
+    # RFC 4180 writes them). Such files are read whole by one loader: a byte range cannot tell a
+    # line break inside quotes from a row's end.
+    quoted_newlines: bool = False
+
+    @model_validator(mode="after")
+    def _dialect(self) -> CsvData:
+        if not self.header and self.columns is None:
+            raise ValueError("data: without a header line (header: false), list the columns")
+        if self.delimiter in "\r\n" or self.delimiter == self.quote:
+            raise ValueError(f"data.delimiter {self.delimiter!r} cannot be a line break or the quote")
+        if self.quote is not None and self.quote in "\r\n":
+            raise ValueError(f"data.quote {self.quote!r} cannot be a line break")
+        if self.quoted_newlines and self.quote is None:
+            raise ValueError("data.quoted_newlines needs a quote character")
+        if self.columns is not None and len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"data.columns: names must be unique, got {self.columns}")
+        return self
+
+    def schema_columns(self) -> tuple[str, ...] | None:
+        return tuple(self.columns) if self.columns is not None else None
+
+
+class ParquetData(_FileData):
+    """Parquet files; categorical columns of any type are read as text (an integer ID as its
+    decimal digits, as in a CSV file)."""
+
+    source: Literal["parquet"]
 
 
 class SyntheticData(_Strict):
@@ -100,8 +190,13 @@ class SyntheticData(_Strict):
     seed: int = 0
     vocab_sizes: Annotated[list[PositiveInt], Field(min_length=26, max_length=26)] | None = None
 
+    def schema_columns(self) -> tuple[str, ...]:
+        return PRESET_COLUMNS["synthetic"]
 
-DataConfig = Annotated[AdultData | CriteoData | SyntheticData, Field(discriminator="source")]
+
+DataConfig = Annotated[
+    AdultData | CriteoData | CsvData | ParquetData | SyntheticData, Field(discriminator="source")
+]
 
 
 # --- features --------------------------------------------------------------------------------
@@ -365,13 +460,25 @@ class TrainingConfig(_Strict):
     dense_optimizer: DenseOptimizerConfig
     seed: int = 0
     eval_batch_size: PositiveInt = 1024
-    shuffle: bool = False  # reshuffle the train rows every epoch (a function of seed and epoch)
+    # Shuffle the train rows through a buffer of this many rows, anew every epoch (a function of
+    # seed, epoch and loader); 0 keeps file order. The buffer bounds memory, not the randomness:
+    # a row moves at most about as far as the buffer is long.
+    shuffle_buffer: Annotated[int, Field(ge=0)] = 0
 
 
 class TopologyConfig(_Strict):
     nn_ranks: PositiveInt = 1
     ps_shards: PositiveInt = 1
     embedding_workers: PositiveInt = 1
+    # Loader i reads share i of the input and feeds NN ranks i, i + N, ...: at most one per rank.
+    data_loaders: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _a_rank_per_loader(self) -> TopologyConfig:
+        if self.data_loaders > self.nn_ranks:
+            raise ValueError(f"data_loaders ({self.data_loaders}) must not exceed nn_ranks ({self.nn_ranks}): "
+                             "each loader feeds ranks of its own")
+        return self
 
 
 class CheckpointConfig(_Strict):
@@ -418,15 +525,14 @@ class JobConfig(_Strict):
     def _cross_check(self) -> JobConfig:
         if self.training.epochs == 0 and self.init_from is None:
             raise ValueError("training.epochs: 0 (evaluation only) needs init_from: a checkpoint to evaluate")
-        columns = SOURCE_COLUMNS[self.data.source]
-
-        def check_column(where: str, column: str) -> None:
-            if column not in columns:
-                raise ValueError(
-                    f"{where}: unknown column {column!r} for source {self.data.source!r}; "
-                    f"known columns: {', '.join(columns)}"
-                )
-
+        columns = self.data.schema_columns()
+        if columns is not None:
+            for where, column in self.column_uses():
+                if column not in columns:
+                    raise ValueError(
+                        f"{where}: unknown column {column!r} for source {self.data.source!r}; "
+                        f"known columns: {', '.join(columns)}"
+                    )
         seen: set[str] = set()
         for i, slot in enumerate(self.slots):
             where = f"slots[{i}] {slot.name!r}"
@@ -438,21 +544,28 @@ class JobConfig(_Strict):
                     f"{where}: table {slot.table!r} is not defined; "
                     f"tables: {', '.join(self.tables)}"
                 )
-            check_column(where, slot.column)
         unused = set(self.tables) - {s.table for s in self.slots}
         if unused:
             raise ValueError(f"tables {sorted(unused)} are used by no slot")
         dense_columns = [d.column for d in self.dense]
         for i, column in enumerate(dense_columns):
-            check_column(f"dense[{i}]", column)
             if column in dense_columns[:i]:
                 raise ValueError(f"dense[{i}]: column {column!r} is listed twice")
-        check_column("label", self.label.column)
         if self.label.column in dense_columns or any(
             s.column == self.label.column for s in self.slots
         ):
             raise ValueError(f"label column {self.label.column!r} is also used as a feature")
         return self
+
+    def column_uses(self) -> list[tuple[str, str]]:
+        """``(where, column)`` for every column the job names, ``where`` as errors name it."""
+        uses = [(f"slots[{i}] {slot.name!r}", slot.column) for i, slot in enumerate(self.slots)]
+        uses += [(f"dense[{i}]", d.column) for i, d in enumerate(self.dense)]
+        uses.append(("label", self.label.column))
+        split = getattr(self.data, "split", None)
+        if isinstance(split, ColumnSplit):
+            uses.append(("data.split.by", split.by))
+        return uses
 
     @property
     def embedding_dims(self) -> list[int]:
@@ -461,9 +574,18 @@ class JobConfig(_Strict):
 
 
 def load_job(path: str | Path) -> JobConfig:
-    """Read and validate a job YAML file; relative data paths are taken from its directory."""
+    """Read and validate a job YAML file; relative data paths are taken from its directory. The
+    columns the job names are checked against its files' headers (``trillium.sources``): a
+    ``ValueError`` names the column, the file and the columns it has."""
     path = Path(path)
     raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a job file must be a YAML mapping, got {type(raw).__name__}")
-    return JobConfig.model_validate(raw, context={"base_dir": path.parent.absolute()})
+    job = JobConfig.model_validate(raw, context={"base_dir": path.parent.absolute()})
+    # Imported here: the schema above needs nothing but pydantic, yaml and the presets' constants;
+    # only this check opens files. Files not found here may be where the loaders run: they check
+    # again when they open them.
+    from trillium.sources import check_columns
+
+    check_columns(job, missing_files_ok=True)
+    return job

@@ -96,7 +96,7 @@ def participants(config: JobConfig) -> dict[str, int]:
     """How many instances of each role a job uses (indices 0..n-1)."""
     topo = config.topology
     return {"embedding_ps": topo.ps_shards, "embedding_worker": topo.embedding_workers,
-            "nn_worker": topo.nn_ranks, "data_loader": 1}
+            "nn_worker": topo.nn_ranks, "data_loader": topo.data_loaders}
 
 
 class PartitionLineage:

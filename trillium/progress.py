@@ -60,6 +60,8 @@ class JobProgress:
         self._samples = state.key("job", job_id, "samples")
         self._ranks = state.key("job", job_id, "ranks")
         self._rendezvous = state.key("job", job_id, "rendezvous", attempt)
+        # Not per attempt: a loader's step count of an epoch is the same in every attempt.
+        self._loader_steps = state.key("job", job_id, "loader_steps")
 
     # ---- applied watermarks (PS) -----------------------------------------------------
     async def set_applied(self, shard: int, rank: int, step: int) -> None:
@@ -150,6 +152,16 @@ class JobProgress:
     async def clear_rank_results(self) -> None:
         """Forget the results of an abandoned attempt (a recovery re-runs what follows its checkpoint)."""
         await self.redis.delete(self._ranks)
+
+    # ---- data loaders' epochs ----------------------------------------------------------------
+    async def set_loader_steps(self, epoch: int, loader: int, steps: int) -> None:
+        """How many steps loader `loader`'s share of epoch `epoch` takes (every loader pads to the most)."""
+        await self.redis.hset(self._loader_steps, f"{epoch}:{loader}", steps)
+
+    async def loader_steps(self, epoch: int, loaders: int) -> list[int] | None:
+        """Every loader's step count of `epoch`, once all have said it."""
+        raw = await self.redis.hmget(self._loader_steps, [f"{epoch}:{i}" for i in range(loaders)])
+        return None if any(v is None for v in raw) else [int(v) for v in raw]
 
     # ---- torch.distributed rendezvous -----------------------------------------------------
     async def set_rendezvous(self, address: str) -> None:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from trillium.batch import Batch
-from trillium.data import BatchBuilder
+from trillium.features import BatchBuilder
 from trillium.job import (
     AdagradConfig,
     AdamConfig,

@@ -131,6 +131,59 @@ impl ValueHasher {
     }
 }
 
+/// Values per rayon task when hashing a long column (shorter columns are hashed inline).
+const PAR_CHUNK: usize = 1 << 14;
+
+/// Hash every value of an Arrow-layout string column: value `i` is the bytes
+/// `data[offsets[i]..offsets[i + 1]]`, hashed like [`hash_value`] (so equal to
+/// `hash_ids` of the same text). `offsets` has one more entry than there are
+/// values and need not start at 0 (a sliced column). Checks every offset first:
+/// an error names the first one that decreases or points past `data`.
+pub fn hash_strings<O: Copy + Into<i64> + Sync>(
+    namespace: &[u8],
+    data: &[u8],
+    offsets: &[O],
+) -> Result<Vec<u64>, String> {
+    let Some(&first) = offsets.first() else {
+        return Err("offsets must have at least one entry (values + 1)".into());
+    };
+    let mut prev: i64 = first.into();
+    if prev < 0 || prev as u64 > data.len() as u64 {
+        return Err(format!("offsets[0] = {prev} is outside the {} data bytes", data.len()));
+    }
+    for (i, &o) in offsets.iter().enumerate().skip(1) {
+        let o: i64 = o.into();
+        if o < prev || o as u64 > data.len() as u64 {
+            return Err(format!(
+                "offsets[{i}] = {o} is below offsets[{}] = {prev} or past the {} data bytes",
+                i - 1,
+                data.len()
+            ));
+        }
+        prev = o;
+    }
+    // Checked above: every range is within `data` and non-decreasing.
+    let one = |h: &mut ValueHasher, w: &[O]| h.hash_bytes(&data[w[0].into() as usize..w[1].into() as usize]);
+    let n = offsets.len() - 1;
+    let mut out = vec![0u64; n];
+    if n < 4 * PAR_CHUNK {
+        let mut h = ValueHasher::new(namespace);
+        for (o, w) in out.iter_mut().zip(offsets.windows(2)) {
+            *o = one(&mut h, w);
+        }
+    } else {
+        use rayon::prelude::*;
+        out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, chunk)| {
+            let mut h = ValueHasher::new(namespace);
+            let start = c * PAR_CHUNK;
+            for (o, w) in chunk.iter_mut().zip(offsets[start..].windows(2)) {
+                *o = one(&mut h, w);
+            }
+        });
+    }
+    Ok(out)
+}
+
 /// Canonical decimal representation (like Python's `str(int)`).
 #[inline]
 pub fn format_int(v: i128, tmp: &mut [u8; 48]) -> &[u8] {
@@ -187,6 +240,34 @@ mod tests {
         assert_eq!(h.hash_int(42), hash_value(b"user", b"42"));
         assert_eq!(h.hash_int(-7), hash_value(b"user", b"-7"));
         assert_ne!(hash_value(b"a", b"bc"), hash_value(b"ab", b"c"));
+    }
+
+    #[test]
+    fn hash_strings_matches_hash_value() {
+        let data = b"alice42bob";
+        let got = hash_strings(b"user", data, &[0i32, 5, 7, 7, 10]).unwrap();
+        let expect: Vec<u64> = [&b"alice"[..], b"42", b"", b"bob"].iter().map(|v| hash_value(b"user", v)).collect();
+        assert_eq!(got, expect);
+        // A sliced column (offsets not starting at 0), 64-bit offsets.
+        assert_eq!(hash_strings(b"user", data, &[5i64, 7]).unwrap(), vec![hash_value(b"user", b"42")]);
+        assert_eq!(hash_strings(b"user", data, &[3i32]).unwrap(), Vec::<u64>::new());
+        // Long enough for the parallel path: same values as the inline one.
+        let long: Vec<u8> = (0..300_000u32).flat_map(|i| (i % 1000).to_string().into_bytes()).collect();
+        let mut offsets = vec![0i64];
+        for i in 0..300_000u32 {
+            offsets.push(offsets.last().unwrap() + (i % 1000).to_string().len() as i64);
+        }
+        let hashed = hash_strings(b"c", &long, &offsets).unwrap();
+        assert_eq!(hashed.len(), 300_000);
+        assert!(hashed.iter().enumerate().all(|(i, &h)| h == hash_value(b"c", (i % 1000).to_string().as_bytes())));
+    }
+
+    #[test]
+    fn hash_strings_rejects_bad_offsets() {
+        assert!(hash_strings::<i32>(b"n", b"abc", &[]).unwrap_err().contains("at least one"));
+        assert!(hash_strings(b"n", b"abc", &[0i32, 2, 1]).unwrap_err().contains("offsets[2] = 1"));
+        assert!(hash_strings(b"n", b"abc", &[0i32, 4]).unwrap_err().contains("past the 3 data bytes"));
+        assert!(hash_strings(b"n", b"abc", &[-1i64, 2]).unwrap_err().contains("offsets[0] = -1"));
     }
 
     #[test]

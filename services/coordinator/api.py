@@ -125,10 +125,12 @@ def _absolute_data_paths(config: JobConfig) -> None:
     # Files are opened by the data loader, wherever it runs: a path relative to the
     # client's directory would mean nothing there.
     for field in ("train", "test"):
-        path = getattr(config.data, field, None)
-        if path is not None and not path.is_absolute():
-            raise RequestValidationError([{"type": "value_error", "loc": ("body", "data", field), "input": str(path),
-                                           "msg": "data paths sent to the API must be absolute"}])
+        paths = getattr(config.data, field, None)
+        for i, path in enumerate(paths if isinstance(paths, list) else [paths] if paths is not None else []):
+            if not path.is_absolute():
+                where = ("body", "data", field, i) if isinstance(paths, list) else ("body", "data", field)
+                raise RequestValidationError([{"type": "value_error", "loc": where, "input": str(path),
+                                               "msg": "data paths sent to the API must be absolute"}])
 
 
 async def _job_media_type(request: Request) -> None:

@@ -158,7 +158,7 @@ class Checkpointer:
 
     async def _participants(self, job: JobRecord) -> dict[str, list[Worker]]:
         topo = job.config.topology
-        counts = {"nn_worker": topo.nn_ranks, "embedding_ps": topo.ps_shards, "data_loader": 1}
+        counts = {"nn_worker": topo.nn_ranks, "embedding_ps": topo.ps_shards, "data_loader": topo.data_loaders}
         workers = {(w.role, w.index): w for w in await self.registry.workers()}
         out: dict[str, list[Worker]] = {}
         for role, n in counts.items():
@@ -198,7 +198,8 @@ class Checkpointer:
                 _merge(written, capture.written)
             files = [f for r in reports for f in r.files]
             expected = {DENSE, *(rank_file(r) for r in range(job.config.topology.nn_ranks)),
-                        *(ps_file(s) for s in range(job.config.topology.ps_shards)), loader_file(0)}
+                        *(ps_file(s) for s in range(job.config.topology.ps_shards)),
+                        *(loader_file(i) for i in range(job.config.topology.data_loaders))}
             if {f.name for f in files} != expected:
                 raise CheckpointAbandoned(f"parts written: {sorted(f.name for f in files)}, expected {sorted(expected)}")
             cut = next(iter(cuts.values()))

@@ -1,16 +1,20 @@
-"""The data_loader service: reads the job's source, builds batches, and produces them to
-Kafka — test batches to the `eval` topic first, then train batches to `samples`, partition
-= the NN rank a batch is for — with an idempotent, acks=all producer. Every record carries
-the job's attempt (see trillium.jobrecord).
+"""The data_loader service: reads its share of the job's source, builds batches as it reads
+(trillium.features: bounded memory), and produces them to Kafka — test batches to the `eval`
+topic first, then train batches to `samples`, partition = the NN rank a batch is for — with an
+idempotent, acks=all producer. Every record carries the job's attempt (see trillium.jobrecord).
 
-Batch ids run on across epochs, and every epoch is padded with empty batches to a whole
-number of steps, so all ranks take the same number of steps (DDP needs that) and a rank's
-step is `batch_id // nn_ranks` everywhere. Malformed rows are counted, logged with file
-and line, and quarantined to `<run_dir>/quarantine/<job>.jsonl`.
+Several loaders: loader i of N reads share i of the input (`trillium.sources`: whole files,
+Parquet row groups or CSV byte ranges) and feeds NN ranks i, i + N, ... (round robin over its
+ranks), so each rank's partition has one writer and stays in step order. Batch ids are
+`step * nn_ranks + rank` everywhere, so a rank's step is `batch_id // nn_ranks`. All ranks
+take the same number of steps in an epoch (DDP needs that): at the end of its share of an epoch
+each loader says how many steps it took (Redis) and pads its ranks with empty batches to the
+most any loader took. Malformed rows are counted, logged with file and line, and quarantined
+to `<run_dir>/quarantine/<job>.jsonl`.
 
-The loader writes one deterministic sequence of records per phase (the test split; then per
-epoch its batches and an end marker per partition) and counts what it has produced of the
-current phase. At a checkpoint cut it captures that position with how far it has written
+A loader writes one deterministic sequence of records per phase (the test split; then per
+epoch its batches, the padding and an end marker per rank) and counts what it has produced of
+the current phase. At a checkpoint cut it captures that position with how far it has written
 each partition; a new attempt regenerates the phase and skips what was produced.
 """
 
@@ -19,39 +23,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 from aiokafka import TopicPartition
 
-from trillium import codec, kafka
+from trillium import codec, kafka, state
 from trillium.batch import Batch, KeyedIds
 from trillium.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, PartFile, PartReport, loader_file
-from trillium.data import BatchBuilder
+from trillium.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
+from trillium.job import JobConfig
 from trillium.jobrecord import JobRecord
+from trillium.progress import JobProgress
 from trillium.service import Service, describe_error, run_service
 
-
-def _empty_batch(like: Batch, batch_id: int, rank: int) -> Batch:
-    keys = like.ids.keys
-    return Batch(batch_id=batch_id, epoch=like.epoch, rank=rank,
-                 ids=KeyedIds(keys=keys, values=np.zeros(0, np.uint64), lengths=np.zeros(0, np.int32)),
-                 dense=np.zeros((0, like.dense.shape[1]), np.float32), labels=np.zeros(0, np.float32))
-
-
-def numbered(batches: Iterator[Batch], first_id: int, ranks: int) -> Iterator[Batch]:
-    """Renumber an epoch's batches from `first_id` and pad them to a multiple of `ranks`."""
-    batch_id, last = first_id, None
-    for batch in batches:
-        last = dataclasses.replace(batch, batch_id=batch_id, rank=batch_id % ranks)
-        yield last
-        batch_id += 1
-    while last is not None and batch_id % ranks:
-        yield _empty_batch(last, batch_id, batch_id % ranks)
-        batch_id += 1
+AHEAD = 64  # encoded batches a reader thread may hold before the producer takes them
 
 
 @dataclass
@@ -61,7 +52,9 @@ class LoaderPosition:
     phase: Literal["eval", "train", "done"] = "eval"
     epoch: int = 0  # of the train phase
     produced: int = 0  # records of the current phase (an epoch, in the train phase) produced
-    first_id: int = 0  # the batch id of the epoch's first batch
+    first_step: int = 0  # the epoch's first step
+    batches: int | None = None  # the share's batches of the phase (epoch), once all were produced
+    stats: DenseStats = field(default_factory=dict)  # the normalization statistics in use
 
 
 @dataclass(frozen=True)
@@ -69,8 +62,72 @@ class _Record:
     topic: str
     partition: int
     value: bytes
-    batch: Batch | None  # None for an epoch's end marker
+    samples: int  # 0 for an epoch's end marker
     epoch_end: int | None = None
+
+
+class _Share:
+    """Which ranks a loader feeds, and where its j-th batch of an epoch goes."""
+
+    def __init__(self, config: JobConfig, index: int) -> None:
+        topo = config.topology
+        self.config = config
+        self.ranks = list(range(index, topo.nn_ranks, topo.data_loaders))
+        self.world = topo.nn_ranks
+
+    def place(self, batch: Batch, j: int, first_step: int) -> Batch:
+        rank = self.ranks[j % len(self.ranks)]
+        step = first_step + j // len(self.ranks)
+        return dataclasses.replace(batch, batch_id=step * self.world + rank, rank=rank)
+
+    def steps(self, batches: int) -> int:
+        return math.ceil(batches / len(self.ranks))
+
+    def padding(self, epoch: int, batches: int, steps: int, first_step: int) -> Iterator[Batch]:
+        """Empty batches giving each of our ranks `steps` batches of the epoch."""
+        slots = tuple(s.name for s in self.config.slots)
+        for j in range(batches, steps * len(self.ranks)):
+            empty = Batch(batch_id=0, epoch=epoch, rank=0,
+                          ids=KeyedIds(keys=slots, values=np.zeros(0, np.uint64), lengths=np.zeros(0, np.int32)),
+                          dense=np.zeros((0, len(self.config.dense)), np.float32), labels=np.zeros(0, np.float32))
+            yield self.place(empty, j, first_step)
+
+    def records(self, topic: str, batches: Iterator[Batch], first_j: int, first_step: int) -> Iterator[_Record]:
+        """Placed and encoded, on the reader's thread: the event loop only hands them on."""
+        for j, batch in enumerate(batches, first_j):
+            placed = self.place(batch, j, first_step)
+            yield _Record(topic, placed.rank, codec.encode_batch(placed), placed.batch_size)
+
+
+async def _threaded(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+    """Iterate a blocking iterator on a thread of its own, AHEAD items ahead of the consumer."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue(maxsize=AHEAD)
+    done = object()
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in make():
+                if stop.is_set():
+                    return
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            asyncio.run_coroutine_threadsafe(queue.put(done), loop).result()
+        except BaseException as err:  # noqa: BLE001 (handed to the consumer, which raises it)
+            if not stop.is_set():
+                asyncio.run_coroutine_threadsafe(queue.put(err), loop).result()
+
+    thread = threading.Thread(target=run, name="reader", daemon=True)
+    thread.start()
+    try:
+        while (item := await queue.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while not queue.empty():  # unblock a reader waiting for room
+            queue.get_nowait()
 
 
 class DataLoader(Service):
@@ -90,44 +147,52 @@ class DataLoader(Service):
 
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
-        ranks = config.topology.nn_ranks
-        quarantine = self.settings.run_dir / "quarantine" / f"{job.id}.jsonl"
-        quarantine.parent.mkdir(parents=True, exist_ok=True)
+        index = self.settings.index
+        share = _Share(config, index)
+        quarantine_path = self.settings.run_dir / "quarantine" / f"{job.id}.jsonl"
         self._position = await self._restore(job)
         self._captures = {}
-        # A recovery re-reads rows it read before: quarantine them once.
-        builder = BatchBuilder(config, quarantine=quarantine if job.restore is None else None)
-        # Reading and encoding the source is CPU work: keep the event loop (heartbeats) free.
-        await asyncio.to_thread(builder.split, "train")
+        if self._position.phase != "done" and not self._position.stats:
+            # One pass over the whole train split (every loader gets the same); loader 0 reports
+            # its malformed rows, as it is their first reading.
+            reporter = Quarantine("train", quarantine_path) if index == 0 else None
+            self._position.stats = await asyncio.to_thread(dense_stats, config, quarantine=reporter)
         producer = kafka.producer(self.settings.kafka)
         await producer.start()
         try:
-            partitions = [TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval) for r in range(ranks)]
+            partitions = [TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval) for r in share.ranks]
             # Where each partition ends now: what an earlier attempt wrote counts as written.
             self._ends = await self._end_offsets(partitions)
             self._producer = producer
             self.counts = {"train_batches": 0, "train_samples": 0, "eval_batches": 0, "eval_samples": 0}
             self.set_job_phase("ready")
-            position = self._position
-            if position.phase == "eval":
-                batches = await asyncio.to_thread(lambda: list(numbered(builder.batches("test"), 0, ranks)))
-                await self._produce(job, self._records(job.topics.eval, batches, 0, ranks), "eval")
-                self._position = LoaderPosition(phase="train" if config.training.epochs else "done")
+            progress = JobProgress(self.redis, job.id)
+            if self._position.phase == "eval":
+                await self._produce(job, self._eval_records(job, share, quarantine_path), "eval")
+                self._position = LoaderPosition(phase="train" if config.training.epochs else "done",
+                                                stats=self._position.stats)
             while self._position.phase == "train":
-                position = self._position
-                batches = await asyncio.to_thread(lambda e=position.epoch, n=position.first_id: list(
-                    numbered(builder.batches("train", e), n, ranks)))
-                await self._produce(job, self._records(job.topics.samples, batches, position.epoch, ranks), "train")
-                more = position.epoch + 1 < config.training.epochs
-                self._position = LoaderPosition(phase="train" if more else "done", epoch=position.epoch + 1,
-                                                first_id=position.first_id + len(batches))
+                pos = self._position
+                # The train split's rows were reported by the statistics pass when it read them.
+                reports = pos.epoch == 0 and not stats_from_data(config)
+                quarantine = Quarantine("train", quarantine_path) if reports else None
+                steps = await self._produce(job, self._epoch_records(job, share, pos, quarantine, progress),
+                                            "train")
+                more = pos.epoch + 1 < config.training.epochs
+                self._position = LoaderPosition(phase="train" if more else "done", epoch=pos.epoch + 1,
+                                                first_step=pos.first_step + steps, stats=pos.stats)
             await producer.flush()
-            self.counts["malformed_rows"] = builder.malformed
             self.set_job_phase("done")
             await asyncio.Event().wait()  # keep reporting "done" (and answering captures) until the job ends
         finally:
             self._producer = None
             await producer.stop()
+
+    async def start(self) -> None:
+        self.redis = state.connect(self.settings.redis_url)
+
+    async def stop(self) -> None:
+        await self.redis.aclose()
 
     async def _end_offsets(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
         consumer = kafka.consumer(self.settings.kafka, group_id=None)
@@ -148,30 +213,77 @@ class DataLoader(Service):
         raw = await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index))
         return LoaderPosition(**json.loads(raw))
 
-    @staticmethod
-    def _records(topic: str, batches: list[Batch], epoch: int, ranks: int) -> Iterator[_Record]:
-        for batch in batches:
-            yield _Record(topic, batch.rank, codec.encode_batch(batch), batch)
-        for rank in range(ranks):
-            yield _Record(topic, rank, b"", None, epoch_end=epoch)
+    def _batches(self, job: JobRecord, split: str, epoch: int, skip: int,
+                 quarantine: Quarantine | None) -> Iterator[Batch]:
+        config = job.config
+        return epoch_batches(config, split, stats=self._position.stats, epoch=epoch, part=self.settings.index,
+                             parts=config.topology.data_loaders, skip=skip, quarantine=quarantine)
 
-    async def _produce(self, job: JobRecord, records: Iterator[_Record], kind: str) -> None:
-        """Produce a phase's records, skipping those an earlier attempt's position says were produced."""
+    async def _eval_records(self, job: JobRecord, share: _Share, quarantine_path) -> AsyncIterator[_Record]:
+        """The test split's batches (placed like train steps from 0) and an end marker per rank,
+        from the position's record on."""
+        pos = self._position
+        produced = pos.produced
+        if pos.batches is None:
+            quarantine = Quarantine("test", quarantine_path)
+            batches = produced
+            async for record in _threaded(lambda: share.records(job.topics.eval, self._batches(
+                    job, "test", 0, produced, quarantine), produced, 0)):
+                yield record
+                batches += 1
+            pos.batches = batches
+        tail = [_Record(job.topics.eval, rank, b"", 0, epoch_end=0) for rank in share.ranks]
+        for i, record in enumerate(tail, pos.batches):
+            if i >= produced:
+                yield record
+
+    async def _epoch_records(self, job: JobRecord, share: _Share, pos: LoaderPosition, quarantine: Quarantine | None,
+                             progress: JobProgress) -> AsyncIterator[_Record]:
+        """An epoch's batches of our share, the padding to the epoch's steps and an end marker per
+        rank, from the position's record on."""
+        topic, loaders = job.topics.samples, job.config.topology.data_loaders
+        produced = pos.produced
+        if pos.batches is None:
+            batches = produced
+            async for record in _threaded(lambda: share.records(topic, self._batches(
+                    job, "train", pos.epoch, produced, quarantine), produced, pos.first_step)):
+                yield record
+                batches += 1
+            pos.batches = batches
+        await progress.set_loader_steps(pos.epoch, self.settings.index, share.steps(pos.batches))
+        while (counts := await progress.loader_steps(pos.epoch, loaders)) is None:
+            await asyncio.sleep(0.1)  # the other loaders are still reading their shares
+        self._epoch_steps = steps = max(counts)
+        tail = [_Record(topic, pad.rank, codec.encode_batch(pad), 0)
+                for pad in share.padding(pos.epoch, pos.batches, steps, pos.first_step)]
+        tail += [_Record(topic, rank, b"", 0, epoch_end=pos.epoch) for rank in share.ranks]
+        for i, record in enumerate(tail, pos.batches):
+            if i >= produced:
+                yield record
+
+    async def _produce(self, job: JobRecord, records: AsyncIterator[_Record], kind: str) -> int:
+        """Produce a phase's records (those after the position's); returns the epoch's steps
+        (train phase)."""
         producer = self._producer
         deliveries = []
-        for i, record in enumerate(records):
-            if i < self._position.produced:
-                continue
+        i = self._position.produced  # the records before were produced by an earlier attempt
+        self._epoch_steps = 0
+        async for record in records:
+            i += 1
             async with self._lock:
                 future = await producer.send(record.topic, record.value, partition=record.partition,
                                              headers=kafka.headers(job.attempt, epoch_end=record.epoch_end))
                 future.add_done_callback(lambda f, key=(record.topic, record.partition): self._delivered(key, f))
                 deliveries.append(future)
-                self._position.produced += 1
-            if record.batch is not None:
+                self._position.produced = i
+            if record.epoch_end is None:
                 self.counts[f"{kind}_batches"] += 1
-                self.counts[f"{kind}_samples"] += record.batch.batch_size
+                self.counts[f"{kind}_samples"] += record.samples
+            if len(deliveries) >= 1024:  # bounded: a large split is not held in flight whole
+                await asyncio.gather(*deliveries)
+                deliveries.clear()
         await asyncio.gather(*deliveries)
+        return self._epoch_steps
 
     def _delivered(self, key: tuple[str, int], future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is None:

@@ -1,4 +1,4 @@
-"""A training stack (2 NN ranks, 2 PS shards, 1 embedding worker) on the session's
+"""A training stack (2 NN ranks, 2 PS shards, 1 embedding worker, 2 data loaders) on the session's
 real Kafka and Redis, and helpers to run a job on it to the end."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pipeline_helpers import DATA
 @pytest.fixture(scope="session")
 def training_stack(infra, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("training-stack")
-    launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1),
+    launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=2),
                 kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(2))
     yield run_dir
     launcher.down(run_dir)

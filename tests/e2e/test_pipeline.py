@@ -15,7 +15,7 @@ import pytest
 
 from trillium import launcher
 from trillium.client import CoordinatorClient
-from trillium.data import BatchBuilder
+from trillium.features import BatchBuilder
 from trillium.job import load_job
 from trillium.reference import train_reference
 
@@ -46,6 +46,30 @@ def test_every_sample_trained_once_per_epoch_within_the_bound(training_stack, ti
     if bound is not None:
         assert report["max_staleness_observed"] <= bound
     assert report["auc"] > 0.6
+
+
+def test_two_loaders_feed_every_sample_once_per_epoch(training_stack, tiny_job, tmp_path) -> None:
+    """Two data loaders read disjoint shares of the input (here: a file each, of 600 and 400 rows),
+    each feeding its own rank; the epochs are padded to the same steps on both ranks, and every
+    row is trained once per epoch."""
+    lines = (DATA / "tiny" / "train.tsv").read_text().splitlines(keepends=True)
+    (tmp_path / "part-0.tsv").write_text("".join(lines[:600]))
+    (tmp_path / "part-1.tsv").write_text("".join(lines[600:]))
+    job = with_training(tiny_job, epochs=3, staleness_bound=2)
+    job = job.model_copy(update={"topology": job.topology.model_copy(update={"data_loaders": 2}),
+                                 "data": job.data.model_copy(update={"train": [tmp_path / "part-0.tsv",
+                                                                               tmp_path / "part-1.tsv"]})})
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    rows, label_sum = _train_split(job)
+    results = view["results"]
+    for epoch in range(job.training.epochs):
+        assert sum(r["epochs"][epoch]["samples"] for r in results.values()) == rows
+        assert sum(r["epochs"][epoch]["label_sum"] for r in results.values()) == pytest.approx(label_sum)
+    assert len({r["steps"] for r in results.values()}) == 1
+    # Each rank trained the share of its own loader.
+    assert sorted(r["samples"] for r in results.values()) == [400 * 3, 600 * 3]
+    assert report["eval_samples"] == 300
 
 
 def test_one_rank_synchronous_run_matches_single_process_reference(training_stack, tiny_job) -> None:

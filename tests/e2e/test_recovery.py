@@ -19,7 +19,7 @@ from trillium.checkpoint import CheckpointDir, ps_file
 from trillium.cli import app
 from trillium.client import CoordinatorClient
 from trillium.config import Topology
-from trillium.data import BatchBuilder
+from trillium.features import BatchBuilder
 from trillium.job import JobConfig
 
 from pipeline_helpers import run_to_end, with_training

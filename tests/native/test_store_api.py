@@ -45,6 +45,37 @@ def test_hash_ids_and_hash_ints_stable():
     assert int(tn.hash_ids("user", ["42"])[0]) == 16274034637320737580
 
 
+def test_hash_strings_equals_hash_ids_over_arrow_layout_buffers():
+    values = ["42", "alice", "", "é", "x" * 300]
+    encoded = [v.encode() for v in values]
+    data = np.frombuffer(b"pad" + b"".join(encoded), np.uint8)
+    offsets = 3 + np.concatenate([[0], np.cumsum([len(e) for e in encoded])])  # a sliced column
+    expect = tn.hash_ids("user", values)
+    assert np.array_equal(tn.hash_strings("user", data, offsets.astype(np.int32)), expect)
+    assert np.array_equal(tn.hash_strings("user", data, offsets.astype(np.int64)), expect)
+    assert len(tn.hash_strings("user", data, offsets[:1].astype(np.int32))) == 0
+    # Long enough to be hashed in parallel: still hash_ids, value by value.
+    many = [str(i) for i in range(200_000)]
+    lengths = np.array([len(v) for v in many])
+    data = np.frombuffer("".join(many).encode(), np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    assert np.array_equal(tn.hash_strings("c", data, offsets), tn.hash_ids("c", many))
+
+
+def test_hash_strings_errors_name_the_bad_input():
+    data = np.frombuffer(b"abc", np.uint8)
+    with pytest.raises(ValueError, match="at least one"):
+        tn.hash_strings("n", data, np.zeros(0, np.int32))
+    with pytest.raises(ValueError, match=r"offsets\[2\] = 1 is below"):
+        tn.hash_strings("n", data, np.array([0, 2, 1], np.int32))
+    with pytest.raises(ValueError, match="past the 3 data bytes"):
+        tn.hash_strings("n", data, np.array([0, 4], np.int64))
+    with pytest.raises(TypeError, match="uint8"):
+        tn.hash_strings("n", np.zeros(3, np.int8), np.array([0, 1], np.int32))
+    with pytest.raises(TypeError, match="int64"):
+        tn.hash_strings("n", data, np.array([0.0, 1.0]))
+
+
 def test_hash_inputs_errors():
     with pytest.raises(TypeError):
         tn.hash_ids("n", "abc")

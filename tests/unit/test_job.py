@@ -11,7 +11,8 @@ import trillium_native
 import yaml
 from pydantic import ValidationError
 
-from trillium.job import ADULT_COLUMNS, JobConfig, TableConfig, load_job
+from trillium.job import JobConfig, TableConfig, load_job
+from trillium.sources.presets import ADULT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_JOB = ROOT / "examples" / "adult" / "job.yaml"
@@ -85,7 +86,7 @@ def test_unknown_dense_and_label_columns(raw: dict[str, Any]) -> None:
             "tables.race.optimizer",
             "'sgd', 'adagrad', 'rowwise_adagrad', 'adam', 'ftrl'",
         ),
-        (("data", "source"), "csv", "data", "'adult', 'criteo', 'synthetic'"),
+        (("data", "source"), "tsv", "data", "'adult', 'criteo', 'csv', 'parquet', 'synthetic'"),
         (("dense", 0, "normalization"), "zscore", "dense.0.normalization", "'standard', 'log1p'"),
     ],
 )

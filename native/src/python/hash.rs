@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use super::{get_array, guard, type_name};
-use crate::hash::{shard_of as shard_of_one, ValueHasher};
+use crate::hash::{hash_strings as hash_strings_core, shard_of as shard_of_one, ValueHasher};
 
 /// shard_of(ids, num_shards) -> uint32 array: splitmix64_mix(id) % num_shards.
 #[pyfunction]
@@ -119,4 +119,35 @@ pub(crate) fn hash_ints<'py>(
         return Err(PyTypeError::new_err(format!("values must have dtype int64 (or int32/uint64/uint32), got {d}")));
     };
     Ok(PyArray1::from_vec(py, out))
+}
+
+/// hash_strings(namespace, data, offsets) -> uint64 array: the hash_ids of each value of an
+/// Arrow-layout string column (value i = data[offsets[i]:offsets[i + 1]]), without a Python
+/// object per value; the GIL is released while hashing.
+#[pyfunction]
+pub(crate) fn hash_strings<'py>(
+    py: Python<'py>,
+    namespace: &str,
+    data: &Bound<'py, PyAny>,
+    offsets: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let ns = namespace.as_bytes();
+    let data = get_array::<u8, Ix1>(py, data, "data", "uint8", 1)?;
+    let bytes = data.slice()?;
+    let arr = offsets.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "offsets must be a numpy.ndarray of dtype int32 or int64, got {}",
+            type_name(offsets)
+        ))
+    })?;
+    let out = if arr.dtype().is_equiv_to(&numpy::dtype::<i32>(py)) {
+        let a = get_array::<i32, Ix1>(py, offsets, "offsets", "int32", 1)?;
+        let s = a.slice()?;
+        py.detach(|| hash_strings_core(ns, bytes, s))
+    } else {
+        let a = get_array::<i64, Ix1>(py, offsets, "offsets", "int64", 1)?;
+        let s = a.slice()?;
+        py.detach(|| hash_strings_core(ns, bytes, s))
+    };
+    Ok(PyArray1::from_vec(py, out.map_err(PyValueError::new_err)?))
 }

@@ -9,9 +9,20 @@ import numpy as np
 import pytest
 import trillium_native
 
-from trillium.data import BatchBuilder, read_adult, read_rows
 from trillium.datagen import generate_criteo
+from trillium.features import (
+    _STATS_CHUNK,
+    BatchBuilder,
+    EncodedBlock,
+    Encoder,
+    _encoded,
+    _Moments,
+    _shuffle,
+    dense_stats,
+    epoch_batches,
+)
 from trillium.job import JobConfig, load_job
+from trillium.sources import open_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,14 +80,16 @@ def criteo_job(train: Path, slots: list[dict[str, Any]], **training: Any) -> Job
     )
 
 
-def test_read_adult_handles_the_test_file_quirks(tmp_path: Path) -> None:
+def test_adult_preset_handles_the_test_file_quirks(tmp_path: Path) -> None:
     path = tmp_path / "adult.test"
-    path.write_text(f"|1x3 Cross validator\n{adult_row(label='>50K.')}\n\n{adult_row(workclass='?')}\n")
-    rows = list(read_adult(path))
-    assert [r.line for r in rows] == [2, 4]
-    assert rows[0].fields[-1] == ">50K" and rows[0].fields[1] == "State-gov"
-    assert rows[1].fields[1] == "?"
-    assert rows[0].raw == adult_row(label=">50K.") and rows[0].file == str(path)
+    lines = ["|1x3 Cross validator", adult_row(label=">50K."), "", "   ", adult_row(workclass="?")]
+    path.write_text("\n".join(lines) + "\n")
+    builder = BatchBuilder(adult_job(path))
+    batch = next(builder.batches())
+    np.testing.assert_array_equal(batch.labels, [1.0, 0.0])  # ">50K." is ">50K"
+    values, lengths = batch.ids.slot("workclass")  # cells stripped; "?" is a value
+    np.testing.assert_array_equal(values, trillium_native.hash_ids("workclass", ["State-gov", "?"]))
+    assert builder.malformed == {}  # the "|" line and the blank ones are no rows
 
 
 def test_malformed_rows_are_counted_logged_and_quarantined(
@@ -97,7 +110,7 @@ def test_malformed_rows_are_counted_logged_and_quarantined(
     quarantine.parent.mkdir()
     quarantine.write_text('{"earlier": "record"}\n')
     builder = BatchBuilder(adult_job(train), quarantine=quarantine)
-    with caplog.at_level(logging.WARNING, logger="trillium.data"):
+    with caplog.at_level(logging.WARNING, logger="trillium.features"):
         split = builder.split("train")
     assert split.rows == 2
     np.testing.assert_array_equal(split.labels, [0.0, 1.0])
@@ -203,18 +216,19 @@ def test_ranks_are_batch_id_modulo_nn_ranks(tmp_path: Path) -> None:
     assert [b.rank for b in BatchBuilder(adult_job(train)).batches()] == [0, 1, 0, 1]
 
 
-def test_shuffle_is_a_deterministic_function_of_seed_and_epoch(tmp_path: Path) -> None:
+def test_shuffle_buffer_is_a_deterministic_function_of_seed_and_epoch(tmp_path: Path) -> None:
     train = write_numbered(tmp_path, 50)
 
-    def order(seed: int, epoch: int) -> list[float]:
-        job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle=True, seed=seed)
+    def order(seed: int, epoch: int, buffer: int = 20) -> list[float]:
+        job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle_buffer=buffer, seed=seed)
         return np.concatenate([b.dense[:, 0] for b in BatchBuilder(job).batches("train", epoch)]).tolist()
 
     assert order(1, 0) == order(1, 0)
     assert order(1, 0) != order(1, 1) and order(1, 0) != order(2, 0)
     assert sorted(order(1, 0)) == list(range(50))
+    assert order(1, 0, buffer=0) == list(range(50))  # no buffer: file order
     # IDs move with their rows.
-    job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle=True, seed=1)
+    job = criteo_job(train, [{"name": "c1", "column": "C1"}], shuffle_buffer=20, seed=1)
     for batch in BatchBuilder(job).batches("train", 1):
         assert len(batch.ids.values) == batch.batch_size
 
@@ -241,7 +255,7 @@ def test_synthetic_source_equals_the_generated_file(tmp_path: Path) -> None:
 def test_a_job_without_test_split(tmp_path: Path) -> None:
     builder = BatchBuilder(criteo_job(write_numbered(tmp_path, 3), [{"name": "c1", "column": "C1"}]))
     assert not builder.has_test
-    assert list(read_rows(builder.job.data, "test")) == []
+    assert list(open_source(builder.job.data).blocks("test", ["label"])) == []
 
 
 def test_adult_example_reads_cleanly() -> None:
@@ -252,3 +266,111 @@ def test_adult_example_reads_cleanly() -> None:
     assert 0.2 < train.labels.mean() < 0.3 and 0.2 < test.labels.mean() < 0.3
     np.testing.assert_allclose(train.dense.mean(axis=0), 0, atol=1e-4)  # all standardized
     np.testing.assert_allclose(train.dense.std(axis=0), 1, atol=1e-4)
+
+
+def many_blocks_job(tmp_path: Path, **training: Any) -> JobConfig:
+    """A Criteo-format job over ~3 grid blocks (~40k rows), with statistics from the train split."""
+    path = tmp_path / "train.tsv"
+    generate_criteo(path, 40_000, seed=5, vocab_sizes=[1000] * 26)
+    return criteo_job(path, [{"name": "c1", "column": "C1"}, {"name": "c2", "column": "C2"}], **training)
+
+
+@pytest.mark.parametrize("buffer", [0, 5000])
+def test_streamed_epochs_equal_the_in_memory_ones_and_resume_at_any_batch(tmp_path: Path, buffer: int) -> None:
+    job = many_blocks_job(tmp_path, batch_size=1000, shuffle_buffer=buffer, seed=3)
+    builder = BatchBuilder(job)
+    stats = dense_stats(job)
+    assert stats == builder.dense_stats
+    assert len(builder.split("train").blocks) >= 3
+    for epoch in (0, 1):
+        expect = list(builder.batches("train", epoch))
+        assert len(expect) == 40
+        assert list(epoch_batches(job, "train", stats=stats, epoch=epoch)) == expect
+        for skip in (1, 17, 39, 40):  # within a block, across blocks, the last batch, past the end
+            assert list(epoch_batches(job, "train", stats=stats, epoch=epoch, skip=skip)) == expect[skip:]
+    if buffer:
+        assert list(builder.batches("train", 0)) != list(builder.batches("train", 1))
+
+
+class CountingEncoder(Encoder):
+    """Counts the rows it encodes."""
+
+    encoded = 0
+
+    def encode(self, block: Any, checked: Any, *, skip: int = 0) -> Any:
+        out = super().encode(block, checked, skip=skip)
+        CountingEncoder.encoded += out.rows
+        return out
+
+
+def test_skipped_batches_are_not_encoded_without_a_shuffle_buffer(tmp_path: Path) -> None:
+    job = many_blocks_job(tmp_path, batch_size=1000)
+    encoder = CountingEncoder(job, dense_stats(job))
+    CountingEncoder.encoded = 0
+    rows = sum(b.rows for b in _encoded(job, "train", encoder, part=0, parts=1, skip_rows=35_000, quarantine=None))
+    assert rows == 5_000
+    assert CountingEncoder.encoded < 40_000 - 20_000  # at most a block or two encoded in vain
+
+
+def encoded_rows(ids: list[int]) -> EncodedBlock:
+    lengths = np.ones((1, len(ids)), np.int32)
+    values = (np.array(ids, np.uint64),)
+    dense = np.array(ids, np.float32)[:, None]
+    return EncodedBlock.from_lengths(lengths, values, dense, np.zeros(len(ids), np.float32))
+
+
+def test_the_shuffle_buffer_moves_rows_at_most_about_its_size(tmp_path: Path) -> None:
+    blocks = [encoded_rows(list(range(start, start + 100))) for start in range(0, 2000, 100)]
+
+    def shuffled(seed: int, size: int, skip: int = 0) -> list[int]:
+        out = _shuffle(iter(blocks), size, np.random.default_rng(seed), skip)
+        return [int(v) for block in out for v in block.values[0]]
+
+    order = shuffled(0, 250)
+    assert sorted(order) == list(range(2000)) and order != list(range(2000))
+    assert order == shuffled(0, 250) and order != shuffled(1, 250)
+    position = np.argsort(order)  # where each row went
+    # A row leaves no earlier than when its block arrives: at most buffer + block rows ahead.
+    assert (position >= np.arange(2000) - 250 - 100).all()
+    assert shuffled(0, 250, skip=777) == order[777:]
+    ids = [int(v) for block in _shuffle(iter(blocks), 250, np.random.default_rng(0), 0) for v in block.dense[:, 0]]
+    assert ids == order  # IDs and dense values move together
+
+
+def test_statistics_merged_over_chunks_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(3, 1, 3 * _STATS_CHUNK + 12345) + 1e6  # a large mean: no cancellation
+    moments = _Moments()
+    for start in range(0, len(values), 9999):  # any cut of the input gives the same chunks
+        moments.add(values[start : start + 9999])
+    stats = moments.stats("standard")
+    assert stats["mean"] == pytest.approx(values.mean(), rel=1e-14)
+    assert stats["std"] == pytest.approx(values.std(), rel=1e-10)
+    other = _Moments()
+    other.add(values)
+    assert other.stats("standard") == stats
+    small = _Moments()
+    small.add(values[:1000])
+    assert small.stats("standard") == {"mean": float(values[:1000].mean()), "std": float(values[:1000].std())}
+    assert moments.stats("minmax") == {"min": float(values.min()), "max": float(values.max())}
+
+
+def test_given_statistics_are_checked(tmp_path: Path) -> None:
+    job = many_blocks_job(tmp_path)
+    for bad in ({}, {"I2": {"mean": 1.0}}, {"I2": {"mean": 1.0, "std": 0.0}}, {"I2": {"mean": "1", "std": 1.0}}):
+        with pytest.raises(ValueError, match="dense column 'I2' \\(standard\\): stats need a mean and a std > 0"):
+            epoch_batches(job, "train", stats=bad)
+    assert next(epoch_batches(job, "train", stats={"I2": {"mean": 1.0, "std": 2.0}})).batch_size == 4
+
+
+def test_a_row_quarantined_before_is_not_appended_again(tmp_path: Path) -> None:
+    """A data loader restored from a checkpoint reads again rows it read before its crash."""
+    train = tmp_path / "train.csv"
+    train.write_text("\n".join([adult_row(), adult_row(age="abc"), adult_row(label="maybe")]) + "\n")
+    quarantine = tmp_path / "bad.jsonl"
+    for _ in range(2):  # the first attempt, then its recovery
+        builder = BatchBuilder(adult_job(train), quarantine=quarantine)
+        assert builder.split("train").rows == 1
+        assert builder.malformed == {"dense_value": 1, "label": 1}  # counted each time, written once
+    records = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert [r["line"] for r in records] == [2, 3]
