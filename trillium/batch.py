@@ -124,8 +124,14 @@ class KeyedIds:
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """One batch: ``batch_id`` is its sequence number within ``epoch`` (0, 1, ...), ``rank`` the NN
-    rank it is destined for."""
+    """One batch: ``batch_id`` is ``step * nn_ranks + rank`` (see the data loader), ``rank`` the NN
+    rank it is destined for.
+
+    A batch of a stream also says which event each sample is (``sample_ids``: a stable hash of the
+    event's key, the sample ledger of a job) and when it became a sample (``event_times``: the
+    event time of the click that made it positive, else of the impression), so training can report
+    how long after the event a sample was trained.
+    """
 
     batch_id: int
     epoch: int
@@ -133,6 +139,8 @@ class Batch:
     ids: KeyedIds
     dense: np.ndarray  # float32[batch_size, num_dense]
     labels: np.ndarray  # float32[batch_size]
+    sample_ids: np.ndarray | None = None  # uint64[batch_size]
+    event_times: np.ndarray | None = None  # float64[batch_size], seconds since the UNIX epoch
 
     def __post_init__(self) -> None:
         for name in ("batch_id", "epoch", "rank"):
@@ -144,6 +152,10 @@ class Batch:
             raise ValueError(f"dense has {self.dense.shape[0]} rows but the batch has {b} samples")
         if _require_array("labels", self.labels, np.float32, 1).shape[0] != b:
             raise ValueError(f"labels has {self.labels.shape[0]} entries but the batch has {b}")
+        for name, dtype in (("sample_ids", np.uint64), ("event_times", np.float64)):
+            value = getattr(self, name)
+            if value is not None and _require_array(name, value, dtype, 1).shape[0] != b:
+                raise ValueError(f"{name} has {value.shape[0]} entries but the batch has {b}")
 
     @property
     def batch_size(self) -> int:
@@ -157,9 +169,15 @@ class Batch:
             and self.ids == other.ids
             and np.array_equal(self.dense, other.dense)
             and np.array_equal(self.labels, other.labels)
+            and _same(self.sample_ids, other.sample_ids)
+            and _same(self.event_times, other.event_times)
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is None and b is None or a is not None and b is not None and np.array_equal(a, b)
 
 
 @dataclass(frozen=True)
@@ -184,8 +202,10 @@ class EmbeddingRef:
 class GradientUpdate:
     """The embedding gradients of one batch for one PS shard.
 
-    ``tables[name] = (ids, grads)``: ``ids`` uint64[n], unique (gradients of duplicate IDs are
-    summed before this is built), ``grads`` float32[n, dim].
+    ``tables[name] = (ids, grads)``: ``ids`` uint64[n], ``grads`` float32[n, dim]. The embedding
+    worker sends each ID once (it sums a batch's gradients per ID); uniqueness is not checked
+    here (a sort per table per message, twice on the hot path) because the PS sums the rows of
+    one ID in a step before its optimizer sees them, so a repeated ID would still be one update.
     """
 
     rank: int
@@ -210,9 +230,6 @@ class GradientUpdate:
                 raise ValueError(
                     f"tables[{table!r}]: {len(ids)} ids but {grads.shape[0]} gradient rows"
                 )
-            # The PS applies non-linear optimizers per row: a repeated ID would be updated twice.
-            if len(np.unique(ids)) != len(ids):
-                raise ValueError(f"tables[{table!r}]: ids must be unique")
         # A private read-only copy: the mapping cannot change under a frozen value.
         object.__setattr__(self, "tables", MappingProxyType(dict(self.tables)))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -18,11 +19,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from trillium import launcher
+from trillium import kafka, launcher
 from trillium.client import ApiError, CoordinatorClient, CoordinatorUnavailable
-from trillium.config import ENV_RUN_DIR, Topology, default_run_dir, describe_validation_error
+from trillium.config import ENV_RUN_DIR, KafkaConnection, Topology, default_run_dir, describe_validation_error
 from trillium.datagen import generate_criteo
-from trillium.job import JobConfig, load_job
+from trillium.job import JobConfig, KafkaData, load_job
 
 app = typer.Typer(help="Trillium: hybrid training of recommender models with huge embedding tables.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -141,6 +142,11 @@ def summarize(view: dict, elapsed_s: float) -> dict:
     stale = list(view["staleness"].values())
     samples = sum(r["samples"] for r in results.values())
     train_s = max((r["train_seconds"] for r in results.values()), default=0.0)
+    steps = max((r["steps"] for r in results.values()), default=0)
+    if not results:  # stopped (a continuous job ends so): the ranks' last progress
+        prog = view["progress"]
+        samples, steps = prog["samples"], prog["steps"]
+        train_s = samples / prog["samples_per_sec"] if prog["samples_per_sec"] else 0.0
     lookups = sum(s["count"] for s in stale)
     metrics = job.get("metrics") or {}
     return {
@@ -149,7 +155,7 @@ def summarize(view: dict, elapsed_s: float) -> dict:
         "staleness_bound": job["config"]["training"]["staleness_bound"],
         "auc": metrics.get("auc"), "logloss": metrics.get("logloss"), "eval_samples": metrics.get("samples"),
         "samples_trained": samples, "samples_per_sec": samples / train_s if train_s else 0.0,
-        "train_seconds": train_s, "steps": max((r["steps"] for r in results.values()), default=0),
+        "train_seconds": train_s, "steps": steps,
         "max_staleness_observed": max((s["max"] for s in stale), default=0),
         "mean_staleness_observed": sum(s["mean"] * s["count"] for s in stale) / lookups if lookups else 0.0,
         "nn_ranks": job["config"]["topology"]["nn_ranks"], "ps_shards": job["config"]["topology"]["ps_shards"],
@@ -157,6 +163,8 @@ def summarize(view: dict, elapsed_s: float) -> dict:
         "recoveries": [{"attempt": r["attempt"], "cause": r["cause"], "checkpoint_step": r["checkpoint_step"]}
                        for r in job.get("recoveries", [])],
         "last_checkpoint_step": (view.get("last_checkpoint") or {}).get("step"),
+        "progressive": {k: view["progressive"][k] for k in ("auc", "logloss", "samples", "scored", "delay_seconds")},
+        "stream": view.get("stream"),
     }
 
 
@@ -169,14 +177,22 @@ def _print_summary(report: dict) -> None:
     console.print(table)
 
 
-def run_job(run_dir: Path, config: JobConfig) -> dict:
+@dataclasses.dataclass
+class Outcome:
+    report: dict
+    view: dict
+    series: list[dict]
+
+
+def run_job(run_dir: Path, config: JobConfig) -> Outcome:
     """Submit `config` to the stack in `run_dir`, follow it to the end, and report."""
     started = time.monotonic()
     with _coordinator(run_dir) as client:
         job = client.submit(config)
         console.print(Text.assemble("job ", (job["id"], "bold"), " submitted"))
         view = _follow(client, job["id"])
-    return summarize(view, time.monotonic() - started)
+        series = client.series(job["id"])
+    return Outcome(summarize(view, time.monotonic() - started), view, series)
 
 
 MODES = {"sync": 0, "async": None}
@@ -188,17 +204,22 @@ def train(job_file: Annotated[Path, typer.Argument(help="job YAML", exists=True,
           report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = None) -> None:
     """Submit a job to the running stack and follow it to the end."""
     config = _load_job(job_file)
-    result = run_job(_run_dir(run_dir), config)
-    _finish(result, report)
+    outcome = run_job(_run_dir(run_dir), config)
+    _finish(outcome, report)
 
 
-def _finish(result: dict, report: Path | None) -> None:
+def _finish(outcome: Outcome, report: Path | None) -> None:
+    result = outcome.report
     _print_summary(result)
     if report:
+        from trillium.report import plot  # matplotlib: loaded only when a report is written
+
+        result["plot"] = str(plot(outcome.view, outcome.series, report.with_suffix(".png")))
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(result, indent=2))
-        console.print(f"report written to {report}")
-    if result["state"] != "finished":
+        console.print(f"report written to {report} (plot: {result['plot']})")
+    continuous = outcome.view["job"]["config"]["training"]["epochs"] is None
+    if result["state"] != ("stopped" if continuous else "finished"):  # a continuous job ends when stopped
         _fail(f"job {result['state']}: {result['error']}")
 
 
@@ -222,10 +243,10 @@ def demo(mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) 
     up(run_dir=rd, ps_shards=topo.ps_shards, embedding_workers=topo.embedding_workers, nn_ranks=topo.nn_ranks,
        data_loaders=1)
     try:
-        result = run_job(rd, config)
+        outcome = run_job(rd, config)
     finally:
         down(run_dir=rd)
-    _finish(result, report)
+    _finish(outcome, report)
 
 
 # ---- job control: clients of the coordinator's REST API ----------------------------------------
@@ -295,6 +316,7 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
                                               f"(bound {_bound(s['bound'])})"))
     if view["lost_workers"]:
         rows.append(("lost workers", ", ".join(view["lost_workers"])))
+    rows += _stream_rows(view)
     if job.get("metrics"):
         rows.append(("eval", ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                        for k, v in job["metrics"].items())))
@@ -312,6 +334,27 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)
+
+
+def _stream_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """Progressive validation, the input's lag and the joiner's counts (a stream's job)."""
+    rows = []
+    p = view.get("progressive")
+    if p and p["samples"]:
+        rows.append(("progressive", f"AUC {p['auc']:.4f}, log loss {p['logloss']:.4f} over the last "
+                                    f"{p['samples']:,} of {p['scored']:,} samples scored before training"))
+        if p.get("delay_seconds"):
+            rows.append(("click to trained", f"p50 {p['delay_seconds']['p50']:.1f} s, "
+                                             f"p99 {p['delay_seconds']['p99']:.1f} s"))
+    stream = view.get("stream")
+    if stream:
+        for i in stream["inputs"]:
+            behind = "" if i["lag_seconds"] is None else f", {i['lag_seconds']:.1f} s behind"
+            rows.append((f"lag {i['topic']}/{i['partition']}", f"{i['lag_messages']:,} messages{behind}"))
+        for field in ("joined", "dead_letters"):
+            if stream[field]:
+                rows.append((field.replace("_", " "), ", ".join(f"{k} {v:,}" for k, v in stream[field].items())))
+    return rows
 
 
 def _control(run_dir: Path | None, act: Callable[[CoordinatorClient], dict]) -> None:
@@ -394,13 +437,69 @@ def staleness(job_id: JobId,
     console.print(table)
 
 
+def _input_kafka(config: JobConfig, run_dir: Path | None) -> KafkaConnection:
+    """The Kafka a stream job reads: its data.bootstrap, else the stack's."""
+    bootstrap = getattr(config.data, "bootstrap", None)
+    if not bootstrap:
+        st = launcher.read_state(_run_dir(run_dir))
+        if not st:
+            _fail(f"no stack in {_run_dir(run_dir)} and no data.bootstrap in the job: where is Kafka?")
+        bootstrap = st["kafka"]["bootstrap"]
+    return KafkaConnection.from_env(bootstrap)
+
+
+@app.command()
+def topics(job_file: Annotated[Path, typer.Option("--job", help="the online job whose input topics to create",
+                                                  exists=True, dir_okay=False)],
+           partitions: Annotated[int, typer.Option(min=1, help="partitions of each (the same for all: "
+                                                              "a join needs co-partitioned topics)")] = 4,
+           run_dir: RunDir = None) -> None:
+    """Create a stream job's input topics (those missing) for producers of your own, such as kcat."""
+    config = _load_job(job_file)
+    if not isinstance(config.data, KafkaData):
+        _fail(f"the job's data.source is {config.data.source!r}: it reads no topics")
+    names = config.data.input_topics
+    asyncio.run(kafka.ensure_topics(_input_kafka(config, run_dir), {name: partitions for name in names}))
+    console.print(f"topics {', '.join(names)}: ready")
+
+
+@app.command()
+def replay(file: Annotated[Path, typer.Argument(help="the data set (a criteo TSV, e.g. `trillium datagen` "
+                                                     "output, or an adult CSV)", exists=True, dir_okay=False)],
+           job_file: Annotated[Path, typer.Option("--job", help="the online job whose topics to feed",
+                                                  exists=True, dir_okay=False)],
+           rate: Annotated[float, typer.Option(min=0, help="impressions a second (0: as fast as it can)")] = 1000.0,
+           fmt: Annotated[str, typer.Option("--format", help="criteo or adult")] = "criteo",
+           limit: Annotated[Optional[int], typer.Option(min=1, help="rows to replay (default: all)")] = None,
+           late_fraction: Annotated[float, typer.Option(min=0, max=1, help="clicks sent after the window")] = 0.0,
+           malformed_fraction: Annotated[float, typer.Option(min=0, max=1, help="messages replaced by garbage")]
+           = 0.0,
+           seed: Annotated[int, typer.Option(help="of the delays and the choices")] = 0,
+           run_dir: RunDir = None) -> None:
+    """Turn a data set into a live stream: timestamped impression events, and a click event 0..W
+    seconds later for each positive row (W: the job's attribution window), on the job's topics."""
+    from trillium.replay import replay as run_replay
+
+    config = _load_job(job_file)
+    conn = _input_kafka(config, run_dir)
+    try:
+        result = asyncio.run(run_replay(file, config, conn, fmt=fmt, rate=rate, limit=limit,
+                                        late_fraction=late_fraction, malformed_fraction=malformed_fraction, seed=seed))
+    except ValueError as err:
+        _fail(str(err))
+    console.print_json(json.dumps(dataclasses.asdict(result) | {"events_per_sec": round(result.events_per_sec, 1)}))
+
+
 @app.command()
 def datagen(path: Annotated[Path, typer.Argument(help="the TSV file to write")],
             rows: Annotated[int, typer.Option(min=1, help="rows to write")] = 100_000,
-            seed: Annotated[int, typer.Option(help="seed of the planted model and the draws")] = 0) -> None:
+            seed: Annotated[int, typer.Option(help="seed of the planted model and the draws")] = 0,
+            vocab_size: Annotated[Optional[int], typer.Option(min=1, help="IDs per categorical slot (default: "
+                                                                         "10^3..10^6, varying by slot)")] = None
+            ) -> None:
     """Write Criteo-format TSV from a planted logistic model and print that model's own
     (Bayes-optimal) AUC: the ceiling a trained model can approach."""
-    report = generate_criteo(path, rows, seed)
+    report = generate_criteo(path, rows, seed, vocab_sizes=[vocab_size] * 26 if vocab_size else None)
     console.print_json(json.dumps(dataclasses.asdict(report), default=str))
 
 

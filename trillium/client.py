@@ -112,6 +112,10 @@ class CoordinatorClient:
         """Change a job's staleness bound live; None: unbounded."""
         return self._call("PUT", self._job(job_id, "staleness"), json={"bound": bound})
 
+    def series(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's series: a point a second while it trained (samples, rolling AUC, loss)."""
+        return self._call("GET", self._job(job_id, "series"))
+
     def tables(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", self._job(job_id, "tables"))
 

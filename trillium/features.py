@@ -68,7 +68,9 @@ __all__ = [
     "EncodedBlock",
     "EncodedSplit",
     "Encoder",
+    "OnlineStats",
     "Quarantine",
+    "batch_of",
     "dense_stats",
     "epoch_batches",
     "stats_from_data",
@@ -388,16 +390,73 @@ class _Moments:
         return {"min": lo, "max": hi if hi > lo else lo + 1.0}
 
 
-def dense_stats(job: JobConfig, *, quarantine: Quarantine | None = None) -> DenseStats:
-    """The normalization statistics of the job's ``standard`` and ``minmax`` columns: given in the
-    job, or from one pass over the whole train split (every part: all loaders get the same). The
-    pass reports the split's malformed rows to ``quarantine``."""
+class OnlineStats:
+    """Normalization statistics of a stream, from the values seen so far: per ``standard`` or
+    ``minmax`` column without statistics in the job, a count, mean and sum of squared deviations
+    (Chan et al.'s batch update) and a min and max. Its state is a plain value (checkpoints)."""
+
+    def __init__(self, job: JobConfig, state: dict[str, list[float]] | None = None) -> None:
+        self.given = given_stats(job)
+        self.columns = [(j, d) for j, d in enumerate(job.dense) if d.column in stats_from_data(job)]
+        # column -> [n, mean, m2, min, max]
+        self.moments: dict[str, list[float]] = state or {d.column: [0.0, 0.0, 0.0, math.inf, -math.inf]
+                                                         for _, d in self.columns}
+
+    def update(self, raw: np.ndarray) -> None:
+        """Fold in a block's raw dense values (float64[rows, num_dense], NaN where missing)."""
+        for j, d in self.columns:
+            x = raw[:, j][~np.isnan(raw[:, j])]
+            if not len(x):
+                continue
+            n, mean, m2, lo, hi = self.moments[d.column]
+            k, kmean = len(x), float(x.mean())
+            total = n + k
+            delta = kmean - mean
+            self.moments[d.column] = [total, mean + delta * k / total,
+                                      m2 + float(((x - kmean) ** 2).sum()) + delta * delta * n * k / total,
+                                      min(lo, float(x.min())), max(hi, float(x.max()))]
+
+    def stats(self) -> DenseStats:
+        out = dict(self.given)
+        for _, d in self.columns:
+            n, mean, m2, lo, hi = self.moments[d.column]
+            if d.normalization == "standard":
+                std = math.sqrt(m2 / n) if n else 0.0
+                out[d.column] = {"mean": mean, "std": std if std > 0 else 1.0}  # nothing to scale yet
+            else:
+                lo, hi = (lo, hi) if n else (0.0, 1.0)
+                out[d.column] = {"min": lo, "max": hi if hi > lo else lo + 1.0}
+        return out
+
+    def state(self) -> dict[str, list[float]]:
+        return {column: list(m) for column, m in self.moments.items()}
+
+
+def batch_of(job: JobConfig, block: EncodedBlock, *, batch_id: int, rank: int, epoch: int = 0,
+             sample_ids: np.ndarray | None = None, event_times: np.ndarray | None = None) -> Batch:
+    """Every row of ``block``, in order, as one batch."""
+    return Batch(batch_id=batch_id, epoch=epoch, rank=rank,
+                 ids=KeyedIds(keys=tuple(s.name for s in job.slots), values=np.concatenate(block.values)
+                              if block.values else np.zeros(0, np.uint64), lengths=block.lengths().ravel()),
+                 dense=block.dense, labels=block.labels, sample_ids=sample_ids, event_times=event_times)
+
+
+def given_stats(job: JobConfig) -> DenseStats:
+    """The normalization statistics the job file states."""
     stats: DenseStats = {}
     for d in job.dense:
         if d.normalization == "standard" and d.mean is not None and d.std is not None:
             stats[d.column] = {"mean": d.mean, "std": d.std}
         elif d.normalization == "minmax" and d.min is not None and d.max is not None:
             stats[d.column] = {"min": d.min, "max": d.max}
+    return stats
+
+
+def dense_stats(job: JobConfig, *, quarantine: Quarantine | None = None) -> DenseStats:
+    """The normalization statistics of the job's ``standard`` and ``minmax`` columns: given in the
+    job, or from one pass over the whole train split (every part: all loaders get the same). The
+    pass reports the split's malformed rows to ``quarantine``."""
+    stats = given_stats(job)
     needed = stats_from_data(job)
     if not needed:
         return stats

@@ -41,6 +41,8 @@ __all__ = [
     "EmbeddingOptimizerConfig",
     "FeatureSlot",
     "InitFrom",
+    "JoinConfig",
+    "KafkaData",
     "FractionSplit",
     "JobConfig",
     "LabelConfig",
@@ -194,8 +196,81 @@ class SyntheticData(_Strict):
         return PRESET_COLUMNS["synthetic"]
 
 
+FieldPath = Annotated[str, Field(min_length=1, pattern=r"^[^.]+(\.[^.]+)*$")]  # dotted: "user.id"
+TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+class JoinConfig(_Strict):
+    """Impressions joined with their labels (clicks) by key, in event time.
+
+    An impression waits up to ``window_seconds`` (event time) for a label with its key: a label
+    inside the window makes it a positive sample; the window closing (the watermark, the least
+    event time over the loader's input partitions less ``allowed_lateness_seconds``, passing its
+    end) makes it a negative. Samples leave in event-time order of these decisions, each once the
+    watermark passes it. A label later than that is counted as late and, with
+    ``late_labels: correct``, sent as a positive correction sample. Open impressions per input
+    partition are capped: over the cap the oldest close early (counted). The two topics must be
+    co-partitioned by the key (same partition count, keyed producers), as Kafka Streams requires.
+    """
+
+    impressions: TopicName
+    labels: TopicName
+    key: FieldPath
+    window_seconds: PositiveFloat
+    allowed_lateness_seconds: NonNegativeFloat = 0.0
+    late_labels: Literal["count", "correct"] = "count"
+    max_open_per_partition: PositiveInt = 1_000_000
+
+
+class KafkaData(_Strict):
+    """Events from Kafka, trained continuously (``training.epochs: null``). An event is a JSON
+    object or a msgpack map per message; the slots, dense columns and the label name its fields by
+    dotted path (``user.recent_items``); a list value is a multi-valued slot. Events either carry
+    their label (``topics``) or are impressions joined with label events (``join``; the joiner
+    sets the label field to "1" or "0"). A message that cannot be a sample goes to the dead-letter
+    topic ``trillium.<job>.dlq`` with the reason and where it came from."""
+
+    source: Literal["kafka"]
+    bootstrap: Annotated[str, Field(min_length=1)] | None = None  # default: the stack's cluster
+    topics: Annotated[list[TopicName], Field(min_length=1)] | None = None
+    join: JoinConfig | None = None
+    format: Literal["json", "msgpack"] = "json"
+    key: FieldPath | None = None  # the event's identity (its sample id); with a join, the join key
+    # The consumer group the loaders commit the input offsets to, for outside lag monitors (a
+    # restart resumes from the job's checkpoint, not from these): default trillium.<job>.input.
+    group: Annotated[str, Field(min_length=1)] | None = None
+    event_time: FieldPath  # seconds since the UNIX epoch, a number
+    start: Literal["earliest", "latest"] = "earliest"  # where a new job starts reading
+    max_message_bytes: Annotated[int, Field(ge=64, le=1 << 26)] = 1 << 20
+    # A partial step goes out after this long without enough events to fill it: the delay from an
+    # event to its training stays bounded when the stream is slow.
+    batch_timeout_seconds: PositiveFloat = 1.0
+    # Steps the loaders may produce ahead of training: beyond it they stop reading and the input's
+    # lag grows (nothing is buffered without bound).
+    max_steps_ahead: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _topics_or_join(self) -> KafkaData:
+        if (self.topics is None) == (self.join is None):
+            raise ValueError("data: give `topics` (events with their label) or `join` (impressions and labels)")
+        if self.join is not None and self.key is not None and self.key != self.join.key:
+            raise ValueError("data.key: with a join, the event's key is join.key")
+        return self
+
+    def schema_columns(self) -> None:
+        return None  # any field of the events
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [self.join.impressions, self.join.labels] if self.join is not None else list(self.topics or [])
+
+    @property
+    def event_key(self) -> str | None:
+        return self.join.key if self.join is not None else self.key
+
+
 DataConfig = Annotated[
-    AdultData | CriteoData | CsvData | ParquetData | SyntheticData, Field(discriminator="source")
+    AdultData | CriteoData | CsvData | ParquetData | SyntheticData | KafkaData, Field(discriminator="source")
 ]
 
 
@@ -453,7 +528,8 @@ DenseOptimizerConfig = Annotated[
 class TrainingConfig(_Strict):
     batch_size: PositiveInt
     # 0: no training, only the evaluation of a warm start (`init_from`): a checkpoint's test metrics.
-    epochs: Annotated[int, Field(ge=0)] = 1
+    # null: a continuous job, trained from a stream until stopped (the kafka source).
+    epochs: Annotated[int, Field(ge=0)] | None = 1
     # How many earlier steps may still have embedding gradients not applied on the PS when a
     # step's embeddings are looked up (see trillium.progress): 0 is synchronous, null unbounded.
     staleness_bound: Annotated[int, Field(ge=0)] | None
@@ -464,6 +540,13 @@ class TrainingConfig(_Strict):
     # seed, epoch and loader); 0 keeps file order. The buffer bounds memory, not the randomness:
     # a row moves at most about as far as the buffer is long.
     shuffle_buffer: Annotated[int, Field(ge=0)] = 0
+    # Progressive validation: every batch is scored before it is trained on; the rolling AUC and
+    # log loss are over this many latest samples, and also kept per window of event time.
+    progressive_samples: PositiveInt = 100_000
+    progressive_window_seconds: PositiveFloat = 60.0
+    # The NN ranks' forward arithmetic: bf16 runs it under torch.autocast (matmuls in bfloat16, on
+    # a GPU or the CPU); the loss, the gradients handed back and the optimizer stay fp32.
+    precision: Literal["fp32", "bf16"] = "fp32"
 
 
 class TopologyConfig(_Strict):
@@ -525,6 +608,14 @@ class JobConfig(_Strict):
     def _cross_check(self) -> JobConfig:
         if self.training.epochs == 0 and self.init_from is None:
             raise ValueError("training.epochs: 0 (evaluation only) needs init_from: a checkpoint to evaluate")
+        streaming = isinstance(self.data, KafkaData)
+        if streaming != (self.training.epochs is None):
+            raise ValueError("training.epochs: null (a continuous job) goes with data.source: kafka, and a "
+                             "kafka source with epochs: null")
+        if streaming and self.data.join is not None and (
+                self.label.positive != ["1"] or self.label.negative not in (None, ["0"])):
+            raise ValueError("label: with a join the joiner sets the label field to \"1\" (a label event in the "
+                             "window) or \"0\": use positive: \"1\" (and negative: \"0\")")
         columns = self.data.schema_columns()
         if columns is not None:
             for where, column in self.column_uses():
@@ -571,6 +662,12 @@ class JobConfig(_Strict):
     def embedding_dims(self) -> list[int]:
         """Each slot's embedding dim, in slot order."""
         return [self.tables[s.table].dim for s in self.slots]
+
+    @property
+    def embedding_shapes(self) -> list[tuple[int, ...]]:
+        """Each slot's model input per sample, in slot order: (dim,) pooled, (max_len, dim) a sequence."""
+        return [(s.max_len, dim) if s.pooling == "none" and s.max_len else (dim,)
+                for s, dim in zip(self.slots, self.embedding_dims, strict=True)]
 
 
 def load_job(path: str | Path) -> JobConfig:

@@ -54,6 +54,7 @@ class Topics(BaseModel):
     samples: str  # train batches, one partition per NN rank
     eval: str  # test batches, one partition per NN rank
     gradients: str  # embedding gradients, one partition per PS shard
+    dlq: str | None = None  # a stream's dead letters: messages that cannot be samples, with why
 
 
 class CheckpointRef(BaseModel):

@@ -58,6 +58,8 @@ class JobProgress:
         self._bound = state.key("job", job_id, "staleness_bound")
         self._staleness = state.key("job", job_id, "staleness")
         self._samples = state.key("job", job_id, "samples")
+        self._progressive = state.key("job", job_id, "progressive")
+        self._series = state.key("job", job_id, "series")
         self._ranks = state.key("job", job_id, "ranks")
         self._rendezvous = state.key("job", job_id, "rendezvous", attempt)
         # Not per attempt: a loader's step count of an epoch is the same in every attempt.
@@ -128,6 +130,24 @@ class JobProgress:
         if last_loss is not None:
             fields[f"last_loss:{rank}"] = repr(last_loss)
         await self.redis.hset(self._samples, mapping=fields)
+
+    async def set_progressive(self, rank: int, summary: dict[str, Any]) -> None:
+        """A rank's progressive validation (trillium.progressive.Scores.summary) and recent delays."""
+        await self.redis.hset(self._progressive, str(rank), json.dumps(summary))
+
+    async def progressive(self, ranks: int) -> list[dict[str, Any]]:
+        raw = await self.redis.hmget(self._progressive, [str(r) for r in range(ranks)])
+        return [json.loads(v) for v in raw if v is not None]
+
+    async def append_series(self, point: list[Any], keep: int) -> None:
+        """A point of the job's series (time, samples, rolling AUC, loss), the latest `keep` kept."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(self._series, json.dumps(point))
+        pipe.ltrim(self._series, -keep, -1)
+        await pipe.execute()
+
+    async def series(self) -> list[list[Any]]:
+        return [json.loads(p) for p in await self.redis.lrange(self._series, 0, -1)]
 
     async def training(self, ranks: int) -> dict[str, Any]:
         raw = await self.redis.hgetall(self._samples)

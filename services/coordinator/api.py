@@ -18,7 +18,8 @@ from trillium.progress import JobProgress
 
 from .checkpoints import CheckpointInfo
 from .jobs import CheckpointRequested, JobNotFound, lost_workers
-from .observe import TablesUnavailable, TablesView, job_tables
+from .observe import (ProgressiveView, StreamView, TablesUnavailable, TablesView, job_tables, progressive_view,
+                      stream_view)
 from .parts import CoordinatorParts as Coordinator
 from .registry import Worker, WorkerRegistration
 
@@ -70,6 +71,16 @@ class JobView(BaseModel):
     lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
     last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
     checkpoint_in_progress: bool
+    progressive: ProgressiveView
+    stream: StreamView | None = Field(description="a stream's input (data.source: kafka): lag per partition, "
+                                                  "dead letters, the joiner's counts")
+
+
+class SeriesPoint(BaseModel):
+    time: float
+    samples: int
+    auc: float | None = Field(description="the rolling progressive AUC then")
+    loss: float | None = Field(description="the latest step's mean loss then")
 
 
 class ResumeRequest(BaseModel):
@@ -267,6 +278,13 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         which they agree on it (within about a heartbeat); it is listed once its manifest is written."""
         return await coord.jobs.request_checkpoint(job_id)
 
+    @v1.get("/jobs/{job_id}/series", response_model=list[SeriesPoint], tags=["jobs"], responses=_errors(404))
+    async def get_series(job_id: str) -> list[SeriesPoint]:
+        """The job's series, a point a second while it trains: samples, rolling AUC, loss (plots)."""
+        job = await coord.jobs.require(job_id)
+        return [SeriesPoint(time=t, samples=n, auc=auc, loss=loss)
+                for t, n, auc, loss in await JobProgress(coord.redis, job.id).series()]
+
     @v1.delete("/jobs/{job_id}/checkpoints/{step}", status_code=status.HTTP_204_NO_CONTENT, tags=["checkpoints"],
                responses=_errors(404))
     async def delete_checkpoint(job_id: str, step: int) -> None:
@@ -337,4 +355,6 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
         results=await progress.rank_results(),
         lost_workers=await lost_workers(coord.registry, job),
         last_checkpoint=await coord.checkpointer.latest(job),
-        checkpoint_in_progress=coord.checkpointer.busy(job.id))
+        checkpoint_in_progress=coord.checkpointer.busy(job.id),
+        progressive=await progressive_view(coord.redis, job),
+        stream=await stream_view(coord.registry, job))

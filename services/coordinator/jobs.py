@@ -31,7 +31,7 @@ from redis.exceptions import WatchError
 from trillium import kafka, state
 from trillium.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
 from trillium.config import KafkaConnection
-from trillium.job import JobConfig
+from trillium.job import JobConfig, KafkaData
 from trillium.jobrecord import (ACTIVE, TERMINAL, TRANSITIONS, CheckpointRef, IllegalTransition, JobRecord, JobState,
                                 Recovery, Topics, extend_lineage, participants)
 from trillium.progress import JobProgress
@@ -130,7 +130,8 @@ class JobStore:
         warm = await asyncio.to_thread(self._warm_start, config)
         job = JobRecord(id=job_id, state="submitted", config=config, created_at=now, updated_at=now, init_from=warm,
                         topics=Topics(samples=f"{prefix}.samples", eval=f"{prefix}.eval",
-                                      gradients=f"{prefix}.gradients"))
+                                      gradients=f"{prefix}.gradients",
+                                      dlq=f"{prefix}.dlq" if isinstance(config.data, KafkaData) else None))
         progress = JobProgress(self.redis, job_id)
         # The bound exists before the job does: a missing bound would read as "unbounded".
         await progress.set_bound(config.training.staleness_bound)
@@ -271,8 +272,10 @@ class JobStore:
         """The job's topics, kept until the job is deleted: a recovery or a resume, however
         late, re-reads them from its checkpoint's positions."""
         topo = job.config.topology
-        await kafka.ensure_topics(self.kafka, {job.topics.samples: topo.nn_ranks, job.topics.eval: topo.nn_ranks,
-                                                   job.topics.gradients: topo.ps_shards}, {"retention.ms": "-1"})
+        topics = {job.topics.samples: topo.nn_ranks, job.topics.eval: topo.nn_ranks, job.topics.gradients: topo.ps_shards}
+        if job.topics.dlq is not None:
+            topics[job.topics.dlq] = 1
+        await kafka.ensure_topics(self.kafka, topics, {"retention.ms": "-1"})
 
     async def delete(self, job_id: str) -> JobRecord:
         """Forget a finished, failed or stopped job: every key it has in Redis and its Kafka
@@ -297,7 +300,7 @@ class JobStore:
                 except WatchError:
                     continue
         await JobProgress(self.redis, job_id).delete()
-        await kafka.delete_topics(self.kafka, [job.topics.samples, job.topics.eval, job.topics.gradients])
+        await kafka.delete_topics(self.kafka, [t for t in job.topics.model_dump().values() if t is not None])
         return job
 
     async def request_checkpoint(self, job_id: str) -> CheckpointRequested:

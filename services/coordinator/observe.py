@@ -11,12 +11,13 @@ import logging
 import time
 
 import grpc
+import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import Gauge
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from trillium import kafka, rpc
+from trillium import kafka, progressive, rpc
 from trillium.config import GrpcCredentials, KafkaConnection
 from trillium.jobrecord import JobRecord
 from trillium.pb import embedding_pb2 as pb
@@ -36,7 +37,19 @@ KAFKA_LAG = Gauge("trillium_job_kafka_lag_messages", "messages of the job's topi
                   ["job", "topic", "partition"])
 TABLE_ROWS = Gauge("trillium_job_table_rows", "embedding rows, all PS shards", ["job", "table"])
 TABLE_BYTES = Gauge("trillium_job_table_memory_bytes", "embedding table memory, all PS shards", ["job", "table"])
-GAUGES = (SAMPLES_PER_SEC, LOSS, STALENESS_MAX, STALENESS_BOUND, KAFKA_LAG, TABLE_ROWS, TABLE_BYTES)
+PROGRESSIVE_AUC = Gauge("trillium_job_progressive_auc", "AUC of the latest samples, each scored before it "
+                        "was trained on", ["job"])
+PROGRESSIVE_LOGLOSS = Gauge("trillium_job_progressive_logloss", "log loss of the latest samples, scored before "
+                            "training", ["job"])
+INPUT_LAG = Gauge("trillium_job_input_lag_messages", "a stream's messages not read yet", ["job", "topic", "partition"])
+INPUT_LAG_SECONDS = Gauge("trillium_job_input_lag_seconds", "event time behind now of the last message read",
+                          ["job", "topic", "partition"])
+DEAD_LETTERS = Gauge("trillium_job_dead_letters", "messages sent to the dead-letter topic", ["job", "reason"])
+TRAIN_DELAY = Gauge("trillium_job_train_delay_seconds", "from a click's event time to its sample trained",
+                    ["job", "quantile"])
+GAUGES = (SAMPLES_PER_SEC, LOSS, STALENESS_MAX, STALENESS_BOUND, KAFKA_LAG, TABLE_ROWS, TABLE_BYTES, PROGRESSIVE_AUC,
+          PROGRESSIVE_LOGLOSS, INPUT_LAG, INPUT_LAG_SECONDS, DEAD_LETTERS, TRAIN_DELAY)
+SERIES_POINTS = 20_000  # the latest points of a job's series (one a second while it trains)
 
 STAT_FIELDS = ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
 # Throughput is measured over this window: long enough to smooth steps, short enough that
@@ -63,6 +76,70 @@ class TablesView(BaseModel):
     job_id: str
     tables: dict[str, TableStats]  # summed over the shards
     shards: list[ShardTables]
+
+
+class WindowView(BaseModel):
+    start: float = Field(description="event time (UNIX seconds) the window starts at")
+    samples: int
+    auc: float | None
+    logloss: float | None
+
+
+class ProgressiveView(BaseModel):
+    """Progressive validation: every sample scored before it was trained on."""
+
+    samples: int = Field(description="the latest samples the rolling metrics are over")
+    scored: int = Field(description="samples scored so far, all ranks")
+    auc: float | None
+    logloss: float | None
+    windows: list[WindowView] = Field(description="per window of event time (training.progressive_window_seconds)")
+    delay_seconds: dict[str, float] | None = Field(
+        description="p50 and p99 of the time from a click's event time to its sample trained")
+
+
+class InputView(BaseModel):
+    topic: str
+    partition: int
+    lag_messages: int
+    lag_seconds: float | None = Field(description="now less the event time of the last message read")
+
+
+class StreamView(BaseModel):
+    """A stream's input as its data loaders see it."""
+
+    inputs: list[InputView]
+    dead_letters: dict[str, int] = Field(description="messages sent to the dead-letter topic, by reason")
+    joined: dict[str, int] = Field(description="the joiner's counts: impressions, labels, positives, negatives, "
+                                               "late labels, corrections, closed early, unmatched, duplicates")
+    events: dict[str, int]
+
+
+async def progressive_view(redis: aioredis.Redis, job: JobRecord) -> ProgressiveView:
+    summaries = await JobProgress(redis, job.id).progressive(job.config.topology.nn_ranks)
+    merged = progressive.merge(summaries)
+    delays = np.concatenate([np.asarray(s.get("delays", []), np.float64) for s in summaries] or [np.zeros(0)])
+    return ProgressiveView(samples=merged["samples"], scored=merged["scored"], auc=merged["auc"],
+                           logloss=merged["logloss"], windows=[WindowView(**w) for w in merged["windows"]],
+                           delay_seconds={"p50": float(np.percentile(delays, 50)),
+                                          "p99": float(np.percentile(delays, 99))} if len(delays) else None)
+
+
+async def stream_view(registry: WorkerRegistry, job: JobRecord) -> StreamView | None:
+    """What the job's data loaders report of their stream (None for a job reading files)."""
+    if job.topics.dlq is None:
+        return None
+    view = StreamView(inputs=[], dead_letters={}, joined={}, events={})
+    for w in await registry.workers():
+        report = w.job_report(job.id, job.attempt) if w.role == "data_loader" else None
+        stream = w.health.get("stream") if report is not None else None
+        if not stream:
+            continue
+        view.inputs += [InputView(**i) for i in stream["inputs"]]
+        for field in ("dead_letters", "joined", "events"):
+            for key, n in stream[field].items():
+                getattr(view, field)[key] = getattr(view, field).get(key, 0) + n
+    view.inputs.sort(key=lambda i: (i.topic, i.partition))
+    return view
 
 
 class TablesUnavailable(RuntimeError):
@@ -202,6 +279,23 @@ class Observer:
         STALENESS_BOUND.labels(job.id).set(-1 if bound is None else bound)
         for rank, stats in (await progress.staleness(ranks)).items():
             STALENESS_MAX.labels(job.id, str(rank)).set(stats.max)
+        scores = await progressive_view(self.redis, job)
+        if scores.auc is not None:
+            PROGRESSIVE_AUC.labels(job.id).set(scores.auc)
+        if scores.logloss is not None:
+            PROGRESSIVE_LOGLOSS.labels(job.id).set(scores.logloss)
+        for quantile, seconds in (scores.delay_seconds or {}).items():
+            TRAIN_DELAY.labels(job.id, quantile).set(seconds)
+        stream = await stream_view(self.registry, job)
+        for lag in stream.inputs if stream else []:
+            INPUT_LAG.labels(job.id, lag.topic, str(lag.partition)).set(lag.lag_messages)
+            if lag.lag_seconds is not None:
+                INPUT_LAG_SECONDS.labels(job.id, lag.topic, str(lag.partition)).set(lag.lag_seconds)
+        for reason, n in (stream.dead_letters if stream else {}).items():
+            DEAD_LETTERS.labels(job.id, reason).set(n)
+        if job.state == "running":  # the job's series, for its report's plot
+            await progress.append_series([time.time(), training["samples"], scores.auc, training["last_loss"]],
+                                         SERIES_POINTS)
         if now - self._slow_at >= 5 * self.interval_s:  # the ones that leave this process
             self._slow_at = now
             await self._slow(job)

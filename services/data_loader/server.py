@@ -23,24 +23,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 from aiokafka import TopicPartition
+from fastapi import HTTPException, status
 
 from trillium import codec, kafka, state
-from trillium.batch import Batch, KeyedIds
+from trillium.batch import Batch
 from trillium.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, PartFile, PartReport, loader_file
 from trillium.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
-from trillium.job import JobConfig
+from trillium.job import KafkaData
 from trillium.jobrecord import JobRecord
 from trillium.progress import JobProgress
 from trillium.service import Service, describe_error, run_service
+
+from .placement import Record, Share
+from .stream import StreamLoader
 
 AHEAD = 64  # encoded batches a reader thread may hold before the producer takes them
 
@@ -55,48 +57,6 @@ class LoaderPosition:
     first_step: int = 0  # the epoch's first step
     batches: int | None = None  # the share's batches of the phase (epoch), once all were produced
     stats: DenseStats = field(default_factory=dict)  # the normalization statistics in use
-
-
-@dataclass(frozen=True)
-class _Record:
-    topic: str
-    partition: int
-    value: bytes
-    samples: int  # 0 for an epoch's end marker
-    epoch_end: int | None = None
-
-
-class _Share:
-    """Which ranks a loader feeds, and where its j-th batch of an epoch goes."""
-
-    def __init__(self, config: JobConfig, index: int) -> None:
-        topo = config.topology
-        self.config = config
-        self.ranks = list(range(index, topo.nn_ranks, topo.data_loaders))
-        self.world = topo.nn_ranks
-
-    def place(self, batch: Batch, j: int, first_step: int) -> Batch:
-        rank = self.ranks[j % len(self.ranks)]
-        step = first_step + j // len(self.ranks)
-        return dataclasses.replace(batch, batch_id=step * self.world + rank, rank=rank)
-
-    def steps(self, batches: int) -> int:
-        return math.ceil(batches / len(self.ranks))
-
-    def padding(self, epoch: int, batches: int, steps: int, first_step: int) -> Iterator[Batch]:
-        """Empty batches giving each of our ranks `steps` batches of the epoch."""
-        slots = tuple(s.name for s in self.config.slots)
-        for j in range(batches, steps * len(self.ranks)):
-            empty = Batch(batch_id=0, epoch=epoch, rank=0,
-                          ids=KeyedIds(keys=slots, values=np.zeros(0, np.uint64), lengths=np.zeros(0, np.int32)),
-                          dense=np.zeros((0, len(self.config.dense)), np.float32), labels=np.zeros(0, np.float32))
-            yield self.place(empty, j, first_step)
-
-    def records(self, topic: str, batches: Iterator[Batch], first_j: int, first_step: int) -> Iterator[_Record]:
-        """Placed and encoded, on the reader's thread: the event loop only hands them on."""
-        for j, batch in enumerate(batches, first_j):
-            placed = self.place(batch, j, first_step)
-            yield _Record(topic, placed.rank, codec.encode_batch(placed), placed.batch_size)
 
 
 async def _threaded(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
@@ -136,57 +96,70 @@ class DataLoader(Service):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.counts: dict[str, Any] = {}
-        self._lock = asyncio.Lock()  # held while a record is handed to the producer; a capture takes it
+        self.produce_lock = asyncio.Lock()  # held while records are handed to the producer; a capture takes it
+        self.stream: StreamLoader | None = None
+        self._attempt = 0
         self._producer = None
         self._position = LoaderPosition()
         self._ends: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset of the next record
         self._captures: dict[int, CaptureResult] = {}
 
     def health(self) -> dict[str, Any]:
-        return {"produced": self.counts}
+        return {"produced": self.counts} | ({"stream": self.stream.health()} if self.stream is not None else {})
 
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
-        index = self.settings.index
-        share = _Share(config, index)
-        quarantine_path = self.settings.run_dir / "quarantine" / f"{job.id}.jsonl"
-        self._position = await self._restore(job)
+        share = Share(config, self.settings.index)
+        saved = await self._restore(job)
         self._captures = {}
-        if self._position.phase != "done" and not self._position.stats:
-            # One pass over the whole train split (every loader gets the same); loader 0 reports
-            # its malformed rows, as it is their first reading.
-            reporter = Quarantine("train", quarantine_path) if index == 0 else None
-            self._position.stats = await asyncio.to_thread(dense_stats, config, quarantine=reporter)
+        self.stream = None
         producer = kafka.producer(self.settings.kafka)
         await producer.start()
         try:
-            partitions = [TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval) for r in share.ranks]
+            topics = [job.topics.samples] if isinstance(config.data, KafkaData) else [job.topics.samples,
+                                                                                     job.topics.eval]
             # Where each partition ends now: what an earlier attempt wrote counts as written.
-            self._ends = await self._end_offsets(partitions)
+            self._ends = await self._end_offsets([TopicPartition(t, r) for t in topics for r in share.ranks])
             self._producer = producer
-            self.counts = {"train_batches": 0, "train_samples": 0, "eval_batches": 0, "eval_samples": 0}
-            self.set_job_phase("ready")
-            progress = JobProgress(self.redis, job.id)
-            if self._position.phase == "eval":
-                await self._produce(job, self._eval_records(job, share, quarantine_path), "eval")
-                self._position = LoaderPosition(phase="train" if config.training.epochs else "done",
-                                                stats=self._position.stats)
-            while self._position.phase == "train":
-                pos = self._position
-                # The train split's rows were reported by the statistics pass when it read them.
-                reports = pos.epoch == 0 and not stats_from_data(config)
-                quarantine = Quarantine("train", quarantine_path) if reports else None
-                steps = await self._produce(job, self._epoch_records(job, share, pos, quarantine, progress),
-                                            "train")
-                more = pos.epoch + 1 < config.training.epochs
-                self._position = LoaderPosition(phase="train" if more else "done", epoch=pos.epoch + 1,
-                                                first_step=pos.first_step + steps, stats=pos.stats)
-            await producer.flush()
-            self.set_job_phase("done")
-            await asyncio.Event().wait()  # keep reporting "done" (and answering captures) until the job ends
+            self._attempt = job.attempt
+            if isinstance(config.data, KafkaData):
+                self.stream = StreamLoader(self, job, share, saved)
+                await self.stream.run(producer)  # until the job ends
+            else:
+                await self._files(job, share, LoaderPosition(**saved) if saved else LoaderPosition())
         finally:
             self._producer = None
             await producer.stop()
+
+    async def _files(self, job: JobRecord, share: Share, position: LoaderPosition) -> None:
+        """Produce the test split, then every epoch, from `position` on; then hold."""
+        config = job.config
+        quarantine_path = self.settings.run_dir / "quarantine" / f"{job.id}.jsonl"
+        self._position = position
+        if self._position.phase != "done" and not self._position.stats:
+            # One pass over the whole train split (every loader gets the same); loader 0 reports
+            # its malformed rows, as it is their first reading.
+            reporter = Quarantine("train", quarantine_path) if self.settings.index == 0 else None
+            self._position.stats = await asyncio.to_thread(dense_stats, config, quarantine=reporter)
+        self.counts = {"train_batches": 0, "train_samples": 0, "eval_batches": 0, "eval_samples": 0}
+        self.set_job_phase("ready")
+        progress = JobProgress(self.redis, job.id)
+        if self._position.phase == "eval":
+            await self._produce(self._eval_records(job, share, quarantine_path), "eval")
+            self._position = LoaderPosition(phase="train" if config.training.epochs else "done",
+                                            stats=self._position.stats)
+        while self._position.phase == "train":
+            pos = self._position
+            # The train split's rows were reported by the statistics pass when it read them.
+            reports = pos.epoch == 0 and not stats_from_data(config)
+            quarantine = Quarantine("train", quarantine_path) if reports else None
+            steps = await self._produce(self._epoch_records(job, share, pos, quarantine, progress), "train")
+            more = pos.epoch + 1 < config.training.epochs
+            self._position = LoaderPosition(phase="train" if more else "done", epoch=pos.epoch + 1,
+                                            first_step=pos.first_step + steps, stats=pos.stats)
+        await self._producer.flush()
+        self.set_job_phase("done")
+        await asyncio.Event().wait()  # keep reporting "done" (and answering captures) until the job ends
 
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
@@ -203,15 +176,15 @@ class DataLoader(Service):
             await consumer.stop()
         return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
 
-    async def _restore(self, job: JobRecord) -> LoaderPosition:
+    async def _restore(self, job: JobRecord) -> dict[str, Any] | None:
+        """This loader's saved state in the attempt's checkpoint (None: a fresh start)."""
         if job.restore is None:
-            return LoaderPosition()
+            return None
         ckdir = CheckpointDir(job.restore.location)
         manifest = await asyncio.to_thread(ckdir.manifest)
         if manifest is None:
             raise RuntimeError(f"checkpoint {job.restore.location} has no manifest")
-        raw = await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index))
-        return LoaderPosition(**json.loads(raw))
+        return json.loads(await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index)))
 
     def _batches(self, job: JobRecord, split: str, epoch: int, skip: int,
                  quarantine: Quarantine | None) -> Iterator[Batch]:
@@ -219,7 +192,7 @@ class DataLoader(Service):
         return epoch_batches(config, split, stats=self._position.stats, epoch=epoch, part=self.settings.index,
                              parts=config.topology.data_loaders, skip=skip, quarantine=quarantine)
 
-    async def _eval_records(self, job: JobRecord, share: _Share, quarantine_path) -> AsyncIterator[_Record]:
+    async def _eval_records(self, job: JobRecord, share: Share, quarantine_path) -> AsyncIterator[Record]:
         """The test split's batches (placed like train steps from 0) and an end marker per rank,
         from the position's record on."""
         pos = self._position
@@ -232,13 +205,13 @@ class DataLoader(Service):
                 yield record
                 batches += 1
             pos.batches = batches
-        tail = [_Record(job.topics.eval, rank, b"", 0, epoch_end=0) for rank in share.ranks]
+        tail = [Record(job.topics.eval, rank, b"", 0, epoch_end=0) for rank in share.ranks]
         for i, record in enumerate(tail, pos.batches):
             if i >= produced:
                 yield record
 
-    async def _epoch_records(self, job: JobRecord, share: _Share, pos: LoaderPosition, quarantine: Quarantine | None,
-                             progress: JobProgress) -> AsyncIterator[_Record]:
+    async def _epoch_records(self, job: JobRecord, share: Share, pos: LoaderPosition, quarantine: Quarantine | None,
+                             progress: JobProgress) -> AsyncIterator[Record]:
         """An epoch's batches of our share, the padding to the epoch's steps and an end marker per
         rank, from the position's record on."""
         topic, loaders = job.topics.samples, job.config.topology.data_loaders
@@ -254,27 +227,31 @@ class DataLoader(Service):
         while (counts := await progress.loader_steps(pos.epoch, loaders)) is None:
             await asyncio.sleep(0.1)  # the other loaders are still reading their shares
         self._epoch_steps = steps = max(counts)
-        tail = [_Record(topic, pad.rank, codec.encode_batch(pad), 0)
+        tail = [Record(topic, pad.rank, codec.encode_batch(pad), 0)
                 for pad in share.padding(pos.epoch, pos.batches, steps, pos.first_step)]
-        tail += [_Record(topic, rank, b"", 0, epoch_end=pos.epoch) for rank in share.ranks]
+        tail += [Record(topic, rank, b"", 0, epoch_end=pos.epoch) for rank in share.ranks]
         for i, record in enumerate(tail, pos.batches):
             if i >= produced:
                 yield record
 
-    async def _produce(self, job: JobRecord, records: AsyncIterator[_Record], kind: str) -> int:
+    async def send(self, topic: str, partition: int, value: bytes, epoch_end: int | None = None) -> asyncio.Future:
+        """Hand a record to the producer, tagged with the attempt; call with `produce_lock` held
+        (a capture takes it between records). Returns the delivery."""
+        future = await self._producer.send(topic, value, partition=partition,
+                                           headers=kafka.headers(self._attempt, epoch_end=epoch_end))
+        future.add_done_callback(lambda f, key=(topic, partition): self._delivered(key, f))
+        return future
+
+    async def _produce(self, records: AsyncIterator[Record], kind: str) -> int:
         """Produce a phase's records (those after the position's); returns the epoch's steps
         (train phase)."""
-        producer = self._producer
         deliveries = []
         i = self._position.produced  # the records before were produced by an earlier attempt
         self._epoch_steps = 0
         async for record in records:
             i += 1
-            async with self._lock:
-                future = await producer.send(record.topic, record.value, partition=record.partition,
-                                             headers=kafka.headers(job.attempt, epoch_end=record.epoch_end))
-                future.add_done_callback(lambda f, key=(record.topic, record.partition): self._delivered(key, f))
-                deliveries.append(future)
+            async with self.produce_lock:
+                deliveries.append(await self.send(record.topic, record.partition, record.value, record.epoch_end))
                 self._position.produced = i
             if record.epoch_end is None:
                 self.counts[f"{kind}_batches"] += 1
@@ -294,23 +271,28 @@ class DataLoader(Service):
             return self._captures[request.step]  # asked again (a restarted coordinator)
         job = self.job
         assert job is not None
-        async with self._lock:
+        async with self.produce_lock:
             if self._producer is None:
-                raise RuntimeError(f"{self.name} is not producing job {job.id}")
+                raise HTTPException(status.HTTP_409_CONFLICT, f"{self.name} is not producing job {job.id}")
             await self._producer.flush()
             written: dict[str, dict[int, int]] = {}
             for (topic, partition), end in self._ends.items():
                 written.setdefault(topic, {})[partition] = end
-            position = dataclasses.asdict(self._position)
-        result = CaptureResult(written=written)
+            if self.stream is not None:
+                state, positions = self.stream.state(), self.stream.written_positions()
+            else:
+                state, positions = dataclasses.asdict(self._position), {}
+        result = CaptureResult(written=written, positions=positions)
         self._captures[request.step] = result
-        asyncio.create_task(self._write(request, json.dumps(position).encode()))
+        asyncio.create_task(self._write(request, state))
         return result
 
-    async def _write(self, request: CaptureRequest, data: bytes) -> None:
+    async def _write(self, request: CaptureRequest, state: dict[str, Any]) -> None:
         name = loader_file(self.settings.index)
         try:
             started = time.monotonic()
+            # A stream's state (its joiner's) may be large: encoded off the event loop.
+            data = await asyncio.to_thread(lambda: json.dumps(state).encode())
             size, sha = await asyncio.to_thread(CheckpointDir(request.location).write_bytes, name, data)
             self.report_part(PartReport(step=request.step, files=[PartFile(
                 name=name, role=self.role, index=self.settings.index, bytes=size, sha256=sha,

@@ -51,6 +51,7 @@ def test_adult_job_matches_persia_example() -> None:
     assert job.training.dense_optimizer.name == "sgd" and job.training.dense_optimizer.lr == 0.1
     assert (job.training.batch_size, job.training.epochs) == (128, 1)
     assert (job.topology.nn_ranks, job.topology.ps_shards, job.topology.embedding_workers) == (2, 2, 1)
+    assert job.training.precision == "fp32"  # bf16 only when asked for
 
 
 def test_json_round_trip() -> None:
@@ -88,6 +89,7 @@ def test_unknown_dense_and_label_columns(raw: dict[str, Any]) -> None:
         ),
         (("data", "source"), "tsv", "data", "'adult', 'criteo', 'csv', 'parquet', 'synthetic'"),
         (("dense", 0, "normalization"), "zscore", "dense.0.normalization", "'standard', 'log1p'"),
+        (("training", "precision"), "fp16", "training.precision", "'fp32' or 'bf16'"),
     ],
 )
 def test_bad_enum_lists_allowed_values(raw, path, value, location, allowed) -> None:

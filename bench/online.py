@@ -1,0 +1,161 @@
+"""Online training benchmark: a replayed stream through the joiner and training, and the joiner alone.
+
+One run measures, side by side:
+
+- **joined + trained**: `trillium replay` feeds a planted-model stream (impressions, and clicks
+  0..W s later) at ``--rate`` impressions/s for ``--seconds`` to a stack (2 NN ranks, 2 PS shards),
+  and the continuous job of examples/online (its window shortened to ``--window`` s) trains on it.
+  Read once a second from the job view: events read per second, samples trained per second, the
+  input's lag (messages, seconds of event time) and the click-to-trained delay (p50/p99). The lag
+  is *bounded* when its largest value over the second half of the run is no more than over the
+  first half plus one second of input: a stream faster than training shows a lag that keeps growing.
+- **the joiner alone**: the same events decoded (JSON) and joined in this process, no Kafka, no
+  training: how far the joiner is from being the limit.
+
+    python bench/online.py --json
+    python bench/online.py --rate 6000 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trillium import launcher
+from trillium.client import CoordinatorClient
+from trillium.config import KafkaConnection, Topology
+from trillium.datagen import generate_criteo
+from trillium.job import JobConfig, load_job
+from trillium.replay import replay
+from trillium.sources.events import EventReader
+from trillium.sources.joiner import PartitionJoin
+
+TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1)
+
+
+def online_job(window: float) -> JobConfig:
+    raw = load_job(launcher.REPO_ROOT / "examples/online/job.yaml").model_dump(mode="json")
+    raw["name"] = "bench-online"
+    raw["data"]["join"] |= {"impressions": f"bench-imps-{time.time_ns()}", "window_seconds": window,
+                            "allowed_lateness_seconds": 0.5}
+    raw["data"]["join"]["labels"] = raw["data"]["join"]["impressions"].replace("imps", "clicks")
+    raw["checkpoint"] = None
+    return JobConfig.model_validate(raw)
+
+
+def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
+    """Decode and join `events` impressions (a quarter clicked) in this process."""
+    data = job.data
+    rng = np.random.default_rng(seed)
+    fields = {s.column: f"v{i % 1000}" for i, s in enumerate(job.slots)} | {d.column: 1.0 for d in job.dense}
+    t0 = 1.7e9
+    imps = [json.dumps({"request_id": f"k{i}", "ts": t0 + i / 1000, **fields}).encode() for i in range(events)]
+    clicked = np.flatnonzero(rng.random(events) < 0.25)
+    clicks = [json.dumps({"request_id": f"k{i}", "ts": t0 + i / 1000 + rng.random() * data.join.window_seconds}
+                         ).encode() for i in clicked]
+    reader, join = EventReader(job), PartitionJoin(data.join)
+    started = time.perf_counter()
+    out = 0
+    c = 0
+    for i, raw in enumerate(imps):
+        event = reader.event(raw, impression=True)
+        join.impression(event)
+        while c < len(clicked) and clicked[c] <= i:
+            label = reader.event(clicks[c], impression=False)
+            join.label(label.key, label.time)
+            c += 1
+        if i % 1000 == 999:
+            out += len(join.advance(event.time - data.join.window_seconds))
+    out += len(join.advance(float("inf")))
+    seconds = time.perf_counter() - started
+    assert out == events, (out, events)  # every impression once
+    return {"events": events + len(clicked), "seconds": round(seconds, 3),
+            "events_per_sec": round((events + len(clicked)) / seconds)}
+
+
+def joined_and_trained(run_dir: Path, job: JobConfig, data: Path, rate: float, seconds: float,
+                       conn: KafkaConnection) -> dict[str, Any]:
+    feed = threading.Thread(target=lambda: asyncio.run(
+        replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1)), daemon=True)
+    feed.start()
+    time.sleep(2)  # the topics exist: replay makes them
+    samples: list[dict[str, Any]] = []
+    client = CoordinatorClient.for_stack(run_dir)
+    job_id = client.submit(job)["id"]
+    try:
+        first = None
+        while feed.is_alive():
+            view = client.job(job_id)
+            if view["job"]["state"] == "failed":
+                raise RuntimeError(view["job"]["error"])
+            stream = view.get("stream")
+            if stream and view["progress"]["samples"]:
+                first = first or time.monotonic()
+                samples.append({"t": time.monotonic() - first, "messages": stream["events"].get("messages", 0),
+                                "trained": view["progress"]["samples"],
+                                "lag_messages": sum(i["lag_messages"] for i in stream["inputs"]),
+                                "lag_seconds": max((i["lag_seconds"] or 0.0 for i in stream["inputs"]),
+                                                   default=0.0),
+                                "delay": (view["progressive"] or {}).get("delay_seconds"),
+                                "auc": (view["progressive"] or {}).get("auc")})
+            time.sleep(1.0)
+        feed.join()
+    finally:
+        client.stop(job_id)
+        client.close()
+    if len(samples) < 4:
+        raise RuntimeError("the job trained for less than 4 s: raise --seconds")
+    half = len(samples) // 2
+    early, late = samples[:half], samples[half:]
+    span = late[-1]["t"] - early[0]["t"]
+    events_per_sec = (late[-1]["messages"] - early[0]["messages"]) / span
+    max_early = max(s["lag_messages"] for s in early)
+    max_late = max(s["lag_messages"] for s in late)
+    delay = late[-1]["delay"] or {}
+    return {"rate_impressions_per_sec": rate, "seconds": round(span, 1),
+            "events_per_sec": round(events_per_sec),
+            "samples_trained_per_sec": round((late[-1]["trained"] - early[0]["trained"]) / span),
+            "lag_messages_max_first_half": max_early, "lag_messages_max_second_half": max_late,
+            "lag_seconds_end": round(late[-1]["lag_seconds"], 2),
+            "lag_bounded": max_late <= max_early + events_per_sec,
+            "click_to_trained_p50_s": delay.get("p50"), "click_to_trained_p99_s": delay.get("p99"),
+            "progressive_auc_end": late[-1]["auc"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+    parser.add_argument("--rate", type=float, default=3000.0, help="impressions a second replayed")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to replay")
+    parser.add_argument("--window", type=float, default=5.0, help="the attribution window, seconds")
+    args = parser.parse_args()
+    job = online_job(args.window)
+    result: dict[str, Any] = {"joiner_alone": joiner_alone(job, 200_000, seed=1)}
+    with tempfile.TemporaryDirectory(prefix="trillium-bench-online-") as tmp:
+        tmp_path = Path(tmp)
+        data = generate_criteo(tmp_path / "stream.tsv", int(args.rate * args.seconds), seed=1,
+                               vocab_sizes=[1000] * 26)
+        run_dir = tmp_path / "stack"
+        state = launcher.up(run_dir, TOPOLOGY)
+        try:
+            conn = KafkaConnection.from_env(state["kafka"]["bootstrap"])
+            result["joined_and_trained"] = joined_and_trained(run_dir, job, data.path, args.rate, args.seconds, conn)
+            result["joined_and_trained"]["planted_model_auc"] = round(data.auc, 4)
+        finally:
+            launcher.down(run_dir)
+    trained = result["joined_and_trained"]
+    result["joiner_alone_vs_sustained_events"] = round(
+        result["joiner_alone"]["events_per_sec"] / max(trained["events_per_sec"], 1), 1)
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()

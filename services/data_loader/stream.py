@@ -1,0 +1,308 @@
+"""A data loader's part of a continuous job: Kafka events in, batches out.
+
+Loader i of N reads partitions i, i + N, ... of the input topics (the impressions and labels of
+a join are co-partitioned, so a partition of each meets in the same loader), decodes each
+message (trillium.sources.events: a message that cannot be a sample goes to the dead-letter
+topic `trillium.<job>.dlq` with the reason and its topic, partition and offset), joins
+impressions with labels in event time (trillium.sources.joiner; the watermark is the least
+event time over the loader's input partitions that are not caught up, less the allowed
+lateness), normalizes the dense values with statistics computed online, and cuts the samples
+into steps: a batch per rank it feeds, `batch_size` samples each, or fewer when the stream is
+slow (`batch_timeout_seconds`). It stops reading while it is `max_steps_ahead` steps ahead of
+training: the input's lag grows, nothing is buffered without bound.
+
+Its state — input offsets, joiner state, statistics, samples not yet in a batch — is captured at
+a checkpoint cut with how far it has written the samples topic, so a restart neither loses nor
+repeats an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import trillium_native
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from trillium import codec, kafka
+from trillium.checkpoint import Offsets
+from trillium.features import Encoder, OnlineStats, batch_of
+from trillium.job import KafkaData
+from trillium.jobrecord import JobRecord
+from trillium.progress import JobProgress
+from trillium.sources import RowBlock
+from trillium.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
+from trillium.sources.joiner import PartitionJoin
+
+from .placement import Share
+
+logger = logging.getLogger("trillium.data_loader")
+
+DLQ_HEADERS = ("trillium-dlq-reason", "trillium-source-topic", "trillium-source-partition", "trillium-source-offset")
+SAMPLE_NAMESPACE = "trillium.sample"  # sample ids: hash_ids of the event key in this namespace
+POOL_STEPS = 4  # the samples a stream mixes before drawing steps: at least this many steps' worth
+IDLE_SECONDS = 2.0  # an input partition silent this long (and caught up) no longer holds the watermark
+
+
+def _kind(reason: str) -> str:
+    """A dead letter's reason, as the counter it goes to."""
+    if reason.startswith("missing field"):
+        return "missing_field"
+    if reason.startswith(("not valid", "expected an object", "empty message", "message of")):
+        return "undecodable"
+    return "bad_value"
+
+
+class StreamLoader:
+    def __init__(self, service: Any, job: JobRecord, share: Share, state: dict[str, Any] | None) -> None:
+        self.service = service
+        self.job = job
+        self.config = job.config
+        self.data: KafkaData = job.config.data  # type: ignore[assignment]
+        self.share = share
+        self.reader = EventReader(self.config)
+        # The encoder splits every slot on MULTI_SEP: a list value's items were joined with it.
+        slots = [s.model_copy(update={"separator": MULTI_SEP}) for s in self.config.slots]
+        self.encoder_config = self.config.model_copy(update={"slots": slots})
+        state = state or {}
+        self.stats = OnlineStats(self.config, state.get("stats"))
+        self.encoder = Encoder(self.encoder_config, self.stats.stats())
+        self.positions: dict[tuple[str, int], int] = {
+            (t, int(p)): o for t, parts in state.get("positions", {}).items() for p, o in parts.items()}
+        self.max_time: dict[tuple[str, int], float] = {
+            (t, int(p)): v for t, parts in state.get("max_time", {}).items() for p, v in parts.items()}
+        self.joins: dict[int, PartitionJoin] = {}
+        if self.data.join is not None:
+            for p, s in state.get("joins", {}).items():
+                self.joins[int(p)] = PartitionJoin.from_state(self.data.join, s)
+        self.rows = EventRows(self.config)
+        for values, key, t, label, sample_time in state.get("rows", []):
+            self.rows.add(Event(values, key, t), label, sample_time)
+        self.step = state.get("step", 0)  # the next step this loader produces
+        self.rng = np.random.default_rng(self.config.training.seed + self.service.settings.index)
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+        self.counts: Counter[str] = Counter(state.get("counts", {}))
+        self.dead: Counter[str] = Counter(state.get("dead", {}))
+        self.lag: list[dict[str, Any]] = []
+        # When the oldest buffered sample arrived (monotonic); restored ones count from the restart.
+        self._rows_since: float | None = time.monotonic() if len(self.rows) else None
+        self.deliveries: list[asyncio.Future] = []  # sends of the current fetch, awaited after it
+        self.heard: dict[tuple[str, int], float] = {}  # when each input partition last had records
+        self.started = time.monotonic()
+        self.idle_s = max(IDLE_SECONDS, 2 * self.data.batch_timeout_seconds)
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        def nested(d: dict[tuple[str, int], Any]) -> dict[str, dict[str, Any]]:
+            out: dict[str, dict[str, Any]] = {}
+            for (topic, p), v in d.items():
+                out.setdefault(topic, {})[str(p)] = v
+            return out
+
+        rows = [[e.values, e.key, e.time, label, t] for e, label, t in
+                zip(self.rows.events, self.rows.labels, self.rows.times, strict=True)]
+        return {"positions": nested(self.positions), "max_time": nested(self.max_time),
+                "joins": {str(p): j.state() for p, j in self.joins.items()}, "rows": rows, "step": self.step,
+                "rng": self.rng.bit_generator.state,
+                "stats": self.stats.state(), "counts": dict(self.counts), "dead": dict(self.dead)}
+
+    def health(self) -> dict[str, Any]:
+        joined: Counter[str] = Counter()
+        for join in self.joins.values():
+            joined.update(join.counts)
+        return {"events": dict(self.counts), "dead_letters": dict(self.dead), "joined": dict(joined),
+                "inputs": self.lag, "steps": self.step}
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def _input_connection(self):
+        conn = self.service.settings.kafka
+        return conn.model_copy(update={"bootstrap": self.data.bootstrap}) if self.data.bootstrap else conn
+
+    async def _partitions(self, consumer) -> list[TopicPartition]:
+        counts = {}
+        for topic in self.data.input_topics:
+            parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                await consumer._client.force_metadata_update()
+                parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                raise RuntimeError(f"input topic {topic!r} does not exist on {self._input_connection().bootstrap}")
+            counts[topic] = len(parts)
+        if self.data.join is not None and len(set(counts.values())) > 1:
+            raise RuntimeError(f"the impressions and labels topics must be co-partitioned by the join key (the "
+                               f"same number of partitions, keyed producers), as Kafka Streams requires: {counts}")
+        loaders = self.config.topology.data_loaders
+        return [TopicPartition(t, p) for t, n in counts.items() for p in range(n)
+                if p % loaders == self.service.settings.index]
+
+    async def run(self, producer) -> None:
+        group = self.data.group or f"trillium.{self.job.id}.input"
+        consumer = kafka.consumer(self._input_connection(), group_id=group,
+                                  auto_offset_reset=self.data.start)
+        await consumer.start()
+        try:
+            tps = await self._partitions(consumer)
+            consumer.assign(tps)
+            for tp in tps:
+                if (tp.topic, tp.partition) in self.positions:
+                    consumer.seek(tp, self.positions[(tp.topic, tp.partition)])
+            if self.data.join is not None:
+                for tp in tps:
+                    self.joins.setdefault(tp.partition, PartitionJoin(self.data.join))
+            progress = JobProgress(self.service.redis, self.job.id)
+            self.service.set_job_phase("ready")
+            loop = asyncio.get_running_loop()
+            next_bookkeeping = loop.time()
+            trained = 0
+            while True:
+                if self.step - trained > self.data.max_steps_ahead:
+                    trained = (await progress.training(self.config.topology.nn_ranks))["steps"]
+                    await asyncio.sleep(0.1)  # training is behind: let the input's lag grow
+                    continue
+                fetched = await consumer.getmany(timeout_ms=100, max_records=4096)
+                async with self.service.produce_lock:
+                    for tp, records in fetched.items():
+                        for record in records:
+                            await self._take(producer, tp, record)
+                    self._advance(consumer, tps, fetched)
+                    await self._emit(producer)
+                    sent, self.deliveries = self.deliveries, []
+                await asyncio.gather(*sent)  # a batch the broker did not take fails the loader, and the job recovers
+                if loop.time() >= next_bookkeeping:  # lag metrics and the group's offsets, once a second
+                    trained = (await progress.training(self.config.topology.nn_ranks))["steps"]
+                    await self._bookkeeping(consumer, tps)
+                    next_bookkeeping = loop.time() + 1.0
+        finally:
+            await consumer.stop()
+
+    async def _take(self, producer, tp: TopicPartition, record) -> None:
+        where = (tp.topic, tp.partition)
+        self.positions[where] = record.offset + 1
+        self.counts["messages"] += 1
+        try:
+            join = self.data.join
+            if join is None:
+                event = self.reader.event(record.value)
+                self.rows.add(event)
+                if self._rows_since is None:
+                    self._rows_since = time.monotonic()
+            else:
+                event = self.reader.event(record.value, impression=tp.topic == join.impressions)
+                joiner = self.joins[tp.partition]
+                if tp.topic == join.impressions:
+                    joiner.impression(event)
+                else:
+                    joiner.label(event.key, event.time)
+            self.max_time[where] = max(self.max_time.get(where, -np.inf), event.time)
+        except BadEvent as err:
+            await self._dead_letter(producer, tp, record.offset, record.value, str(err))
+
+    def _add(self, emitted) -> None:
+        for e in emitted:
+            self.rows.add(e.event, "1" if e.positive else "0", e.time)
+            if self._rows_since is None:
+                self._rows_since = time.monotonic()
+
+    async def _dead_letter(self, producer, tp: TopicPartition, offset: int, raw: bytes | None, reason: str) -> None:
+        self.dead[_kind(reason)] += 1
+        values = [reason, tp.topic, str(tp.partition), str(offset)]
+        headers = [*zip(DLQ_HEADERS, (v.encode() for v in values)), *kafka.headers(self.job.attempt)]
+        self.deliveries.append(await producer.send(self.job.topics.dlq, raw or b"", headers=headers))
+
+    def _advance(self, consumer, tps: list[TopicPartition], fetched: dict) -> None:
+        """Close the joiner windows the watermark has passed."""
+        if self.data.join is None:
+            return
+        now = time.monotonic()
+        for tp in fetched:
+            self.heard[(tp.topic, tp.partition)] = now
+        # A partition caught up and silent for a while is idle: it does not hold the others back.
+        # (Caught up alone is not idle: its newest records may just not be fetched yet.)
+        idle = {tp for tp in tps if now - self.heard.get((tp.topic, tp.partition), self.started) > self.idle_s
+                and consumer.highwater(tp) is not None
+                and consumer.highwater(tp) <= self.positions.get((tp.topic, tp.partition), 0)}
+        if len(idle) < len(tps):
+            times = [self.max_time.get((tp.topic, tp.partition), -np.inf) for tp in tps if tp not in idle]
+            watermark = min(times) - self.data.join.allowed_lateness_seconds
+        else:
+            # The whole input is idle: event time goes on with the clock from its last event, so
+            # the last impressions of a stream that pauses (or ends) close too.
+            latest = max(self.max_time.values(), default=-np.inf)
+            silent = now - max(self.heard.values(), default=self.started)
+            watermark = latest + silent - self.data.join.allowed_lateness_seconds
+        for joiner in self.joins.values():
+            self._add(joiner.advance(watermark))
+
+    async def _emit(self, producer) -> None:
+        """Steps of samples drawn at random from the pool (a join emits positives when their
+        click comes and negatives when windows close: in bursts, which batches must not be)."""
+        k, size = len(self.share.ranks), self.config.training.batch_size
+        step = k * size
+        pool = max(self.config.training.shuffle_buffer, POOL_STEPS * step)
+        while len(self.rows) >= pool + step:
+            await self._step(producer, self.rows.pick(self.rng.choice(len(self.rows), step, replace=False)),
+                             [size] * k)
+        if len(self.rows) and time.monotonic() - self._rows_since >= self.data.batch_timeout_seconds:
+            while len(self.rows):  # the stream is slow: what there is goes out now
+                n = min(len(self.rows), step)
+                await self._step(producer, self.rows.pick(self.rng.choice(len(self.rows), n, replace=False)),
+                                 [n // k + (i < n % k) for i in range(k)])
+        if not len(self.rows):
+            self._rows_since = None
+
+    async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
+        """One step: a batch of `sizes[i]` samples for each of our ranks."""
+        table = pa.table({path: pa.array(values, pa.string()) for path, values in rows.columns().items()})
+        block = RowBlock(file="kafka", table=table, rejected=(),
+                         locate=lambda idx: [(int(i), msgpack.packb(rows.events[int(i)].values).hex()) for i in idx])
+        checked = self.encoder.check(block)
+        self.stats.update(checked.dense[checked.keep])
+        self.encoder.stats = self.stats.stats()
+        encoded = self.encoder.encode(block, checked)
+        keep = np.flatnonzero(checked.keep)
+        for bad in checked.bad:  # a label the job does not know, say
+            self.dead["bad_value"] += 1
+            logger.warning("event refused at encoding", extra={"reason": bad.reason})
+        keys = [rows.events[i].key for i in keep]
+        ids = trillium_native.hash_ids(SAMPLE_NAMESPACE, keys) if keys and keys[0] is not None else None
+        times = np.asarray(rows.times, np.float64)[keep]
+        start = 0
+        for i, rank in enumerate(self.share.ranks):
+            n = min(sizes[i], encoded.rows - start)
+            part = encoded.take(np.arange(start, start + n))
+            batch = batch_of(self.config, part, batch_id=self.step * self.share.world + rank, rank=rank,
+                             sample_ids=ids[start:start + n] if ids is not None else None,
+                             event_times=times[start:start + n])
+            self.deliveries.append(await self.service.send(self.job.topics.samples, batch.rank,
+                                                           codec.encode_batch(batch)))
+            start += n
+        self.counts["samples"] += encoded.rows
+        self.step += 1
+
+    async def _bookkeeping(self, consumer, tps: list[TopicPartition]) -> None:
+        ends = await consumer.end_offsets(tps)
+        now = time.time()
+        self.lag = [{"topic": tp.topic, "partition": tp.partition,
+                     "lag_messages": max(ends[tp] - self.positions.get((tp.topic, tp.partition), 0), 0),
+                     "lag_seconds": (now - self.max_time[(tp.topic, tp.partition)]
+                                     if (tp.topic, tp.partition) in self.max_time else None)} for tp in tps]
+        if self.positions:
+            offsets = {TopicPartition(t, p): o for (t, p), o in self.positions.items()}
+            try:
+                await consumer.commit(offsets)  # for outside lag monitors; restores use the checkpoint's
+            except KafkaError as err:
+                logger.warning("input offsets not committed", extra={"error": str(err)})
+
+    def written_positions(self) -> Offsets:
+        out: Offsets = {}
+        for (topic, p), offset in self.positions.items():
+            out.setdefault(topic, {})[p] = offset
+        return out

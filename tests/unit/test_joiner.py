@@ -1,0 +1,93 @@
+"""The joiner on hand-made event sequences: out-of-order event times, late and early labels,
+duplicates, the cap on open impressions, and its state surviving a restart."""
+
+from __future__ import annotations
+
+import json
+
+from trillium.job import JoinConfig
+from trillium.sources.events import Event
+from trillium.sources.joiner import PartitionJoin
+
+
+def _config(**changes) -> JoinConfig:
+    return JoinConfig(**{"impressions": "imps", "labels": "clicks", "key": "id", "window_seconds": 10.0} | changes)
+
+
+def _imp(key: str, t: float) -> Event:
+    return Event({"f": key}, key, t)
+
+
+def _outcome(emitted) -> list[tuple[str, str, float]]:
+    return [(e.event.key, e.kind, e.time) for e in emitted]
+
+
+def test_clicks_in_the_window_are_positives_and_closed_windows_negatives() -> None:
+    join = PartitionJoin(_config())
+    join.impression(_imp("a", 100))
+    join.impression(_imp("b", 95))  # out of order in event time
+    join.label("a", 104)  # inside a's window: positive, handed out once the watermark passes 104
+    join.impression(_imp("c", 101))
+    assert _outcome(join.advance(103.9)) == []
+    assert _outcome(join.advance(104.9)) == [("a", "positive", 104)]  # b's window ends at 105: still open
+    assert _outcome(join.advance(105)) == [("b", "negative", 105)]
+    join.label("c", 111.5)  # 10.5 s after c: outside the window
+    assert _outcome(join.advance(112)) == [("c", "negative", 111)]  # counted late, not corrected (count mode)
+    assert join.counts == {"impressions": 3, "labels": 2, "positives": 1, "negatives": 2, "late_labels": 1}
+
+
+def test_samples_leave_in_the_order_of_their_decisions_however_the_events_came() -> None:
+    """A watermark that jumps (a lagging partition caught up) hands out positives and negatives
+    interleaved by event time, not the positives first: batches keep the stream's mix."""
+    join = PartitionJoin(_config())
+    for i in range(6):
+        join.impression(_imp(f"i{i}", 100 + i))
+    for i in (1, 3, 5):
+        join.label(f"i{i}", 100 + i + 9.5)  # decided as they come, in the last half second of the window
+    assert [(k, kind) for k, kind, _ in _outcome(join.advance(200))] == [
+        ("i0", "negative"), ("i1", "positive"), ("i2", "negative"), ("i3", "positive"), ("i4", "negative"),
+        ("i5", "positive")]
+
+
+def test_late_labels_are_corrected_once_and_early_labels_wait_for_their_impression() -> None:
+    join = PartitionJoin(_config(late_labels="correct"))
+    out = []
+    join.label("x", 50)  # before its impression arrived (the topics are not in step)
+    join.impression(_imp("x", 45))  # clicked 5 s after it: positive when it comes
+    join.impression(_imp("y", 40))
+    out += join.advance(51)  # y closes negative
+    join.label("y", 52)  # too late: a correction
+    join.label("y", 53)  # a second late click of y: a duplicate
+    join.label("x", 55)  # a second click of x: a duplicate
+    join.label("z", 60)  # no impression ever: unmatched once the watermark passes it
+    out += join.advance(61)
+    assert _outcome(out) == [("x", "positive", 50), ("y", "negative", 50), ("y", "correction", 52)]
+    assert join.counts == {"impressions": 2, "labels": 5, "positives": 1, "negatives": 1, "late_labels": 1,
+                           "corrections": 1, "duplicate_labels": 2, "unmatched_labels": 1}
+
+
+def test_over_the_cap_the_oldest_impressions_close_early() -> None:
+    join = PartitionJoin(_config(max_open_per_partition=2))
+    for i, t in enumerate((10, 12, 11, 13)):
+        join.impression(_imp(f"k{i}", t))
+    assert [(k, kind) for k, kind, _ in _outcome(join.advance(11))] == [("k0", "negative"), ("k2", "negative")]
+    assert join.counts["closed_early"] == 2 and len(join.open) == 2
+    join.impression(_imp("k1", 12))
+    assert join.counts["duplicate_impressions"] == 1 and len(join.open) == 2
+
+
+def test_the_state_restores_every_open_impression_held_label_decided_sample_and_counter() -> None:
+    config = _config(late_labels="correct")
+    join = PartitionJoin(config)
+    join.impression(_imp("a", 100))
+    join.impression(_imp("b", 100))
+    join.label("early", 99)
+    join.advance(50)
+    join.label("a", 101)  # decided, not handed out yet
+    restored = PartitionJoin.from_state(config, json.loads(json.dumps(join.state())))  # as in a checkpoint
+    for j in (join, restored):  # the same future
+        out = j.advance(110)
+        j.label("b", 111)
+        assert _outcome(out + j.advance(200)) == [
+            ("a", "positive", 101), ("b", "negative", 110), ("b", "correction", 111)]
+    assert restored.counts == join.counts

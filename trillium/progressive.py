@@ -1,0 +1,135 @@
+"""Progressive validation: every batch is scored before it is trained on, so the scores of the
+samples trained so far are an honest test of the model as it was (the usual online metric of a
+recommender trained on a stream; on files, the first epoch's scores are such a test too).
+
+Each NN rank keeps its latest samples' scores as histograms over the logit (``BINS`` bins on
+[-``LOGIT_RANGE``, ``LOGIT_RANGE``]: AUC from them is exact up to ties inside a bin) with their log
+loss, over the last ``samples`` samples and per window of event time, and publishes a summary;
+the coordinator merges the ranks' summaries into a rolling AUC and log loss (``merge``). Numpy only:
+the coordinator needs no scikit-learn for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+import numpy as np
+
+BINS = 2048
+LOGIT_RANGE = 12.0
+WINDOWS_KEPT = 60  # the latest windows of event time a rank reports
+_EPS = 1e-7
+
+
+def score_bins(probs: np.ndarray) -> np.ndarray:
+    """int32 bin of each probability's logit."""
+    p = np.clip(np.asarray(probs, np.float64), _EPS, 1 - _EPS)
+    logit = np.log(p) - np.log1p(-p)
+    return np.clip(((logit + LOGIT_RANGE) / (2 * LOGIT_RANGE) * BINS).astype(np.int64), 0, BINS - 1).astype(np.int32)
+
+
+def losses(labels: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(probs, np.float64), _EPS, 1 - _EPS)
+    y = np.asarray(labels, np.float64)
+    return -(y * np.log(p) + (1 - y) * np.log1p(-p))
+
+
+def auc_of(pos: np.ndarray, neg: np.ndarray) -> float | None:
+    """P(a positive scores above a negative), ties counted half; None without both classes."""
+    npos, nneg = float(pos.sum()), float(neg.sum())
+    if not npos or not nneg:
+        return None
+    below = np.cumsum(neg) - neg
+    return float((pos * (below + 0.5 * neg)).sum() / (npos * nneg))
+
+
+class Scores:
+    """One rank's latest scores: the last `samples` (a ring) and per event-time window."""
+
+    def __init__(self, samples: int, window_seconds: float) -> None:
+        self.size = samples
+        self.window = window_seconds
+        self.bins = np.zeros(samples, np.int32)
+        self.labels = np.zeros(samples, bool)
+        self.loss = np.zeros(samples, np.float64)
+        self.filled = 0
+        self.next = 0
+        self.pos = np.zeros(BINS, np.int64)
+        self.neg = np.zeros(BINS, np.int64)
+        self.total = 0  # samples scored so far
+        self.windows: collections.OrderedDict[float, list[Any]] = collections.OrderedDict()
+
+    def add(self, labels: np.ndarray, probs: np.ndarray, times: np.ndarray | None) -> None:
+        n = len(labels)
+        if not n:
+            return
+        bins, y, loss = score_bins(probs), np.asarray(labels) > 0.5, losses(labels, probs)
+        if n > self.size:
+            bins, y, loss = bins[-self.size:], y[-self.size:], loss[-self.size:]
+        k = len(bins)
+        idx = (self.next + np.arange(k)) % self.size
+        old = idx[idx < self.filled]  # slots holding a sample that now falls out of the ring
+        np.subtract.at(self.pos, self.bins[old][self.labels[old]], 1)
+        np.subtract.at(self.neg, self.bins[old][~self.labels[old]], 1)
+        self.bins[idx], self.labels[idx], self.loss[idx] = bins, y, loss
+        np.add.at(self.pos, bins[y], 1)
+        np.add.at(self.neg, bins[~y], 1)
+        self.next = (self.next + k) % self.size
+        self.filled = min(self.filled + k, self.size)
+        self.total += n
+        if times is not None:
+            starts = np.floor(np.asarray(times, np.float64)[-k:] / self.window) * self.window
+            for start in np.unique(starts):
+                mine = starts == start
+                window = self.windows.setdefault(float(start), [np.zeros(BINS, np.int64), np.zeros(BINS, np.int64),
+                                                                0.0, 0])
+                np.add.at(window[0], bins[mine & y], 1)
+                np.add.at(window[1], bins[mine & ~y], 1)
+                window[2] += float(loss[mine].sum())
+                window[3] += int(mine.sum())
+            while len(self.windows) > WINDOWS_KEPT:
+                self.windows.pop(min(self.windows))
+
+    def summary(self) -> dict[str, Any]:
+        """What a rank publishes (JSON): histograms as [bin, count] pairs of their non-empty bins."""
+        def sparse(h: np.ndarray) -> list[list[int]]:
+            nz = np.flatnonzero(h)
+            return np.stack([nz, h[nz]], axis=1).tolist()
+
+        return {"total": self.total, "samples": self.filled, "loss_sum": float(self.loss[:self.filled].sum()),
+                "pos": sparse(self.pos), "neg": sparse(self.neg),
+                "windows": [[start, sparse(w[0]), sparse(w[1]), w[2], w[3]] for start, w in self.windows.items()]}
+
+
+def _dense(pairs: list[list[int]]) -> np.ndarray:
+    h = np.zeros(BINS, np.int64)
+    for b, c in pairs:
+        h[b] += c
+    return h
+
+
+def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's summary as one: the rolling AUC and log loss, and per window of event time."""
+    if not summaries:
+        return {"samples": 0, "scored": 0, "auc": None, "logloss": None, "windows": []}
+    pos = sum((_dense(s["pos"]) for s in summaries), np.zeros(BINS, np.int64))
+    neg = sum((_dense(s["neg"]) for s in summaries), np.zeros(BINS, np.int64))
+    samples = sum(s["samples"] for s in summaries)
+    windows: dict[float, list[Any]] = {}
+    for s in summaries:
+        for start, wpos, wneg, loss, n in s["windows"]:
+            w = windows.setdefault(start, [np.zeros(BINS, np.int64), np.zeros(BINS, np.int64), 0.0, 0])
+            w[0] += _dense(wpos)
+            w[1] += _dense(wneg)
+            w[2] += loss
+            w[3] += n
+    return {"samples": samples, "scored": sum(s["total"] for s in summaries), "auc": auc_of(pos, neg),
+            "logloss": sum(s["loss_sum"] for s in summaries) / samples if samples else None,
+            "windows": [{"start": start, "samples": w[3], "auc": auc_of(w[0], w[1]),
+                         "logloss": w[2] / w[3] if w[3] else None} for start, w in sorted(windows.items())]}
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None

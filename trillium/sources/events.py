@@ -1,0 +1,172 @@
+"""Events from Kafka as rows: decoding a message, reading the fields a job names, and refusing
+what cannot be a sample (it goes to the dead-letter topic with the reason).
+
+A message is one JSON object (or msgpack map). The job's slots, dense columns, label, event time
+and key name fields by dotted path (``user.recent_items``). What is checked, per message:
+
+- it decodes, to a mapping, within ``max_message_bytes``;
+- every field the job maps is present (``null`` is a missing value, like an empty cell);
+- a slot's value is a string, a number or a boolean, or a list of those (a multi-valued slot);
+  no string longer than ``MAX_VALUE_BYTES``;
+- a dense value is a finite number; the event time a finite number of seconds; the label a
+  string, number or boolean.
+
+``EventRows`` gathers accepted events as the text columns ``trillium.features`` encodes (a list
+value is joined with ``MULTI_SEP``, which slots of a kafka job split on), with each event's key and
+event time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+if TYPE_CHECKING:
+    from trillium.job import JobConfig, KafkaData
+
+__all__ = ["MAX_VALUE_BYTES", "MULTI_SEP", "BadEvent", "Event", "EventReader", "EventRows"]
+
+MULTI_SEP = "\x1f"  # the ASCII unit separator: joins a list value's items into one cell
+MAX_VALUE_BYTES = 1 << 16  # a string value longer than this is no ID: the event is refused
+
+
+class BadEvent(ValueError):
+    """A message that cannot be a sample; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A decoded event: the values of the fields the job maps (by path, as text), its key, its time."""
+
+    values: dict[str, str | None]
+    key: str | None
+    time: float
+
+
+def _at(event: Mapping[str, Any], path: str) -> Any:
+    node: Any = event
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise BadEvent(f"missing field {path!r}")
+        node = node[part]
+    return node
+
+
+def _scalar_text(path: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadEvent(f"field {path!r}: non-finite value {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        if len(value.encode()) > MAX_VALUE_BYTES:
+            raise BadEvent(f"field {path!r}: a string of {len(value.encode())} bytes (at most {MAX_VALUE_BYTES})")
+        if MULTI_SEP in value:
+            raise BadEvent(f"field {path!r}: the control character \\x1f in a value")
+        return value
+    raise BadEvent(f"field {path!r}: expected a string, number or boolean, got {type(value).__name__}")
+
+
+class EventReader:
+    """Decodes messages of a kafka job into ``Event``s (``BadEvent`` says why it cannot)."""
+
+    def __init__(self, job: JobConfig) -> None:
+        data: KafkaData = job.data  # type: ignore[assignment]
+        self.data = data
+        self.slots = [s.column for s in job.slots]
+        self.dense = [d.column for d in job.dense]
+        self.label = job.label.column
+        self.joined = data.join is not None
+
+    def decode(self, raw: bytes | None) -> Mapping[str, Any]:
+        if raw is None:
+            raise BadEvent("empty message (a tombstone)")
+        if len(raw) > self.data.max_message_bytes:
+            raise BadEvent(f"message of {len(raw)} bytes (max_message_bytes is {self.data.max_message_bytes})")
+        try:
+            event = json.loads(raw) if self.data.format == "json" else msgpack.unpackb(raw, raw=False)
+        except (ValueError, msgpack.UnpackException, UnicodeDecodeError) as err:
+            raise BadEvent(f"not valid {self.data.format}: {err}") from None
+        if not isinstance(event, Mapping):
+            raise BadEvent(f"expected an object, got {type(event).__name__}")
+        return event
+
+    def time_and_key(self, event: Mapping[str, Any]) -> tuple[float, str | None]:
+        time = _at(event, self.data.event_time)
+        if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
+            raise BadEvent(f"field {self.data.event_time!r} (event time): expected seconds, got {time!r}")
+        path = self.data.event_key
+        key = _scalar_text(path, _at(event, path)) if path is not None else None
+        return float(time), key
+
+    def event(self, raw: bytes | None, *, impression: bool = True) -> Event:
+        """An event with every mapped field (a label event of a join: its key and time only)."""
+        event = self.decode(raw)
+        time, key = self.time_and_key(event)
+        if not impression:
+            return Event({}, key, time)
+        values: dict[str, Any] = {}
+        for path in self.slots:
+            value = _at(event, path)
+            if isinstance(value, list):
+                values[path] = MULTI_SEP.join(_scalar_text(path, v) for v in value if v is not None)
+            else:
+                values[path] = None if value is None else _scalar_text(path, value)
+        for path in self.dense:
+            value = _at(event, path)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise BadEvent(f"field {path!r} (dense): expected a finite number, got {value!r}")
+            values[path] = None if value is None else _scalar_text(path, value)
+        if not self.joined:
+            value = _at(event, self.label)
+            values[self.label] = None if value is None else _scalar_text(self.label, value)
+        return Event(values, key, time)
+
+
+class EventRows:
+    """Accepted events, as the columns of a block of rows for ``trillium.features``."""
+
+    def __init__(self, job: JobConfig) -> None:
+        self.slots = [s.column for s in job.slots]
+        self.dense = [d.column for d in job.dense]
+        self.label = job.label.column
+        self.events: list[Event] = []
+        self.labels: list[str] = []  # each event's label (set by the joiner, or read)
+        self.times: list[float] = []  # when each became a sample (the click, else the event)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def add(self, event: Event, label: str | None = None, time: float | None = None) -> None:
+        self.events.append(event)
+        self.labels.append(label if label is not None else event.values.get(self.label))
+        self.times.append(event.time if time is None else time)
+
+    def pick(self, indices: Sequence[int]) -> EventRows:
+        """These events (in this order), removed from these."""
+        chosen = EventRows.__new__(EventRows)
+        chosen.slots, chosen.dense, chosen.label = self.slots, self.dense, self.label
+        chosen.events = [self.events[i] for i in indices]
+        chosen.labels = [self.labels[i] for i in indices]
+        chosen.times = [self.times[i] for i in indices]
+        gone = {int(i) for i in indices}
+        keep = [i for i in range(len(self.events)) if i not in gone]
+        self.events = [self.events[i] for i in keep]
+        self.labels = [self.labels[i] for i in keep]
+        self.times = [self.times[i] for i in keep]
+        return chosen
+
+    def columns(self) -> dict[str, list[str | None]]:
+        """Every mapped field's column as text (None: missing), the label's too."""
+        out = {path: [e.values[path] for e in self.events] for path in dict.fromkeys(self.slots + self.dense)}
+        out[self.label] = self.labels
+        return out
