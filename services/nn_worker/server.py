@@ -23,6 +23,7 @@ collective blocking the rank's torch thread: the process then exits to be starte
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium import codec, rpc, state
+from trillium import codec, progressive, rpc, state
 from trillium.checkpoint import (DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest,
                                  rank_file)
 from trillium.jobrecord import CheckpointRef, JobRecord, PartitionLineage
@@ -49,7 +50,7 @@ from trillium.progress import JobProgress
 from trillium.service import Service, describe_error, run_service
 
 from . import evaluate
-from .feed import EpochEnd, Feed, GradientPusher, embeddings_of
+from .feed import EpochEnd, Feed, GradientPusher, embeddings_of, gradients_request
 from .step import Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")
@@ -59,6 +60,8 @@ STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", [
 PREFETCH = 8  # lookups requested ahead of the step being trained
 PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)
 HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
+STREAM_LOSSES = 10_000  # a continuous job keeps its latest steps' losses, not every one
+DELAYS_REPORTED = 1000  # the latest event-to-trained delays a rank reports
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
@@ -66,7 +69,7 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 class RankState:
     """A rank's own progress, checkpointed as rank-<r>.json."""
 
-    epochs: int
+    epochs: int | None  # None: a continuous job
     step: int = 0  # steps trained
     epoch: int = 0  # the epoch in progress (== epochs once every epoch is trained)
     position: int = 0  # the next samples record to read
@@ -75,12 +78,15 @@ class RankState:
     trained: int = 0
     loss_sum: float = 0.0
     train_seconds: float = 0.0
-    losses: list[float] = field(default_factory=list)  # the mean loss of every step
+    losses: list[float] = field(default_factory=list)  # the mean loss of every step (a stream's: the latest)
     per_epoch: list[dict[str, float]] = field(default_factory=list)  # samples and label sum of each epoch
 
     def __post_init__(self) -> None:
-        if not self.per_epoch:
+        if not self.per_epoch and self.epochs is not None:
             self.per_epoch = [{"samples": 0, "label_sum": 0.0} for _ in range(self.epochs)]
+
+    def training(self) -> bool:
+        return self.epochs is None or self.epoch < self.epochs
 
 
 @dataclass
@@ -92,6 +98,9 @@ class _Attempt:
     stub: pb_grpc.EmbeddingWorkerStub
     progress: JobProgress
     state: RankState
+    scores: progressive.Scores | None = None
+    delays: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=DELAYS_REPORTED))
+    next_scores: float = 0.0
     pusher: GradientPusher | None = None
     writes: list[asyncio.Task[None]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=lambda: {"lookup_wait": 0.0, "step": 0.0, "cut": 0.0})
@@ -180,7 +189,10 @@ class NNWorker(Service):
             # DDP's constructor broadcasts rank 0's weights, waiting for every rank.
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
             optimizer = build_dense_optimizer(config.training.dense_optimizer, ddp.parameters())
-            return Trainer(thread, ddp, optimizer, device, world, rank, control_group)
+            trainer = Trainer(thread, ddp, optimizer, device, world, rank, control_group, config.training.precision)
+            if device.type == "cuda":  # the CPU has no kernels to load nor handles to create
+                trainer.warm_up(config.training.batch_size, len(config.dense), config.embedding_shapes)
+            return trainer
 
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(thread, build)
@@ -212,6 +224,9 @@ class NNWorker(Service):
         try:
             trainer, rank_state = await self._setup(job, progress, thread)
             run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state)
+            world = config.topology.nn_ranks
+            run.scores = progressive.Scores(max(config.training.progressive_samples // world, 1),
+                                            config.training.progressive_window_seconds)
             self.trained = rank_state.trained
             await self._report_progress(run)
             self.set_job_phase("ready")
@@ -256,8 +271,13 @@ class NNWorker(Service):
 
     async def _report_progress(self, run: _Attempt) -> None:
         s = run.state
+        now = time.monotonic()
+        if now >= run.next_scores:  # the progressive scores are larger: once a second
+            run.next_scores = now + 1.0
+            summary = run.scores.summary() | {"delays": list(run.delays)[-DELAYS_REPORTED:]}
+            await run.progress.set_progressive(self.settings.index, summary)
         await run.progress.set_training(self.settings.index, samples=s.trained, loss_sum=s.loss_sum, steps=s.step,
-                                        epoch=min(s.epoch, max(s.epochs - 1, 0)),
+                                        epoch=s.epoch if s.epochs is None else min(s.epoch, max(s.epochs - 1, 0)),
                                         last_loss=s.losses[-1] if s.losses else None)
 
     async def _train(self, run: _Attempt) -> None:
@@ -276,7 +296,7 @@ class NNWorker(Service):
         next_report = loop.time()  # the first step is reported at once: the job view shows it going
         started = clock()
         try:
-            while s.epoch < s.epochs:
+            while s.training():
                 item = await feed.get()
                 if isinstance(item, EpochEnd):
                     s.position, s.epoch = item.offset + 1, item.epoch + 1
@@ -296,20 +316,24 @@ class NNWorker(Service):
                 response = await item.lookup
                 t1 = clock()
                 STALENESS.labels(str(rank)).set(response.staleness)
-                loss_sum, grads = await self._torch(run, run.trainer.step, batch, embeddings_of(response),
-                                                    control.samples)
+                loss_sum, grads, probs = await self._torch(run, run.trainer.step, batch, embeddings_of(response),
+                                                           control.samples)
+                run.scores.add(batch.labels, probs, batch.event_times)
+                if batch.event_times is not None:  # how long after its event a sample is trained
+                    run.delays.extend(time.time() - batch.event_times[batch.labels > 0.5])
                 run.timing["lookup_wait"] += t1 - t0
                 run.timing["step"] += clock() - t1
-                run.pusher.put(pb.PushGradientsRequest(ref=response.ref, slots=[
-                    pb.SlotGradient(slot=slot.slot, grad=pb.Array(data=codec.pack_array(g)))
-                    for slot, g in zip(response.slots, grads)]))
+                run.pusher.put(gradients_request(response, grads))
                 s.step += 1
                 s.position = item.offset + 1
                 s.trained += batch.batch_size
                 s.loss_sum += loss_sum
                 s.losses.append(loss_sum / max(control.samples, 1))
-                s.per_epoch[batch.epoch]["samples"] += batch.batch_size
-                s.per_epoch[batch.epoch]["label_sum"] += float(batch.labels.sum())
+                if s.epochs is None:
+                    del s.losses[:-STREAM_LOSSES]
+                else:
+                    s.per_epoch[batch.epoch]["samples"] += batch.batch_size
+                    s.per_epoch[batch.epoch]["label_sum"] += float(batch.labels.sum())
                 self.trained = s.trained
                 SAMPLES.labels(str(rank)).inc(batch.batch_size)
                 if loop.time() >= next_report:

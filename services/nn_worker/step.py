@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -78,12 +78,47 @@ class Control:
     seq: int  # the highest checkpoint request any rank has heard of
 
 
+class HostStaging:
+    """One host buffer that a batch's inputs are packed into, for a single host→device copy.
+
+    Pinned on CUDA, so that copy is DMA which `non_blocking` lets run while the host goes on.
+    Reused by every step and grown to the largest batch: overwriting it is safe because every
+    step and every scoring ends by waiting for its results, which the stream computes after it
+    has read the buffer.
+    """
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.buffer = torch.empty(0, dtype=torch.float32)
+
+    def pack(self, arrays: Sequence[np.ndarray]) -> torch.Tensor:
+        """The arrays as float32, one after another in C order, in a view of the buffer."""
+        total = sum(a.size for a in arrays)
+        if self.buffer.numel() < total:
+            self.buffer = torch.empty(total, dtype=torch.float32, pin_memory=self.pin)
+        flat = self.buffer.numpy()
+        offset = 0
+        for a in arrays:
+            # np.copyto takes read-only and fp16 arrays too (torch.from_numpy wants writable ones).
+            np.copyto(flat[offset:offset + a.size].reshape(a.shape), a, casting="unsafe")
+            offset += a.size
+        return self.buffer[:total]
+
+
 class Trainer:
-    """The dense model of one rank under DDP, and its optimizer."""
+    """The dense model of one rank under DDP, and its optimizer.
+
+    On CUDA a batch's inputs arrive in one non-blocking copy (`HostStaging`) and all the
+    embeddings are one leaf tensor, so their gradients leave in one copy; results go back into
+    pinned memory without waiting, then one synchronization ends the step. On the CPU the
+    embeddings are used in place. Either way the arithmetic is the same, so a step on the CPU gives the
+    same bits as before staging existed (the golden test). `staged` runs the CUDA path's host
+    side on the CPU (unpinned), for tests without a GPU.
+    """
 
     def __init__(self, thread: ThreadPoolExecutor, ddp: torch.nn.parallel.DistributedDataParallel,
                  optimizer: torch.optim.Optimizer, device: torch.device, world: int, rank: int,
-                 control_group: Any) -> None:
+                 control_group: Any, precision: Literal["fp32", "bf16"] = "fp32", staged: bool = False) -> None:
         self.thread = thread
         self.ddp = ddp
         self.model = ddp.module
@@ -92,6 +127,9 @@ class Trainer:
         self.world = world
         self.rank = rank
         self.control_group = control_group
+        self.bf16 = precision == "bf16"
+        cuda = device.type == "cuda"
+        self.staging = HostStaging(pin=cuda) if cuda or staged else None
 
     def control(self, batch_size: int, paused: bool, seq: int) -> Control:
         """Row r of a [R, 3] table is rank r's word; a sum all-reduce gives every rank all of them."""
@@ -100,30 +138,83 @@ class Trainer:
         dist.all_reduce(table, group=self.control_group)
         return Control(samples=int(table[:, 0].sum()), paused=bool(table[:, 1].any()), seq=int(table[:, 2].max()))
 
-    def step(self, batch: Batch, embeddings: list[np.ndarray], step_samples: int) -> tuple[float, list[np.ndarray]]:
-        """One synchronous step; returns (sum of this rank's losses, embedding gradients)."""
-        device = self.device
-        dense = torch.from_numpy(np.array(batch.dense, dtype=np.float32)).to(device)
-        labels = torch.from_numpy(np.array(batch.labels, dtype=np.float32)).to(device)
-        embs = [torch.from_numpy(e).to(device).requires_grad_() for e in embeddings]
-        loss_sum = F.binary_cross_entropy_with_logits(self.ddp(dense, embs), labels, reduction="sum")
+    def step(self, batch: Batch, embeddings: list[np.ndarray],
+             step_samples: int) -> tuple[float, list[np.ndarray], np.ndarray]:
+        """One synchronous step; returns (sum of this rank's losses, embedding gradients, and the
+        batch's predicted probabilities before the update: its progressive validation).
+
+        The loss comes back with the gradients, which the caller needs every step anyway: reading
+        it costs no synchronization of its own.
+        """
+        dense, labels, leaves, embs = self._inputs(batch.dense, batch.labels, embeddings, grad=True)
+        logits = self._forward(self.ddp, dense, embs)
+        loss_sum = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
         self.optimizer.zero_grad(set_to_none=True)
         (loss_sum * (self.world / max(step_samples, 1))).backward()
         self.optimizer.step()
-        grads = [(e.grad if e.grad is not None else torch.zeros_like(e)).div(self.world).cpu().numpy() for e in embs]
-        return loss_sum.item(), grads
+        grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self.world) for x in leaves]
+        loss, probs, *grads = self._to_host([loss_sum.detach(), torch.sigmoid(logits.detach()), *grads])
+        if self.staging is not None:  # one leaf for every slot: split it
+            grads = [g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings)]
+        return loss.item(), [g.numpy() for g in grads], probs.numpy()
 
     def scores(self, batch: Batch, embeddings: list[np.ndarray]) -> np.ndarray:
         """Predicted probabilities of a batch (evaluation: no gradients, the model in eval mode)."""
-        device = self.device
         self.model.eval()
         try:
             with torch.no_grad():
-                dense = torch.from_numpy(np.array(batch.dense, dtype=np.float32)).to(device)
-                logits = self.model(dense, [torch.from_numpy(e).to(device) for e in embeddings])
+                dense, _, _, embs = self._inputs(batch.dense, batch.labels, embeddings, grad=False)
+                logits = self._forward(self.model, dense, embs)
+            # A blocking copy: the caller keeps the array (pinned memory is for reuse), and the
+            # wait frees the staging buffer.
             return torch.sigmoid(logits).cpu().numpy()
         finally:
             self.model.train()
+
+    def warm_up(self, batch_size: int, num_dense: int, shapes: Sequence[tuple[int, ...]]) -> None:
+        """One untimed forward and backward of a zero batch at the job's shapes and precision.
+
+        The first GEMM of each shape and dtype creates cuBLAS's handle and workspace (per thread:
+        hence on the torch thread) and loads its kernels; backward has GEMMs of its own and starts
+        autograd's device thread; the staging buffer and the pinned results are allocated. On a
+        deep copy of the module, without DDP (whose hooks on the parameters would all-reduce) and
+        without an optimizer step: the parameters and the optimizer state stay as they were.
+        """
+        dense, labels, leaves, embs = self._inputs(
+            np.zeros((batch_size, num_dense), np.float32), np.zeros(batch_size, np.float32),
+            [np.zeros((batch_size, *shape), np.float32) for shape in shapes], grad=True)
+        logits = self._forward(copy.deepcopy(self.model), dense, embs)
+        F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
+        self._to_host([logits.detach(), *(x.grad for x in leaves if x.grad is not None)])
+
+    def _inputs(self, dense: np.ndarray, labels: np.ndarray, embeddings: list[np.ndarray],
+                grad: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """On the device: dense [B, num_dense], labels [B], the leaves whose `.grad` are the
+        embedding gradients, and embeddings[f] as the model takes them."""
+        if self.staging is None:  # the CPU: tensors share the arrays' memory
+            embs = [torch.from_numpy(e).requires_grad_(grad) for e in embeddings]
+            return (torch.from_numpy(np.array(dense, dtype=np.float32)),
+                    torch.from_numpy(np.array(labels, dtype=np.float32)), embs, embs)
+        flat = self.staging.pack([dense, labels, *embeddings]).to(self.device, non_blocking=True)
+        head = dense.size + labels.size
+        leaf = flat[head:].detach().requires_grad_(grad)
+        embs = [part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings)]
+        return flat[:dense.size].view(dense.shape), flat[dense.size:head], [leaf], embs
+
+    def _forward(self, model: torch.nn.Module, dense: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:
+        """Logits [B] in fp32: with bf16 the model runs under autocast, the loss outside it."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = model(dense, embs)
+        return logits.float()
+
+    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors on the host: from CUDA one non-blocking copy each into pinned memory (from
+        torch's caching host allocator, so no allocation per step), then one wait for them all."""
+        if self.device.type != "cuda":
+            return tensors
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors]
+        torch.cuda.current_stream(self.device).synchronize()
+        return host
 
     def dense_state(self) -> bytes:
         """The model and optimizer state as `torch.save` bytes of plain state_dicts (loadable
