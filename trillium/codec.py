@@ -147,67 +147,90 @@ def _array_at(view: memoryview, descriptor: object, data_start: int) -> np.ndarr
     return np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
-def _meta_fields(meta: dict[str, Any], *names: str) -> list[Any]:
+def _meta_fields(meta: dict[str, Any], *names: str, optional: tuple[str, ...] = ()) -> list[Any]:
     missing = [n for n in names if n not in meta]
-    if missing or len(meta) != len(names):
-        raise CodecError(f"corrupt message: meta has {sorted(meta)}, expected {sorted(names)}")
+    if missing or set(meta) - set(names) - set(optional):
+        raise CodecError(f"corrupt message: meta has {sorted(meta)}, expected {sorted(names)}"
+                         + (f" (and maybe {sorted(optional)})" if optional else ""))
     return [meta[n] for n in names]
 
 
+# A batch's optional arrays, in their order after the four it always has.
+_BATCH_EXTRAS = ("sample_ids", "event_times")
+
+
 def encode_batch(batch: Batch) -> bytes:
+    extras = [name for name in _BATCH_EXTRAS if getattr(batch, name) is not None]
     meta = {
         "batch_id": int(batch.batch_id),
         "epoch": int(batch.epoch),
         "rank": int(batch.rank),
         "keys": list(batch.ids.keys),
     }
-    return _encode("batch", meta, [batch.ids.values, batch.ids.lengths, batch.dense, batch.labels])
+    if extras:
+        meta["extras"] = extras
+    arrays = [batch.ids.values, batch.ids.lengths, batch.dense, batch.labels]
+    return _encode("batch", meta, arrays + [getattr(batch, name) for name in extras])
 
 
 def decode_batch(data: BytesLike) -> Batch:
     """Decode ``encode_batch``'s output; the arrays are read-only views into ``data``."""
     meta, arrays = _decode(data, "batch")
-    batch_id, epoch, rank, keys = _meta_fields(meta, "batch_id", "epoch", "rank", "keys")
-    if len(arrays) != 4 or not isinstance(keys, list):
-        raise CodecError("corrupt batch message: expected 4 arrays and a list of keys")
-    values, lengths, dense, labels = arrays
+    batch_id, epoch, rank, keys = _meta_fields(meta, "batch_id", "epoch", "rank", "keys", optional=("extras",))
+    extras = meta.get("extras", [])
+    if not isinstance(extras, list) or not set(extras) <= set(_BATCH_EXTRAS) or len(set(extras)) != len(extras):
+        raise CodecError(f"corrupt batch message: extras must be some of {list(_BATCH_EXTRAS)}, got {extras!r}")
+    if len(arrays) != 4 + len(extras) or not isinstance(keys, list):
+        raise CodecError(f"corrupt batch message: expected {4 + len(extras)} arrays and a list of keys")
+    values, lengths, dense, labels = arrays[:4]
     try:
         ids = KeyedIds(keys=tuple(keys), values=values, lengths=lengths)
-        return Batch(
-            batch_id=batch_id, epoch=epoch, rank=rank, ids=ids, dense=dense, labels=labels
-        )
+        return Batch(batch_id=batch_id, epoch=epoch, rank=rank, ids=ids, dense=dense, labels=labels,
+                     **dict(zip(extras, arrays[4:], strict=True)))
     except ValueError as e:
         raise CodecError(f"invalid batch message: {e}") from None
 
 
 def encode_gradients(update: GradientUpdate) -> bytes:
+    """All tables in two arrays (their IDs, their gradient rows flattened) and each table's row
+    count and dim in the header: a message costs the same few buffers however many tables."""
+    tables = list(update.tables.values())
     meta = {
         "rank": int(update.rank),
         "batch_id": int(update.batch_id),
         "epoch": int(update.epoch),
         "shard": int(update.shard),
         "tables": list(update.tables),
+        "counts": [len(ids) for ids, _ in tables],
+        "dims": [int(grads.shape[1]) for _, grads in tables],
     }
-    arrays = [a for ids, grads in update.tables.values() for a in (ids, grads)]
-    return _encode("gradients", meta, arrays)
+    ids = np.concatenate([ids for ids, _ in tables]) if tables else np.zeros(0, np.uint64)
+    grads = np.concatenate([grads.ravel() for _, grads in tables]) if tables else np.zeros(0, np.float32)
+    return _encode("gradients", meta, [ids, grads])
 
 
 def decode_gradients(data: BytesLike) -> GradientUpdate:
     """Decode ``encode_gradients``' output; the arrays are read-only views into ``data``."""
     meta, arrays = _decode(data, "gradients")
-    rank, batch_id, epoch, shard, tables = _meta_fields(
-        meta, "rank", "batch_id", "epoch", "shard", "tables"
+    rank, batch_id, epoch, shard, tables, counts, dims = _meta_fields(
+        meta, "rank", "batch_id", "epoch", "shard", "tables", "counts", "dims"
     )
-    if not isinstance(tables, list) or len(arrays) != 2 * len(tables):
-        raise CodecError("corrupt gradients message: expected an (ids, grads) pair per table")
+    if not (isinstance(tables, list) and isinstance(counts, list) and isinstance(dims, list)
+            and len(tables) == len(counts) == len(dims) and len(arrays) == 2
+            and all(isinstance(n, int) and n >= 0 for n in counts + dims)):
+        raise CodecError("corrupt gradients message: expected tables, counts and dims of one length, and 2 arrays")
+    ids, grads = arrays
+    if ids.ndim != 1 or grads.ndim != 1 or len(ids) != sum(counts) or len(grads) != sum(
+            n * d for n, d in zip(counts, dims)):
+        raise CodecError(f"corrupt gradients message: {len(ids)} ids and {len(grads)} gradient values do not "
+                         f"fit row counts {counts} of dims {dims}")
+    per_table = {}
+    row = value = 0
     try:
-        return GradientUpdate(
-            rank=rank,
-            batch_id=batch_id,
-            epoch=epoch,
-            shard=shard,
-            tables={t: (arrays[2 * i], arrays[2 * i + 1]) for i, t in enumerate(tables)},
-        )
+        for table, n, dim in zip(tables, counts, dims):
+            per_table[table] = (ids[row:row + n], grads[value:value + n * dim].reshape(n, dim))
+            row, value = row + n, value + n * dim
+        return GradientUpdate(rank=rank, batch_id=batch_id, epoch=epoch, shard=shard, tables=per_table)
     except (ValueError, TypeError) as e:  # TypeError: an unhashable table name
         raise CodecError(f"invalid gradients message: {e}") from None
 

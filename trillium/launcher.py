@@ -196,8 +196,11 @@ def _java_argv(run_dir: Path, main: list[str]) -> list[str]:
     if not (KAFKA_LIBS / ".complete").exists():
         raise LauncherError(f"Kafka jars not found in {KAFKA_LIBS}: run `make setup`, "
                             f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka")
-    return [java, "-Xms256m", f"-Xmx{KAFKA_HEAP}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{run_dir / 'kafka' / 'log4j.properties'}",
+    # A single dev node serves one machine's traffic: the serial collector and the C1 compiler
+    # alone cost a fraction of G1's GC threads and C2's compilations (measured per sample in
+    # bench/e2e.py; see docs/performance.md), at no cost a local job can see.
+    return [java, "-Xms256m", f"-Xmx{KAFKA_HEAP}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-XX:-UsePerfData", "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{run_dir / 'kafka' / 'log4j.properties'}",
             "-cp", str(KAFKA_LIBS / "*"), *main]
 
 

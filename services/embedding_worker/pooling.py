@@ -93,6 +93,12 @@ def pool(p: BatchPlan, rows: Mapping[str, np.ndarray], *, fp16: bool = False) ->
     return Pooled(p.layout, pooled, sequences)
 
 
+def scatter_wire(p: BatchPlan, pooled_grad: np.ndarray, sequence_grads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """`scatter_gradients` of gradients as the wire carries them: the pooled slots' as one
+    float32 [B, P] array (`Pooled.pooled`'s shape), the sequence slots' one each."""
+    return dict(zip(p.layout.tables, p.native.scatter(pooled_grad, list(sequence_grads)), strict=True))
+
+
 def scatter_gradients(p: BatchPlan, grads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """Per table: the gradient of each unique ID [U, D] (plan order), summed over every use in
     the batch, from the gradients of `Pooled.slots()` (one float32 array per slot, in slot

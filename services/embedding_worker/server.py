@@ -53,6 +53,7 @@ class _JobContext:
         self.progress = progress
         self.watermark = progress.watermark(job.config.topology.ps_shards, job.config.topology.nn_ranks)
         self.layout = pooling.Layout(job.config.slots, job.config.tables, job.config.topology.ps_shards)
+        self.widths = [c[1] - c[0] if c is not None else 0 for c in self.layout.columns]
         self.pending: OrderedDict[tuple[int, int], pooling.BatchPlan] = OrderedDict()
 
 
@@ -90,16 +91,15 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             while len(ctx.pending) > MAX_PENDING:
                 dropped = ctx.pending.popitem(last=False)[0]
                 logger.error("gradients never pushed; plan dropped", extra={"rank": dropped[0], "batch_id": dropped[1]})
-        slots = []
-        for slot, (values, mask) in zip(config.slots, pooled.slots()):
-            entry = pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values)))
-            if mask is not None:
-                entry.mask.data = codec.pack_array(mask)
-            slots.append(entry)
+        sequence_slots = [s for s, cols in zip(config.slots, ctx.layout.columns) if cols is None]
+        slots = [pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values)),
+                                  mask=pb.Array(data=codec.pack_array(mask)))
+                 for slot, (values, mask) in zip(sequence_slots, pooled.sequences)]
         LOOKUP_SECONDS.observe(time.perf_counter() - start)
         ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch,
                               attempt=ctx.job.attempt)
-        return pb.BatchLookupResponse(ref=ref, slots=slots, staleness=staleness)
+        return pb.BatchLookupResponse(ref=ref, slots=slots, staleness=staleness,
+                                      pooled=pb.Array(data=codec.pack_array(pooled.pooled)), widths=ctx.widths)
 
     async def PushGradients(self, request: pb.PushGradientsRequest, context) -> pb.PushGradientsResponse:
         ctx = await self._context(context, request.ref.attempt)
@@ -110,7 +110,8 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
         with PUSH_SECONDS.time():
             try:
-                grads = pooling.scatter_gradients(plan, [codec.unpack_array(s.grad.data) for s in request.slots])
+                grads = pooling.scatter_wire(plan, codec.unpack_array(request.pooled.data),
+                                             [codec.unpack_array(s.grad.data) for s in request.slots])
             except (ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
             sent = await self.worker.produce_gradients(ctx, ref, plan, grads)
@@ -167,12 +168,15 @@ class EmbeddingWorker(Service):
         """Each table's rows for its unique IDs, fetched from all owning shards in parallel."""
         dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
         rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
-        requests = []
+        requests, asked = [], {}
         for shard, stub in enumerate(ctx.ps):
-            tables = [pb.TableIds(table=t, ids=pb.Array(data=codec.pack_array(p.shard_ids(shard))))
-                      for t, p in plan.tables.items() if len(p.shard_ids(shard))]
-            if tables:
-                requests.append((shard, stub.Lookup(pb.ShardLookupRequest(tables=tables))))
+            ids = {t: p.shard_ids(shard) for t, p in plan.tables.items()}
+            asked[shard] = [(t, len(i)) for t, i in ids.items() if len(i)]
+            if asked[shard]:
+                request = pb.ShardLookupRequest(tables=[t for t, _ in asked[shard]], counts=[n for _, n in asked[shard]],
+                                                ids=pb.Array(data=codec.pack_array(
+                                                    np.concatenate([ids[t] for t, _ in asked[shard]]))))
+                requests.append((shard, stub.Lookup(request)))
 
         async def answer(shard: int, call) -> pb.ShardLookupResponse:
             try:
@@ -182,9 +186,15 @@ class EmbeddingWorker(Service):
                                        f"{err.details()}") from None
 
         for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests))):
-            for table_rows in response.tables:
-                rows[table_rows.table][plan.tables[table_rows.table].shard_rows[shard]] = \
-                    codec.unpack_array(table_rows.rows.data)
+            expected = [dims[t] for t, _ in asked[shard]]
+            if list(response.dims) != expected:
+                raise RuntimeError(f"embedding_ps-{shard} answered rows of dims {list(response.dims)} for tables "
+                                   f"{[t for t, _ in asked[shard]]} of dims {expected}")
+            flat, start = codec.unpack_array(response.rows.data), 0
+            for table, n in asked[shard]:
+                end = start + n * dims[table]
+                rows[table][plan.tables[table].shard_rows[shard]] = flat[start:end].reshape(n, dims[table])
+                start = end
         return rows
 
     async def produce_gradients(self, ctx: _JobContext, ref: EmbeddingRef, plan: pooling.BatchPlan,

@@ -12,9 +12,12 @@ import trillium_native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trillium import codec
 from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot, TableConfig
+from trillium.pb import embedding_pb2 as pb
 from trillium.services.embedding_worker import pooling
+from trillium.services.nn_worker.feed import embeddings_of, gradients_request
 
 
 @st.composite
@@ -91,7 +94,7 @@ def test_native_pooling_matches_the_numpy_torch_reference(case, fp16, seed):
     # The pooled slots' gradients joined into one [B, P] array (pool's layout) give the same sums.
     pooled = [g for g, cols in zip(grads, layout.columns) if cols is not None]
     joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((ids.batch_size, 0), np.float32)
-    for a, b in zip(p.native.scatter(joined, [g for g, c in zip(grads, layout.columns) if c is None]),
+    for a, b in zip(pooling.scatter_wire(p, joined, [g for g, c in zip(grads, layout.columns) if c is None]).values(),
                     got_g.values(), strict=True):
         np.testing.assert_array_equal(a, b)
     for t, tp in p.tables.items():
@@ -172,3 +175,31 @@ def test_errors_name_what_is_wrong():
         pooling.scatter_gradients(p, [np.zeros((1, 2), np.float16), np.zeros((1, 2, 2), np.float32)])
     with pytest.raises(ValueError, match="a gradient per slot"):
         pooling.scatter_gradients(p, [np.zeros((1, 2), np.float32)])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=batches(), seed=st.integers(0, 2**32 - 1))
+def test_embeddings_and_gradients_cross_the_wire_intact(case, seed):
+    """A lookup answer as the embedding worker sends it (pooled slots in one array, sequence
+    slots apart) gives the NN rank each slot's embeddings; the rank's gradients, sent back the
+    same way, scatter to what the per-slot gradients would."""
+    slots, tables, num_shards, ids = case
+    layout = pooling.Layout(slots, tables, num_shards)
+    p = pooling.plan(layout, ids)
+    got = pooling.pool(p, {t: row_of(t, tp.ids, tables[t].dim) for t, tp in p.tables.items()})
+    sequence_slots = [s for s, cols in zip(slots, layout.columns) if cols is None]
+    response = pb.BatchLookupResponse(
+        pooled=pb.Array(data=codec.pack_array(got.pooled)),
+        widths=[c[1] - c[0] if c is not None else 0 for c in layout.columns],
+        slots=[pb.SlotEmbedding(slot=s.name, values=pb.Array(data=codec.pack_array(v)),
+                                mask=pb.Array(data=codec.pack_array(m))) for s, (v, m) in zip(sequence_slots, got.sequences)])
+    for received, (sent, _) in zip(embeddings_of(response), got.slots(), strict=True):
+        np.testing.assert_array_equal(received, sent)
+    rng = np.random.default_rng(seed)
+    grads = [rng.standard_normal(np.shape(v)).astype(np.float32) for v, _ in got.slots()]
+    request = gradients_request(response, grads)
+    assert [s.slot for s in request.slots] == [s.name for s in sequence_slots]
+    wire = pooling.scatter_wire(p, codec.unpack_array(request.pooled.data),
+                                [codec.unpack_array(s.grad.data) for s in request.slots])
+    for a, b in zip(wire.values(), pooling.scatter_gradients(p, grads).values(), strict=True):
+        np.testing.assert_array_equal(a, b)
