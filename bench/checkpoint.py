@@ -22,6 +22,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -118,7 +119,9 @@ def train(run_dir: Path, config: JobConfig, kill_ps_after_checkpoint: bool = Fal
                 time.sleep(0.2)
             pid = next(p["pid"] for p in launcher.read_state(run_dir)["processes"] if p["name"] == "embedding_ps-1")
             os.kill(pid, signal.SIGKILL)
-            while client.job(job_id)["job"]["state"] != "recovering":
+            while (state := client.job(job_id)["job"]["state"]) != "recovering":
+                if state in ("finished", "failed"):  # it ended before the kill landed: nothing to time
+                    raise RuntimeError(f"job {job_id} {state} before its PS shard was killed: raise --samples")
                 time.sleep(0.05)
             started = time.monotonic()
             while client.job(job_id)["job"]["state"] == "recovering":
@@ -145,29 +148,31 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1_000_000, help="samples each training job trains")
     parser.add_argument("--every-seconds", type=float, default=30.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="trillium-bench-ckpt-") as tmp:
-        base = Path(tmp) / "checkpoints"
-        seed = job_config("seed", args.samples, args.dim)
-        print(f"seeding a {args.rows:,}-row table", file=sys.stderr)
-        manifest, seed_write_s = seed_checkpoint(base, seed, args.rows)
-        restore_s = restore_seconds(manifest, base)
-        warm = {"job": "seed", "step": 0, "dir": str(base)}
-        without = job_config("without-checkpoints", args.samples, args.dim, init_from=warm, checkpoint=None)
-        with_ckpt = job_config("with-checkpoints", args.samples, args.dim, init_from=warm,
-                               checkpoint={"every_seconds": args.every_seconds, "keep_last": 2, "dir": str(base)})
-        recovered = job_config("recovered", args.samples // 4, args.dim, init_from=warm,
-                               checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)})
-        run_dir = Path(tmp) / "stack"
-        launcher.up(run_dir, TOPOLOGY)
-        try:
-            print("training without checkpoints", file=sys.stderr)
-            plain = train(run_dir, without)
-            print(f"training with a checkpoint every {args.every_seconds:.0f} s", file=sys.stderr)
-            durable = train(run_dir, with_ckpt)
-            print("a recovery", file=sys.stderr)
-            recovery = train(run_dir, recovered, kill_ps_after_checkpoint=True)
-        finally:
-            launcher.down(run_dir)
+    tmp = tempfile.mkdtemp(prefix="trillium-bench-ckpt-")  # kept when the run fails: its stack's logs say why
+    print(f"working in {tmp}", file=sys.stderr)
+    base = Path(tmp) / "checkpoints"
+    seed = job_config("seed", args.samples, args.dim)
+    print(f"seeding a {args.rows:,}-row table", file=sys.stderr)
+    manifest, seed_write_s = seed_checkpoint(base, seed, args.rows)
+    restore_s = restore_seconds(manifest, base)
+    warm = {"job": "seed", "step": 0, "dir": str(base)}
+    without = job_config("without-checkpoints", args.samples, args.dim, init_from=warm, checkpoint=None)
+    with_ckpt = job_config("with-checkpoints", args.samples, args.dim, init_from=warm,
+                           checkpoint={"every_seconds": args.every_seconds, "keep_last": 2, "dir": str(base)})
+    recovered = job_config("recovered", args.samples, args.dim, init_from=warm,
+                           checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)})
+    run_dir = Path(tmp) / "stack"
+    launcher.up(run_dir, TOPOLOGY)
+    try:
+        print("training without checkpoints", file=sys.stderr)
+        plain = train(run_dir, without)
+        print(f"training with a checkpoint every {args.every_seconds:.0f} s", file=sys.stderr)
+        durable = train(run_dir, with_ckpt)
+        print("a recovery", file=sys.stderr)
+        recovery = train(run_dir, recovered, kill_ps_after_checkpoint=True)
+    finally:
+        launcher.down(run_dir)
+    shutil.rmtree(tmp)  # a failure above leaves it (and its path was said)
     taken = [c for c in durable["checkpoints"] if c["reason"] != "final"] or durable["checkpoints"]
     ps_bytes = sum(f["bytes"] for c in taken[-1:] for f in c["files"] if f["role"] == "embedding_ps")
     rows_in_table = args.rows  # the training adds a few; bytes per value counts the seeded ones
