@@ -135,10 +135,12 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
             if limit is not None and i >= limit:
                 break
             if rate > 0:  # pace: row i goes out at started + i / rate
-                due = started + i / rate
-                await send_due(due)
-                if (wait := due - time.monotonic()) > 0:
+                if (wait := started + i / rate - time.monotonic()) > 0:
                     await asyncio.sleep(wait)
+            # The clicks whose time has come go first, by the clock and not the schedule: a replay
+            # behind its schedule stamps impressions with the time they are sent, and a click held
+            # back to the schedule would follow impressions of a later event time (late, in the joiner).
+            await send_due(time.monotonic())
             now = time.time()
             key = f"r{seed}-{i}"
             event: dict[str, Any] = {}
@@ -162,8 +164,7 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
                 click: dict[str, Any] = {}
                 _nest(click, key_path, key)
                 _nest(click, time_path, now + delay)
-                heapq.heappush(clicks, (time.monotonic() + delay if rate > 0 else 0.0, next(seq), key.encode(),
-                                        pack(click)))
+                heapq.heappush(clicks, (time.monotonic() + delay, next(seq), key.encode(), pack(click)))
                 report.clicks += 1
                 report.late_clicks += bool(late)
         while clicks:  # the clicks still to come, when their time comes

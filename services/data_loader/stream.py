@@ -172,7 +172,7 @@ class StreamLoader:
                     for tp, records in fetched.items():
                         for record in records:
                             await self._take(producer, tp, record)
-                    self._advance(consumer, tps, fetched)
+                    await self._advance(consumer, tps, fetched)
                     await self._emit(producer)
                     sent, self.deliveries = self.deliveries, []
                 await asyncio.gather(*sent)  # a batch the broker did not take fails the loader, and the job recovers
@@ -217,7 +217,7 @@ class StreamLoader:
         headers = [*zip(DLQ_HEADERS, (v.encode() for v in values)), *kafka.headers(self.job.attempt)]
         self.deliveries.append(await producer.send(self.job.topics.dlq, raw or b"", headers=headers))
 
-    def _advance(self, consumer, tps: list[TopicPartition], fetched: dict) -> None:
+    async def _advance(self, consumer, tps: list[TopicPartition], fetched: dict) -> None:
         """Close the joiner windows the watermark has passed."""
         if self.data.join is None:
             return
@@ -225,10 +225,15 @@ class StreamLoader:
         for tp in fetched:
             self.heard[(tp.topic, tp.partition)] = now
         # A partition caught up and silent for a while is idle: it does not hold the others back.
-        # (Caught up alone is not idle: its newest records may just not be fetched yet.)
-        idle = {tp for tp in tps if now - self.heard.get((tp.topic, tp.partition), self.started) > self.idle_s
-                and consumer.highwater(tp) is not None
-                and consumer.highwater(tp) <= self.positions.get((tp.topic, tp.partition), 0)}
+        # (Caught up alone is not idle: its newest records may just not be fetched yet.) Silence
+        # and the fetched high watermark are only hints — a loop busy for seconds hears nothing and
+        # its high watermarks are as old — so the broker's end offsets confirm it: a partition with
+        # records we have not read is never idle, or its clicks would come after their windows closed.
+        silent = [tp for tp in tps if now - self.heard.get((tp.topic, tp.partition), self.started) > self.idle_s
+                  and consumer.highwater(tp) is not None
+                  and consumer.highwater(tp) <= self.positions.get((tp.topic, tp.partition), 0)]
+        ends = await consumer.end_offsets(silent) if silent else {}
+        idle = {tp for tp in silent if ends[tp] <= self.positions.get((tp.topic, tp.partition), 0)}
         if len(idle) < len(tps):
             times = [self.max_time.get((tp.topic, tp.partition), -np.inf) for tp in tps if tp not in idle]
             watermark = min(times) - self.data.join.allowed_lateness_seconds

@@ -3,12 +3,16 @@ real Kafka and Redis, and helpers to run a job on it to the end."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
 import pytest
 
 from trillium import launcher
+from trillium.client import CoordinatorClient
 from trillium.config import Topology
 from trillium.job import JobConfig, load_job
+from trillium.jobrecord import ACTIVE
 
 from pipeline_helpers import DATA
 
@@ -20,6 +24,28 @@ def training_stack(infra, tmp_path_factory) -> Path:
                 kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(2))
     yield run_dir
     launcher.down(run_dir)
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_active(request):
+    """One job runs at a time: a test must end its job. One that did not is an error here, and
+    its job is stopped, so the next test starts on an idle stack rather than failing with 409."""
+    yield
+    if "training_stack" not in request.fixturenames:
+        return
+    client = CoordinatorClient.for_stack(request.getfixturevalue("training_stack"))
+    try:
+        left = [j for j in client.jobs() if j["state"] in ACTIVE]
+        for job in left:
+            if job["state"] != "stopping":
+                client.stop(job["id"])
+        deadline = time.monotonic() + 180
+        while any(client.job(j["id"])["job"]["state"] in ACTIVE for j in left):
+            assert time.monotonic() < deadline, f"jobs left active did not stop: {[j['id'] for j in left]}"
+            time.sleep(0.5)
+    finally:
+        client.close()
+    assert not left, f"the test left jobs active: {[(j['id'], j['state']) for j in left]}"
 
 
 @pytest.fixture(scope="session")
