@@ -108,6 +108,9 @@ class PlantedModel:
     dense_missing: np.ndarray
     dense_weights: np.ndarray
     bias: float
+    # A missing count acts as a zero count, not as one at its mean: what a model reading the file
+    # (an empty dense cell is 0) can tell apart, so the planted AUC is a ceiling it can reach.
+    missing_count_is_zero: bool = False
 
     @classmethod
     def create(
@@ -117,6 +120,7 @@ class PlantedModel:
         vocab_sizes: Sequence[int] | None = None,
         zipf_exponent: float = 1.1,
         positive_rate: float = 0.25,
+        missing_count_is_zero: bool = False,
     ) -> PlantedModel:
         sizes = tuple(int(v) for v in (vocab_sizes or DEFAULT_VOCAB_SIZES))
         if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
@@ -142,6 +146,7 @@ class PlantedModel:
             dense_missing=rng.choice([0.0, 0.0, 0.05, 0.2, 0.45], NUM_DENSE),
             dense_weights=rng.normal(0.0, 0.3, NUM_DENSE),
             bias=0.0,
+            missing_count_is_zero=missing_count_is_zero,
         )
         # Bias: solve mean(sigmoid(bias + logit)) = positive_rate on a calibration sample
         # (monotone in bias, so bisection).
@@ -176,7 +181,7 @@ class PlantedModel:
             ids = categorical[:, s]
             logits += np.where(ids >= 0, weights[np.maximum(ids, 0)], 0.0)
         z = (np.log1p(np.maximum(dense, 0)) - self.dense_log_mean) / self.dense_log_sigma
-        logits += np.where(dense >= 0, z, 0.0) @ self.dense_weights
+        logits += (z if self.missing_count_is_zero else np.where(dense >= 0, z, 0.0)) @ self.dense_weights
         return logits
 
     def sample(self, rows: int, split: Split = "train") -> Iterator[SyntheticRows]:
@@ -206,6 +211,7 @@ def generate_criteo(
     vocab_sizes: Sequence[int] | None = None,
     zipf_exponent: float = 1.1,
     positive_rate: float = 0.25,
+    missing_count_is_zero: bool = False,
 ) -> DatagenReport:
     """Write ``rows`` Criteo-format TSV rows drawn from the planted model of ``seed``.
 
@@ -219,6 +225,8 @@ def generate_criteo(
             ``DEFAULT_VOCAB_SIZES``, 10^3..10^6).
         zipf_exponent: power-law exponent (> 1) of ID popularity within a slot.
         positive_rate: the target fraction of positive labels.
+        missing_count_is_zero: a missing dense cell adds what a zero count does (default: nothing,
+            which no model reading the file can tell from a zero count: its AUC ceiling is lower).
 
     Returns:
         A ``DatagenReport`` with the rows' positive rate and the Bayes-optimal AUC.
@@ -226,7 +234,8 @@ def generate_criteo(
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     model = PlantedModel.create(
-        seed, vocab_sizes=vocab_sizes, zipf_exponent=zipf_exponent, positive_rate=positive_rate
+        seed, vocab_sizes=vocab_sizes, zipf_exponent=zipf_exponent, positive_rate=positive_rate,
+        missing_count_is_zero=missing_count_is_zero,
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -88,3 +88,16 @@ def test_tiny_job_data_is_what_its_comment_says(tmp_path: Path) -> None:
     for split, rows in (("train", 1000), ("test", 300)):
         generate_criteo(tmp_path / f"{split}.tsv", rows, seed=7, vocab_sizes=[10] * 26, split=split)
         assert (tmp_path / f"{split}.tsv").read_bytes() == (tiny / f"{split}.tsv").read_bytes()
+
+
+@pytest.mark.parametrize("zero", [False, True])
+def test_a_missing_count_is_a_zero_count_only_when_asked(zero: bool) -> None:
+    """What the file says of a row is what the planted model's logit depends on, with
+    missing_count_is_zero: an empty dense cell (read as 0) then weighs like a count of 0."""
+    model = PlantedModel.create(3, vocab_sizes=VOCAB, missing_count_is_zero=zero)
+    categorical = np.zeros((2, 26), np.int64)
+    dense = np.full((2, 13), 4, np.int64)
+    column = int(np.flatnonzero(model.dense_weights)[0])
+    dense[0, column], dense[1, column] = -1, 0  # missing, zero
+    missing, zero_count = model._logits(categorical, dense)
+    assert bool(missing == pytest.approx(zero_count)) is zero
