@@ -14,13 +14,18 @@ from .feed import EpochEnd, Feed, embeddings_of
 
 async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """(labels, predicted probabilities) of every batch of the feed's first epoch; `scores(batch,
-    embeddings)` runs the model (on the rank's torch thread)."""
+    embeddings)` runs the model (on the rank's torch thread). The feed is stopped on the way out:
+    its consumer, left running, would poll the job's topics forever — and, once they are deleted,
+    spin on metadata requests (35% of a core per idle NN worker, and the broker's as much)."""
     labels, probs = [], []
-    while not isinstance(item := await feed.get(), EpochEnd):
-        response = await item.lookup
-        batch = codec.decode_batch(item.raw)
-        probs.append(await scores(batch, embeddings_of(response)))
-        labels.append(np.asarray(batch.labels))
+    try:
+        while not isinstance(item := await feed.get(), EpochEnd):
+            response = await item.lookup
+            batch = codec.decode_batch(item.raw)
+            probs.append(await scores(batch, embeddings_of(response)))
+            labels.append(np.asarray(batch.labels))
+    finally:
+        await feed.stop()
     if not labels:
         return np.zeros(0, np.float32), np.zeros(0, np.float32)
     return np.concatenate(labels), np.concatenate(probs)
