@@ -1,4 +1,4 @@
-"""A rank's background tasks fail whoever waits on them the moment they die."""
+"""A rank's background tasks fail whoever waits on them the moment they die, and stop with what used them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from trillium.pb import embedding_pb2 as pb
-from trillium.services.nn_worker.feed import GradientPusher
+from trillium.services.nn_worker.evaluate import score
+from trillium.services.nn_worker.feed import EpochEnd, GradientPusher
 
 
 async def test_a_dead_push_loop_fails_the_wait_for_pushes_at_once() -> None:
@@ -40,3 +41,36 @@ async def test_pushes_are_joined_in_order_when_all_goes_well() -> None:
     await asyncio.wait_for(pusher.join(), timeout=5)
     assert pushed == list(range(20))
     await pusher.stop()
+
+
+class _EndedFeed:
+    """A feed whose first epoch is over at once; it says whether it was stopped."""
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.stopped = False
+
+    async def get(self) -> EpochEnd:
+        if self.fail:
+            raise RuntimeError("feed died")
+        return EpochEnd(offset=0, epoch=0)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_scoring_stops_its_feed_however_it_ends(fail: bool) -> None:
+    # a feed left running kept its Kafka consumer polling (and, once the job's topics were
+    # deleted, spinning on metadata) for the life of the NN worker
+    feed = _EndedFeed(fail)
+
+    async def scores(*_: object) -> None:
+        raise AssertionError("an empty feed has nothing to score")
+
+    if fail:
+        with pytest.raises(RuntimeError, match="feed died"):
+            await score(feed, scores)  # type: ignore[arg-type]
+    else:
+        labels, probs = await score(feed, scores)  # type: ignore[arg-type]
+        assert len(labels) == len(probs) == 0
+    assert feed.stopped
