@@ -101,9 +101,11 @@ def test_stop_and_live_control_through_the_cli(api_stack, tiny_job) -> None:
 
 def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job) -> None:
     http = api_stack.http
-    # Unbounded, 80 steps: lookups run ahead of the gradients (staleness > 0) until the bound changes.
-    config = _job(tiny_job, staleness_bound=None, epochs=4, batch_size=25)
-    total = 4 * 1000
+    # Unbounded, 400 steps: lookups run ahead of the gradients (staleness > 0) until the bound
+    # changes. Long enough that the pause lands mid-job: at 80 steps a clean-clone run had trained
+    # all of them before it did.
+    config = _job(tiny_job, staleness_bound=None, epochs=20, batch_size=25)
+    total = 20 * 1000
     submitted = http.post("/jobs", content=yaml.safe_dump(config.model_dump(mode="json")),
                           headers={"Content-Type": "application/yaml"})
     assert submitted.status_code == 201, submitted.text
