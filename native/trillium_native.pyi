@@ -92,6 +92,11 @@ def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.u
     Accepts int64 (also int32, uint64, uint32) 1-D arrays.
     """
 
+class CaptureMark:
+    """Where a capture stood (:attr:`StoreCapture.mark`): the version clock, and per table its
+    counters and how many rows had left it. Small; it outlives the capture's release."""
+
+
 class StoreCapture:
     """A point-in-time copy of an :class:`EmbeddingStore`, from :meth:`EmbeddingStore.capture`.
 
@@ -107,6 +112,13 @@ class StoreCapture:
         the file)``, the digest computed over the bytes as they are written. The same capture
         always writes the same bytes. Raises ValueError once released, OSError on I/O errors.
         """
+    @property
+    def delta(self) -> bool:
+        """True when only the rows changed since the ``since`` mark were copied: load its file
+        after the file of the capture that mark came from."""
+    @property
+    def mark(self) -> CaptureMark:
+        """Where this capture stood, for a later ``EmbeddingStore.capture(since=mark)``."""
     @property
     def rows(self) -> int:
         """Number of rows captured, over all tables. Raises ValueError once released."""
@@ -256,9 +268,16 @@ class EmbeddingStore:
         A new row gets fresh optimizer state; an existing row keeps it (FTRL's
         ``z`` is recomputed so the weights are reproduced). Takes a new version.
         """
-    def capture(self) -> StoreCapture:
+    def capture(self, since: CaptureMark | None = None) -> StoreCapture:
         """A point-in-time copy of the whole store, to write later (a checkpoint at a step cut:
         stop applying updates, capture, resume at once, ``write`` in the background).
+
+        With ``since`` (an earlier capture's mark) a **delta**: only the rows created or
+        updated since that capture, and the event counters' increments (``update_batches``
+        whole); loading the earlier file and then the delta's gives this store. When a row may
+        have left the store since the mark (an eviction, a TTL expiry) or the tables differ,
+        a row would come back from the older file: the capture is then full (``delta`` False).
+        A row is never missed; one created by a lookup since the last update may be in both.
 
         Copies every table's config, counters, admission sketch and live rows (weights,
         optimizer state, versions, TTL stamps) and the version clock; internal shards are
@@ -296,7 +315,9 @@ class EmbeddingStore:
         overwrite rows with the same id; the store version advances to the file's if
         larger; event counters add this shard's share (the T shares of a file's counter add
         up to it exactly); ``update_batches`` becomes the largest seen and every row keeps
-        its age in update batches; admission sketches merge by element-wise max.
+        its age in update batches; admission sketches merge by element-wise max. A delta
+        (``StoreCapture.delta``) loads on top of its base the same way, but the rows already
+        here keep their update-batch stamps (the delta continues the base's count).
         The file is fully verified before anything is applied: a corrupted, truncated or
         unsupported file raises ValueError and leaves the store unchanged.
 

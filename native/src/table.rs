@@ -434,11 +434,12 @@ impl<W: Elem> Chunk<W> {
 
     /// Gather the live rows into `blk` (the snapshot writer's row block); versions are
     /// offsets from the owning shard's `vbase`.
-    pub fn gather(&self, l: &Layout, vbase: u64, blk: &mut RowBlock<W>) {
+    /// The live rows whose version is at least `since` (0: every row) into `blk`.
+    pub fn gather(&self, l: &Layout, vbase: u64, since: u64, blk: &mut RowBlock<W>) {
         blk.clear();
         let sd = l.state_dim;
         for o in 0..self.len() {
-            if !self.occupied(o) {
+            if !self.occupied(o) || vbase + (self.versions[o] as u64) < since {
                 continue;
             }
             blk.ids.push(self.id(l, o));
@@ -517,6 +518,14 @@ impl<W> RowBlock<W> {
     }
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+    /// Bytes held by the block's columns.
+    pub fn memory_bytes(&self) -> usize {
+        self.ids.capacity() * 8
+            + self.versions.capacity() * 8
+            + self.weights.capacity() * std::mem::size_of::<W>()
+            + (self.state.capacity() + self.acc.capacity()) * 4
+            + (self.steps.capacity() + self.utime.capacity() + self.utick.capacity()) * 4
     }
 }
 
@@ -1239,6 +1248,20 @@ impl<W: Elem> Shard<W> {
     /// (a memcpy per column beats gathering row by row while the shard is locked).
     pub fn copy(&self, arena: &Arena) -> ShardCopy<W> {
         ShardCopy { chunks: self.chunks.iter().map(|ch| ch.copy(arena)).collect(), vbase: self.vbase, rows: self.rows }
+    }
+
+    /// The rows whose version is at least `since` (created or updated since then), one
+    /// block per chunk that has any: what a delta capture copies.
+    pub fn copy_since(&self, l: &Layout, since: u64) -> Vec<RowBlock<W>> {
+        let mut out = Vec::new();
+        for ch in &self.chunks {
+            let mut blk = RowBlock::default();
+            ch.gather(l, self.vbase, since, &mut blk);
+            if !blk.is_empty() {
+                out.push(blk);
+            }
+        }
+        out
     }
 
     /// Add `d` to every row's last-update batch: the rows keep their age when the table's

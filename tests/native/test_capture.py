@@ -37,6 +37,15 @@ def step(store, name, dim, ids, seed):
     store.update(name, ids, grads)
 
 
+def trained(cfg, batches, *, threads, shards, dim=5):
+    """A store with table "t" of `cfg` after one training step per batch."""
+    s = tn.EmbeddingStore(num_internal_shards=shards, threads=threads)
+    s.create_table("t", dim, **cfg)
+    for k, ids in enumerate(batches):
+        step(s, "t", dim, ids, k)
+    return s
+
+
 def counters(store, name):
     s = store.stats(name)
     return {k: s[k] for k in COUNTERS + ["update_batches"]}
@@ -48,10 +57,7 @@ def counters(store, name):
 def test_capture_round_trips_exactly_and_later_updates_stay_out(tmp_path_factory, cfg, before, after, threads,
                                                                  shards):
     dim = 5
-    s = tn.EmbeddingStore(num_internal_shards=shards, threads=threads)
-    s.create_table("t", dim, **cfg)
-    for k, ids in enumerate(before):
-        step(s, "t", dim, ids, k)
+    s = trained(cfg, before, threads=threads, shards=shards, dim=dim)
     at_capture = all_state(s, "t", range(300))
     stats_at_capture, version_at_capture = counters(s, "t"), s.version
     cap = s.capture()
@@ -75,6 +81,34 @@ def test_capture_round_trips_exactly_and_later_updates_stay_out(tmp_path_factory
     changed = {i for i, row in live.items() if i not in at_capture or row["version"] != at_capture[i]["version"]}
     assert changed == ({i for ids in after for i in ids if i in live} if after else set())
     cap.release()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=TABLE_CONFIGS, before=BATCHES, between=BATCHES, threads=st.sampled_from([1, 2]),
+       shards=st.sampled_from([1, 4]))
+def test_a_delta_loaded_on_its_base_is_the_store_at_the_delta(tmp_path_factory, cfg, before, between, threads,
+                                                               shards):
+    dim = 5
+    s = trained(cfg, before, threads=threads, shards=shards, dim=dim)
+    base = s.capture()
+    removed = s.stats("t")["evicted"] + s.stats("t")["expired"]
+    for k, ids in enumerate(between):
+        step(s, "t", dim, ids, 100 + k)
+    delta = s.capture(since=base.mark)
+    # A delta only when no row left the store since the base (it would come back from the base file).
+    assert delta.delta == (s.stats("t")["evicted"] + s.stats("t")["expired"] == removed)
+    if delta.delta:  # only the rows the steps since touched
+        assert delta.rows <= len({i for ids in between for i in ids})
+    at_delta, stats_at_delta, version_at_delta = all_state(s, "t", range(300)), counters(s, "t"), s.version
+    d = tmp_path_factory.mktemp("delta")
+    base.write(d / "base.snap")
+    delta.write(d / "delta.snap")
+    back = tn.EmbeddingStore(num_internal_shards=3, threads=2)
+    for path in ([d / "base.snap"] if delta.delta else []) + [d / "delta.snap"]:
+        back.load(path)
+    assert_state_equal(all_state(back, "t", range(300)), at_delta, skip=())
+    assert counters(back, "t") == stats_at_delta
+    assert back.version == version_at_delta
 
 
 def test_capture_writes_what_dump_writes(tmp_path):

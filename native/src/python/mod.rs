@@ -127,6 +127,7 @@ pub(crate) fn nonneg(v: i64, what: &str) -> PyResult<u64> {
 fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<snapshot::PyCapture>()?;
+    m.add_class::<snapshot::PyCaptureMark>()?;
     m.add_class::<pooling::PyLayout>()?;
     m.add_class::<pooling::PyPlan>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;

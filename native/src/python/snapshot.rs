@@ -8,12 +8,19 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::guard;
-use crate::snapshot::{Capture, Written};
+use crate::snapshot::{Capture, CaptureMark, Written};
 
 /// `(bytes written, sha256 hex digest of the file)`, as returned by `dump` and `write`.
 pub(crate) fn written(w: Written) -> (u64, String) {
     let (bytes, sha) = w;
     (bytes, sha.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Where a capture stood (`StoreCapture.mark`): `EmbeddingStore.capture(since=mark)` then
+/// copies only what changed after it. Small; it outlives the capture's release.
+#[pyclass(name = "CaptureMark", module = "trillium_native", frozen)]
+pub struct PyCaptureMark {
+    pub(crate) inner: CaptureMark,
 }
 
 /// A point-in-time copy of an `EmbeddingStore` (from `EmbeddingStore.capture()`).
@@ -22,11 +29,14 @@ pub struct PyCapture {
     /// None once released. An `Arc` so that a write in progress (GIL released) keeps the
     /// copy alive while another thread releases it.
     inner: Mutex<Option<Arc<Capture>>>,
+    mark: CaptureMark,
+    delta: bool,
 }
 
 impl PyCapture {
     pub(crate) fn new(c: Capture) -> Self {
-        PyCapture { inner: Mutex::new(Some(Arc::new(c))) }
+        let (mark, delta) = (c.mark(), c.is_delta());
+        PyCapture { inner: Mutex::new(Some(Arc::new(c))), mark, delta }
     }
 
     fn get(&self) -> PyResult<Arc<Capture>> {
@@ -40,6 +50,18 @@ impl PyCapture {
     fn write(&self, py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
         let c = self.get()?;
         py.detach(|| guard(|| c.write(&path))).map(written)
+    }
+
+    /// True when only the rows changed since the `since` mark were copied (load the file
+    /// after the one that mark's capture wrote).
+    #[getter]
+    fn delta(&self) -> bool {
+        self.delta
+    }
+
+    #[getter]
+    fn mark(&self) -> PyCaptureMark {
+        PyCaptureMark { inner: self.mark.clone() }
     }
 
     #[getter]
@@ -81,8 +103,9 @@ impl PyCapture {
     fn __repr__(&self) -> String {
         match &*self.inner.lock() {
             Some(c) => format!(
-                "StoreCapture(tables={:?}, rows={}, memory_bytes={})",
+                "StoreCapture(tables={:?}, delta={}, rows={}, memory_bytes={})",
                 c.table_names(),
+                self.delta,
                 c.rows(),
                 c.memory_bytes()
             ),

@@ -9,7 +9,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::snapshot::{written, PyCapture};
+use super::snapshot::{written, PyCapture, PyCaptureMark};
 use super::{extract_u64, get_array, guard, nonneg, opt_nonneg, to_py};
 use crate::config::{AdmissionKind, DType, InitKind, OptKind, TableConfig};
 use crate::snapshot;
@@ -355,10 +355,21 @@ impl PyStore {
         guard(|| store.set_row(&t, id, s))
     }
 
-    /// Point-in-time copy of the whole store (see `snapshot::Capture::new`).
-    fn capture(&self, py: Python<'_>) -> PyResult<PyCapture> {
+    /// Point-in-time copy of the whole store (see `snapshot::Capture::new`), or with `since`
+    /// of what changed after that mark (`snapshot::Capture::since`).
+    #[pyo3(signature = (since=None))]
+    fn capture(&self, py: Python<'_>, since: Option<PyRef<'_, PyCaptureMark>>) -> PyResult<PyCapture> {
         let store = &*self.store;
-        py.detach(|| guard(|| Ok(snapshot::Capture::new(store)))).map(PyCapture::new)
+        let mark = since.map(|m| m.inner.clone());
+        py.detach(|| {
+            guard(|| {
+                Ok(match &mark {
+                    Some(m) => snapshot::Capture::since(store, m),
+                    None => snapshot::Capture::new(store),
+                })
+            })
+        })
+        .map(PyCapture::new)
     }
 
     fn dump(&self, py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {

@@ -5,23 +5,75 @@
 //! whole (a memcpy per column, under that shard's read lock, shards in parallel on the
 //! store's pool) into huge-page memory owned by the capture; `Capture::write` gathers the
 //! copied rows into the snapshot format with the same writer as `dump`.
+//!
+//! A **delta** (`Capture::since`) copies only the rows created or updated since an earlier
+//! capture's `CaptureMark`; loading the earlier capture's file and then the delta's gives the
+//! store as of the delta. That holds only while no row has left the store in between (an
+//! eviction, a TTL expiry, a dropped table would come back from the older file), so then a
+//! full capture is taken instead. A delta's event counters are the increments since the
+//! mark: loading (merging) both files adds them up to the store's counts.
 
 use std::path::Path;
 
 use rayon::prelude::*;
 
 use super::write::{write_file, SnapWriter, TableSource, Written};
+use super::FLAG_DELTA;
 use crate::config::TableConfig;
 use crate::elem::Elem;
 use crate::mem::Arena;
 use crate::store::{now_secs, Store};
 use crate::table::{Layout, RowBlock, Shard, ShardCopy, Shards, Table};
 
-/// Copied shards of a table, by storage type.
+/// A table's copied rows: every shard whole, or only the rows changed since a mark.
+enum Copied<W: Elem> {
+    Whole(Vec<ShardCopy<W>>),
+    Changed(Vec<RowBlock<W>>),
+}
+
+impl<W: Elem> Copied<W> {
+    fn rows(&self) -> u64 {
+        match self {
+            Copied::Whole(s) => s.iter().map(|c| c.rows as u64).sum(),
+            Copied::Changed(b) => b.iter().map(|b| b.len() as u64).sum(),
+        }
+    }
+    fn memory_bytes(&self) -> usize {
+        match self {
+            Copied::Whole(s) => s.iter().map(|c| c.memory_bytes()).sum(),
+            Copied::Changed(b) => b.iter().map(|b| b.memory_bytes()).sum(),
+        }
+    }
+}
+
+/// Copied rows of a table, by storage type.
 enum ShardCopies {
-    F32(Vec<ShardCopy<f32>>),
-    F16(Vec<ShardCopy<half::f16>>),
-    BF16(Vec<ShardCopy<half::bf16>>),
+    F32(Copied<f32>),
+    F16(Copied<half::f16>),
+    BF16(Copied<half::bf16>),
+}
+
+macro_rules! with_copied {
+    ($c:expr, $v:ident => $body:expr) => {
+        match $c {
+            ShardCopies::F32($v) => $body,
+            ShardCopies::F16($v) => $body,
+            ShardCopies::BF16($v) => $body,
+        }
+    };
+}
+
+/// Where a capture stood, for a later delta (`Capture::since`): the store's version clock
+/// and, per table, its counters as written and how many rows had left it (evicted or
+/// expired), both read before any row was copied.
+#[derive(Clone, Debug)]
+pub struct CaptureMark {
+    since: u64,
+    tables: Vec<(String, [u64; 9], u64)>,
+}
+
+fn removed(counters: &[u64; 9]) -> u64 {
+    counters[2] + counters[3] // evicted + expired
 }
 
 struct SketchCopy {
@@ -34,6 +86,8 @@ struct SketchCopy {
 struct TableCapture {
     cfg: TableConfig,
     layout: Layout,
+    /// As written: the table's counters, or for a delta their increments since the mark
+    /// (the update-batch count, a clock, stays whole).
     counters: [u64; 9],
     sketch: Option<SketchCopy>,
     shards: ShardCopies,
@@ -48,6 +102,9 @@ pub struct Capture {
     next_version: u64,
     created_secs: u64,
     tables: Vec<TableCapture>,
+    /// Whether only the rows changed since a mark were copied.
+    delta: bool,
+    mark: CaptureMark,
 }
 
 /// Copy `shards` one at a time under its read lock; in parallel on the current pool
@@ -64,39 +121,59 @@ fn copy_shards<W: Elem>(
     }
 }
 
+fn copy_changed<W: Elem>(
+    shards: &[parking_lot::RwLock<Shard<W>>],
+    l: &Layout,
+    since: u64,
+    sequential: bool,
+) -> Vec<RowBlock<W>> {
+    if sequential {
+        shards.iter().flat_map(|s| s.read().copy_since(l, since)).collect()
+    } else {
+        shards.par_iter().flat_map_iter(|s| s.read().copy_since(l, since)).collect()
+    }
+}
+
 impl TableCapture {
-    fn rows_of(t: &Table, sequential: bool) -> (ShardCopies, Arena) {
+    /// The table's rows: whole, or those changed since `since` (a delta).
+    fn rows_of(t: &Table, since: Option<u64>, sequential: bool) -> (ShardCopies, Arena) {
         let arena = Arena::small_pages();
-        let shards = match &t.shards {
-            Shards::F32(s) => ShardCopies::F32(copy_shards(s, &arena, sequential)),
-            Shards::F16(s) => ShardCopies::F16(copy_shards(s, &arena, sequential)),
-            Shards::BF16(s) => ShardCopies::BF16(copy_shards(s, &arena, sequential)),
+        let l = &t.layout;
+        let shards = match (&t.shards, since) {
+            (Shards::F32(s), None) => ShardCopies::F32(Copied::Whole(copy_shards(s, &arena, sequential))),
+            (Shards::F16(s), None) => ShardCopies::F16(Copied::Whole(copy_shards(s, &arena, sequential))),
+            (Shards::BF16(s), None) => ShardCopies::BF16(Copied::Whole(copy_shards(s, &arena, sequential))),
+            (Shards::F32(s), Some(v)) => ShardCopies::F32(Copied::Changed(copy_changed(s, l, v, sequential))),
+            (Shards::F16(s), Some(v)) => ShardCopies::F16(Copied::Changed(copy_changed(s, l, v, sequential))),
+            (Shards::BF16(s), Some(v)) => ShardCopies::BF16(Copied::Changed(copy_changed(s, l, v, sequential))),
         };
         (shards, arena)
     }
 
     fn rows(&self) -> u64 {
-        match &self.shards {
-            ShardCopies::F32(s) => s.iter().map(|c| c.rows as u64).sum(),
-            ShardCopies::F16(s) => s.iter().map(|c| c.rows as u64).sum(),
-            ShardCopies::BF16(s) => s.iter().map(|c| c.rows as u64).sum(),
-        }
+        with_copied!(&self.shards, c => c.rows())
     }
 
     fn memory_bytes(&self) -> usize {
-        let shards: usize = match &self.shards {
-            ShardCopies::F32(s) => s.iter().map(|c| c.memory_bytes()).sum(),
-            ShardCopies::F16(s) => s.iter().map(|c| c.memory_bytes()).sum(),
-            ShardCopies::BF16(s) => s.iter().map(|c| c.memory_bytes()).sum(),
-        };
-        shards + self.sketch.as_ref().map_or(0, |s| s.cells.capacity() * 4) + std::mem::size_of::<Self>()
+        with_copied!(&self.shards, c => c.memory_bytes())
+            + self.sketch.as_ref().map_or(0, |s| s.cells.capacity() * 4)
+            + std::mem::size_of::<Self>()
     }
 }
 
-fn write_copies<W: Elem>(w: &mut SnapWriter, t: &TableCapture, copies: &[ShardCopy<W>]) -> std::io::Result<()> {
-    let mut blk = RowBlock::default();
-    for c in copies {
-        w.chunks(&t.cfg, &t.layout, &c.chunks, c.vbase, &mut blk)?;
+fn write_copies<W: Elem>(w: &mut SnapWriter, t: &TableCapture, copied: &Copied<W>) -> std::io::Result<()> {
+    match copied {
+        Copied::Whole(copies) => {
+            let mut blk = RowBlock::default();
+            for c in copies {
+                w.chunks(&t.cfg, &t.layout, &c.chunks, c.vbase, &mut blk)?;
+            }
+        }
+        Copied::Changed(blocks) => {
+            for blk in blocks {
+                w.rows_block(&t.cfg, blk)?;
+            }
+        }
     }
     Ok(())
 }
@@ -115,11 +192,7 @@ impl TableSource for TableCapture {
         }
     }
     fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()> {
-        match &self.shards {
-            ShardCopies::F32(s) => write_copies(w, self, s),
-            ShardCopies::F16(s) => write_copies(w, self, s),
-            ShardCopies::BF16(s) => write_copies(w, self, s),
-        }
+        with_copied!(&self.shards, c => write_copies(w, self, c))
     }
 }
 
@@ -135,24 +208,66 @@ impl Capture {
     /// creates rows, or an update, waits for the copy of the shard it needs. Admission
     /// sketches, counters and the version clock are read without locks, after the rows.
     pub fn new(store: &Store) -> Capture {
+        Capture::take(store, None)
+    }
+
+    /// A delta of the capture that left `mark`: only the rows created or updated since, with
+    /// the counters' increments. A full capture (see `is_delta`) when rows may have left the
+    /// store since the mark, or the tables differ from the mark's. Locks as `new` does.
+    pub fn since(store: &Store, mark: &CaptureMark) -> Capture {
+        Capture::take(store, Some(mark))
+    }
+
+    fn take(store: &Store, mark: Option<&CaptureMark>) -> Capture {
         let created_secs = now_secs() as u64;
         let sequential = store.threads == 1;
         let tables = store.tables_ordered();
+        // Read before any row is copied: a row changed while the copy runs is then in this
+        // capture or (its version being at least `since`) in the next delta; a row removed
+        // meanwhile makes the next capture a full one.
+        let since = store.clock.next_value();
+        let before: Vec<[u64; 9]> = tables.iter().map(|t| t.counters.snapshot()).collect();
+        let delta = mark.filter(|m| {
+            m.tables.len() == tables.len()
+                && m.tables
+                    .iter()
+                    .zip(tables.iter().zip(&before))
+                    .all(|((name, _, gone), (t, now))| *name == t.cfg.name && removed(now) == *gone)
+        });
+        let from = delta.map(|m| m.since);
         let rows: Vec<(ShardCopies, Arena)> = if sequential {
-            tables.iter().map(|t| TableCapture::rows_of(t, true)).collect()
+            tables.iter().map(|t| TableCapture::rows_of(t, from, true)).collect()
         } else {
-            store.pool.install(|| tables.iter().map(|t| TableCapture::rows_of(t, false)).collect())
+            store.pool.install(|| tables.iter().map(|t| TableCapture::rows_of(t, from, false)).collect())
         };
         // Read after the rows: the clock and the update-batch counts are then at least as
         // new as every copied row's version and update-batch stamp.
         let next_version = store.clock.next_value();
+        let counters: Vec<[u64; 9]> = tables.iter().map(|t| t.counters.snapshot()).collect();
+        let mark = CaptureMark {
+            since,
+            tables: tables
+                .iter()
+                .zip(&counters)
+                .zip(&before)
+                .map(|((t, c), b)| (t.cfg.name.clone(), *c, removed(b)))
+                .collect(),
+        };
         let tables = tables
             .iter()
             .zip(rows)
-            .map(|(t, (shards, arena))| TableCapture {
+            .zip(&counters)
+            .enumerate()
+            .map(|(k, ((t, (shards, arena)), now))| TableCapture {
                 cfg: t.cfg.clone(),
                 layout: t.layout.clone(),
-                counters: t.counters.snapshot(),
+                counters: match delta {
+                    // Event counts as increments; the update-batch count (a clock) whole.
+                    Some(m) => {
+                        std::array::from_fn(|i| if i == 8 { now[i] } else { now[i].saturating_sub(m.tables[k].1[i]) })
+                    }
+                    None => *now,
+                },
                 sketch: t.sketch.as_ref().map(|sk| SketchCopy {
                     width: sk.width,
                     depth: sk.depth,
@@ -162,14 +277,24 @@ impl Capture {
                 _arena: arena,
             })
             .collect();
-        Capture { next_version, created_secs, tables }
+        Capture { next_version, created_secs, tables, delta: delta.is_some(), mark }
+    }
+
+    /// Whether this capture holds only the rows changed since a mark (see `since`).
+    pub fn is_delta(&self) -> bool {
+        self.delta
+    }
+
+    /// Where this capture stood, for a later delta on top of it.
+    pub fn mark(&self) -> CaptureMark {
+        self.mark.clone()
     }
 
     /// Write the capture to `path` in the snapshot format (readable by `load_snapshot`);
     /// the same capture always gives the same bytes. Takes no lock of the store.
     pub fn write(&self, path: &Path) -> crate::config::Result<Written> {
         let tables: Vec<&TableCapture> = self.tables.iter().collect();
-        write_file(path, self.created_secs, || self.next_version, &tables)
+        write_file(path, self.created_secs, if self.delta { FLAG_DELTA } else { 0 }, || self.next_version, &tables)
     }
 
     pub fn rows(&self) -> u64 {

@@ -18,7 +18,7 @@ mod meta;
 mod read;
 mod write;
 
-pub use capture::Capture;
+pub use capture::{Capture, CaptureMark};
 pub use read::{load_snapshot, read_snapshot, AnyBlock, Visitor};
 pub use write::{write_snapshot, Written};
 
@@ -28,6 +28,8 @@ compile_error!("the snapshot writer assumes a little-endian target");
 pub const MAGIC: &[u8; 8] = b"TRLMSNAP";
 pub const END_MAGIC: &[u8; 8] = b"TRLMEND\0";
 pub const FORMAT_VERSION: u32 = 1;
+/// Header flag: the file is a delta, loaded after the file it was taken on top of.
+pub const FLAG_DELTA: u32 = 1 << 0;
 
 const fn tag(b: &[u8; 4]) -> u32 {
     u32::from_le_bytes(*b)

@@ -60,7 +60,8 @@ pub enum AnyBlock {
 }
 
 pub trait Visitor {
-    fn header(&mut self, next_version: u64) -> Result<()>;
+    /// `delta`: the header's `FLAG_DELTA`.
+    fn header(&mut self, next_version: u64, delta: bool) -> Result<()>;
     fn table(&mut self, cfg: &TableConfig, counters: &[u64; 9]) -> Result<()>;
     fn sketch(&mut self, width: u32, depth: u32, counters: &[u32]) -> Result<()>;
     fn rows(&mut self, blk: AnyBlock) -> Result<()>;
@@ -117,9 +118,13 @@ pub fn read_snapshot(path: &Path, v: &mut dyn Visitor) -> Result<()> {
     if crc32fast::hash(&hdr) != crc {
         return corrupt("header checksum mismatch");
     }
+    let flags = u32::from_le_bytes(hdr[12..16].try_into().unwrap_or_default());
+    if flags & !FLAG_DELTA != 0 {
+        return corrupt(format!("unknown snapshot header flags {flags:#x}"));
+    }
     let next_version = u64::from_le_bytes(hdr[16..24].try_into().unwrap_or_default());
     let num_tables = u32::from_le_bytes(hdr[24..28].try_into().unwrap_or_default());
-    v.header(next_version)?;
+    v.header(next_version, flags & FLAG_DELTA != 0)?;
     let mut names = HashSet::new();
     let mut all_rows = 0u64;
     for _ in 0..num_tables {
@@ -250,7 +255,7 @@ fn check_compatible(existing: &TableConfig, cfg: &TableConfig) -> Result<()> {
 }
 
 impl Visitor for Verify<'_> {
-    fn header(&mut self, _: u64) -> Result<()> {
+    fn header(&mut self, _: u64, _: bool) -> Result<()> {
         Ok(())
     }
     fn table(&mut self, cfg: &TableConfig, _: &[u64; 9]) -> Result<()> {
@@ -277,6 +282,8 @@ struct Apply<'a> {
     table: Option<Arc<Table>>,
     /// Added to the current table's loaded last-update batches (see `Apply::table`).
     utick_shift: u32,
+    /// The file is a delta on top of what the store holds (see `Apply::table`).
+    delta: bool,
 }
 
 /// Shard `i` of `n`'s share of a counter: the `n` shares of `c` add up to exactly `c`.
@@ -325,7 +332,8 @@ fn apply_block<W: Elem>(
 }
 
 impl Visitor for Apply<'_> {
-    fn header(&mut self, next_version: u64) -> Result<()> {
+    fn header(&mut self, next_version: u64, delta: bool) -> Result<()> {
+        self.delta = delta;
         self.store.clock.advance_to(next_version);
         Ok(())
     }
@@ -356,9 +364,13 @@ impl Visitor for Apply<'_> {
         // The table's update-batch count becomes the largest seen; every row keeps its age
         // in update batches (the TTL by updates): rows already here move up with the count,
         // rows from this file are shifted from the file's count to the table's.
+        // A delta continues the clock of the file beneath it: the rows already here are that
+        // file's, and keep their stamps.
         let prev = t.counters.update_batches.fetch_max(counters[8], Ordering::Relaxed);
         let now = prev.max(counters[8]);
-        t.shift_update_batches(now.wrapping_sub(prev) as u32);
+        if !self.delta {
+            t.shift_update_batches(now.wrapping_sub(prev) as u32);
+        }
         self.utick_shift = now.wrapping_sub(counters[8]) as u32;
         self.table = Some(t);
         Ok(())
@@ -420,5 +432,5 @@ impl Visitor for Apply<'_> {
 /// moves up has every shard's write lock taken in turn to shift the stamps.
 pub fn load_snapshot(store: &Store, path: &Path, filter: Option<(u32, u32)>) -> Result<()> {
     read_snapshot(path, &mut Verify { store })?;
-    read_snapshot(path, &mut Apply { store, filter, table: None, utick_shift: 0 })
+    read_snapshot(path, &mut Apply { store, filter, table: None, utick_shift: 0, delta: false })
 }

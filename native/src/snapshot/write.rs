@@ -62,12 +62,12 @@ impl SnapWriter {
         self.w.write_all(b)
     }
 
-    fn header(&mut self, next_version: u64, num_tables: u32, created_secs: u64) -> std::io::Result<()> {
+    fn header(&mut self, next_version: u64, num_tables: u32, created_secs: u64, flags: u32) -> std::io::Result<()> {
         let mut h = crc32fast::Hasher::new();
         let mut hdr = Vec::with_capacity(36);
         hdr.extend_from_slice(MAGIC);
         hdr.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        hdr.extend_from_slice(&0u32.to_le_bytes());
+        hdr.extend_from_slice(&flags.to_le_bytes());
         hdr.extend_from_slice(&next_version.to_le_bytes());
         hdr.extend_from_slice(&num_tables.to_le_bytes());
         hdr.extend_from_slice(&created_secs.to_le_bytes());
@@ -108,7 +108,7 @@ impl SnapWriter {
         self.raw(&h.finalize().to_le_bytes())
     }
 
-    fn rows_block<W: Elem>(&mut self, cfg: &TableConfig, blk: &RowBlock<W>) -> std::io::Result<()> {
+    pub(super) fn rows_block<W: Elem>(&mut self, cfg: &TableConfig, blk: &RowBlock<W>) -> std::io::Result<()> {
         let cols = columns_of(cfg);
         let n = blk.len() as u64;
         let plen = payload_len(cfg, cols, n);
@@ -146,7 +146,7 @@ impl SnapWriter {
         blk: &mut RowBlock<W>,
     ) -> std::io::Result<()> {
         for ch in chunks {
-            ch.gather(l, vbase, blk);
+            ch.gather(l, vbase, 0, blk);
             if !blk.is_empty() {
                 self.rows_block(cfg, blk)?;
             }
@@ -187,10 +187,11 @@ pub(super) trait TableSource {
 }
 
 /// Write a snapshot of `tables` atomically. `next_version` is read for the header and
-/// again for the trailer (the loader takes the larger).
+/// again for the trailer (the loader takes the larger). `flags`: the header's (`FLAG_DELTA`).
 pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
     path: &Path,
     created_secs: u64,
+    flags: u32,
     next_version: impl Fn() -> u64,
     tables: &[T],
 ) -> Result<Written> {
@@ -205,7 +206,7 @@ pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
             rows: 0,
             blk_rows: 0,
         };
-        w.header(next_version(), tables.len() as u32, created_secs)?;
+        w.header(next_version(), tables.len() as u32, created_secs, flags)?;
         for t in tables {
             w.meta(t.config(), &t.counters())?;
             t.write_sketch(&mut w)?;
@@ -265,5 +266,5 @@ impl TableSource for Table {
 /// gathered, hashed and written (as long as the file system takes to absorb them):
 /// lookups that create rows in that shard, and updates to it, wait meanwhile.
 pub fn write_snapshot(store: &Store, path: &Path) -> Result<Written> {
-    write_file(path, now_secs() as u64, || store.clock.next_value(), &store.tables_ordered())
+    write_file(path, now_secs() as u64, 0, || store.clock.next_value(), &store.tables_ordered())
 }
