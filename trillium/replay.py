@@ -1,10 +1,15 @@
 """`trillium replay`: a data set as a live stream of timestamped events on a job's topics.
 
 Each row becomes an impression event — the row's mapped fields (nested by their dotted paths),
-a key and an event time (now, when it is sent) — sent at `rate` impressions a second. A row whose
-label is positive also becomes a label event (a click) with the same key, sent when its event time
-comes: a random 0..W seconds after its impression (W: the job's attribution window), or, for a
-`late_fraction` of them, after the window. A `malformed_fraction` of the messages are replaced by
+a key and an event time — sent at `rate` impressions a second. Row i's event time is its place in
+the schedule (the start plus i / rate), not when it happened to be sent: a sender that runs late
+for a moment and catches up would otherwise stamp bursts, and the joiner, deciding negatives when
+windows close, would hand the model stretches of skewed label mix a window later. A row whose
+label is positive also becomes a label event (a click) with the same key and an event time a
+random 0..W seconds after its impression (W: the job's attribution window), or, for a
+`late_fraction` of them, after the window; it is sent before the first impression of a later event
+time, so each partition's events are in event-time order however far the sender lags (with rate 0,
+as fast as it goes: stamped and sent by the clock). A `malformed_fraction` of the messages are replaced by
 garbage (not JSON, a field missing, a NaN value), which the job sends to its dead-letter topic.
 For a job whose events carry their label (`topics`), each row is one event with its label field.
 Messages are keyed by the event key, so Kafka's partitioner co-partitions impressions and clicks;
@@ -114,9 +119,9 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
     await kafka.ensure_topics(conn, {t: partitions for t in topics})  # co-partitioned: the same count
     producer = kafka.producer(conn)
     await producer.start()
-    clicks: list[tuple[float, int, bytes, bytes]] = []  # heap of (due, seq, key, message)
+    clicks: list[tuple[float, int, bytes, bytes]] = []  # heap of (event time, seq, key, message)
     seq = itertools.count()
-    started = time.monotonic()
+    started, wall = time.monotonic(), time.time()
 
     def pack(event: dict[str, Any]) -> bytes:
         return encode(event).encode() if encode is not None else msgpack.packb(event)
@@ -125,6 +130,7 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
         await producer.send(topic, value, key=key)
 
     async def send_due(until: float) -> None:
+        """Send the clicks of event time up to `until`."""
         while clicks and clicks[0][0] <= until:
             _, _, key, value = heapq.heappop(clicks)
             await send(data.join.labels, key, value)
@@ -137,11 +143,8 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
             if rate > 0:  # pace: row i goes out at started + i / rate
                 if (wait := started + i / rate - time.monotonic()) > 0:
                     await asyncio.sleep(wait)
-            # The clicks whose time has come go first, by the clock and not the schedule: a replay
-            # behind its schedule stamps impressions with the time they are sent, and a click held
-            # back to the schedule would follow impressions of a later event time (late, in the joiner).
-            await send_due(time.monotonic())
-            now = time.time()
+            now = wall + i / rate if rate > 0 else time.time()
+            await send_due(now)
             key = f"r{seed}-{i}"
             event: dict[str, Any] = {}
             _nest(event, key_path, key)
@@ -164,12 +167,12 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
                 click: dict[str, Any] = {}
                 _nest(click, key_path, key)
                 _nest(click, time_path, now + delay)
-                heapq.heappush(clicks, (time.monotonic() + delay, next(seq), key.encode(), pack(click)))
+                heapq.heappush(clicks, (now + delay, next(seq), key.encode(), pack(click)))
                 report.clicks += 1
                 report.late_clicks += bool(late)
         while clicks:  # the clicks still to come, when their time comes
-            await asyncio.sleep(max(0.0, clicks[0][0] - time.monotonic()))
-            await send_due(time.monotonic())
+            await asyncio.sleep(max(0.0, clicks[0][0] - time.time()))
+            await send_due(time.time())
         await producer.flush()
     finally:
         await producer.stop()
