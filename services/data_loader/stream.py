@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -60,6 +61,28 @@ def _kind(reason: str) -> str:
     return "bad_value"
 
 
+def due_steps(rows: EventRows, rng: np.random.Generator, *, step: int, pool: int, timeout: float,
+              now: float) -> Iterator[EventRows]:
+    """The steps to send now, each picked out of `rows` at random (a join emits positives when
+    their click comes and negatives when windows close: in bursts, which batches must not be).
+
+    Whole steps while more than `pool` rows would be left to mix. No row waits longer than
+    `timeout`: then the oldest go out, in whole steps while there are a step's worth (the newest,
+    fewer than a step, wait for the next round: a fast stream makes no small steps, each as costly
+    as a whole one and as noisy as its few samples), else as one partial step (a slow stream)."""
+    def waited_out() -> bool:
+        return bool(rows) and now - rows.arrived[0] >= timeout
+
+    while len(rows) >= pool + step:
+        yield rows.pick(rng.choice(len(rows), step, replace=False))
+    if waited_out():
+        # The rows are in arrival order, and what is picked leaves the rest in it.
+        for oldest in range(len(rows) // step * step, 0, -step):
+            yield rows.pick(rng.choice(oldest, step, replace=False))
+        if waited_out():
+            yield rows.pick(rng.permutation(len(rows)))
+
+
 class StreamLoader:
     def __init__(self, service: Any, job: JobRecord, share: Share, state: dict[str, Any] | None) -> None:
         self.service = service
@@ -92,8 +115,6 @@ class StreamLoader:
         self.counts: Counter[str] = Counter(state.get("counts", {}))
         self.dead: Counter[str] = Counter(state.get("dead", {}))
         self.lag: list[dict[str, Any]] = []
-        # When the oldest buffered sample arrived (monotonic); restored ones count from the restart.
-        self._rows_since: float | None = time.monotonic() if len(self.rows) else None
         self.deliveries: list[asyncio.Future] = []  # sends of the current fetch, awaited after it
         self.heard: dict[tuple[str, int], float] = {}  # when each input partition last had records
         self.started = time.monotonic()
@@ -192,8 +213,6 @@ class StreamLoader:
             if join is None:
                 event = self.reader.event(record.value)
                 self.rows.add(event)
-                if self._rows_since is None:
-                    self._rows_since = time.monotonic()
             else:
                 event = self.reader.event(record.value, impression=tp.topic == join.impressions)
                 joiner = self.joins[tp.partition]
@@ -208,8 +227,6 @@ class StreamLoader:
     def _add(self, emitted) -> None:
         for e in emitted:
             self.rows.add(e.event, "1" if e.positive else "0", e.time)
-            if self._rows_since is None:
-                self._rows_since = time.monotonic()
 
     async def _dead_letter(self, producer, tp: TopicPartition, offset: int, raw: bytes | None, reason: str) -> None:
         self.dead[_kind(reason)] += 1
@@ -247,21 +264,12 @@ class StreamLoader:
             self._add(joiner.advance(watermark))
 
     async def _emit(self, producer) -> None:
-        """Steps of samples drawn at random from the pool (a join emits positives when their
-        click comes and negatives when windows close: in bursts, which batches must not be)."""
         k, size = len(self.share.ranks), self.config.training.batch_size
-        step = k * size
-        pool = max(self.config.training.shuffle_buffer, POOL_STEPS * step)
-        while len(self.rows) >= pool + step:
-            await self._step(producer, self.rows.pick(self.rng.choice(len(self.rows), step, replace=False)),
-                             [size] * k)
-        if len(self.rows) and time.monotonic() - self._rows_since >= self.data.batch_timeout_seconds:
-            while len(self.rows):  # the stream is slow: what there is goes out now
-                n = min(len(self.rows), step)
-                await self._step(producer, self.rows.pick(self.rng.choice(len(self.rows), n, replace=False)),
-                                 [n // k + (i < n % k) for i in range(k)])
-        if not len(self.rows):
-            self._rows_since = None
+        pool = max(self.config.training.shuffle_buffer, POOL_STEPS * k * size)
+        for rows in due_steps(self.rows, self.rng, step=k * size, pool=pool,
+                              timeout=self.data.batch_timeout_seconds, now=time.monotonic()):
+            n = len(rows)
+            await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)])
 
     async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""

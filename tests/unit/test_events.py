@@ -13,7 +13,8 @@ import pytest
 from trillium import codec
 from trillium.batch import Batch, KeyedIds
 from trillium.job import JobConfig
-from trillium.sources.events import MULTI_SEP, BadEvent, EventReader
+from trillium.services.data_loader.stream import due_steps
+from trillium.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
 
 
 def _job(**data) -> JobConfig:
@@ -72,3 +73,41 @@ def test_a_stream_batch_carries_its_sample_ids_and_event_times_on_the_wire() -> 
     assert codec.decode_batch(codec.encode_batch(batch)) == batch
     plain = Batch(batch_id=3, epoch=0, rank=1, ids=ids, dense=batch.dense, labels=batch.labels)
     assert codec.decode_batch(codec.encode_batch(plain)).sample_ids is None
+
+
+def _pooled(arrivals: list[tuple[int, float]]) -> EventRows:
+    """Rows added in groups of (count, arrival time); each row's key is its arrival order."""
+    rows, n = EventRows(_job()), 0
+    for count, at in arrivals:
+        for _ in range(count):
+            rows.add(Event({}, str(n), 0.0), "1")
+            rows.arrived[-1] = at
+            n += 1
+    return rows
+
+
+def _steps(rows: EventRows, now: float) -> list[list[int]]:
+    return [sorted(int(e.key) for e in s.events)
+            for s in due_steps(rows, np.random.default_rng(0), step=16, pool=64, timeout=1.0, now=now)]
+
+
+def test_a_fast_stream_goes_out_in_whole_steps_and_no_sample_waits_past_the_timeout() -> None:
+    # 100 rows waiting 1.2 s, 40 just in: 8 whole steps (4 drawn from the whole pool while more
+    # than `pool` stay, 4 from its oldest) take every old row; 12 of the newest wait.
+    rows = _pooled([(100, 0.0), (40, 1.1)])
+    steps = _steps(rows, now=1.2)
+    assert [len(s) for s in steps] == [16] * 8
+    assert set(range(100)) <= {k for s in steps for k in s}
+    assert len(rows) == 12 and min(rows.arrived) == 1.1
+    assert _steps(rows, now=1.5) == []  # the 12 have not waited out their timeout
+    # A mix of the pool is drawn at random while more than `pool` would stay.
+    rows = _pooled([(100, 0.0)])
+    assert [len(s) for s in _steps(rows, now=0.5)] == [16, 16]
+    assert len(rows) == 68
+
+
+def test_a_slow_stream_sends_what_it_has_after_the_timeout() -> None:
+    rows = _pooled([(5, 0.0), (3, 0.9)])
+    assert _steps(rows, now=0.9) == []
+    assert _steps(rows, now=1.0) == [list(range(8))]  # one partial step: all of them
+    assert len(rows) == 0

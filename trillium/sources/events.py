@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from time import monotonic
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -142,6 +143,7 @@ class EventRows:
         self.events: list[Event] = []
         self.labels: list[str] = []  # each event's label (set by the joiner, or read)
         self.times: list[float] = []  # when each became a sample (the click, else the event)
+        self.arrived: list[float] = []  # when each was added here (time.monotonic()), oldest first
 
     def __len__(self) -> int:
         return len(self.events)
@@ -150,6 +152,7 @@ class EventRows:
         self.events.append(event)
         self.labels.append(label if label is not None else event.values.get(self.label))
         self.times.append(event.time if time is None else time)
+        self.arrived.append(monotonic())
 
     def pick(self, indices: Sequence[int]) -> EventRows:
         """These events (in this order), removed from these."""
@@ -158,11 +161,13 @@ class EventRows:
         chosen.events = [self.events[i] for i in indices]
         chosen.labels = [self.labels[i] for i in indices]
         chosen.times = [self.times[i] for i in indices]
+        chosen.arrived = [self.arrived[i] for i in indices]
         gone = {int(i) for i in indices}
         keep = [i for i in range(len(self.events)) if i not in gone]
         self.events = [self.events[i] for i in keep]
         self.labels = [self.labels[i] for i in keep]
         self.times = [self.times[i] for i in keep]
+        self.arrived = [self.arrived[i] for i in keep]
         return chosen
 
     def columns(self) -> dict[str, list[str | None]]:
