@@ -153,13 +153,13 @@ def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, 
     data = generate_criteo(tmp_path / "stream.tsv", 400_000, seed=3, vocab_sizes=[5] * 26,
                            missing_count_is_zero=True)  # its AUC: a ceiling the job's model can reach
     job = _online_job(f"planted-{run}", f"imps-{run}", f"clicks-{run}", progressive_samples=100_000,
-                      staleness_bound=1, dense_optimizer={"name": "adam", "lr": 0.003})
+                      staleness_bound=1, dense_optimizer={"name": "adagrad", "lr": 0.05})
+    # The dense layers on Adagrad: its steps shrink as it learns, so the rolling AUC is flat from
+    # ~150k samples and the window scored at 300k holds a settled model (under Adam at 0.003 it
+    # was still climbing there, by 0.005-0.02 from run to run).
     raw = job.model_dump(mode="json")
     raw["dense"] = [d | {"normalization": "log1p"} for d in raw["dense"]]
     raw["model"]["kwargs"]["hidden"] = []
-    # Tables learn faster than the example's: the rolling AUC is flat well before 300k samples,
-    # whether the job keeps up with the stream (small, fresh batches) or trains a backlog.
-    raw["tables"] = {name: t | {"optimizer": {"name": "adagrad", "lr": 0.3}} for name, t in raw["tables"].items()}
     job = JobConfig.model_validate(raw)
     job = job.model_copy(update={"checkpoint": None})  # not what this test is about
     client = CoordinatorClient.for_stack(training_stack)
