@@ -3,7 +3,11 @@
 Layout (a local directory by default, or any fsspec URL such as ``s3://bucket/prefix``)::
 
     <dir>/<job id>/<step>/manifest.json     written last: the checkpoint exists iff it does
-                         ps-<shard>.snap    each PS shard's native snapshot (trillium_native format)
+                         ps-<shard>.snap    each PS shard's native snapshot (trillium_native format):
+                                            whole, or a delta of the rows changed since the
+                                            checkpoint its ``delta_of`` names (a chain: restore
+                                            loads the full one, then each delta; retention and
+                                            DELETE keep every checkpoint a kept one needs)
                          dense.pt           the dense model and optimizer (NN rank 0; torch.save of
                                             state_dicts, loadable with weights_only=True)
                          rank-<r>.json      each NN rank's progress (counters, loss curve)
@@ -70,6 +74,8 @@ class PartFile(BaseModel):
     bytes: int
     sha256: str
     seconds: float = Field(description="time to write it")
+    delta_of: int | None = Field(None, description="a PS delta: the step of the checkpoint (same job) whose file "
+                                                   "of this name it is loaded on top of")
 
 
 class Manifest(BaseModel):
@@ -93,6 +99,11 @@ class Manifest(BaseModel):
     @property
     def bytes(self) -> int:
         return sum(f.bytes for f in self.files)
+
+    @property
+    def bases(self) -> set[int]:
+        """The steps whose checkpoints this one's delta files are loaded on top of."""
+        return {f.delta_of for f in self.files if f.delta_of is not None}
 
     def file(self, name: str) -> PartFile:
         for f in self.files:
@@ -123,6 +134,8 @@ class CaptureRequest(BaseModel):
     attempt: int
     step: int
     location: str
+    base: tuple[int, int] | None = Field(None, description="(attempt, step) of the newest complete checkpoint: "
+                                                            "a PS shard that captured it writes a delta on it")
 
 
 class CaptureResult(BaseModel):
@@ -240,8 +253,16 @@ class CheckpointDir:
         return manifest
 
     def verify(self, manifest: Manifest) -> None:
-        """Every file present with the size and sha256 the manifest recorded (CorruptCheckpoint if not)."""
+        """Every file present with the size and sha256 the manifest recorded, and every delta's base
+        file likewise (CorruptCheckpoint if not)."""
         for entry in manifest.files:
+            if entry.delta_of is not None:
+                base = self.sibling(entry.delta_of)
+                base_manifest = base.manifest()
+                if base_manifest is None:
+                    raise CorruptCheckpoint(f"{self.location}/{entry.name} is a delta of step {entry.delta_of}, "
+                                            "which is gone")
+                base.verify(base_manifest.model_copy(update={"files": [base_manifest.file(entry.name)]}))
             where = f"{self.location}/{entry.name}"
             try:
                 size = self.fs.size(self._join(entry.name))
@@ -256,6 +277,23 @@ class CheckpointDir:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path, recursive=True)
+
+    def sibling(self, step: int) -> CheckpointDir:
+        """The checkpoint of the same job at `step`."""
+        return CheckpointDir(f"{self.location.rstrip('/').rsplit('/', 1)[0]}/{step}")
+
+    def chain(self, manifest: Manifest, name: str) -> list[tuple[CheckpointDir, Manifest]]:
+        """The checkpoints whose file `name` makes up this one's, oldest (the full one) first: a
+        PS delta is loaded on top of its base's file, which may be a delta too."""
+        out = [(self, manifest)]
+        while (base := manifest.file(name).delta_of) is not None:
+            ckdir = out[-1][0].sibling(base)
+            found = ckdir.manifest()
+            if found is None:
+                raise CorruptCheckpoint(f"{self.location}/{name} is a delta of step {base}, which is gone")
+            manifest = found
+            out.append((ckdir, manifest))
+        return out[::-1]
 
 
 class JobCheckpoints:
@@ -311,11 +349,33 @@ class JobCheckpoints:
         return removed
 
     def retain(self, keep_last: int) -> list[int]:
-        """Delete all but the newest `keep_last` complete checkpoints; returns the deleted steps."""
-        old = [m.step for m in self.complete()][:-keep_last]
+        """Delete all but the newest `keep_last` complete checkpoints and the ones their deltas are
+        loaded on top of; returns the deleted steps."""
+        manifests = self.complete()
+        keep = self.needed(manifests[-keep_last:], {m.step: m for m in manifests})
+        old = [m.step for m in manifests if m.step not in keep]
         for step in old:
             self.dir(step).remove()
         return old
+
+    @staticmethod
+    def needed(kept: list[Manifest], by_step: dict[int, Manifest]) -> set[int]:
+        """The steps of `kept` and of every checkpoint their deltas are loaded on top of."""
+        steps: set[int] = set()
+        todo = [m.step for m in kept]
+        while todo:
+            step = todo.pop()
+            if step in steps or step not in by_step:
+                continue
+            steps.add(step)
+            todo.extend(by_step[step].bases)
+        return steps
+
+    def dependents(self, step: int) -> list[int]:
+        """The complete checkpoints that need the one at `step` (a delta on it, directly or not)."""
+        manifests = self.complete()
+        by_step = {m.step: m for m in manifests}
+        return [m.step for m in manifests if m.step != step and step in self.needed([m], by_step)]
 
     def remove_all(self) -> None:
         with contextlib.suppress(FileNotFoundError):

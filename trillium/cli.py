@@ -400,10 +400,13 @@ def checkpoints(job_id: JobId,
     if as_json:
         print(json.dumps(listing, indent=2))
         return
-    table = Table("step", "epoch", "attempt", "reason", "written", "MB", "s to write", "pause s", "eval auc")
+    table = Table("step", "epoch", "attempt", "reason", "tables", "written", "MB", "s to write", "pause s",
+                  "eval auc")
     for c in listing:
         auc = (c.get("eval") or {}).get("auc")
-        table.add_row(str(c["step"]), str(c["epoch"]), str(c["attempt"]), c["reason"], _when(c["created_at"]),
+        bases = sorted({f["delta_of"] for f in c["files"] if f.get("delta_of") is not None})
+        tables = f"delta of {', '.join(map(str, bases))}" if bases else "full"
+        table.add_row(str(c["step"]), str(c["epoch"]), str(c["attempt"]), c["reason"], tables, _when(c["created_at"]),
                       f"{c['bytes'] / 1e6:,.1f}", f"{c['seconds_to_write']:.2f}", f"{c['pause_seconds']:.3f}",
                       "" if auc is None else f"{auc:.4f}")
     console.print(table if listing else f"job {job_id} has no complete checkpoint")

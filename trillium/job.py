@@ -575,6 +575,9 @@ class CheckpointConfig(_Strict):
     every_steps: PositiveInt | None = None
     every_seconds: PositiveFloat | None = 600.0
     keep_last: PositiveInt = 3
+    # Every full_every-th checkpoint holds the whole embedding tables; those between hold only
+    # the rows changed since the one before (a chain the restore loads oldest first). 1: all full.
+    full_every: PositiveInt = 10
     # A directory or an fsspec URL (s3://bucket/prefix, with s3fs installed); default
     # <run-dir>/checkpoints. Each checkpoint is <dir>/<job id>/<step>/.
     dir: Annotated[str, Field(min_length=1)] | None = None

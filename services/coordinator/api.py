@@ -286,9 +286,10 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
                 for t, n, auc, loss in await JobProgress(coord.redis, job.id).series()]
 
     @v1.delete("/jobs/{job_id}/checkpoints/{step}", status_code=status.HTTP_204_NO_CONTENT, tags=["checkpoints"],
-               responses=_errors(404))
+               responses=_errors(404, 409))
     async def delete_checkpoint(job_id: str, step: int) -> None:
-        """Delete one checkpoint of a job (complete or not)."""
+        """Delete one checkpoint of a job (complete or not); 409 while another checkpoint's delta
+        is loaded on top of it."""
         if not await coord.checkpointer.delete(await coord.jobs.require(job_id), step):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no checkpoint at step {step}")
 

@@ -12,7 +12,11 @@
    Training pauses for this only.
 4. The parts are written while training goes on; each worker reports its files in its health
    (`PartReport`).
-5. The manifest is written last; retention keeps the newest `keep_last`.
+5. The manifest is written last; retention keeps the newest `keep_last` (and the checkpoints
+   their deltas are loaded on top of).
+
+A PS shard writes a delta (only the rows changed since) when it captured the newest complete
+checkpoint itself (`_delta_base`); every `checkpoint.full_every`-th checkpoint is full.
 
 Anything failing on the way abandons the checkpoint: held ranks are released, its directory is
 removed. A restarted coordinator drives a cut the ranks still hold from the start again (every
@@ -33,7 +37,7 @@ from pydantic import BaseModel, Field
 from trillium.checkpoint import (DENSE, CaptureRequest, CaptureResult, CutReport, JobCheckpoints,
                                  Manifest, Offsets, PartFile, PartReport, ReleaseRequest, loader_file, ps_file,
                                  rank_file)
-from trillium.jobrecord import JobRecord
+from trillium.jobrecord import IllegalTransition, JobRecord
 from trillium.progress import JobProgress
 from trillium.state import aioredis
 
@@ -112,9 +116,15 @@ class Checkpointer:
         return self._latest[job.id]
 
     async def delete(self, job: JobRecord, step: int) -> bool:
+        """Delete the checkpoint at `step` (False if there is none); IllegalTransition while a kept
+        checkpoint's delta is loaded on top of it."""
         store = self.jobs.checkpoints(job)
         if store is None or step not in await asyncio.to_thread(store.steps):
             return False
+        dependents = await asyncio.to_thread(store.dependents, step)
+        if dependents:
+            raise IllegalTransition(f"checkpoint {step} of job {job.id} is the base of the deltas of checkpoints "
+                                    f"{dependents}: delete those first")
         await asyncio.to_thread(store.dir(step).remove)
         self._latest.pop(job.id, None)
         return True
@@ -180,9 +190,10 @@ class Checkpointer:
             if previous is not None and previous.attempt != job.attempt:
                 await asyncio.to_thread(ckdir.remove)  # an abandoned attempt's checkpoint at the same step
             await self._wait_applied(job, step)
+            request = CaptureRequest(job_id=job.id, attempt=job.attempt, step=step, location=store.location(step),
+                                     base=await asyncio.to_thread(_delta_base, job, store))
             captures = await asyncio.gather(*(
-                self._post(w, "/job/capture", CaptureRequest(job_id=job.id, attempt=job.attempt, step=step,
-                                                             location=store.location(step)), CaptureResult)
+                self._post(w, "/job/capture", request, CaptureResult)
                 for w in workers["embedding_ps"] + workers["data_loader"]))
             evaluate = job.config.checkpoint is not None and job.config.checkpoint.evaluate
             await self._release(job, workers["nn_worker"], step, store.location(step), evaluate)
@@ -276,6 +287,26 @@ class Checkpointer:
         if r.status_code != 200:
             raise CheckpointAbandoned(f"{worker.name} {path}: HTTP {r.status_code} {r.text[:300]}")
         return answer.model_validate(r.json()) if answer is not None else None
+
+
+def _delta_base(job: JobRecord, store: JobCheckpoints) -> tuple[int, int] | None:
+    """(attempt, step) of the checkpoint the PS shards may write deltas on: the newest complete one,
+    if it is this attempt's (a shard holds the marks of its own captures only) and fewer than
+    `full_every` - 1 deltas lie beneath it; None for a full checkpoint."""
+    assert job.config.checkpoint is not None
+    manifests = store.complete()
+    if not manifests or manifests[-1].attempt != job.attempt:
+        return None
+    by_step = {m.step: m for m in manifests}
+    newest = link = manifests[-1]
+    depth = 0
+    while link.bases:
+        depth += 1
+        found = by_step.get(max(link.bases))
+        if found is None:
+            return None
+        link = found
+    return (newest.attempt, newest.step) if depth + 1 < job.config.checkpoint.full_every else None
 
 
 def _merge(into: Offsets, more: Offsets) -> None:

@@ -7,8 +7,10 @@ the watermark the staleness bound is enforced against.
 
 Checkpoints: at a cut the coordinator asks the shard to capture its store. No gradient
 is applied meanwhile (the ranks hold, and the capture takes the apply lock), so the copy
-holds exactly the steps up to the cut; it is written while training goes on. A new
-attempt loads the shard's snapshot (a warm start in a job with another number of shards
+holds exactly the steps up to the cut; it is written while training goes on. When the shard
+captured the job's newest complete checkpoint itself, the copy is a delta: only the rows changed
+since (`checkpoint.full_every` bounds the chain). A new attempt loads the shard's snapshot (the
+chain's full file, then each delta) (a warm start in a job with another number of shards
 loads every old shard's file, keeping the IDs it owns), seeks the gradients partition to
 the recorded position and applies only what its own attempt writes there.
 """
@@ -95,6 +97,8 @@ class EmbeddingPS(Service):
         self._applied: dict[int, int] = {}  # rank -> last step applied
         self._position = 0  # the gradients record to apply next
         self._captures: dict[int, CaptureResult] = {}  # this attempt's, by step
+        # Where the latest captures stood, by (attempt, step): a delta's starting points.
+        self._marks: dict[tuple[int, int], trillium_native.CaptureMark] = {}
 
     async def start(self) -> None:
         self.grpc_server = await rpc.serve(
@@ -143,12 +147,13 @@ class EmbeddingPS(Service):
     @staticmethod
     async def _load(ckdir: CheckpointDir, manifest: Manifest, store: trillium_native.EmbeddingStore, name: str,
                     owned: tuple[int, int] | None) -> None:
-        manifest.file(name)  # it must be one of the checkpoint's files
-        with ckdir.reading(name) as path:
-            if owned is None:
-                await asyncio.to_thread(store.load, path)
-            else:
-                await asyncio.to_thread(store.load, path, owned[0], owned[1])
+        """Load the checkpoint's file `name`: the full file of its chain, then each delta."""
+        for link, _ in await asyncio.to_thread(ckdir.chain, manifest, name):
+            with link.reading(name) as path:
+                if owned is None:
+                    await asyncio.to_thread(store.load, path)
+                else:
+                    await asyncio.to_thread(store.load, path, owned[0], owned[1])
 
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
@@ -161,6 +166,7 @@ class EmbeddingPS(Service):
         self._position, last_step = await self._restore(job, store)
         self._applied = {rank: last_step for rank in range(ranks)}
         self._captures = {}
+        self._marks = {}
         self.store = store
         progress = JobProgress(self.redis, job.id, job.attempt)
         await progress.set_applied_all(shard, ranks, last_step)
@@ -208,15 +214,21 @@ class EmbeddingPS(Service):
                 raise HTTPException(status.HTTP_409_CONFLICT,
                                     f"{self.name} is not at the cut of step {request.step}: last applied {off}")
             started = time.monotonic()
-            snapshot = await asyncio.to_thread(self.store.capture)
+            base = self._marks.get(request.base) if request.base is not None else None
+            snapshot = await asyncio.to_thread(self.store.capture, base)
             result = CaptureResult(positions={job.topics.gradients: {self.settings.index: self._position}})
-        logger.info("captured", extra={"step": request.step, "rows": snapshot.rows,
+        # The newest complete checkpoint's mark and this one's: the next base is one of them.
+        self._marks = {k: m for k, m in self._marks.items() if k == request.base}
+        self._marks[(job.attempt, request.step)] = snapshot.mark
+        delta_of = request.base[1] if snapshot.delta and request.base is not None else None
+        logger.info("captured", extra={"step": request.step, "rows": snapshot.rows, "delta_of": delta_of,
                                        "seconds": round(time.monotonic() - started, 3)})
         self._captures[request.step] = result
-        asyncio.create_task(self._write(request, snapshot))
+        asyncio.create_task(self._write(request, snapshot, delta_of))
         return result
 
-    async def _write(self, request: CaptureRequest, snapshot: trillium_native.StoreCapture) -> None:
+    async def _write(self, request: CaptureRequest, snapshot: trillium_native.StoreCapture,
+                     delta_of: int | None) -> None:
         """Write a captured store into its checkpoint (training goes on meanwhile) and report it."""
         name = ps_file(self.settings.index)
         try:
@@ -226,7 +238,7 @@ class EmbeddingPS(Service):
             snapshot.release()
             self.report_part(PartReport(step=request.step, files=[PartFile(
                 name=name, role=self.role, index=self.settings.index, bytes=size, sha256=sha,
-                seconds=time.monotonic() - started)]))
+                seconds=time.monotonic() - started, delta_of=delta_of)]))
         except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
             logger.exception("writing the snapshot failed", extra={"step": request.step})
             self.report_part(PartReport(step=request.step, error=describe_error(err)))

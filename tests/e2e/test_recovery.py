@@ -106,8 +106,9 @@ def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, vi
 
 def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) -> None:
     """Under unbounded staleness lookups run ahead of the gradients, yet the checkpoint holds the
-    state at its cut: evaluating the restored checkpoint (here on one PS shard instead of two: the
-    snapshots reshard on load) gives the AUC the running job measured at the cut."""
+    state at its cut: evaluating the restored checkpoint (a delta on the first, here on one PS
+    shard instead of two: the snapshots reshard on load) gives the AUC the running job measured at
+    the cut."""
     job = _durable(with_training(tiny_job, epochs=13, staleness_bound=None), evaluate=True, keep_last=10)
     view, _ = run_to_end(stack, job)
     assert view["job"]["state"] == "finished", view["job"]["error"]
@@ -117,6 +118,8 @@ def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) 
         assert [c["reason"] for c in listing] == ["schedule", "schedule", "schedule", "final"]
         middle = listing[1]
         assert middle["eval"]["samples"] == 300
+        # Its PS snapshots are deltas on the first checkpoint's: the restore loads both, resharded.
+        assert [f["delta_of"] for f in middle["files"] if f["role"] == "embedding_ps"] == [listing[0]["step"]] * 2
         warm = JobConfig.model_validate(job.model_dump() | {
             "name": "evaluate-checkpoint", "init_from": {"job": view["job"]["id"], "step": middle["step"]},
             "topology": job.topology.model_dump() | {"ps_shards": 1}})

@@ -8,18 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from trillium.checkpoint import DENSE, CorruptCheckpoint, JobCheckpoints, Manifest, PartFile, rank_file
+from trillium.checkpoint import DENSE, CorruptCheckpoint, JobCheckpoints, Manifest, PartFile, ps_file, rank_file
 from trillium.job import load_job
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 
 
-def _write(store: JobCheckpoints, step: int, *, manifest: bool = True) -> Manifest:
+def _write(store: JobCheckpoints, step: int, *, manifest: bool = True, delta_of: int | None = None) -> Manifest:
+    """A checkpoint at `step`; its PS file a delta of the one at `delta_of`, if given."""
     ckdir = store.dir(step)
     files = []
     for name, data in [(DENSE, b"dense-" * 1000), (rank_file(0), b'{"step": %d}' % step)]:
         size, sha = ckdir.write_bytes(name, data)
         files.append(PartFile(name=name, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0))
+    size, sha = ckdir.write_bytes(ps_file(0), b"rows of step %d" % step)
+    files.append(PartFile(name=ps_file(0), role="embedding_ps", index=0, bytes=size, sha256=sha, seconds=0.0,
+                          delta_of=delta_of))
     m = Manifest(job_id=store.job_id, attempt=0, step=step, epoch=0, reason="schedule", created_at=time.time(),
                  pause_seconds=0.01, seconds_to_write=0.1, config=load_job(TINY_JOB), positions={"s": {0: step}},
                  written={"s": {0: step}}, lineage={}, files=files)
@@ -74,6 +78,31 @@ def test_retention_keeps_the_newest(store) -> None:
         _write(store, step)
     assert store.retain(2) == [5, 10]
     assert [m.step for m in store.complete()] == [15, 20]
+
+
+def test_deltas_chain_to_their_full_checkpoint_which_retention_and_delete_keep(store) -> None:
+    _write(store, 5)
+    _write(store, 10)  # full
+    _write(store, 15, delta_of=10)
+    last = _write(store, 20, delta_of=15)
+    chain = store.dir(20).chain(last, ps_file(0))
+    assert [m.step for _, m in chain] == [10, 15, 20]  # loaded oldest first
+    assert [d.location for d, _ in chain] == [store.location(s) for s in (10, 15, 20)]
+    assert store.dir(10).chain(store.dir(10).manifest(), ps_file(0))[0][1].step == 10
+    assert store.dependents(10) == [15, 20] and store.dependents(20) == []
+    assert store.retain(1) == [5]  # 20 needs 15 and 10
+    assert [m.step for m in store.complete()] == [10, 15, 20]
+    store.dir(10).verify(store.dir(10).manifest())
+    store.dir(20).verify(last)
+    # A delta's base is verified with it: recovery then falls back to an older checkpoint.
+    store.dir(15).write_bytes(ps_file(0), b"rows of step 99")
+    with pytest.raises(CorruptCheckpoint, match="15/ps-0.snap: sha256 differs"):
+        store.dir(20).verify(last)
+    store.dir(15).remove()
+    with pytest.raises(CorruptCheckpoint, match="a delta of step 15, which is gone"):
+        store.dir(20).verify(last)
+    with pytest.raises(CorruptCheckpoint, match="which is gone"):
+        store.dir(20).chain(last, ps_file(0))
 
 
 def test_the_manifest_is_written_atomically(tmp_path) -> None:
