@@ -3,14 +3,18 @@
 One run on one local stack (2 NN ranks, 2 PS shards) measures, side by side:
 
 - seconds to write a checkpoint of the live job (cut to manifest; each PS shard's snapshot
-  write; how long the NN ranks held for the cut) and bytes on disk per embedding value;
+  write; how long the NN ranks held for the cut) and bytes on disk per embedding value, for the
+  full checkpoint (the job's first: `checkpoint.full_every` is 10) and for the deltas after it
+  (only the rows trained since the checkpoint before);
 - seconds to restore it: both PS snapshots loaded into native stores, and a whole recovery
   (a PS shard SIGKILLed: from `recovering` to `running` again);
 - training throughput with a checkpoint every 30 s divided by throughput without (target
   >= 0.95): two warm-started jobs training the same stream for the same number of samples.
 
 The table is seeded once: 10M rows created in native stores (split by `shard_of`, as the PS
-shards own them) and written as a checkpoint of a seed job, which both jobs `init_from`:
+shards own them) and written as a checkpoint of a seed job, which both jobs `init_from`. The jobs
+train the synthetic data set's IDs on top of those rows, which they never touch: the cold tail of
+a real table, written by a full checkpoint and by no delta.
 
     python bench/checkpoint.py --json
     python bench/checkpoint.py --rows 1000000 --samples 600000 --every-seconds 5    # a quicker run
@@ -178,19 +182,33 @@ def main() -> None:
     if len(taken) < 3:  # the ratio would measure (almost) no checkpoint
         raise SystemExit(f"{len(taken)} scheduled checkpoints in {durable['train_seconds']:.0f} s of training: "
                          f"raise --samples")
-    ps_bytes = sum(f["bytes"] for c in taken[-1:] for f in c["files"] if f["role"] == "embedding_ps")
-    rows_in_table = args.rows  # the training adds a few; bytes per value counts the seeded ones
+
+    def ps_files(c: dict[str, Any]) -> list[dict[str, Any]]:
+        return [f for f in c["files"] if f["role"] == "embedding_ps"]
+
+    full = [c for c in taken if all(f["delta_of"] is None for f in ps_files(c))]
+    deltas = [c for c in taken if c not in full]
+    if not full:
+        raise SystemExit("no full checkpoint among those taken: the job's first should be one")
+    rows_in_table = args.rows  # the training adds some; bytes per value counts the seeded ones
+
+    def summary(cs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not cs:
+            return None
+        return {"count": len(cs),
+                "seconds_to_write": round(float(np.mean([c["seconds_to_write"] for c in cs])), 3),
+                "ps_snapshot_write_seconds": round(float(np.mean([f["seconds"] for c in cs for f in ps_files(c)])), 3),
+                "pause_seconds": round(float(np.mean([c["pause_seconds"] for c in cs])), 3),
+                "ps_bytes": int(np.mean([sum(f["bytes"] for f in ps_files(c)) for c in cs]))}
     result = {
         "rows": args.rows, "dim": args.dim, "ps_shards": TOPOLOGY.ps_shards, "machine_cores": os.cpu_count(),
         "seed_snapshots_write_seconds": round(seed_write_s, 3),
         "checkpoints_taken": len(taken),  # on the schedule, while training
-        "seconds_to_write": round(float(np.mean([c["seconds_to_write"] for c in taken])), 3),
-        "ps_snapshot_write_seconds": round(float(np.mean([f["seconds"] for c in taken for f in c["files"]
-                                                          if f["role"] == "embedding_ps"])), 3),
-        "pause_seconds": round(float(np.mean([c["pause_seconds"] for c in taken])), 3),
+        "full_checkpoints": summary(full),
+        "delta_checkpoints": summary(deltas),
         "seconds_to_restore_ps_snapshots": round(restore_s, 3),
         "recovery_seconds": round(recovery["recovery_seconds"], 3),
-        "bytes_on_disk_per_value": round(ps_bytes / (rows_in_table * args.dim), 3),
+        "bytes_on_disk_per_value": round(summary(full)["ps_bytes"] / (rows_in_table * args.dim), 3),
         "samples_per_sec_without_checkpoints": round(plain["samples_per_sec"], 1),
         "samples_per_sec_with_checkpoints": round(durable["samples_per_sec"], 1),
         "throughput_with_vs_without_checkpoints": round(durable["samples_per_sec"] / plain["samples_per_sec"], 4),
