@@ -253,26 +253,23 @@ class CheckpointDir:
         return manifest
 
     def verify(self, manifest: Manifest) -> None:
-        """Every file present with the size and sha256 the manifest recorded, and every delta's base
-        file likewise (CorruptCheckpoint if not)."""
+        """Every file present with the size and sha256 the manifest recorded, and every file a delta
+        is loaded on top of likewise (CorruptCheckpoint if not)."""
         for entry in manifest.files:
-            if entry.delta_of is not None:
-                base = self.sibling(entry.delta_of)
-                base_manifest = base.manifest()
-                if base_manifest is None:
-                    raise CorruptCheckpoint(f"{self.location}/{entry.name} is a delta of step {entry.delta_of}, "
-                                            "which is gone")
-                base.verify(base_manifest.model_copy(update={"files": [base_manifest.file(entry.name)]}))
-            where = f"{self.location}/{entry.name}"
-            try:
-                size = self.fs.size(self._join(entry.name))
-            except FileNotFoundError:
-                raise CorruptCheckpoint(f"{where} is missing") from None
-            if size != entry.bytes:
-                raise CorruptCheckpoint(f"{where} has {size} bytes, the manifest says {entry.bytes}")
-            with self.reading(entry.name) as path:
-                if sha256_file(path) != entry.sha256:
-                    raise CorruptCheckpoint(f"{where}: sha256 differs from the manifest (corrupt)")
+            for link, link_manifest in self.chain(manifest, entry.name):
+                link._verify_file(link_manifest.file(entry.name))
+
+    def _verify_file(self, entry: PartFile) -> None:
+        where = f"{self.location}/{entry.name}"
+        try:
+            size = self.fs.size(self._join(entry.name))
+        except FileNotFoundError:
+            raise CorruptCheckpoint(f"{where} is missing") from None
+        if size != entry.bytes:
+            raise CorruptCheckpoint(f"{where} has {size} bytes, the manifest says {entry.bytes}")
+        with self.reading(entry.name) as path:
+            if sha256_file(path) != entry.sha256:
+                raise CorruptCheckpoint(f"{where}: sha256 differs from the manifest (corrupt)")
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -291,22 +291,15 @@ class Checkpointer:
 
 def _delta_base(job: JobRecord, store: JobCheckpoints) -> tuple[int, int] | None:
     """(attempt, step) of the checkpoint the PS shards may write deltas on: the newest complete one,
-    if it is this attempt's (a shard holds the marks of its own captures only) and fewer than
-    `full_every` - 1 deltas lie beneath it; None for a full checkpoint."""
+    if it is this attempt's (a shard holds the marks of its own captures only) and its chain is
+    shorter than `full_every`; None for a full checkpoint."""
     assert job.config.checkpoint is not None
     manifests = store.complete()
     if not manifests or manifests[-1].attempt != job.attempt:
         return None
-    by_step = {m.step: m for m in manifests}
-    newest = link = manifests[-1]
-    depth = 0
-    while link.bases:
-        depth += 1
-        found = by_step.get(max(link.bases))
-        if found is None:
-            return None
-        link = found
-    return (newest.attempt, newest.step) if depth + 1 < job.config.checkpoint.full_every else None
+    newest = manifests[-1]
+    chain = store.needed([newest], {m.step: m for m in manifests})
+    return (newest.attempt, newest.step) if len(chain) < job.config.checkpoint.full_every else None
 
 
 def _merge(into: Offsets, more: Offsets) -> None:

@@ -9,9 +9,9 @@ Checkpoints: at a cut the coordinator asks the shard to capture its store. No gr
 is applied meanwhile (the ranks hold, and the capture takes the apply lock), so the copy
 holds exactly the steps up to the cut; it is written while training goes on. When the shard
 captured the job's newest complete checkpoint itself, the copy is a delta: only the rows changed
-since (`checkpoint.full_every` bounds the chain). A new attempt loads the shard's snapshot (the
-chain's full file, then each delta) (a warm start in a job with another number of shards
-loads every old shard's file, keeping the IDs it owns), seeks the gradients partition to
+since (`checkpoint.full_every` bounds the chain). A new attempt loads the shard's snapshot, the
+chain's full file and then each delta (a warm start in a job with another number of shards
+loads every old shard's chain, keeping the IDs it owns), seeks the gradients partition to
 the recorded position and applies only what its own attempt writes there.
 """
 
@@ -214,8 +214,7 @@ class EmbeddingPS(Service):
                 raise HTTPException(status.HTTP_409_CONFLICT,
                                     f"{self.name} is not at the cut of step {request.step}: last applied {off}")
             started = time.monotonic()
-            base = self._marks.get(request.base) if request.base is not None else None
-            snapshot = await asyncio.to_thread(self.store.capture, base)
+            snapshot = await asyncio.to_thread(self.store.capture, self._marks.get(request.base))
             result = CaptureResult(positions={job.topics.gradients: {self.settings.index: self._position}})
         # The newest complete checkpoint's mark and this one's: the next base is one of them.
         self._marks = {k: m for k, m in self._marks.items() if k == request.base}

@@ -64,8 +64,8 @@ macro_rules! with_copied {
 }
 
 /// Where a capture stood, for a later delta (`Capture::since`): the store's version clock
-/// and, per table, its counters as written and how many rows had left it (evicted or
-/// expired), both read before any row was copied.
+/// and, per table, how many rows had left it (evicted or expired), both read before any row
+/// was copied, and its counters as the capture wrote them (read after).
 #[derive(Clone, Debug)]
 pub struct CaptureMark {
     since: u64,
