@@ -32,6 +32,7 @@ ENV_GRPC_TLS_KEY = "TRILLIUM_GRPC_TLS_KEY"
 ENV_GRPC_TLS_CA = "TRILLIUM_GRPC_TLS_CA"
 # The address peers reach this service at, when its host name is not it (a Kubernetes pod: its IP).
 ENV_ADVERTISE_HOST = "TRILLIUM_ADVERTISE_HOST"
+ENV_THREADS = "TRILLIUM_THREADS"
 
 # A service exits with this code (EX_TEMPFAIL) to be started afresh, e.g. an NN rank leaving an
 # abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
@@ -178,6 +179,8 @@ class ServiceSettings(BaseModel):
     grpc_tls: GrpcTls | None = None
     run_dir: Path
     heartbeat_s: float = Field(1.0, gt=0, le=60)
+    threads: int | None = Field(None, ge=1, le=1024, description="compute threads: a PS shard's native store "
+                                "pool (default: every core), an NN rank's torch intra-op threads (default: 1)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("redis_url")
@@ -217,7 +220,8 @@ class ServiceSettings(BaseModel):
 
     ENV: ClassVar[dict[str, str]] = {
         "redis_url": ENV_REDIS_URL, "redis_password": ENV_REDIS_PASSWORD, "coordinator_url": ENV_COORDINATOR_URL,
-        "token": ENV_TOKEN, "run_dir": ENV_RUN_DIR, "advertise_host": ENV_ADVERTISE_HOST}
+        "token": ENV_TOKEN, "run_dir": ENV_RUN_DIR, "advertise_host": ENV_ADVERTISE_HOST,
+        "threads": ENV_THREADS}
     TLS_ENV: ClassVar[dict[str, str]] = {"cert_file": ENV_GRPC_TLS_CERT, "key_file": ENV_GRPC_TLS_KEY,
                                          "ca_file": ENV_GRPC_TLS_CA}
 

@@ -36,7 +36,7 @@ import httpx
 
 from trillium import log
 from trillium.config import (EXIT_RESTART, ENV_COORDINATOR_URL, ENV_KAFKA_BOOTSTRAP, ENV_KAFKA_SECURITY_PROTOCOL,
-                             ENV_REDIS_URL, ENV_RUN_DIR, ENV_TOKEN, KafkaConnection,
+                             ENV_REDIS_URL, ENV_RUN_DIR, ENV_THREADS, ENV_TOKEN, KafkaConnection,
                              ROLES, Topology, default_run_dir)
 from trillium.kafka import wait_for_kafka
 from trillium.state import wait_for_redis
@@ -52,6 +52,8 @@ STATE_FILE = "stack.json"
 RESTARTS_ALLOWED = 3
 RESTART_WINDOW_S = 120.0
 STOP_GRACE_S = 20.0
+# The processes whose compute takes threads (ServiceSettings.threads): they share the host's cores.
+COMPUTE_ROLES = ("embedding_ps", "nn_worker")
 
 
 class LauncherError(RuntimeError):
@@ -359,8 +361,17 @@ class Supervisor:
         env = {ENV_KAFKA_BOOTSTRAP: self.kafka_bootstrap, ENV_REDIS_URL: self.redis_url,
                ENV_COORDINATOR_URL: self.coordinator_url, ENV_TOKEN: self.token(), ENV_RUN_DIR: str(self.run_dir),
                "PYTHONUNBUFFERED": "1"}
+        if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
+            env[ENV_THREADS] = str(self.compute_threads())
         return Proc(name, role, argv, log=str(self.logs / f"{name}.log"), index=index, http_port=http_port,
                     grpc_port=grpc_port, env=env)
+
+    def compute_threads(self) -> int:
+        """The cores each PS shard and NN rank of this one-host stack may keep busy: a share each.
+        More threads than cores only trade work for handoffs (a PS shard's pool spinning and
+        yielding while the other processes want the core)."""
+        processes = sum(self.topology.count(role) for role in COMPUTE_ROLES)
+        return max(1, (os.cpu_count() or 1) // max(processes, 1))
 
     @staticmethod
     async def _http_ready(url: str) -> None:

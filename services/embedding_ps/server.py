@@ -160,7 +160,7 @@ class EmbeddingPS(Service):
         shard = self.settings.index
         ranks = config.topology.nn_ranks
         self.store = None
-        store = trillium_native.EmbeddingStore()
+        store = trillium_native.EmbeddingStore(threads=self.settings.threads)
         for name, table in config.tables.items():
             store.create_table(name, **table.store_kwargs(config.training.seed))
         self._position, last_step = await self._restore(job, store)

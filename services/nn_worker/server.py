@@ -26,7 +26,6 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -116,8 +115,8 @@ class NNWorker(Service):
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
-        # Ranks share the machine's cores in the local stack; one intra-op thread each by default.
-        torch.set_num_threads(int(os.environ.get("TRILLIUM_TORCH_THREADS", "1")))
+        # Ranks often share a host's cores with other ranks and services: one intra-op thread by default.
+        torch.set_num_threads(self.settings.threads or 1)
         self.trained = 0
         self.placement: Placement | None = None
         self._held: dict[int, asyncio.Future[ReleaseRequest]] = {}

@@ -1,4 +1,4 @@
-"""Security settings from the environment: each bad one fails at start, naming the field and the
+"""Settings from the environment (security, threads): each bad one fails at start, naming the field and the
 variable it came from."""
 
 from __future__ import annotations
@@ -75,3 +75,12 @@ def test_grpc_tls_needs_all_three_files(env, tmp_path) -> None:
         _settings()
     assert "grpc_tls.key_file: Field required (set TRILLIUM_GRPC_TLS_KEY)" in str(err.value)
     assert "grpc_tls.ca_file: Field required (set TRILLIUM_GRPC_TLS_CA)" in str(err.value)
+
+
+def test_threads_come_from_the_environment_and_a_bad_count_names_its_variable(env) -> None:
+    assert _settings().threads is None  # each role's own default
+    env.setenv(config.ENV_THREADS, "3")
+    assert _settings().threads == 3
+    env.setenv(config.ENV_THREADS, "0")
+    with pytest.raises(ConfigError, match=r"threads: .*\(from TRILLIUM_THREADS\)"):
+        _settings()
