@@ -12,7 +12,8 @@ warm-up; the Trainer runs under DDP in a 1-rank gloo group (a file:// store in a
 directory), so it runs anywhere, and is warmed up as the NN worker warms it on CUDA.
 
 Both start from the same weights and see the same batches in the same order, so their losses
-agree (bit for bit on the CPU: `max_loss_difference`). After two untimed steps each, they are
+agree to rounding (`max_loss_difference`: the Trainer back-propagates the loss sum and divides the
+all-reduced gradients by the step's sample count, the plain loop back-propagates the mean loss). After two untimed steps each, they are
 timed alternately, `--rounds` rounds of `--steps` steps (wall clock: on a GPU that is what
 counts), and each one's best round is taken: the development machine is shared.
 `vs_plain_loop` is the Trainer's steps/s over the plain loop's (issue 11: >= 0.8 at batch 8192
@@ -91,7 +92,12 @@ def trainer_loop(device: torch.device, precision: str, batch: int) -> Step:
                       precision)
     if device.type == "cuda":
         trainer.warm_up(batch, NUM_DENSE, [(DIM,)] * SLOTS)
-    return lambda b, embeddings: trainer.step(b, embeddings, b.batch_size)
+
+    def step(b: Batch, embeddings: list[np.ndarray]) -> tuple[float, list[np.ndarray], np.ndarray]:
+        result = trainer.step(b, embeddings)
+        return result.loss_sum, result.grads, result.probs
+
+    return step
 
 
 def run(args: argparse.Namespace, store: Path) -> dict[str, Any]:

@@ -7,8 +7,8 @@ NCCL when every rank has a GPU of its own, gloo otherwise), and hands the gradie
 embeddings back without waiting for them to be applied. After the last epoch it scores its
 partition of the `eval` topic (evaluate.py); rank 0 gathers the scores and computes the metrics.
 
-Before each step the ranks agree (one small all-reduce) on the step's sample count, on
-whether the job is paused, and on the newest checkpoint request. At a checkpoint cut — on
+In each step's one all-reduce the ranks also agree (step.py) on the step's sample count, on
+whether the job is paused, and on the newest checkpoint request: they hold or cut before the next. At a checkpoint cut — on
 request, every `every_steps`, after the last step — each rank hands its gradients to Kafka,
 holds and says so in its health; the coordinator captures the PS shards and releases the
 ranks; each rank then writes its progress (and rank 0 the dense model and optimizer) while
@@ -50,7 +50,7 @@ from trillium.service import Service, describe_error, run_service
 
 from . import evaluate
 from .feed import EpochEnd, Feed, GradientPusher, embeddings_of, gradients_request
-from .step import Placement, Trainer, choose_backend, local_placement
+from .step import Control, Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")
 
@@ -171,7 +171,7 @@ class NNWorker(Service):
             dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT,
                                     device_id=placement.device if backend == "nccl" else None)
             self._group_dirty = True
-            # Control words stay on the CPU: no GPU synchronization for them.
+            # Control words outside steps and gathered scores stay on the CPU: no GPU synchronization.
             return dist.new_group(backend="gloo") if backend == "nccl" else None
 
         return await loop.run_in_executor(thread, join)
@@ -294,6 +294,8 @@ class NNWorker(Service):
         clock = time.perf_counter
         next_report = loop.time()  # the first step is reported at once: the job view shows it going
         started = clock()
+        # What the ranks agreed on in the last step (the first step's, before it: a collective of its own).
+        control: Control | None = None
         try:
             while s.training():
                 item = await feed.get()
@@ -301,22 +303,24 @@ class NNWorker(Service):
                     s.position, s.epoch = item.offset + 1, item.epoch + 1
                     continue
                 batch = codec.decode_batch(item.raw)
-                control = await self._torch(run, run.trainer.control, batch.batch_size, self.job_is("paused"),
-                                            self.job.checkpoint_seq)
+                if control is None:
+                    control = await self._torch(run, run.trainer.control, self.job_is("paused"),
+                                                self.job.checkpoint_seq)
                 if control.paused:
                     await self._report_progress(run)  # the job view shows where it holds
                 while control.paused:
                     if control.seq > s.seq and s.step > 0:
                         await self._cut(run, "request", control.seq)
                     await asyncio.sleep(0.2)
-                    control = await self._torch(run, run.trainer.control, batch.batch_size, self.job_is("paused"),
+                    control = await self._torch(run, run.trainer.control, self.job_is("paused"),
                                                 self.job.checkpoint_seq)
                 t0 = clock()
                 response = await item.lookup
                 t1 = clock()
                 STALENESS.labels(str(rank)).set(response.staleness)
-                loss_sum, grads, probs = await self._torch(run, run.trainer.step, batch, embeddings_of(response),
-                                                           control.samples)
+                result = await self._torch(run, run.trainer.step, batch, embeddings_of(response),
+                                           self.job_is("paused"), self.job.checkpoint_seq)
+                loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
                 run.scores.add(batch.labels, probs, batch.event_times)
                 if batch.event_times is not None:  # how long after its event a sample is trained
                     run.delays.extend(time.time() - batch.event_times[batch.labels > 0.5])

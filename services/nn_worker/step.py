@@ -4,10 +4,16 @@ Shapes in a step: B samples in this rank's batch, S samples in the step over all
 feature slots of dims D_f: dense [B, num_dense], labels [B], embeddings[f] [B, D_f] (pooled) or
 [B, L_f, D_f] (a sequence slot, padded to L_f = max_len).
 
-Loss scaling: each rank's loss is `R * sum(per-sample losses of its batch) / S`, so DDP's average
-of the ranks' gradients is the gradient of the mean loss over the whole step; the embedding
-gradients are divided by R for the same reason. With one rank this is plain mean-loss SGD, which
-the golden test compares against a single-process reference.
+Loss scaling: each rank back-propagates the sum of its batch's per-sample losses; the step's
+one all-reduce (a DDP communication hook) sums the ranks' gradients together with every rank's
+control words — its batch size among them — and divides the sum by S, giving the gradient of the
+mean loss over the whole step. The embedding gradients are divided by the same S. With one rank
+this is plain mean-loss SGD, which the golden test compares against a single-process reference.
+
+Control words ride on that all-reduce: each rank's batch size, whether it has heard the job is
+paused, and the newest checkpoint request it has heard of. Every rank reads the same sums after
+the step, so all agree, at no collective of their own, on the step's sample count and on holding
+or cutting before the next step. Only while holding do the ranks all-reduce control words alone.
 
 Every call into torch runs on the rank's one torch thread (`Trainer.thread`): collectives are
 issued in one order, and the thread's current CUDA device is this rank's.
@@ -71,11 +77,25 @@ def choose_backend(idents: Sequence[str]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Control:
-    """What the ranks agree on before every step (one small all-reduce)."""
+    """What the ranks agreed on in a step's all-reduce (or, while they hold, in `Trainer.control`)."""
 
-    samples: int  # in the step, over all ranks
+    samples: int  # in the step, over all ranks (0 outside a step)
     paused: bool  # some rank has heard the job is paused
     seq: int  # the highest checkpoint request any rank has heard of
+
+    @classmethod
+    def of(cls, table: torch.Tensor) -> Control:
+        """From the all-reduced [R, 3] table whose row r was rank r's words (the others' zeros)."""
+        words = table.to(torch.int64)
+        return cls(samples=int(words[:, 0].sum()), paused=bool(words[:, 1].any()), seq=int(words[:, 2].max()))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss_sum: float  # of this rank's batch
+    grads: list[np.ndarray]  # the embedding gradients, as the embeddings came
+    probs: np.ndarray  # the batch's predicted probabilities before the update: its progressive validation
+    control: Control  # the step's agreement
 
 
 class HostStaging:
@@ -130,33 +150,59 @@ class Trainer:
         self.bf16 = precision == "bf16"
         cuda = device.type == "cuda"
         self.staging = HostStaging(pin=cuda) if cuda or staged else None
+        odd = {p.dtype for p in self.model.parameters() if p.requires_grad} - {torch.float32, torch.float64}
+        if odd:  # the control words travel in the gradients' dtype, and must stay exact integers
+            raise ValueError(f"the model's trained parameters must be float32 or float64, not {sorted(map(str, odd))}")
+        self._words: torch.Tensor | None = None  # this step's [R * 3] control words (row `rank` ours)
+        self._agreed: torch.Tensor | None = None  # their all-reduced [R, 3] table
+        ddp.register_comm_hook(self, Trainer._reduce)
 
-    def control(self, batch_size: int, paused: bool, seq: int) -> Control:
-        """Row r of a [R, 3] table is rank r's word; a sum all-reduce gives every rank all of them."""
+    def control(self, paused: bool, seq: int) -> Control:
+        """The ranks' agreement outside a step (before the first, and while they hold): row r of a
+        [R, 3] table is rank r's words; a sum all-reduce gives every rank all of them."""
         table = torch.zeros((self.world, 3), dtype=torch.int64)
-        table[self.rank] = torch.tensor([batch_size, int(paused), seq])
+        table[self.rank] = torch.tensor([0, int(paused), seq])
         dist.all_reduce(table, group=self.control_group)
-        return Control(samples=int(table[:, 0].sum()), paused=bool(table[:, 1].any()), seq=int(table[:, 2].max()))
+        return Control.of(table)
 
-    def step(self, batch: Batch, embeddings: list[np.ndarray],
-             step_samples: int) -> tuple[float, list[np.ndarray], np.ndarray]:
-        """One synchronous step; returns (sum of this rank's losses, embedding gradients, and the
-        batch's predicted probabilities before the update: its progressive validation).
+    def step(self, batch: Batch, embeddings: list[np.ndarray], paused: bool = False, seq: int = 0) -> StepResult:
+        """One synchronous step, telling the other ranks what this one has heard (`paused`, `seq`).
 
         The loss comes back with the gradients, which the caller needs every step anyway: reading
         it costs no synchronization of its own.
         """
-        dense, labels, leaves, embs = self._inputs(batch.dense, batch.labels, embeddings, grad=True)
+        dense, labels, leaves, embs = self._inputs(batch.dense, batch.labels, embeddings, grad=True,
+                                                   words=(batch.batch_size, int(paused), seq))
         logits = self._forward(self.ddp, dense, embs)
         loss_sum = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
         self.optimizer.zero_grad(set_to_none=True)
-        (loss_sum * (self.world / max(step_samples, 1))).backward()
+        self._agreed = None
+        loss_sum.backward()  # the hook has all-reduced the gradients and the words once it returns
+        assert self._agreed is not None, "DDP's communication hook did not run"
         self.optimizer.step()
-        grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self.world) for x in leaves]
-        loss, probs, *grads = self._to_host([loss_sum.detach(), torch.sigmoid(logits.detach()), *grads])
+        samples = self._agreed[:, 0].sum().clamp(min=1)
+        grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(samples) for x in leaves]
+        loss, probs, table, *grads = self._to_host([loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed,
+                                                    *grads])
         if self.staging is not None:  # one leaf for every slot: split it
             grads = [g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings)]
-        return loss.item(), [g.numpy() for g in grads], probs.numpy()
+        return StepResult(loss.item(), [g.numpy() for g in grads], probs.numpy(), Control.of(table))
+
+    def _reduce(self, bucket):  # a dist.GradBucket -> a Future of a tensor (DDP refuses string annotations)
+        """DDP's communication hook: a bucket's gradients all-reduced with the step's control words,
+        their sum divided by the step's sample count. Every bucket carries the words (a model of
+        many buckets sums them in each), so each knows the count."""
+        grads = bucket.buffer()
+        assert self._words is not None
+        joined = torch.cat([grads, self._words.to(grads.dtype)])
+        reduced = dist.all_reduce(joined, group=self.ddp.process_group, async_op=True).get_future()
+
+        def finish(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            out = done.value()[0]
+            self._agreed = out[grads.numel():].view(self.world, 3)
+            return out[:grads.numel()].div_(self._agreed[:, 0].sum().clamp(min=1))
+
+        return reduced.then(finish)
 
     def scores(self, batch: Batch, embeddings: list[np.ndarray]) -> np.ndarray:
         """Predicted probabilities of a batch (evaluation: no gradients, the model in eval mode)."""
@@ -187,18 +233,25 @@ class Trainer:
         F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
         self._to_host([logits.detach(), *(x.grad for x in leaves if x.grad is not None)])
 
-    def _inputs(self, dense: np.ndarray, labels: np.ndarray, embeddings: list[np.ndarray],
-                grad: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def _inputs(self, dense: np.ndarray, labels: np.ndarray, embeddings: list[np.ndarray], grad: bool,
+                words: tuple[int, int, int] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """On the device: dense [B, num_dense], labels [B], the leaves whose `.grad` are the
-        embedding gradients, and embeddings[f] as the model takes them."""
+        embedding gradients, and embeddings[f] as the model takes them; `words` (this rank's
+        control words) become `self._words`, in the same copy on CUDA."""
+        table = np.zeros((self.world, 3), np.float32)
+        if words is not None:
+            table[self.rank] = words
         if self.staging is None:  # the CPU: tensors share the arrays' memory
             embs = [torch.from_numpy(e).requires_grad_(grad) for e in embeddings]
+            self._words = torch.from_numpy(table.ravel())
             return (torch.from_numpy(np.array(dense, dtype=np.float32)),
                     torch.from_numpy(np.array(labels, dtype=np.float32)), embs, embs)
-        flat = self.staging.pack([dense, labels, *embeddings]).to(self.device, non_blocking=True)
-        head = dense.size + labels.size
-        leaf = flat[head:].detach().requires_grad_(grad)
+        flat = self.staging.pack([dense, labels, *embeddings, table]).to(self.device, non_blocking=True)
+        head, tail = dense.size + labels.size, flat.numel() - table.size
+        leaf = flat[head:tail].detach().requires_grad_(grad)
         embs = [part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings)]
+        self._words = flat[tail:]
         return flat[:dense.size].view(dense.shape), flat[dense.size:head], [leaf], embs
 
     def _forward(self, model: torch.nn.Module, dense: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:

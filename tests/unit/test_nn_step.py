@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trillium.batch import Batch, KeyedIds
 from trillium.models import DNN
-from trillium.services.nn_worker.step import Trainer
+from trillium.services.nn_worker.step import Control, Trainer
 
 NUM_DENSE = 3
 SHAPES = [(4,), (4,), (3, 4)]  # two pooled slots and a sequence slot of max_len 3
@@ -29,34 +29,43 @@ def one_rank_group(tmp_path_factory):
     dist.destroy_process_group()
 
 
-def make_batch(rng: np.random.Generator, size: int) -> tuple[Batch, list[np.ndarray]]:
+def batch_of(dense: np.ndarray, labels: np.ndarray) -> Batch:
+    size = len(labels)
     ids = KeyedIds.from_slots({f"s{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32))
                                for i in range(len(SHAPES))})
-    batch = Batch(batch_id=0, epoch=0, rank=0, ids=ids, dense=rng.normal(size=(size, NUM_DENSE)).astype(np.float32),
-                  labels=(rng.random(size) < 0.3).astype(np.float32))
+    return Batch(batch_id=0, epoch=0, rank=0, ids=ids, dense=dense, labels=labels)
+
+
+def make_batch(rng: np.random.Generator, size: int) -> tuple[Batch, list[np.ndarray]]:
+    batch = batch_of(rng.normal(size=(size, NUM_DENSE)).astype(np.float32), (rng.random(size) < 0.3).astype(np.float32))
     return batch, [rng.normal(size=(size, *shape)).astype(np.float32) for shape in SHAPES]
 
 
-def make_trainer(precision="fp32", staged=False) -> tuple[Trainer, torch.nn.Module, torch.optim.Optimizer]:
+def make_trainer(precision="fp32", staged=False, world=1, rank=0) -> tuple[Trainer, torch.nn.Module,
+                                                                           torch.optim.Optimizer]:
     """A Trainer, and a copy of its model and optimizer for the plain computation."""
     torch.manual_seed(0)
     model = DNN(NUM_DENSE, [s[-1] for s in SHAPES], hidden=(8, 4), dense_proj=4, sparse_proj=8)
     plain = copy.deepcopy(model)
     ddp = DistributedDataParallel(model)
     trainer = Trainer(ThreadPoolExecutor(1), ddp, torch.optim.Adam(ddp.parameters(), lr=0.01),
-                      torch.device("cpu"), 1, 0, None, precision, staged)
+                      torch.device("cpu"), world, rank, None, precision, staged)
     return trainer, plain, torch.optim.Adam(plain.parameters(), lr=0.01)
 
 
 def plain_step(model, optimizer, batch: Batch, embeddings: list[np.ndarray]):
-    """What a step is, written out: the mean loss over the batch, the optimizer on it."""
+    """What a step is, written out: the gradient of the loss summed over the batch divided by its
+    sample count (the mean loss's), the optimizer on it."""
     embs = [torch.from_numpy(e.copy()).requires_grad_() for e in embeddings]
     logits = model(torch.from_numpy(batch.dense), embs)
     loss_sum = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels), reduction="sum")
     optimizer.zero_grad()
-    (loss_sum * (1 / batch.batch_size)).backward()
+    loss_sum.backward()
+    for p in model.parameters():
+        p.grad.div_(batch.batch_size)
     optimizer.step()
-    return loss_sum.item(), [e.grad.numpy() for e in embs], torch.sigmoid(logits.detach()).numpy()
+    return (loss_sum.item(), [(e.grad / batch.batch_size).numpy() for e in embs],
+            torch.sigmoid(logits.detach()).numpy())
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -65,7 +74,9 @@ def test_a_step_gives_the_plain_computations_bits(staged: bool) -> None:
     rng = np.random.default_rng(7)
     for size in (16, 40, 9):  # the staging buffer grows, then a smaller batch reuses it
         batch, embeddings = make_batch(rng, size)
-        loss, grads, probs = trainer.step(batch, [e.copy() for e in embeddings], size)
+        result = trainer.step(batch, [e.copy() for e in embeddings], paused=size == 40, seq=size)
+        loss, grads, probs = result.loss_sum, result.grads, result.probs
+        assert result.control == Control(samples=size, paused=size == 40, seq=size)
         want_loss, want_grads, want_probs = plain_step(plain, optimizer, batch, embeddings)
         assert loss == want_loss
         assert all(g.shape == w.shape and np.array_equal(g, w) for g, w in zip(grads, want_grads, strict=True))
@@ -81,7 +92,7 @@ def test_a_step_gives_the_plain_computations_bits(staged: bool) -> None:
 def test_warm_up_changes_no_parameter_or_optimizer_state() -> None:
     trainer, _, _ = make_trainer(staged=True)
     rng = np.random.default_rng(1)
-    trainer.step(*make_batch(rng, 8), 8)  # the optimizer has state to keep
+    trainer.step(*make_batch(rng, 8))  # the optimizer has state to keep
     before = copy.deepcopy((trainer.model.state_dict(), trainer.optimizer.state_dict(),
                             [p.grad for p in trainer.model.parameters()]))
     trainer.warm_up(64, NUM_DENSE, SHAPES)
@@ -98,10 +109,51 @@ def test_bf16_autocast_trains_on_the_cpu() -> None:
     batch, embeddings = make_batch(rng, 64)
     losses = []
     for _ in range(30):  # one batch over and over: the loss must fall
-        loss, grads, probs = trainer.step(batch, [e.copy() for e in embeddings], 64)
+        result = trainer.step(batch, [e.copy() for e in embeddings])
+        loss, grads, probs = result.loss_sum, result.grads, result.probs
         assert np.isfinite(loss) and all(g.dtype == np.float32 and np.isfinite(g).all() for g in grads)
         assert probs.dtype == np.float32
         losses.append(loss)
     assert losses[-1] < losses[0]
     fp32, _, _ = make_trainer()
-    assert fp32.step(batch, [e.copy() for e in embeddings], 64)[0] != losses[0]  # autocast did run in bf16
+    assert fp32.step(batch, [e.copy() for e in embeddings]).loss_sum != losses[0]  # autocast did run in bf16
+
+
+def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
+    """Rank `rank` of a 2-rank gloo group (a spawned process): one step on its own batch."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        trainer, _, _ = make_trainer(world=2, rank=rank)  # both ranks start from the same seed's weights
+        result = trainer.step(batches[rank], embeddings[rank], paused=rank == 1, seq=3 + rank)
+        held = trainer.control(paused=rank == 0, seq=rank)  # outside a step: a collective of its own
+        results.put((rank, result.loss_sum, result.grads, result.control, held,
+                     [p.detach().numpy().copy() for p in trainer.model.parameters()]))  # arrays: no shared memory
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_control_words(tmp_path) -> None:
+    rng = np.random.default_rng(11)
+    (b0, e0), (b1, e1) = make_batch(rng, 24), make_batch(rng, 40)  # uneven: the step's count is summed
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=_rank_step, args=(r, str(tmp_path / "store"), [b0, b1], [e0, e1], results))
+             for r in range(2)]
+    for p in ranks:
+        p.start()
+    got = dict((r, rest) for r, *rest in (results.get(timeout=120) for _ in ranks))
+    for p in ranks:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    _, plain, optimizer = make_trainer()
+    both = batch_of(np.concatenate([b0.dense, b1.dense]), np.concatenate([b0.labels, b1.labels]))
+    want_loss, want_grads, _ = plain_step(plain, optimizer, both, [np.concatenate(p) for p in zip(e0, e1)])
+    assert got[0][0] + got[1][0] == pytest.approx(want_loss, rel=1e-6)
+    for rank, rows in ((0, slice(0, 24)), (1, slice(24, 64))):
+        loss, grads, control, held, params = got[rank]
+        assert control == Control(samples=64, paused=True, seq=4)  # a sum, any, a max over the ranks
+        assert held == Control(samples=0, paused=True, seq=1)
+        for g, w in zip(grads, want_grads, strict=True):
+            np.testing.assert_allclose(g, w[rows], rtol=1e-5, atol=1e-7)
+        for mine, theirs in zip(params, plain.parameters(), strict=True):
+            np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-5, atol=1e-6)
