@@ -1,7 +1,7 @@
 """gRPC helpers: every server and channel of the project, with the same limits and security.
 
-Every call carries the stack's token (`authorization: Bearer <token>` metadata, attached by a
-client interceptor) and every server refuses a call without it as UNAUTHENTICATED — in the
+Every call carries the stack's token (`authorization: Bearer <token>` metadata, attached by the
+channel `channel` makes) and every server refuses a call without it as UNAUTHENTICATED — in the
 local stack too, so one code path is tested everywhere. TLS is optional (GrpcTls): without
 it the token crosses the network in clear, which suits loopback and a private network only.
 All our RPCs are unary-unary; a streaming method would need its own deny handler below.
@@ -10,7 +10,8 @@ All our RPCs are unary-unary; a streaming method would need its own deny handler
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -42,13 +43,32 @@ class _RequireToken(grpc.aio.ServerInterceptor):
         return self._deny
 
 
-class _AttachToken(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, creds: GrpcCredentials) -> None:
-        self._header = (AUTH_METADATA, _bearer(creds))
+class TokenChannel:
+    """A grpc.aio channel whose every unary call carries the token in its metadata. Not a client
+    interceptor: grpc.aio runs each intercepted call through extra tasks, a quarter more CPU per
+    call (on a 2-core host, client and server together: 530 against 425 µs for an empty call)."""
 
-    async def intercept_unary_unary(self, continuation, details: grpc.aio.ClientCallDetails, request):
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
-        return await continuation(details._replace(metadata=metadata), request)
+    def __init__(self, channel: grpc.aio.Channel, creds: GrpcCredentials) -> None:
+        self._channel = channel
+        self._metadata = ((AUTH_METADATA, _bearer(creds)),)
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Callable[..., grpc.aio.UnaryUnaryCall]:
+        call = self._channel.unary_unary(method, *args, **kwargs)
+        token = self._metadata
+
+        def with_token(request: Any, *, metadata: Sequence[tuple[str, str]] = (), **options: Any):
+            return call(request, metadata=(*token, *metadata), **options)
+
+        return with_token
+
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)
+
+    async def __aenter__(self) -> TokenChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def _read(path) -> bytes:
@@ -70,10 +90,9 @@ async def serve(host: str, port: int, creds: GrpcCredentials,
     return server
 
 
-def channel(address: str, creds: GrpcCredentials) -> grpc.aio.Channel:
+def channel(address: str, creds: GrpcCredentials) -> TokenChannel:
     """A channel whose every call carries the token (over TLS when configured)."""
-    interceptors = [_AttachToken(creds)]
     if creds.tls is None:
-        return grpc.aio.insecure_channel(address, options=OPTIONS, interceptors=interceptors)
+        return TokenChannel(grpc.aio.insecure_channel(address, options=OPTIONS), creds)
     tls = grpc.ssl_channel_credentials(root_certificates=_read(creds.tls.ca_file))
-    return grpc.aio.secure_channel(address, tls, options=OPTIONS, interceptors=interceptors)
+    return TokenChannel(grpc.aio.secure_channel(address, tls, options=OPTIONS), creds)

@@ -71,7 +71,7 @@ def ps(request, infra, tmp_path_factory):
     proc.wait(30)
 
 
-async def _stats(address: str, channel: grpc.aio.Channel) -> pb.ShardStatsResponse:
+async def _stats(address: str, channel: rpc.TokenChannel | grpc.aio.Channel) -> pb.ShardStatsResponse:
     async with channel:
         return await pb_grpc.EmbeddingParameterServerStub(channel).Stats(pb.ShardStatsRequest(), timeout=10)
 
