@@ -11,7 +11,9 @@ in this process. Every number comes from the same run, so the ratios are what to
 Workloads: Adult (examples/adult, PERSIA's example) and a synthetic Criteo-like job of
 26 ID slots from `trillium datagen`'s planted model, whose own AUC is the ceiling.
 The per-stage breakdown is read from the services' Prometheus histograms (deltas over
-each run) and from the NN workers' own timings.
+each run) and from the NN workers' own timings. `machine_busy_while_training` is the whole
+machine's busy fraction (/proc/stat) while a job trained: a mode that leaves cores idle is
+waiting on its own latency, one near 1.0 is bound by the CPU, so staleness has nothing to hide.
 """
 
 from __future__ import annotations
@@ -91,14 +93,32 @@ def _cpu_seconds(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine since boot, in clock ticks, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # user..steal, less idle and iowait
+
+
+def _busy_while_training(points: list[tuple[int, int, int]]) -> float | None:
+    """The machine's busy fraction between the first job view that showed samples trained and
+    the last that showed fewer than all of them: training only, not setup or evaluation."""
+    final = points[-1][0] if points else 0
+    inside = [p for p in points if 0 < p[0] < final]
+    if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
+
+
 def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dict[str, Any]:
     job = job.model_copy(update={"training": job.training.model_copy(update={"staleness_bound": bound})})
     before = _scrape(run_dir)
     client = CoordinatorClient.for_stack(run_dir)
     cpu_before = _cpu_seconds(run_dir)
+    points: list[tuple[int, int, int]] = []  # (samples trained, busy, total ticks) at each job view
     started = time.monotonic()
     try:
-        view = client.follow(client.submit(job)["id"], timeout_s=3600)
+        view = client.follow(client.submit(job)["id"], timeout_s=3600,
+                             on_update=lambda v: points.append((v["progress"]["samples"], *_machine_jiffies())))
     finally:
         client.close()
     elapsed = time.monotonic() - started
@@ -111,6 +131,8 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
     per_process = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / samples * 1e6, 1)
                    for name in sorted(cpu_after)}
     report["cpu_us_per_sample"] = {"total": round(sum(per_process.values()), 1), **per_process}
+    busy = _busy_while_training(points)
+    report["machine_busy_while_training"] = round(busy, 3) if busy is not None else None
     ranks = view["results"].values()
     report["stages_seconds"] = {
         **{STAGE_METRICS[k]: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in STAGE_METRICS},
