@@ -13,8 +13,9 @@ directory), so it runs anywhere, and is warmed up as the NN worker warms it on C
 
 Both start from the same weights and see the same batches in the same order, so their losses
 agree to rounding (`max_loss_difference`: the Trainer back-propagates the loss sum and divides the
-all-reduced gradients by the step's sample count, the plain loop back-propagates the mean loss). After two untimed steps each, they are
-timed alternately, `--rounds` rounds of `--steps` steps (wall clock: on a GPU that is what
+all-reduced gradients by the step's sample count, the plain loop back-propagates the mean loss;
+at a power-of-two batch the two are the same bits). After two untimed steps each, they are timed
+alternately, `--rounds` rounds of `--steps` steps (wall clock: on a GPU that is what
 counts), and each one's best round is taken: the development machine is shared.
 `vs_plain_loop` is the Trainer's steps/s over the plain loop's (issue 11: >= 0.8 at batch 8192
 on a GPU).

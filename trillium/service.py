@@ -403,12 +403,12 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
         print(f"{cls.role}: configuration error:\n{err}", file=sys.stderr)
         raise SystemExit(2) from None
     log.configure(settings.name, settings.log_level)
-    run_loop(cls(settings).run())
+    _run_loop(cls(settings).run())
 
 
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run a service's event loop: uvloop's (libuv) where uvicorn[standard] installed it, which
-    costs the stack about 4% less CPU per sample than asyncio's own loop; asyncio's elsewhere."""
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run a service's event loop: uvloop's (libuv) where uvicorn[standard] installed it (the
+    stack trained 3.5-5% more samples/s on it than on asyncio's own loop); asyncio's elsewhere."""
     try:
         import uvloop
     except ImportError:  # uvicorn[standard] leaves it out on Windows and PyPy

@@ -8,8 +8,8 @@ embeddings back without waiting for them to be applied. After the last epoch it 
 partition of the `eval` topic (evaluate.py); rank 0 gathers the scores and computes the metrics.
 
 In each step's one all-reduce the ranks also agree (step.py) on the step's sample count, on
-whether the job is paused, and on the newest checkpoint request: they hold or cut before the next. At a checkpoint cut — on
-request, every `every_steps`, after the last step — each rank hands its gradients to Kafka,
+whether the job is paused, and on the newest checkpoint request: they hold or cut before the
+next step. At a checkpoint cut — on request, every `every_steps`, after the last step — each rank hands its gradients to Kafka,
 holds and says so in its health; the coordinator captures the PS shards and releases the
 ranks; each rank then writes its progress (and rank 0 the dense model and optimizer) while
 training goes on. A new attempt restores all of it from the checkpoint and seeks the samples

@@ -155,6 +155,7 @@ class Trainer:
             raise ValueError(f"the model's trained parameters must be float32 or float64, not {sorted(map(str, odd))}")
         self._words: torch.Tensor | None = None  # this step's [R * 3] control words (row `rank` ours)
         self._agreed: torch.Tensor | None = None  # their all-reduced [R, 3] table
+        self._samples: torch.Tensor | None = None  # the step's sample count (at least 1), on the device
         ddp.register_comm_hook(self, Trainer._reduce)
 
     def control(self, paused: bool, seq: int) -> Control:
@@ -180,8 +181,7 @@ class Trainer:
         loss_sum.backward()  # the hook has all-reduced the gradients and the words once it returns
         assert self._agreed is not None, "DDP's communication hook did not run"
         self.optimizer.step()
-        samples = self._agreed[:, 0].sum().clamp(min=1)
-        grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(samples) for x in leaves]
+        grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self._samples) for x in leaves]
         loss, probs, table, *grads = self._to_host([loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed,
                                                     *grads])
         if self.staging is not None:  # one leaf for every slot: split it
@@ -200,7 +200,8 @@ class Trainer:
         def finish(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out = done.value()[0]
             self._agreed = out[grads.numel():].view(self.world, 3)
-            return out[:grads.numel()].div_(self._agreed[:, 0].sum().clamp(min=1))
+            self._samples = self._agreed[:, 0].sum().clamp(min=1)
+            return out[:grads.numel()].div_(self._samples)
 
         return reduced.then(finish)
 
