@@ -10,7 +10,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test test-python test-native test-compose images images-offline compose-env bench up down status clean
+.PHONY: setup demo test lint test-python test-native test-compose images images-offline compose-env bench up down status clean
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -50,7 +50,12 @@ $(KUSTOMIZE):
 demo: setup
 	$(VENV)/bin/trillium demo
 
-test: setup test-native test-python
+test: setup lint test-native test-python
+
+# One Python style (ruff: pyflakes, bugbear, async rules, import order; `ruff format`) and the crate's.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-python:
 	$(PY) -m pytest -q; rc=$$?; \

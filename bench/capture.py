@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import numpy as np
+
 import trillium_native as tn
 
 
@@ -82,7 +83,7 @@ def main() -> None:
             captures.append(t)
             res["capture_rss_bytes"] = rss_bytes() - before
             res["capture_memory_bytes"] = cap.memory_bytes
-            t, (nbytes, sha) = timed(lambda: cap.write(cap_path), cpu["write"])
+            t, (nbytes, sha) = timed(lambda cap=cap: cap.write(cap_path), cpu["write"])
             writes.append(t)
             cap.release()
             res["rss_kept_after_release_bytes"] = rss_bytes() - before

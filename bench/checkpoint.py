@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import trillium_native
 
+import trillium_native
 from trillium import launcher
 from trillium.checkpoint import DENSE, JobCheckpoints, Manifest, PartFile, ps_file
 from trillium.client import CoordinatorClient

@@ -76,6 +76,7 @@ def worker_throughput(spec: dict) -> dict:
     interleaved passes over the same batches (best pass of each is reported) so
     that both sides see the same machine conditions."""
     import numpy as np
+
     import trillium_native as tn
 
     rows, dim, threads, batch = spec["rows"], spec["dim"], spec["threads"], spec["batch"]
@@ -123,6 +124,7 @@ def worker_throughput(spec: dict) -> dict:
 
 def worker_memory(spec: dict) -> dict:
     import numpy as np
+
     import trillium_native as tn
 
     rows, dim = spec["rows"], spec["dim"]

@@ -97,7 +97,7 @@ def run_reference(slots, tables, num_shards, ids: KeyedIds, fp16: bool, t: dict[
                 for s in range(num_shards)]
     t4 = time.thread_time()
     assert len(messages) == num_shards
-    for k, dt in zip(("plan", "lookup_io", "pool", "scatter"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3b)):
+    for k, dt in zip(("plan", "lookup_io", "pool", "scatter"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3b), strict=True):
         t[k] += dt
 
 
@@ -120,7 +120,7 @@ def run_native(layout, tables, num_shards, ids: KeyedIds, fp16: bool, t: dict[st
                 for s in range(num_shards)]
     t4 = time.thread_time()
     assert len(messages) == num_shards
-    for k, dt in zip(("plan", "lookup_io", "pool", "scatter"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3b)):
+    for k, dt in zip(("plan", "lookup_io", "pool", "scatter"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3b), strict=True):
         t[k] += dt
 
 

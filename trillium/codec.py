@@ -221,13 +221,13 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
         raise CodecError("corrupt gradients message: expected tables, counts and dims of one length, and 2 arrays")
     ids, grads = arrays
     if ids.ndim != 1 or grads.ndim != 1 or len(ids) != sum(counts) or len(grads) != sum(
-            n * d for n, d in zip(counts, dims)):
+            n * d for n, d in zip(counts, dims, strict=True)):
         raise CodecError(f"corrupt gradients message: {len(ids)} ids and {len(grads)} gradient values do not "
                          f"fit row counts {counts} of dims {dims}")
     per_table = {}
     row = value = 0
     try:
-        for table, n, dim in zip(tables, counts, dims):
+        for table, n, dim in zip(tables, counts, dims, strict=True):
             per_table[table] = (ids[row:row + n], grads[value:value + n * dim].reshape(n, dim))
             row, value = row + n, value + n * dim
         return GradientUpdate(rank=rank, batch_id=batch_id, epoch=epoch, shard=shard, tables=per_table)

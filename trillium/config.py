@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import quote, urlsplit
 
-from pydantic import (BaseModel, ConfigDict, Field, FilePath, SecretStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_KAFKA_BOOTSTRAP = "TRILLIUM_KAFKA_BOOTSTRAP"
 ENV_REDIS_URL = "TRILLIUM_REDIS_URL"

@@ -46,8 +46,8 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import trillium_native
 
+import trillium_native
 from trillium.batch import Batch, KeyedIds
 from trillium.job import FeatureSlot, JobConfig
 from trillium.sources import (

@@ -6,8 +6,8 @@ address, and SASL/TLS when configured."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 import time
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic

@@ -35,9 +35,20 @@ from typing import Any
 import httpx
 
 from trillium import log
-from trillium.config import (EXIT_RESTART, ENV_COORDINATOR_URL, ENV_KAFKA_BOOTSTRAP, ENV_KAFKA_SECURITY_PROTOCOL,
-                             ENV_REDIS_URL, ENV_RUN_DIR, ENV_THREADS, ENV_TOKEN, KafkaConnection,
-                             ROLES, Topology, default_run_dir)
+from trillium.config import (
+    ENV_COORDINATOR_URL,
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_KAFKA_SECURITY_PROTOCOL,
+    ENV_REDIS_URL,
+    ENV_RUN_DIR,
+    ENV_THREADS,
+    ENV_TOKEN,
+    EXIT_RESTART,
+    ROLES,
+    KafkaConnection,
+    Topology,
+    default_run_dir,
+)
 from trillium.kafka import wait_for_kafka
 from trillium.state import wait_for_redis
 
@@ -327,7 +338,7 @@ class Supervisor:
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             # "--cluster-id=" binds the value: an id starting with "-" (1 in 64) is no option.
-            fmt = subprocess.run(_java_argv(self.run_dir, ["kafka.tools.StorageTool", "format",
+            fmt = await asyncio.to_thread(subprocess.run, _java_argv(self.run_dir, ["kafka.tools.StorageTool", "format",
                                                            f"--cluster-id={cluster_id}", "-c", str(props)]),
                                  capture_output=True, text=True)
             if fmt.returncode != 0:
@@ -551,7 +562,7 @@ async def _probe(st: dict[str, Any]) -> dict[str, Any]:
     services = [p for p in st["processes"] if p.get("http_port")]
     async with httpx.AsyncClient(timeout=3.0) as client:
         k, r, *h = await asyncio.gather(kafka(), redis(), *(health(client, p) for p in services))
-    return {"kafka": k, "redis": r, "services": dict(zip((p["name"] for p in services), h))}
+    return {"kafka": k, "redis": r, "services": dict(zip((p["name"] for p in services), h, strict=True))}
 
 
 def status(run_dir: Path) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import trillium_native
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+import trillium_native
 from trillium.batch import Batch
 from trillium.features import BatchBuilder
 from trillium.job import (

@@ -36,7 +36,7 @@ def plot(view: dict[str, Any], series: list[dict[str, Any]], path: Path) -> Path
     if metrics.get("auc") is not None:
         auc_ax.axhline(metrics["auc"], ls="--", color="grey", label=f"test AUC {metrics['auc']:.4f}")
         auc_ax.legend()
-    histogram = [sum(col) for col in zip(*(s["histogram"] for s in view["staleness"].values()))]
+    histogram = [sum(col) for col in zip(*(s["histogram"] for s in view["staleness"].values()), strict=True)]
     if histogram:
         stale_ax.bar(range(len(histogram)), histogram)
         stale_ax.set_xticks(range(len(histogram)), [str(i) for i in range(len(histogram) - 1)] + ["16+"], fontsize=7)

@@ -79,6 +79,7 @@ class Service:
         self.ready = False
         self._stopping = asyncio.Event()
         self._heartbeat_now = asyncio.Event()
+        self._job_heard = asyncio.Event()  # set whenever a heartbeat's answer updates `job`
         self.job: JobRecord | None = None  # the current job as last heard, state included
         self._job_task: asyncio.Task[None] | None = None
         self._job_attempt: tuple[str, int] | None = None  # (job id, attempt) of _job_task
@@ -165,7 +166,8 @@ class Service:
         """Wait until the coordinator has every participant ready and starts the job (or resumes
         it after a recovery); training before that would reach workers still setting up."""
         while not self.job_is("running", "paused"):
-            await asyncio.sleep(0.05)
+            self._job_heard.clear()
+            await self._job_heard.wait()
 
     async def _run_job_task(self, job: JobRecord) -> None:
         try:
@@ -205,6 +207,7 @@ class Service:
         if job is None:
             return
         self.job = job
+        self._job_heard.set()
         attempt = (job.id, job.attempt)
         if job.state in TERMINAL or job.state == "stopping":
             await self._cancel_job_task()

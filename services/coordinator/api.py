@@ -18,8 +18,15 @@ from trillium.progress import JobProgress
 
 from .checkpoints import CheckpointInfo
 from .jobs import CheckpointRequested, JobNotFound, lost_workers
-from .observe import (ProgressiveView, StreamView, TablesUnavailable, TablesView, job_tables, progressive_view,
-                      stream_view)
+from .observe import (
+    ProgressiveView,
+    StreamView,
+    TablesUnavailable,
+    TablesView,
+    job_tables,
+    progressive_view,
+    stream_view,
+)
 from .parts import CoordinatorParts as Coordinator
 from .registry import Worker, WorkerRegistration
 

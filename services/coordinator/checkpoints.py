@@ -34,9 +34,21 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from trillium.checkpoint import (DENSE, CaptureRequest, CaptureResult, CutReport, JobCheckpoints,
-                                 Manifest, Offsets, PartFile, PartReport, ReleaseRequest, loader_file, ps_file,
-                                 rank_file)
+from trillium.checkpoint import (
+    DENSE,
+    CaptureRequest,
+    CaptureResult,
+    CutReport,
+    JobCheckpoints,
+    Manifest,
+    Offsets,
+    PartFile,
+    PartReport,
+    ReleaseRequest,
+    loader_file,
+    ps_file,
+    rank_file,
+)
 from trillium.jobrecord import IllegalTransition, JobRecord
 from trillium.progress import JobProgress
 from trillium.state import aioredis

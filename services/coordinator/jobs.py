@@ -32,8 +32,19 @@ from trillium import kafka, state
 from trillium.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
 from trillium.config import KafkaConnection
 from trillium.job import JobConfig, KafkaData
-from trillium.jobrecord import (ACTIVE, TERMINAL, TRANSITIONS, CheckpointRef, IllegalTransition, JobRecord, JobState,
-                                Recovery, Topics, extend_lineage, participants)
+from trillium.jobrecord import (
+    ACTIVE,
+    TERMINAL,
+    TRANSITIONS,
+    CheckpointRef,
+    IllegalTransition,
+    JobRecord,
+    JobState,
+    Recovery,
+    Topics,
+    extend_lineage,
+    participants,
+)
 from trillium.progress import JobProgress
 
 from .registry import Worker, WorkerRegistry

@@ -173,7 +173,7 @@ async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecor
                                 conflict=False) from None
     total: dict[str, TableStats] = {}
     per_shard = []
-    for address, reply in zip(addresses, replies):
+    for address, reply in zip(addresses, replies, strict=True):
         tables = {t.table: TableStats(**{f: getattr(t, f) for f in STAT_FIELDS}) for t in reply.tables}
         per_shard.append(ShardTables(shard=reply.shard, grpc_address=address, tables=tables))
         for name, stats in tables.items():

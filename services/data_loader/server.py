@@ -224,7 +224,8 @@ class DataLoader(Service):
                 batches += 1
             pos.batches = batches
         await progress.set_loader_steps(pos.epoch, self.settings.index, share.steps(pos.batches))
-        while (counts := await progress.loader_steps(pos.epoch, loaders)) is None:
+        # Polls Redis: the other loaders say it there, and no event here tells us when.
+        while (counts := await progress.loader_steps(pos.epoch, loaders)) is None:  # noqa: ASYNC110
             await asyncio.sleep(0.1)  # the other loaders are still reading their shares
         self._epoch_steps = steps = max(counts)
         tail = [Record(topic, pad.rank, codec.encode_batch(pad), 0)

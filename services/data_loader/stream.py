@@ -28,10 +28,10 @@ from typing import Any
 import msgpack
 import numpy as np
 import pyarrow as pa
-import trillium_native
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+import trillium_native
 from trillium import codec, kafka
 from trillium.checkpoint import Offsets
 from trillium.features import Encoder, OnlineStats, batch_of
@@ -231,7 +231,7 @@ class StreamLoader:
     async def _dead_letter(self, producer, tp: TopicPartition, offset: int, raw: bytes | None, reason: str) -> None:
         self.dead[_kind(reason)] += 1
         values = [reason, tp.topic, str(tp.partition), str(offset)]
-        headers = [*zip(DLQ_HEADERS, (v.encode() for v in values)), *kafka.headers(self.job.attempt)]
+        headers = [*zip(DLQ_HEADERS, (v.encode() for v in values), strict=True), *kafka.headers(self.job.attempt)]
         self.deliveries.append(await producer.send(self.job.topics.dlq, raw or b"", headers=headers))
 
     async def _advance(self, consumer, tps: list[TopicPartition], fetched: dict) -> None:

@@ -25,15 +25,14 @@ from typing import Any
 
 import grpc
 import numpy as np
-import trillium_native
 from aiokafka import TopicPartition
 from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge, Histogram
 
+import trillium_native
 from trillium import codec, kafka, rpc, state
 from trillium.batch import GradientUpdate
-from trillium.checkpoint import (CaptureRequest, CaptureResult, CheckpointDir, Manifest, PartFile, PartReport,
-                                 ps_file)
+from trillium.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, Manifest, PartFile, PartReport, ps_file
 from trillium.jobrecord import JobRecord
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
@@ -65,7 +64,7 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
                 raise ValueError(f"{len(ids)} ids do not fit the counts {list(request.counts)} "
                                  f"of tables {list(request.tables)}")
             rows, start = [], 0
-            for table, n in zip(request.tables, request.counts):
+            for table, n in zip(request.tables, request.counts, strict=True):
                 rows.append(store.lookup(table, ids[start:start + n], out_dtype=out_dtype))
                 start += n
             flat = np.concatenate([r.ravel() for r in rows]) if rows else np.zeros(0, out_dtype)

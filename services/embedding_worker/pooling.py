@@ -22,12 +22,13 @@ a sequence longer than its ``max_len``): ValueError, TypeError, KeyError name th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import trillium_native
 
+import trillium_native
 from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot, TableConfig
 
@@ -82,7 +83,7 @@ def plan(layout: Layout, ids: KeyedIds) -> BatchPlan:
     tables = {}
     for table, unique, offsets in zip(layout.tables, native.ids, native.shard_offsets, strict=True):
         bounds = offsets.tolist()
-        tables[table] = TablePlan(unique, [slice(a, b) for a, b in zip(bounds, bounds[1:])])
+        tables[table] = TablePlan(unique, [slice(a, b) for a, b in itertools.pairwise(bounds)])
     return BatchPlan(layout, native.batch_size, tables, native)
 
 
@@ -106,6 +107,6 @@ def scatter_gradients(p: BatchPlan, grads: Sequence[np.ndarray]) -> dict[str, np
     layout = p.layout
     if len(grads) != len(layout.slots):
         raise ValueError(f"expected a gradient per slot ({len(layout.slots)}), got {len(grads)}")
-    pooled = [g for g, cols in zip(grads, layout.columns) if cols is not None]
-    sequences = [g for g, cols in zip(grads, layout.columns) if cols is None]
+    pooled = [g for g, cols in zip(grads, layout.columns, strict=True) if cols is not None]
+    sequences = [g for g, cols in zip(grads, layout.columns, strict=True) if cols is None]
     return dict(zip(layout.tables, p.native.scatter(pooled, sequences), strict=True))

@@ -91,10 +91,10 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             while len(ctx.pending) > MAX_PENDING:
                 dropped = ctx.pending.popitem(last=False)[0]
                 logger.error("gradients never pushed; plan dropped", extra={"rank": dropped[0], "batch_id": dropped[1]})
-        sequence_slots = [s for s, cols in zip(config.slots, ctx.layout.columns) if cols is None]
+        sequence_slots = [s for s, cols in zip(config.slots, ctx.layout.columns, strict=True) if cols is None]
         slots = [pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values)),
                                   mask=pb.Array(data=codec.pack_array(mask)))
-                 for slot, (values, mask) in zip(sequence_slots, pooled.sequences)]
+                 for slot, (values, mask) in zip(sequence_slots, pooled.sequences, strict=True)]
         LOOKUP_SECONDS.observe(time.perf_counter() - start)
         ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch,
                               attempt=ctx.job.attempt)
@@ -185,7 +185,7 @@ class EmbeddingWorker(Service):
                 raise ShardUnavailable(f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err.code().name}: "
                                        f"{err.details()}") from None
 
-        for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests))):
+        for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests)), strict=True):
             expected = [dims[t] for t, _ in asked[shard]]
             if list(response.dims) != expected:
                 raise RuntimeError(f"embedding_ps-{shard} answered rows of dims {list(response.dims)} for tables "

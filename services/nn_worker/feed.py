@@ -171,7 +171,7 @@ def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
 def gradients_request(response: pb.BatchLookupResponse, grads: list[np.ndarray]) -> pb.PushGradientsRequest:
     """The gradients of a lookup's embeddings (`embeddings_of`'s order) as the wire carries them."""
     pooled = [g for g, width in zip(grads, response.widths, strict=True) if width]
-    sequences = [(s.slot, g) for s, g in zip(response.slots, (g for g, w in zip(grads, response.widths) if not w),
+    sequences = [(s.slot, g) for s, g in zip(response.slots, (g for g, w in zip(grads, response.widths, strict=True) if not w),
                                              strict=True)]
     joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((len(grads[0]) if grads else 0, 0), np.float32)
     return pb.PushGradientsRequest(ref=response.ref, pooled=pb.Array(data=codec.pack_array(joined)), slots=[

@@ -39,8 +39,7 @@ from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
 from trillium import codec, progressive, rpc, state
-from trillium.checkpoint import (DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest,
-                                 rank_file)
+from trillium.checkpoint import DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest, rank_file
 from trillium.jobrecord import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
 from trillium.pb import embedding_pb2 as pb
@@ -155,7 +154,8 @@ class NNWorker(Service):
                 self.advertised_host, 0, world, True, COLLECTIVE_TIMEOUT, wait_for_workers=False))
             await progress.set_rendezvous(f"{self.advertised_host}:{store.port}")
         else:
-            while (address := await progress.rendezvous()) is None:
+            # Polls Redis, where rank 0 publishes the address: no event here tells us when.
+            while (address := await progress.rendezvous()) is None:  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
             host, port = address.rsplit(":", 1)
             store = await loop.run_in_executor(thread, dist.TCPStore, host, int(port), world, False,

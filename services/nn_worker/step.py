@@ -185,7 +185,7 @@ class Trainer:
         loss, probs, table, *grads = self._to_host([loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed,
                                                     *grads])
         if self.staging is not None:  # one leaf for every slot: split it
-            grads = [g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings)]
+            grads = [g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings, strict=True)]
         return StepResult(loss.item(), [g.numpy() for g in grads], probs.numpy(), Control.of(table))
 
     def _reduce(self, bucket):  # a dist.GradBucket -> a Future of a tensor (DDP refuses string annotations)
@@ -251,7 +251,7 @@ class Trainer:
         flat = self.staging.pack([dense, labels, *embeddings, table]).to(self.device, non_blocking=True)
         head, tail = dense.size + labels.size, flat.numel() - table.size
         leaf = flat[head:tail].detach().requires_grad_(grad)
-        embs = [part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings)]
+        embs = [part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings, strict=True)]
         self._words = flat[tail:]
         return flat[:dense.size].view(dense.shape), flat[dense.size:head], [leaf], embs
 

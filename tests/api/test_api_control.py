@@ -42,7 +42,7 @@ def _settled_samples(api_stack, job_id: str, timeout_s: float = 15.0) -> int:
 def _histogram(api_stack, job_id: str) -> list[int]:
     """Lookups by staleness, all ranks together."""
     ranks = api_stack.http.get(f"/jobs/{job_id}/staleness").json()["ranks"].values()
-    return [sum(col) for col in zip(*(r["histogram"] for r in ranks))]
+    return [sum(col) for col in zip(*(r["histogram"] for r in ranks), strict=True)]
 
 
 def _restart_coordinator(api_stack) -> None:
@@ -181,7 +181,7 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert view["job"]["state"] == "finished", view["job"]["error"]
     assert view["progress"]["samples"] == total
     assert view["job"]["metrics"]["auc"] > 0.5
-    after_change = [now - then for now, then in zip(_histogram(api_stack, job_id), histogram_at_change)]
+    after_change = [now - then for now, then in zip(_histogram(api_stack, job_id), histogram_at_change, strict=True)]
     assert sum(after_change) >= 10, after_change  # enough lookups happened after the change
     assert after_change[1:] == [0] * (len(after_change) - 1), f"lookups staler than 0 after the change: {after_change}"
     assert http.post(f"/jobs/{job_id}/checkpoints").status_code == 409  # nothing left to checkpoint

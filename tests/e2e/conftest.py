@@ -7,14 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_helpers import DATA
 
 from trillium import launcher
 from trillium.client import CoordinatorClient
 from trillium.config import Topology
 from trillium.job import JobConfig, load_job
 from trillium.jobrecord import ACTIVE
-
-from pipeline_helpers import DATA
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from pipeline_helpers import run_to_end
 
 from trillium.features import BatchBuilder
 from trillium.job import load_job
-
-from pipeline_helpers import run_to_end
 
 SITES = [f"site-{i}.example" for i in range(40)]
 TAGS = list("abcdefghij")

@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
+from pipeline_helpers import with_training
 from prometheus_client.parser import text_string_to_metric_families
 
 from trillium import launcher
 from trillium.client import CoordinatorClient
-
-from pipeline_helpers import with_training
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/trillium.json"
 METRIC = re.compile(r"\btrillium_[a-z0-9_]+")

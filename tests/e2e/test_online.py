@@ -14,9 +14,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import trillium_native
 from aiokafka import TopicPartition
 
+import trillium_native
 from trillium import codec, kafka, launcher
 from trillium.client import CoordinatorClient
 from trillium.config import KafkaConnection

@@ -12,14 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from pipeline_helpers import DATA, run_to_end, with_training
 
 from trillium import launcher
 from trillium.client import CoordinatorClient
 from trillium.features import BatchBuilder
 from trillium.job import load_job
 from trillium.reference import train_reference
-
-from pipeline_helpers import DATA, run_to_end, with_training
 
 
 def _train_split(job):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_helpers import run_to_end, with_training
 from typer.testing import CliRunner
 
 from trillium import launcher
@@ -21,8 +22,6 @@ from trillium.client import CoordinatorClient
 from trillium.config import Topology
 from trillium.features import BatchBuilder
 from trillium.job import JobConfig
-
-from pipeline_helpers import run_to_end, with_training
 
 EPOCHS = 40
 EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs

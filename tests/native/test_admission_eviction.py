@@ -8,9 +8,9 @@ from collections import OrderedDict
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from splitmix import mix64
 
 import trillium_native as tn
-from splitmix import mix64
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ADMIT_SALT = 0x13198A2E03707344
@@ -160,7 +160,7 @@ def test_capacity_lru_matches_reference(batches, capacity):
                 evicted += 1
             lru[i] = None
         init = oracle_rows(dim, 9, b)
-        for k, i in enumerate(b):
+        for k in range(len(b)):
             # rows looked up in this batch are either present or were evicted later in it
             np.testing.assert_array_equal(out[k], init[k])
         assert s.num_rows("t") == len(lru)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from stores import TABLES, all_state, assert_state_equal, corrupt_variants, make_store, train
 
 import trillium_native as tn
-from stores import TABLES, all_state, assert_state_equal, corrupt_variants, make_store, train
 
 COUNTERS = ["admitted", "not_admitted", "evicted", "expired", "nan_grads_skipped", "lookups", "updates",
             "dropped_grads"]
@@ -230,7 +230,7 @@ def test_reshard_keeps_every_row_once_with_its_state(tmp_path, old_shards, new_s
                 rows[i] = (state, src.stats(name)["update_batches"])
         assert sum(d.num_rows(name) for d in new) == len(rows) > 0
         owners = tn.shard_of(np.array(sorted(rows), np.uint64), new_shards)
-        for i, owner in zip(sorted(rows), owners):
+        for i, owner in zip(sorted(rows), owners, strict=True):
             (state, old_batches), holder = rows[i], new[owner]
             assert all(d.get_row_state(name, i) is None for j, d in enumerate(new) if j != owner)
             got = holder.get_row_state(name, i)

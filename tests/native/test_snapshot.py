@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stores import TABLES, all_state, assert_state_equal, corrupt_variants, make_store, train
 
 import trillium_native as tn
-from stores import TABLES, all_state, assert_state_equal, corrupt_variants, make_store, train
 
 
 def test_round_trip(tmp_path):

@@ -7,9 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+from splitmix import M64, mix64
 
 import trillium_native as tn
-from splitmix import M64, mix64
 
 # ---------------------------------------------------------------- routing / hashing
 

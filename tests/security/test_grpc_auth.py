@@ -14,8 +14,18 @@ import httpx
 import pytest
 
 from trillium import launcher, rpc
-from trillium.config import (ENV_COORDINATOR_URL, ENV_GRPC_TLS_CA, ENV_GRPC_TLS_CERT, ENV_GRPC_TLS_KEY,
-                             ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ENV_RUN_DIR, ENV_TOKEN, GrpcCredentials, GrpcTls)
+from trillium.config import (
+    ENV_COORDINATOR_URL,
+    ENV_GRPC_TLS_CA,
+    ENV_GRPC_TLS_CERT,
+    ENV_GRPC_TLS_KEY,
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_REDIS_URL,
+    ENV_RUN_DIR,
+    ENV_TOKEN,
+    GrpcCredentials,
+    GrpcTls,
+)
 from trillium.pb import embedding_pb2 as pb
 from trillium.pb import embedding_pb2_grpc as pb_grpc
 

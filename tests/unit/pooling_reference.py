@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import trillium_native
 
+import trillium_native
 from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot
 

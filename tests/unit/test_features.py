@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import trillium_native
 
+import trillium_native
 from trillium.datagen import generate_criteo
 from trillium.features import (
     _STATS_CHUNK,

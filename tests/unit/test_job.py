@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import trillium_native
 import yaml
 from pydantic import ValidationError
 
+import trillium_native
 from trillium.job import JobConfig, TableConfig, load_job
 from trillium.sources.presets import ADULT_COLUMNS
 

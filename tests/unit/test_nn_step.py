@@ -150,7 +150,7 @@ def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_contro
         assert p.exitcode == 0
     _, plain, optimizer = make_trainer()
     both = batch_of(np.concatenate([b0.dense, b1.dense]), np.concatenate([b0.labels, b1.labels]))
-    want_loss, want_grads, _ = plain_step(plain, optimizer, both, [np.concatenate(p) for p in zip(e0, e1)])
+    want_loss, want_grads, _ = plain_step(plain, optimizer, both, [np.concatenate(p) for p in zip(e0, e1, strict=True)])
     assert got[0][0] + got[1][0] == pytest.approx(want_loss, rel=1e-6)
     for rank, rows in ((0, slice(0, 24)), (1, slice(24, 64))):
         loss, grads, control, held, params = got[rank]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pooling_reference as ref
 import pytest
-import trillium_native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import trillium_native
 from trillium import codec
 from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot, TableConfig
@@ -92,9 +92,9 @@ def test_native_pooling_matches_the_numpy_torch_reference(case, fp16, seed):
     got_g = pooling.scatter_gradients(p, grads)
     want_g = ref.scatter_gradients(r, grads)
     # The pooled slots' gradients joined into one [B, P] array (pool's layout) give the same sums.
-    pooled = [g for g, cols in zip(grads, layout.columns) if cols is not None]
+    pooled = [g for g, cols in zip(grads, layout.columns, strict=True) if cols is not None]
     joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((ids.batch_size, 0), np.float32)
-    for a, b in zip(pooling.scatter_wire(p, joined, [g for g, c in zip(grads, layout.columns) if c is None]).values(),
+    for a, b in zip(pooling.scatter_wire(p, joined, [g for g, c in zip(grads, layout.columns, strict=True) if c is None]).values(),
                     got_g.values(), strict=True):
         np.testing.assert_array_equal(a, b)
     for t, tp in p.tables.items():
@@ -129,10 +129,10 @@ def test_shards_and_shared_tables_by_hand():
     np.testing.assert_array_equal(mask, [[False] * 3, [True] * 3])
     g = pooling.scatter_gradients(p, [np.ones((2, 2), np.float32), np.full((2, 2), 4, np.float32),
                                       np.arange(6, dtype=np.float32).reshape(2, 3, 1)])
-    by_id = dict(zip(t.ids.tolist(), g["t"].tolist()))
+    by_id = dict(zip(t.ids.tolist(), g["t"].tolist(), strict=True))
     # id 1: in both samples of a; id 2: once in a, once in b (a mean over 2: 4 / 2); id 3: once in b
     assert by_id == {1: [2, 2], 2: [3, 3], 3: [2, 2]}
-    assert dict(zip(p.tables["u"].ids.tolist(), g["u"][:, 0].tolist())) == {7: 3, 8: 4, 9: 5}
+    assert dict(zip(p.tables["u"].ids.tolist(), g["u"][:, 0].tolist(), strict=True)) == {7: 3, 8: 4, 9: 5}
 
 
 def test_errors_name_what_is_wrong():
@@ -187,12 +187,12 @@ def test_embeddings_and_gradients_cross_the_wire_intact(case, seed):
     layout = pooling.Layout(slots, tables, num_shards)
     p = pooling.plan(layout, ids)
     got = pooling.pool(p, {t: row_of(t, tp.ids, tables[t].dim) for t, tp in p.tables.items()})
-    sequence_slots = [s for s, cols in zip(slots, layout.columns) if cols is None]
+    sequence_slots = [s for s, cols in zip(slots, layout.columns, strict=True) if cols is None]
     response = pb.BatchLookupResponse(
         pooled=pb.Array(data=codec.pack_array(got.pooled)),
         widths=[c[1] - c[0] if c is not None else 0 for c in layout.columns],
         slots=[pb.SlotEmbedding(slot=s.name, values=pb.Array(data=codec.pack_array(v)),
-                                mask=pb.Array(data=codec.pack_array(m))) for s, (v, m) in zip(sequence_slots, got.sequences)])
+                                mask=pb.Array(data=codec.pack_array(m))) for s, (v, m) in zip(sequence_slots, got.sequences, strict=True)])
     for received, (sent, _) in zip(embeddings_of(response), got.slots(), strict=True):
         np.testing.assert_array_equal(received, sent)
     rng = np.random.default_rng(seed)

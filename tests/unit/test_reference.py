@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import trillium_native
 
+import trillium_native
 from trillium.job import FeatureSlot, JobConfig, TableConfig, load_job
 from trillium.reference import _pool, _Table, train_baseline, train_reference
 

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-import trillium_native
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import trillium_native
 from trillium.features import BatchBuilder, dense_stats, epoch_batches
 from trillium.job import JobConfig, load_job
 from trillium.sources import open_source

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import math
-from time import monotonic
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 import msgpack

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import trillium_native
 
+import trillium_native
 from trillium.sources.cells import as_numbers, as_text, present
 from trillium.sources.rows import Split
 
