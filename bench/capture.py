@@ -69,8 +69,14 @@ def main() -> None:
         store.lookup("t", ids)
         store.update("t", ids, grads[: len(ids)])
     store_bytes = store.memory_bytes()
-    res = {"rows": args.rows, "dim": args.dim, "optimizer": "rowwise_adagrad", "dtype": "fp32",
-           "threads": store.threads, "store_memory_bytes": store_bytes}
+    res = {
+        "rows": args.rows,
+        "dim": args.dim,
+        "optimizer": "rowwise_adagrad",
+        "dtype": "fp32",
+        "threads": store.threads,
+        "store_memory_bytes": store_bytes,
+    }
 
     with tempfile.TemporaryDirectory(prefix="native-capture-", dir=args.dir or "/tmp") as d:
         cap_path, dump_path = os.path.join(d, "capture.snap"), os.path.join(d, "dump.snap")
@@ -94,21 +100,23 @@ def main() -> None:
         load_s, _ = timed(lambda: fresh.load(cap_path), cpu["load"])
         assert fresh.num_rows("t") == args.rows
     mb = nbytes / 1e6
-    res.update({
-        "file_bytes": nbytes,
-        "capture_s": min(captures),
-        "capture_rss_vs_store": res["capture_rss_bytes"] / store_bytes,
-        "capture_memory_vs_store": res["capture_memory_bytes"] / store_bytes,
-        "write_s": min(writes),
-        "write_mb_per_s": mb / min(writes),
-        "dump_s": min(dumps),
-        "dump_mb_per_s": mb / min(dumps),
-        "load_s": load_s,
-        **{f"{k}_cpu_s": min(v) for k, v in cpu.items()},
-        "all_capture_s": captures,
-        "all_write_s": writes,
-        "all_dump_s": dumps,
-    })
+    res.update(
+        {
+            "file_bytes": nbytes,
+            "capture_s": min(captures),
+            "capture_rss_vs_store": res["capture_rss_bytes"] / store_bytes,
+            "capture_memory_vs_store": res["capture_memory_bytes"] / store_bytes,
+            "write_s": min(writes),
+            "write_mb_per_s": mb / min(writes),
+            "dump_s": min(dumps),
+            "dump_mb_per_s": mb / min(dumps),
+            "load_s": load_s,
+            **{f"{k}_cpu_s": min(v) for k, v in cpu.items()},
+            "all_capture_s": captures,
+            "all_write_s": writes,
+            "all_dump_s": dumps,
+        }
+    )
     if args.json:
         print(json.dumps(res))
     else:

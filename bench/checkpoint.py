@@ -50,20 +50,30 @@ SLOTS = 8  # feature slots sharing the one big table
 
 
 def job_config(name: str, samples: int, dim: int, **extra: Any) -> JobConfig:
-    return JobConfig.model_validate({
-        "name": name,
-        "data": {"source": "synthetic", "rows": samples, "test_rows": 20_000, "seed": 5},
-        "slots": [{"name": f"c{i}", "column": f"C{i}", "table": "items"} for i in range(1, SLOTS + 1)],
-        "tables": {"items": {"dim": dim, "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}}},
-        "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
-        "label": {"column": "label", "positive": "1", "negative": "0"},
-        "model": {"cls": "trillium.models:DNN",
-                  "kwargs": {"num_dense": 13, "embedding_dims": [dim] * SLOTS, "hidden": [128, 64]}},
-        "training": {"batch_size": 512, "epochs": 1, "staleness_bound": 4,
-                     "dense_optimizer": {"name": "sgd", "lr": 0.1}, "seed": 0, "eval_batch_size": 4096},
-        "topology": {"nn_ranks": TOPOLOGY.nn_ranks, "ps_shards": TOPOLOGY.ps_shards, "embedding_workers": 1},
-        **extra,
-    })
+    return JobConfig.model_validate(
+        {
+            "name": name,
+            "data": {"source": "synthetic", "rows": samples, "test_rows": 20_000, "seed": 5},
+            "slots": [{"name": f"c{i}", "column": f"C{i}", "table": "items"} for i in range(1, SLOTS + 1)],
+            "tables": {"items": {"dim": dim, "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}}},
+            "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
+            "label": {"column": "label", "positive": "1", "negative": "0"},
+            "model": {
+                "cls": "trillium.models:DNN",
+                "kwargs": {"num_dense": 13, "embedding_dims": [dim] * SLOTS, "hidden": [128, 64]},
+            },
+            "training": {
+                "batch_size": 512,
+                "epochs": 1,
+                "staleness_bound": 4,
+                "dense_optimizer": {"name": "sgd", "lr": 0.1},
+                "seed": 0,
+                "eval_batch_size": 4096,
+            },
+            "topology": {"nn_ranks": TOPOLOGY.nn_ranks, "ps_shards": TOPOLOGY.ps_shards, "embedding_workers": 1},
+            **extra,
+        }
+    )
 
 
 def seed_checkpoint(base: Path, config: JobConfig, rows: int) -> tuple[Manifest, float]:
@@ -80,13 +90,21 @@ def seed_checkpoint(base: Path, config: JobConfig, rows: int) -> tuple[Manifest,
         store.create_table("items", **table.store_kwargs(config.training.seed))
         mine = ids[owner == shard]
         for start in range(0, len(mine), 1 << 20):
-            store.lookup("items", mine[start:start + (1 << 20)])
+            store.lookup("items", mine[start : start + (1 << 20)])
         started = time.perf_counter()
         with store_dir.writing(ps_file(shard)) as path:
             size, sha = store.dump(path)
         write_s += time.perf_counter() - started
-        files.append(PartFile(name=ps_file(shard), role="embedding_ps", index=shard, bytes=size, sha256=sha,
-                              seconds=time.perf_counter() - started))
+        files.append(
+            PartFile(
+                name=ps_file(shard),
+                role="embedding_ps",
+                index=shard,
+                bytes=size,
+                sha256=sha,
+                seconds=time.perf_counter() - started,
+            )
+        )
         del store
     model = build_model(config)
     optimizer = build_dense_optimizer(config.training.dense_optimizer, model.parameters())
@@ -94,9 +112,21 @@ def seed_checkpoint(base: Path, config: JobConfig, rows: int) -> tuple[Manifest,
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
     size, sha = store_dir.write_bytes(DENSE, buffer.getvalue())
     files.append(PartFile(name=DENSE, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0))
-    manifest = Manifest(job_id="seed", attempt=0, step=0, epoch=0, reason="final", created_at=time.time(),
-                        pause_seconds=0.0, seconds_to_write=write_s, config=config, positions={}, written={},
-                        lineage={}, files=files)
+    manifest = Manifest(
+        job_id="seed",
+        attempt=0,
+        step=0,
+        epoch=0,
+        reason="final",
+        created_at=time.time(),
+        pause_seconds=0.0,
+        seconds_to_write=write_s,
+        config=config,
+        positions={},
+        written={},
+        lineage={},
+        files=files,
+    )
     store_dir.write_manifest(manifest)
     return manifest, write_s
 
@@ -140,8 +170,15 @@ def train(run_dir: Path, config: JobConfig, kill_ps_after_checkpoint: bool = Fal
     results = view["results"].values()
     samples = sum(r["samples"] for r in results)
     seconds = max(r["train_seconds"] for r in results)
-    return {"job_id": job_id, "samples": samples, "train_seconds": seconds, "samples_per_sec": samples / seconds,
-            "auc": view["job"]["metrics"]["auc"], "checkpoints": checkpoints, "recovery_seconds": recovery_s}
+    return {
+        "job_id": job_id,
+        "samples": samples,
+        "train_seconds": seconds,
+        "samples_per_sec": samples / seconds,
+        "auc": view["job"]["metrics"]["auc"],
+        "checkpoints": checkpoints,
+        "recovery_seconds": recovery_s,
+    }
 
 
 def main() -> None:
@@ -149,8 +186,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
     parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the seeded table")
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=6_000_000,
-                        help="samples each training job trains: enough for several --every-seconds")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=6_000_000,
+        help="samples each training job trains: enough for several --every-seconds",
+    )
     parser.add_argument("--every-seconds", type=float, default=30.0)
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="trillium-bench-ckpt-")  # kept when the run fails: its stack's logs say why
@@ -162,10 +203,20 @@ def main() -> None:
     restore_s = restore_seconds(manifest, base)
     warm = {"job": "seed", "step": 0, "dir": str(base)}
     without = job_config("without-checkpoints", args.samples, args.dim, init_from=warm, checkpoint=None)
-    with_ckpt = job_config("with-checkpoints", args.samples, args.dim, init_from=warm,
-                           checkpoint={"every_seconds": args.every_seconds, "keep_last": 10, "dir": str(base)})  # all: counted
-    recovered = job_config("recovered", args.samples, args.dim, init_from=warm,
-                           checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)})
+    with_ckpt = job_config(
+        "with-checkpoints",
+        args.samples,
+        args.dim,
+        init_from=warm,
+        checkpoint={"every_seconds": args.every_seconds, "keep_last": 10, "dir": str(base)},
+    )  # all: counted
+    recovered = job_config(
+        "recovered",
+        args.samples,
+        args.dim,
+        init_from=warm,
+        checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)},
+    )
     run_dir = Path(tmp) / "stack"
     launcher.up(run_dir, TOPOLOGY)
     try:
@@ -180,8 +231,9 @@ def main() -> None:
     shutil.rmtree(tmp)  # a failure above leaves it (and its path was said)
     taken = [c for c in durable["checkpoints"] if c["reason"] != "final"]
     if len(taken) < 3:  # the ratio would measure (almost) no checkpoint
-        raise SystemExit(f"{len(taken)} scheduled checkpoints in {durable['train_seconds']:.0f} s of training: "
-                         f"raise --samples")
+        raise SystemExit(
+            f"{len(taken)} scheduled checkpoints in {durable['train_seconds']:.0f} s of training: raise --samples"
+        )
 
     def ps_files(c: dict[str, Any]) -> list[dict[str, Any]]:
         return [f for f in c["files"] if f["role"] == "embedding_ps"]
@@ -195,13 +247,19 @@ def main() -> None:
     def summary(cs: list[dict[str, Any]]) -> dict[str, Any] | None:
         if not cs:
             return None
-        return {"count": len(cs),
-                "seconds_to_write": round(float(np.mean([c["seconds_to_write"] for c in cs])), 3),
-                "ps_snapshot_write_seconds": round(float(np.mean([f["seconds"] for c in cs for f in ps_files(c)])), 3),
-                "pause_seconds": round(float(np.mean([c["pause_seconds"] for c in cs])), 3),
-                "ps_bytes": int(np.mean([sum(f["bytes"] for f in ps_files(c)) for c in cs]))}
+        return {
+            "count": len(cs),
+            "seconds_to_write": round(float(np.mean([c["seconds_to_write"] for c in cs])), 3),
+            "ps_snapshot_write_seconds": round(float(np.mean([f["seconds"] for c in cs for f in ps_files(c)])), 3),
+            "pause_seconds": round(float(np.mean([c["pause_seconds"] for c in cs])), 3),
+            "ps_bytes": int(np.mean([sum(f["bytes"] for f in ps_files(c)) for c in cs])),
+        }
+
     result = {
-        "rows": args.rows, "dim": args.dim, "ps_shards": TOPOLOGY.ps_shards, "machine_cores": os.cpu_count(),
+        "rows": args.rows,
+        "dim": args.dim,
+        "ps_shards": TOPOLOGY.ps_shards,
+        "machine_cores": os.cpu_count(),
         "seed_snapshots_write_seconds": round(seed_write_s, 3),
         "checkpoints_taken": len(taken),  # on the schedule, while training
         "full_checkpoints": summary(full),
@@ -214,8 +272,9 @@ def main() -> None:
         "throughput_with_vs_without_checkpoints": round(durable["samples_per_sec"] / plain["samples_per_sec"], 4),
         "auc_with_vs_without": [round(durable["auc"], 4), round(plain["auc"], 4)],
     }
-    result["targets"] = {"throughput_with_vs_without_checkpoints >= 0.95":
-                         result["throughput_with_vs_without_checkpoints"] >= 0.95}
+    result["targets"] = {
+        "throughput_with_vs_without_checkpoints >= 0.95": result["throughput_with_vs_without_checkpoints"] >= 0.95
+    }
     print(json.dumps(result, indent=None if args.json else 2))
 
 

@@ -50,19 +50,29 @@ STAGE_METRICS = {
 
 def synthetic_job(train: Path, test: Path, hybrid_k: int) -> JobConfig:
     slots = [{"name": f"c{i}", "column": f"C{i}", "table": f"c{i}"} for i in range(1, 27)]
-    return JobConfig.model_validate({
-        "name": "synthetic-criteo",
-        "data": {"source": "criteo", "train": str(train), "test": str(test)},
-        "slots": slots,
-        "tables": {f"c{i}": {"dim": 16, "optimizer": {"name": "adagrad", "lr": 0.05}} for i in range(1, 27)},
-        "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
-        "label": {"column": "label", "positive": "1", "negative": "0"},
-        "model": {"cls": "trillium.models:DNN",
-                  "kwargs": {"num_dense": 13, "embedding_dims": [16] * 26, "hidden": [128, 64]}},
-        "training": {"batch_size": 512, "epochs": 1, "staleness_bound": hybrid_k,
-                     "dense_optimizer": {"name": "sgd", "lr": 0.1}, "seed": 0, "eval_batch_size": 4096},
-        "topology": TOPOLOGY.model_dump(include={"nn_ranks", "ps_shards", "embedding_workers"}),
-    })
+    return JobConfig.model_validate(
+        {
+            "name": "synthetic-criteo",
+            "data": {"source": "criteo", "train": str(train), "test": str(test)},
+            "slots": slots,
+            "tables": {f"c{i}": {"dim": 16, "optimizer": {"name": "adagrad", "lr": 0.05}} for i in range(1, 27)},
+            "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
+            "label": {"column": "label", "positive": "1", "negative": "0"},
+            "model": {
+                "cls": "trillium.models:DNN",
+                "kwargs": {"num_dense": 13, "embedding_dims": [16] * 26, "hidden": [128, 64]},
+            },
+            "training": {
+                "batch_size": 512,
+                "epochs": 1,
+                "staleness_bound": hybrid_k,
+                "dense_optimizer": {"name": "sgd", "lr": 0.1},
+                "seed": 0,
+                "eval_batch_size": 4096,
+            },
+            "topology": TOPOLOGY.model_dump(include={"nn_ranks", "ps_shards", "embedding_workers"}),
+        }
+    )
 
 
 def _scrape(run_dir: Path) -> dict[str, float]:
@@ -117,8 +127,11 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
     points: list[tuple[int, int, int]] = []  # (samples trained, busy, total ticks) at each job view
     started = time.monotonic()
     try:
-        view = client.follow(client.submit(job)["id"], timeout_s=3600,
-                             on_update=lambda v: points.append((v["progress"]["samples"], *_machine_jiffies())))
+        view = client.follow(
+            client.submit(job)["id"],
+            timeout_s=3600,
+            on_update=lambda v: points.append((v["progress"]["samples"], *_machine_jiffies())),
+        )
     finally:
         client.close()
     elapsed = time.monotonic() - started
@@ -128,16 +141,19 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
         raise RuntimeError(f"{mode} run {report['state']}: {report['error']}")
     after = _scrape(run_dir)
     samples = max(report["samples_trained"], 1)
-    per_process = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / samples * 1e6, 1)
-                   for name in sorted(cpu_after)}
+    per_process = {
+        name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / samples * 1e6, 1) for name in sorted(cpu_after)
+    }
     report["cpu_us_per_sample"] = {"total": round(sum(per_process.values()), 1), **per_process}
     busy = _busy_while_training(points)
     report["machine_busy_while_training"] = round(busy, 3) if busy is not None else None
     ranks = view["results"].values()
     report["stages_seconds"] = {
         **{STAGE_METRICS[k]: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in STAGE_METRICS},
-        **{f"nn_worker.{k} (mean over ranks)": round(sum(r["seconds"][k] for r in ranks) / len(ranks), 3)
-           for k in ("lookup_wait", "step", "cut")},
+        **{
+            f"nn_worker.{k} (mean over ranks)": round(sum(r["seconds"][k] for r in ranks) / len(ranks), 3)
+            for k in ("lookup_wait", "step", "cut")
+        },
     }
     report.pop("error")
     return report
@@ -153,9 +169,14 @@ def best_baseline(job: JobConfig) -> dict[str, Any]:
         cpu = time.process_time()
         base = train_baseline(job)
         cpu = time.process_time() - cpu
-        run = {"auc": base.test_auc, "logloss": base.test_logloss, "samples_trained": base.examples,
-               "samples_per_sec": base.examples / base.seconds, "torch_threads": threads,
-               "cpu_us_per_sample": round(cpu / base.examples * 1e6, 1)}
+        run = {
+            "auc": base.test_auc,
+            "logloss": base.test_logloss,
+            "samples_trained": base.examples,
+            "samples_per_sec": base.examples / base.seconds,
+            "torch_threads": threads,
+            "cpu_us_per_sample": round(cpu / base.examples * 1e6, 1),
+        }
         if best is None or run["samples_per_sec"] > best["samples_per_sec"]:
             best = run
     torch.set_num_threads(default_threads)
@@ -164,9 +185,11 @@ def best_baseline(job: JobConfig) -> dict[str, Any]:
 
 def run_workload(run_dir: Path, name: str, job: JobConfig, hybrid_k: int) -> dict[str, Any]:
     print(f"[{name}] running sync, hybrid (k={hybrid_k}), async and the baseline", file=sys.stderr)
-    runs = {"sync": run_mode(run_dir, job, 0, "sync"),
-            "hybrid": run_mode(run_dir, job, hybrid_k, "hybrid"),
-            "async": run_mode(run_dir, job, None, "async")}
+    runs = {
+        "sync": run_mode(run_dir, job, 0, "sync"),
+        "hybrid": run_mode(run_dir, job, hybrid_k, "hybrid"),
+        "async": run_mode(run_dir, job, None, "async"),
+    }
     runs["baseline_single_process"] = best_baseline(job)
     speed = {mode: r["samples_per_sec"] for mode, r in runs.items()}
     return {
@@ -197,33 +220,40 @@ def main() -> None:
         run_dir = tmp_path / "stack"
         launcher.up(run_dir, TOPOLOGY)
         try:
-            result: dict[str, Any] = {"machine_cores": os.cpu_count(), "topology": TOPOLOGY.model_dump(),
-                                      "hybrid_k": hybrid_k}
+            result: dict[str, Any] = {
+                "machine_cores": os.cpu_count(),
+                "topology": TOPOLOGY.model_dump(),
+                "hybrid_k": hybrid_k,
+            }
             if "adult" in workloads:
                 result["adult"] = run_workload(run_dir, "adult", adult, hybrid_k)
             if "synthetic" in workloads:
                 result["synthetic_criteo"] = {
-                    "train_rows": data.rows, "test_rows": test.rows, "bayes_optimal_test_auc": test.auc,
-                    **run_workload(run_dir, "synthetic", synthetic_job(data.path, test.path, hybrid_k), hybrid_k)}
+                    "train_rows": data.rows,
+                    "test_rows": test.rows,
+                    "bayes_optimal_test_auc": test.auc,
+                    **run_workload(run_dir, "synthetic", synthetic_job(data.path, test.path, hybrid_k), hybrid_k),
+                }
         finally:
             launcher.down(run_dir)
     ran = [w for w in ("adult", "synthetic_criteo") if w in result]
     result["targets"] = {
         "hybrid_vs_sync_samples_per_sec >= 2.0": {w: result[w]["hybrid_vs_sync_samples_per_sec"] >= 2.0 for w in ran},
-        "abs(hybrid_auc - sync_auc) <= 0.002": {
-            w: abs(result[w]["hybrid_auc_minus_sync_auc"]) <= 0.002 for w in ran},
+        "abs(hybrid_auc - sync_auc) <= 0.002": {w: abs(result[w]["hybrid_auc_minus_sync_auc"]) <= 0.002 for w in ran},
         "hybrid_vs_baseline_samples_per_sec >= 0.7": {
-            w: result[w]["hybrid_vs_baseline_samples_per_sec"] >= 0.7 for w in ran},
+            w: result[w]["hybrid_vs_baseline_samples_per_sec"] >= 0.7 for w in ran
+        },
     }
     if "adult" in result:
         result["targets"]["adult_hybrid_auc >= 0.8929"] = result["adult"]["runs"]["hybrid"]["auc"] >= 0.8929
     if "synthetic_criteo" in result:
         cpu = result["synthetic_criteo"]["runs"]["hybrid"]["cpu_us_per_sample"]
         per_process = {k: v for k, v in cpu.items() if k != "total"}
-        result["targets"] |= {"synthetic hybrid cpu_us_per_sample total <= 60": cpu["total"] <= 60,
-                              "synthetic hybrid kafka cpu_us_per_sample <= 8": cpu.get("kafka", 0.0) <= 8,
-                              "synthetic hybrid no process above 20 cpu_us_per_sample":
-                                  max(per_process.values()) <= 20}
+        result["targets"] |= {
+            "synthetic hybrid cpu_us_per_sample total <= 60": cpu["total"] <= 60,
+            "synthetic hybrid kafka cpu_us_per_sample <= 8": cpu.get("kafka", 0.0) <= 8,
+            "synthetic hybrid no process above 20 cpu_us_per_sample": max(per_process.values()) <= 20,
+        }
     print(json.dumps(result, indent=None if args.json else 2))
 
 

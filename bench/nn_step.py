@@ -53,13 +53,23 @@ Step = Callable[[Batch, list[np.ndarray]], tuple[float, list[np.ndarray], np.nda
 
 def make_batches(count: int, size: int) -> list[tuple[Batch, list[np.ndarray]]]:
     rng = np.random.default_rng(0)
-    ids = KeyedIds.from_slots({f"c{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32))
-                               for i in range(SLOTS)})
-    return [(Batch(batch_id=i, epoch=0, rank=0, ids=ids,
-                   dense=rng.normal(size=(size, NUM_DENSE)).astype(np.float32),
-                   labels=(rng.random(size) < 0.25).astype(np.float32)),
-             [rng.normal(scale=0.01, size=(size, DIM)).astype(np.float32) for _ in range(SLOTS)])
-            for i in range(count)]
+    ids = KeyedIds.from_slots(
+        {f"c{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32)) for i in range(SLOTS)}
+    )
+    return [
+        (
+            Batch(
+                batch_id=i,
+                epoch=0,
+                rank=0,
+                ids=ids,
+                dense=rng.normal(size=(size, NUM_DENSE)).astype(np.float32),
+                labels=(rng.random(size) < 0.25).astype(np.float32),
+            ),
+            [rng.normal(scale=0.01, size=(size, DIM)).astype(np.float32) for _ in range(SLOTS)],
+        )
+        for i in range(count)
+    ]
 
 
 def new_model(device: torch.device) -> torch.nn.Module:
@@ -89,8 +99,9 @@ def plain_loop(device: torch.device, bf16: bool) -> Step:
 
 def trainer_loop(device: torch.device, precision: str, batch: int) -> Step:
     ddp = DistributedDataParallel(new_model(device), device_ids=[device.index] if device.type == "cuda" else None)
-    trainer = Trainer(ThreadPoolExecutor(1), ddp, torch.optim.SGD(ddp.parameters(), lr=LR), device, 1, 0, None,
-                      precision)
+    trainer = Trainer(
+        ThreadPoolExecutor(1), ddp, torch.optim.SGD(ddp.parameters(), lr=LR), device, 1, 0, None, precision
+    )
     if device.type == "cuda":
         trainer.warm_up(batch, NUM_DENSE, [(DIM,)] * SLOTS)
 
@@ -110,8 +121,10 @@ def run(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
         batches = make_batches(args.batches, args.batch)
-        loops = {"trainer": trainer_loop(device, args.precision, args.batch),
-                 "plain": plain_loop(device, args.precision == "bf16")}
+        loops = {
+            "trainer": trainer_loop(device, args.precision, args.batch),
+            "plain": plain_loop(device, args.precision == "bf16"),
+        }
         losses: dict[str, list[float]] = {name: [] for name in loops}
         best = {name: float("inf") for name in loops}
         for name, step in loops.items():  # untimed: allocators, lazy initialization
@@ -127,9 +140,14 @@ def run(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     rates = {name: args.steps / seconds for name, seconds in best.items()}
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "threads": args.threads, "batch": args.batch, "precision": args.precision,
-        "steps": args.steps, "rounds": args.rounds,
-        "trainer_steps_per_s": rates["trainer"], "plain_steps_per_s": rates["plain"],
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "batch": args.batch,
+        "precision": args.precision,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "trainer_steps_per_s": rates["trainer"],
+        "plain_steps_per_s": rates["plain"],
         "trainer_samples_per_s": rates["trainer"] * args.batch,
         "vs_plain_loop": rates["trainer"] / rates["plain"],
         "max_loss_difference": float(np.max(np.abs(np.subtract(losses["trainer"], losses["plain"])))),
@@ -142,7 +160,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8192, help="samples per step")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per round [default: 100 on CUDA, 5 on CPU]")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps per round [default: 100 on CUDA, 5 on CPU]"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=4, help="distinct pre-made batches, cycled")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (an NN rank's default)")
@@ -154,8 +174,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['device']}, batch {args.batch}, {args.precision}, torch {result['torch']}, {args.threads} thread(s)")
-    print(f"  Trainer.step  {result['trainer_steps_per_s']:8.2f} steps/s ({result['trainer_samples_per_s']:,.0f} samples/s)")
+    print(
+        f"{result['device']}, batch {args.batch}, {args.precision}, torch {result['torch']}, {args.threads} thread(s)"
+    )
+    print(
+        f"  Trainer.step  {result['trainer_steps_per_s']:8.2f} steps/s ({result['trainer_samples_per_s']:,.0f} samples/s)"
+    )
     print(f"  plain loop    {result['plain_steps_per_s']:8.2f} steps/s")
     print(f"  vs_plain_loop {result['vs_plain_loop']:8.3f}   (max loss difference {result['max_loss_difference']:.3g})")
 

@@ -44,8 +44,11 @@ TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1
 def online_job(window: float) -> JobConfig:
     raw = load_job(launcher.REPO_ROOT / "examples/online/job.yaml").model_dump(mode="json")
     raw["name"] = "bench-online"
-    raw["data"]["join"] |= {"impressions": f"bench-imps-{time.time_ns()}", "window_seconds": window,
-                            "allowed_lateness_seconds": 0.5}
+    raw["data"]["join"] |= {
+        "impressions": f"bench-imps-{time.time_ns()}",
+        "window_seconds": window,
+        "allowed_lateness_seconds": 0.5,
+    }
     raw["data"]["join"]["labels"] = raw["data"]["join"]["impressions"].replace("imps", "clicks")
     raw["checkpoint"] = None
     return JobConfig.model_validate(raw)
@@ -59,8 +62,10 @@ def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
     t0 = 1.7e9
     imps = [json.dumps({"request_id": f"k{i}", "ts": t0 + i / 1000, **fields}).encode() for i in range(events)]
     clicked = np.flatnonzero(rng.random(events) < 0.25)
-    clicks = [json.dumps({"request_id": f"k{i}", "ts": t0 + i / 1000 + rng.random() * data.join.window_seconds}
-                         ).encode() for i in clicked]
+    clicks = [
+        json.dumps({"request_id": f"k{i}", "ts": t0 + i / 1000 + rng.random() * data.join.window_seconds}).encode()
+        for i in clicked
+    ]
     reader, join = EventReader(job), PartitionJoin(data.join)
     started = time.perf_counter()
     out = 0
@@ -77,14 +82,20 @@ def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
     out += len(join.advance(float("inf")))
     seconds = time.perf_counter() - started
     assert out == events, (out, events)  # every impression once
-    return {"events": events + len(clicked), "seconds": round(seconds, 3),
-            "events_per_sec": round((events + len(clicked)) / seconds)}
+    return {
+        "events": events + len(clicked),
+        "seconds": round(seconds, 3),
+        "events_per_sec": round((events + len(clicked)) / seconds),
+    }
 
 
-def joined_and_trained(run_dir: Path, job: JobConfig, data: Path, rate: float, seconds: float,
-                       conn: KafkaConnection) -> dict[str, Any]:
-    feed = threading.Thread(target=lambda: asyncio.run(
-        replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1)), daemon=True)
+def joined_and_trained(
+    run_dir: Path, job: JobConfig, data: Path, rate: float, seconds: float, conn: KafkaConnection
+) -> dict[str, Any]:
+    feed = threading.Thread(
+        target=lambda: asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1)),
+        daemon=True,
+    )
     feed.start()
     time.sleep(2)  # the topics exist: replay makes them
     samples: list[dict[str, Any]] = []
@@ -99,13 +110,17 @@ def joined_and_trained(run_dir: Path, job: JobConfig, data: Path, rate: float, s
             stream = view.get("stream")
             if stream and view["progress"]["samples"]:
                 first = first or time.monotonic()
-                samples.append({"t": time.monotonic() - first, "messages": stream["events"].get("messages", 0),
-                                "trained": view["progress"]["samples"],
-                                "lag_messages": sum(i["lag_messages"] for i in stream["inputs"]),
-                                "lag_seconds": max((i["lag_seconds"] or 0.0 for i in stream["inputs"]),
-                                                   default=0.0),
-                                "delay": (view["progressive"] or {}).get("delay_seconds"),
-                                "auc": (view["progressive"] or {}).get("auc")})
+                samples.append(
+                    {
+                        "t": time.monotonic() - first,
+                        "messages": stream["events"].get("messages", 0),
+                        "trained": view["progress"]["samples"],
+                        "lag_messages": sum(i["lag_messages"] for i in stream["inputs"]),
+                        "lag_seconds": max((i["lag_seconds"] or 0.0 for i in stream["inputs"]), default=0.0),
+                        "delay": (view["progressive"] or {}).get("delay_seconds"),
+                        "auc": (view["progressive"] or {}).get("auc"),
+                    }
+                )
             time.sleep(1.0)
         feed.join()
     finally:
@@ -120,14 +135,19 @@ def joined_and_trained(run_dir: Path, job: JobConfig, data: Path, rate: float, s
     max_early = max(s["lag_messages"] for s in early)
     max_late = max(s["lag_messages"] for s in late)
     delay = late[-1]["delay"] or {}
-    return {"rate_impressions_per_sec": rate, "seconds": round(span, 1),
-            "events_per_sec": round(events_per_sec),
-            "samples_trained_per_sec": round((late[-1]["trained"] - early[0]["trained"]) / span),
-            "lag_messages_max_first_half": max_early, "lag_messages_max_second_half": max_late,
-            "lag_seconds_end": round(late[-1]["lag_seconds"], 2),
-            "lag_bounded": max_late <= max_early + events_per_sec,
-            "click_to_trained_p50_s": delay.get("p50"), "click_to_trained_p99_s": delay.get("p99"),
-            "progressive_auc_end": late[-1]["auc"]}
+    return {
+        "rate_impressions_per_sec": rate,
+        "seconds": round(span, 1),
+        "events_per_sec": round(events_per_sec),
+        "samples_trained_per_sec": round((late[-1]["trained"] - early[0]["trained"]) / span),
+        "lag_messages_max_first_half": max_early,
+        "lag_messages_max_second_half": max_late,
+        "lag_seconds_end": round(late[-1]["lag_seconds"], 2),
+        "lag_bounded": max_late <= max_early + events_per_sec,
+        "click_to_trained_p50_s": delay.get("p50"),
+        "click_to_trained_p99_s": delay.get("p99"),
+        "progressive_auc_end": late[-1]["auc"],
+    }
 
 
 def main() -> None:
@@ -141,8 +161,7 @@ def main() -> None:
     result: dict[str, Any] = {"joiner_alone": joiner_alone(job, 200_000, seed=1)}
     with tempfile.TemporaryDirectory(prefix="trillium-bench-online-") as tmp:
         tmp_path = Path(tmp)
-        data = generate_criteo(tmp_path / "stream.tsv", int(args.rate * args.seconds), seed=1,
-                               vocab_sizes=[1000] * 26)
+        data = generate_criteo(tmp_path / "stream.tsv", int(args.rate * args.seconds), seed=1, vocab_sizes=[1000] * 26)
         run_dir = tmp_path / "stack"
         state = launcher.up(run_dir, TOPOLOGY)
         try:
@@ -153,7 +172,8 @@ def main() -> None:
             launcher.down(run_dir)
     trained = result["joined_and_trained"]
     result["joiner_alone_vs_sustained_events"] = round(
-        result["joiner_alone"]["events_per_sec"] / max(trained["events_per_sec"], 1), 1)
+        result["joiner_alone"]["events_per_sec"] / max(trained["events_per_sec"], 1), 1
+    )
     print(json.dumps(result, indent=None if args.json else 2))
 
 

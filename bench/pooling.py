@@ -48,10 +48,14 @@ def workload(name: str, batch: int, rng: np.random.Generator):
         shape = {s.name: 1 for s in slots}
         return slots, tables, shape, 2
     slots = [FeatureSlot(name=f"C{i}", column=f"C{i}") for i in range(20)]
-    slots += [FeatureSlot(name=f"M{i}", column=f"M{i}", table=f"multi{i % 2}", pooling="mean", separator="|")
-              for i in range(4)]
-    slots += [FeatureSlot(name=f"S{i}", column=f"S{i}", table=f"multi{i % 2}", pooling="none", max_len=8,
-                          separator="|") for i in range(2)]
+    slots += [
+        FeatureSlot(name=f"M{i}", column=f"M{i}", table=f"multi{i % 2}", pooling="mean", separator="|")
+        for i in range(4)
+    ]
+    slots += [
+        FeatureSlot(name=f"S{i}", column=f"S{i}", table=f"multi{i % 2}", pooling="none", max_len=8, separator="|")
+        for i in range(2)
+    ]
     tables = {s.table: TableConfig(dim=16) for s in slots}
     shape = {s.name: (1 if s.name.startswith("C") else 6 if s.name.startswith("M") else 8) for s in slots}
     return slots, tables, shape, 4
@@ -61,8 +65,7 @@ def make_batch(slots, shape, batch: int, rng: np.random.Generator) -> KeyedIds:
     keyed = {}
     for s in slots:
         longest = shape[s.name]
-        lengths = (np.ones(batch, np.int32) if longest == 1
-                   else rng.integers(0, longest + 1, batch).astype(np.int32))
+        lengths = np.ones(batch, np.int32) if longest == 1 else rng.integers(0, longest + 1, batch).astype(np.int32)
         values = ((rng.zipf(1.1, int(lengths.sum())) - 1) % 1_000_000).astype(np.uint64) * np.uint64(2654435761)
         keyed[s.name] = (values, lengths)
     return KeyedIds.from_slots(keyed)
@@ -74,7 +77,7 @@ RESPONSE = np.full((1 << 16, 16), 0.01, np.float32)
 
 
 def fake_rows(ids: np.ndarray, dim: int) -> np.ndarray:
-    return RESPONSE[:len(ids), :dim]
+    return RESPONSE[: len(ids), :dim]
 
 
 def run_reference(slots, tables, num_shards, ids: KeyedIds, fp16: bool, t: dict[str, float]) -> None:
@@ -93,8 +96,10 @@ def run_reference(slots, tables, num_shards, ids: KeyedIds, fp16: bool, t: dict[
     slot_grads = [np.ones(v.shape, np.float32) for v, _ in wire]  # what the NN worker sends back
     t3b = time.thread_time()
     grads = ref.scatter_gradients(p, slot_grads)
-    messages = [{tb: (tp.ids[tp.shard_rows[s]], grads[tb][tp.shard_rows[s]]) for tb, tp in p.tables.items()}
-                for s in range(num_shards)]
+    messages = [
+        {tb: (tp.ids[tp.shard_rows[s]], grads[tb][tp.shard_rows[s]]) for tb, tp in p.tables.items()}
+        for s in range(num_shards)
+    ]
     t4 = time.thread_time()
     assert len(messages) == num_shards
     for k, dt in zip(("plan", "lookup_io", "pool", "scatter"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3b), strict=True):
@@ -116,8 +121,10 @@ def run_native(layout, tables, num_shards, ids: KeyedIds, fp16: bool, t: dict[st
     slot_grads = [np.ones(v.shape, np.float32) for v, _ in wire]
     t3b = time.thread_time()
     grads = pooling.scatter_gradients(p, slot_grads)
-    messages = [{tb: (tp.ids[tp.shard_rows[s]], grads[tb][tp.shard_rows[s]]) for tb, tp in p.tables.items()}
-                for s in range(num_shards)]
+    messages = [
+        {tb: (tp.ids[tp.shard_rows[s]], grads[tb][tp.shard_rows[s]]) for tb, tp in p.tables.items()}
+        for s in range(num_shards)
+    ]
     t4 = time.thread_time()
     assert len(messages) == num_shards
     for k, dt in zip(("plan", "lookup_io", "pool", "scatter"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3b), strict=True):

@@ -96,7 +96,6 @@ class CaptureMark:
     """Where a capture stood (:attr:`StoreCapture.mark`): the version clock, and per table its
     counters and how many rows had left it. Small; it outlives the capture's release."""
 
-
 class StoreCapture:
     """A point-in-time copy of an :class:`EmbeddingStore`, from :meth:`EmbeddingStore.capture`.
 
@@ -131,7 +130,6 @@ class StoreCapture:
         """Free the copy now (a write in progress finishes first). Idempotent."""
     def __enter__(self) -> StoreCapture: ...
     def __exit__(self, *exc: object) -> bool: ...
-
 
 def hash_strings(
     namespace: str, data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int32] | npt.NDArray[np.int64]
@@ -304,9 +302,7 @@ class EmbeddingStore:
         at one instant; different shards may reflect different moments of concurrent updates
         (use :meth:`capture` for one instant without holding locks during the write).
         """
-    def load(
-        self, path: str | os.PathLike[str], shard_index: int | None = None, num_shards: int | None = None
-    ) -> None:
+    def load(self, path: str | os.PathLike[str], shard_index: int | None = None, num_shards: int | None = None) -> None:
         """Merge a snapshot into this store (tables are created as needed).
 
         With ``shard_index``/``num_shards`` only rows with
@@ -372,9 +368,7 @@ class PoolingLayout:
     def tables(self) -> list[str]:
         """The tables the slots read, in order of first use: the order of
         ``PoolingPlan.ids`` and of the rows given to ``PoolingPlan.pool``."""
-    def plan(
-        self, keys: Sequence[str], values: npt.NDArray[np.uint64], lengths: npt.NDArray[np.int32]
-    ) -> PoolingPlan:
+    def plan(self, keys: Sequence[str], values: npt.NDArray[np.uint64], lengths: npt.NDArray[np.int32]) -> PoolingPlan:
         """Plan a batch from its ``KeyedIds`` arrays: ``values`` key-major, ``lengths[k * B + i]``
         IDs of sample ``i`` under ``keys[k]`` (keys in any order; keys no slot reads are
         ignored). Dedups each table's IDs (slots sharing a table share rows) and groups the

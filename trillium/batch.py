@@ -61,9 +61,7 @@ class KeyedIds:
         _require_array("values", self.values, np.uint64, 1)
         lengths = _require_array("lengths", self.lengths, np.int32, 1)
         if len(lengths) % len(self.keys):
-            raise ValueError(
-                f"len(lengths)={len(lengths)} is not a multiple of the {len(self.keys)} keys"
-            )
+            raise ValueError(f"len(lengths)={len(lengths)} is not a multiple of the {len(self.keys)} keys")
         if len(lengths) and lengths.min() < 0:
             raise ValueError("lengths must be non-negative")
         total = int(lengths.sum(dtype=np.int64))
@@ -227,9 +225,7 @@ class GradientUpdate:
             ids = _require_array(f"tables[{table!r}] ids", entry[0], np.uint64, 1)
             grads = _require_array(f"tables[{table!r}] grads", entry[1], np.float32, 2)
             if grads.shape[0] != len(ids):
-                raise ValueError(
-                    f"tables[{table!r}]: {len(ids)} ids but {grads.shape[0]} gradient rows"
-                )
+                raise ValueError(f"tables[{table!r}]: {len(ids)} ids but {grads.shape[0]} gradient rows")
         # A private read-only copy: the mapping cannot change under a frozen value.
         object.__setattr__(self, "tables", MappingProxyType(dict(self.tables)))
 
@@ -237,8 +233,7 @@ class GradientUpdate:
         if not isinstance(other, GradientUpdate):
             return NotImplemented
         return (
-            (self.rank, self.batch_id, self.epoch, self.shard)
-            == (other.rank, other.batch_id, other.epoch, other.shard)
+            (self.rank, self.batch_id, self.epoch, self.shard) == (other.rank, other.batch_id, other.epoch, other.shard)
             and self.tables.keys() == other.tables.keys()
             and all(
                 np.array_equal(self.tables[t][0], other.tables[t][0])

@@ -74,8 +74,10 @@ class PartFile(BaseModel):
     bytes: int
     sha256: str
     seconds: float = Field(description="time to write it")
-    delta_of: int | None = Field(None, description="a PS delta: the step of the checkpoint (same job) whose file "
-                                                   "of this name it is loaded on top of")
+    delta_of: int | None = Field(
+        None,
+        description="a PS delta: the step of the checkpoint (same job) whose file of this name it is loaded on top of",
+    )
 
 
 class Manifest(BaseModel):
@@ -89,8 +91,9 @@ class Manifest(BaseModel):
     pause_seconds: float = Field(description="how long the NN ranks held at the cut")
     seconds_to_write: float = Field(description="from the cut to the manifest")
     config: JobConfig
-    positions: Offsets = Field(description="where each reader resumes: the samples and eval topics (NN ranks), "
-                                           "the gradients topic (PS shards)")
+    positions: Offsets = Field(
+        description="where each reader resumes: the samples and eval topics (NN ranks), the gradients topic (PS shards)"
+    )
     written: Offsets = Field(description="how far the data loaders had written their topics (see lineage)")
     lineage: Lineage
     files: list[PartFile]
@@ -134,8 +137,11 @@ class CaptureRequest(BaseModel):
     attempt: int
     step: int
     location: str
-    base: tuple[int, int] | None = Field(None, description="(attempt, step) of the newest complete checkpoint: "
-                                                            "a PS shard that captured it writes a delta on it")
+    base: tuple[int, int] | None = Field(
+        None,
+        description="(attempt, step) of the newest complete checkpoint: "
+        "a PS shard that captured it writes a delta on it",
+    )
 
 
 class CaptureResult(BaseModel):
@@ -248,8 +254,9 @@ class CheckpointDir:
         except ValueError as err:
             raise CorruptCheckpoint(f"{self.location}/{MANIFEST} is not a valid manifest: {err}") from None
         if manifest.format != FORMAT_VERSION:
-            raise CorruptCheckpoint(f"{self.location}: checkpoint format {manifest.format}, this build reads "
-                                    f"{FORMAT_VERSION}")
+            raise CorruptCheckpoint(
+                f"{self.location}: checkpoint format {manifest.format}, this build reads {FORMAT_VERSION}"
+            )
         return manifest
 
     def verify(self, manifest: Manifest) -> None:

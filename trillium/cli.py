@@ -25,14 +25,22 @@ from trillium.config import ENV_RUN_DIR, KafkaConnection, Topology, default_run_
 from trillium.datagen import generate_criteo
 from trillium.job import JobConfig, KafkaData, load_job
 
-app = typer.Typer(help="Trillium: hybrid training of recommender models with huge embedding tables.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Trillium: hybrid training of recommender models with huge embedding tables.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 # No markup in what we print: job errors, paths and server messages are remote or user text
 # ("[/__w/...]" in an error once crashed the CLI). Our own emphasis is explicit styles.
 console = Console(markup=False, highlight=False)
 
-RunDir = Annotated[Optional[Path], typer.Option("--run-dir", help=f"stack directory (default: ${ENV_RUN_DIR} or .trillium/run; the demo's own: "
-                                                             ".trillium/demo)")]
+RunDir = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--run-dir", help=f"stack directory (default: ${ENV_RUN_DIR} or .trillium/run; the demo's own: .trillium/demo)"
+    ),
+]
 
 
 def _run_dir(run_dir: Path | None) -> Path:
@@ -45,33 +53,39 @@ def _fail(message: str) -> None:
 
 
 @app.command()
-def up(run_dir: RunDir = None,
-       ps_shards: Annotated[int, typer.Option(min=1, help="embedding PS shards")] = 2,
-       embedding_workers: Annotated[int, typer.Option(min=1)] = 1,
-       nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
-       data_loaders: Annotated[int, typer.Option(min=1)] = 1) -> None:
+def up(
+    run_dir: RunDir = None,
+    ps_shards: Annotated[int, typer.Option(min=1, help="embedding PS shards")] = 2,
+    embedding_workers: Annotated[int, typer.Option(min=1)] = 1,
+    nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
+    data_loaders: Annotated[int, typer.Option(min=1)] = 1,
+) -> None:
     """Start Kafka, Redis and the services in the background; returns once all are healthy.
 
     Set TRILLIUM_KAFKA_BOOTSTRAP / TRILLIUM_REDIS_URL to use external servers instead."""
     rd = _run_dir(run_dir)
     new_token = not (rd / "token").exists()
-    topology = Topology(ps_shards=ps_shards, embedding_workers=embedding_workers, nn_ranks=nn_ranks,
-                        data_loaders=data_loaders)
+    topology = Topology(
+        ps_shards=ps_shards, embedding_workers=embedding_workers, nn_ranks=nn_ranks, data_loaders=data_loaders
+    )
     with console.status("starting the stack…"):
         try:
             st = launcher.up(rd, topology)
         except launcher.LauncherError as err:
             _fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
-    console.print(f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
-                  f"  coordinator {st['coordinator_url']}")
+    console.print(
+        f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
+        f"  coordinator {st['coordinator_url']}"
+    )
     if new_token:
         console.print(f"  API token (written to {st['token_file']}, mode 600): {launcher.read_token(rd)}")
 
 
 @app.command()
-def status(run_dir: RunDir = None,
-           as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+def status(
+    run_dir: RunDir = None, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
+) -> None:
     """Show every endpoint and each part's health (exit code 1 unless all are healthy)."""
     st = launcher.status(_run_dir(run_dir))
     if as_json:
@@ -80,11 +94,16 @@ def status(run_dir: RunDir = None,
     if st["phase"] in ("not running", "dead"):
         console.print(f"no stack running in {st['run_dir']} ({st['phase']})")
         raise typer.Exit(1)
-    console.print(Text.assemble(f"stack in {st['run_dir']}: ", (st["phase"], "bold"),
-                                f" — {st['error']}" if st.get("error") else ""))
+    console.print(
+        Text.assemble(
+            f"stack in {st['run_dir']}: ", (st["phase"], "bold"), f" — {st['error']}" if st.get("error") else ""
+        )
+    )
     table = Table("part", "endpoint", "pid", "restarts", "health")
     ok = lambda good: Text("ok", "green") if good else Text("down", "red")  # noqa: E731
-    table.add_row("kafka", st["kafka"]["bootstrap"], "external" if st["kafka"]["external"] else "", "", ok(st["kafka"]["ok"]))
+    table.add_row(
+        "kafka", st["kafka"]["bootstrap"], "external" if st["kafka"]["external"] else "", "", ok(st["kafka"]["ok"])
+    )
     table.add_row("redis", st["redis"]["url"], "external" if st["redis"]["external"] else "", "", ok(st["redis"]["ok"]))
     for proc in st["processes"]:
         if proc.get("http_url"):
@@ -115,18 +134,31 @@ def _load_job(path: Path) -> JobConfig:
 
 def _follow(client: CoordinatorClient, job_id: str) -> dict:
     """Follow a job with a live progress bar; returns its final view."""
-    columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(), TextColumn("{task.completed:,.0f} samples"),
-               TextColumn("{task.fields[rate]:>8,.0f}/s  loss {task.fields[loss]:.4f}  staleness "
-                          "max {task.fields[smax]} (bound {task.fields[bound]})"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}", style="bold", markup=False),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f} samples"),
+        TextColumn(
+            "{task.fields[rate]:>8,.0f}/s  loss {task.fields[loss]:.4f}  staleness "
+            "max {task.fields[smax]} (bound {task.fields[bound]})"
+        ),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("starting", total=None, rate=0.0, loss=float("nan"), smax=0, bound="?")
 
         def update(view: dict) -> None:
             job, prog, stale = view["job"], view["progress"], view["staleness"].values()
             bound = next(iter(stale), {}).get("bound")
-            bar.update(task, description=job["state"], completed=prog["samples"], rate=prog["samples_per_sec"],
-                       loss=prog["last_loss"] if prog["last_loss"] is not None else float("nan"),
-                       smax=max((s["max"] for s in stale), default=0), bound="∞" if bound is None else bound)
+            bar.update(
+                task,
+                description=job["state"],
+                completed=prog["samples"],
+                rate=prog["samples_per_sec"],
+                loss=prog["last_loss"] if prog["last_loss"] is not None else float("nan"),
+                smax=max((s["max"] for s in stale), default=0),
+                bound="∞" if bound is None else bound,
+            )
 
         return client.follow(job_id, update)
 
@@ -150,18 +182,28 @@ def summarize(view: dict, elapsed_s: float) -> dict:
     lookups = sum(s["count"] for s in stale)
     metrics = job.get("metrics") or {}
     return {
-        "job_id": job["id"], "state": job["state"], "error": job.get("error"),
+        "job_id": job["id"],
+        "state": job["state"],
+        "error": job.get("error"),
         "mode": mode_of(job["config"]["training"]["staleness_bound"]),
         "staleness_bound": job["config"]["training"]["staleness_bound"],
-        "auc": metrics.get("auc"), "logloss": metrics.get("logloss"), "eval_samples": metrics.get("samples"),
-        "samples_trained": samples, "samples_per_sec": samples / train_s if train_s else 0.0,
-        "train_seconds": train_s, "steps": steps,
+        "auc": metrics.get("auc"),
+        "logloss": metrics.get("logloss"),
+        "eval_samples": metrics.get("samples"),
+        "samples_trained": samples,
+        "samples_per_sec": samples / train_s if train_s else 0.0,
+        "train_seconds": train_s,
+        "steps": steps,
         "max_staleness_observed": max((s["max"] for s in stale), default=0),
         "mean_staleness_observed": sum(s["mean"] * s["count"] for s in stale) / lookups if lookups else 0.0,
-        "nn_ranks": job["config"]["topology"]["nn_ranks"], "ps_shards": job["config"]["topology"]["ps_shards"],
-        "elapsed_s": elapsed_s, "attempt": job.get("attempt", 0),
-        "recoveries": [{"attempt": r["attempt"], "cause": r["cause"], "checkpoint_step": r["checkpoint_step"]}
-                       for r in job.get("recoveries", [])],
+        "nn_ranks": job["config"]["topology"]["nn_ranks"],
+        "ps_shards": job["config"]["topology"]["ps_shards"],
+        "elapsed_s": elapsed_s,
+        "attempt": job.get("attempt", 0),
+        "recoveries": [
+            {"attempt": r["attempt"], "cause": r["cause"], "checkpoint_step": r["checkpoint_step"]}
+            for r in job.get("recoveries", [])
+        ],
         "last_checkpoint_step": (view.get("last_checkpoint") or {}).get("step"),
         "progressive": {k: view["progressive"][k] for k in ("auc", "logloss", "samples", "scored", "delay_seconds")},
         "stream": view.get("stream"),
@@ -170,8 +212,19 @@ def summarize(view: dict, elapsed_s: float) -> dict:
 
 def _print_summary(report: dict) -> None:
     table = Table("", "", show_header=False, box=None)
-    for key in ("job_id", "state", "mode", "staleness_bound", "auc", "logloss", "samples_trained",
-                "samples_per_sec", "max_staleness_observed", "mean_staleness_observed", "elapsed_s"):
+    for key in (
+        "job_id",
+        "state",
+        "mode",
+        "staleness_bound",
+        "auc",
+        "logloss",
+        "samples_trained",
+        "samples_per_sec",
+        "max_staleness_observed",
+        "mean_staleness_observed",
+        "elapsed_s",
+    ):
         value = report[key]
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
@@ -199,9 +252,11 @@ MODES = {"sync": 0, "async": None}
 
 
 @app.command()
-def train(job_file: Annotated[Path, typer.Argument(help="job YAML", exists=True, dir_okay=False)],
-          run_dir: RunDir = None,
-          report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = None) -> None:
+def train(
+    job_file: Annotated[Path, typer.Argument(help="job YAML", exists=True, dir_okay=False)],
+    run_dir: RunDir = None,
+    report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = None,
+) -> None:
     """Submit a job to the running stack and follow it to the end."""
     config = _load_job(job_file)
     outcome = run_job(_run_dir(run_dir), config)
@@ -224,11 +279,15 @@ def _finish(outcome: Outcome, report: Path | None) -> None:
 
 
 @app.command()
-def demo(mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) or async (unbounded)")] = "hybrid",
-         staleness: Annotated[Optional[int], typer.Option(min=0, help="the bound k in hybrid mode (default: the job's bound)")] = None,
-         job_file: Annotated[Path, typer.Option("--job", help="job YAML")] = launcher.REPO_ROOT / "examples/adult/job.yaml",
-         report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = Path("reports/demo.json"),
-         run_dir: RunDir = None) -> None:
+def demo(
+    mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) or async (unbounded)")] = "hybrid",
+    staleness: Annotated[
+        Optional[int], typer.Option(min=0, help="the bound k in hybrid mode (default: the job's bound)")
+    ] = None,
+    job_file: Annotated[Path, typer.Option("--job", help="job YAML")] = launcher.REPO_ROOT / "examples/adult/job.yaml",
+    report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = Path("reports/demo.json"),
+    run_dir: RunDir = None,
+) -> None:
     """Bring the local stack up, train the Adult job for one epoch, evaluate on adult.test,
     print a summary, write the JSON report, and take the stack down."""
     if mode not in ("sync", "hybrid", "async"):
@@ -240,8 +299,13 @@ def demo(mode: Annotated[str, typer.Option(help="sync (k=0), hybrid (bounded k) 
     config = config.model_copy(update={"training": config.training.model_copy(update={"staleness_bound": bound})})
     rd = _run_dir(run_dir) if run_dir else default_run_dir().with_name("demo")
     topo = config.topology
-    up(run_dir=rd, ps_shards=topo.ps_shards, embedding_workers=topo.embedding_workers, nn_ranks=topo.nn_ranks,
-       data_loaders=1)
+    up(
+        run_dir=rd,
+        ps_shards=topo.ps_shards,
+        embedding_workers=topo.embedding_workers,
+        nn_ranks=topo.nn_ranks,
+        data_loaders=1,
+    )
     try:
         outcome = run_job(rd, config)
     finally:
@@ -291,8 +355,9 @@ def list_jobs(run_dir: RunDir = None, as_json: JsonOut = False) -> None:
     for column in ("state", "created", "finished", "error"):
         table.add_column(column)
     for job in jobs:
-        table.add_row(job["id"], job["state"], _when(job["created_at"]), _when(job["finished_at"]),
-                      job.get("error") or "")
+        table.add_row(
+            job["id"], job["state"], _when(job["created_at"]), _when(job["finished_at"]), job.get("error") or ""
+        )
     console.print(table if jobs else "no jobs")
 
 
@@ -307,19 +372,29 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
     job, prog = view["job"], view["progress"]
     recent = prog["recent_samples_per_sec"]
     rows: list[tuple[str, Any]] = [
-        ("id", job["id"]), ("state", job["state"]),
+        ("id", job["id"]),
+        ("state", job["state"]),
         ("samples", f"{prog['samples']:,} (epoch {prog['epoch']}, {prog['steps']} steps)"),
         ("samples/s", f"{prog['samples_per_sec']:,.0f} mean" + (f", {recent:,.0f} now" if recent is not None else "")),
-        ("loss", "" if prog["last_loss"] is None else f"{prog['last_loss']:.4f} last, {prog['mean_loss']:.4f} mean")]
+        ("loss", "" if prog["last_loss"] is None else f"{prog['last_loss']:.4f} last, {prog['mean_loss']:.4f} mean"),
+    ]
     for rank, s in view["staleness"].items():
-        rows.append((f"staleness rank {rank}", f"max {s['max']}, mean {s['mean']:.2f} over {s['count']} lookups "
-                                              f"(bound {_bound(s['bound'])})"))
+        rows.append(
+            (
+                f"staleness rank {rank}",
+                f"max {s['max']}, mean {s['mean']:.2f} over {s['count']} lookups (bound {_bound(s['bound'])})",
+            )
+        )
     if view["lost_workers"]:
         rows.append(("lost workers", ", ".join(view["lost_workers"])))
     rows += _stream_rows(view)
     if job.get("metrics"):
-        rows.append(("eval", ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                       for k, v in job["metrics"].items())))
+        rows.append(
+            (
+                "eval",
+                ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in job["metrics"].items()),
+            )
+        )
     if job.get("error"):
         rows.append(("error", job["error"]))
     if job.get("attempt"):
@@ -328,8 +403,12 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
         rows.append((r["kind"], f"{_when(r['at'])} from step {r['checkpoint_step']}: {r['cause']}"))
     if view.get("last_checkpoint"):
         c = view["last_checkpoint"]
-        rows.append(("last checkpoint", f"step {c['step']} (epoch {c['epoch']}), {_when(c['created_at'])}, "
-                                        f"{c['bytes'] / 1e6:,.1f} MB"))
+        rows.append(
+            (
+                "last checkpoint",
+                f"step {c['step']} (epoch {c['epoch']}), {_when(c['created_at'])}, {c['bytes'] / 1e6:,.1f} MB",
+            )
+        )
     table = Table("", "", show_header=False, box=None)
     for key, value in rows:
         table.add_row(key, str(value))
@@ -341,11 +420,17 @@ def _stream_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     p = view.get("progressive")
     if p and p["samples"]:
-        rows.append(("progressive", f"AUC {p['auc']:.4f}, log loss {p['logloss']:.4f} over the last "
-                                    f"{p['samples']:,} of {p['scored']:,} samples scored before training"))
+        rows.append(
+            (
+                "progressive",
+                f"AUC {p['auc']:.4f}, log loss {p['logloss']:.4f} over the last "
+                f"{p['samples']:,} of {p['scored']:,} samples scored before training",
+            )
+        )
         if p.get("delay_seconds"):
-            rows.append(("click to trained", f"p50 {p['delay_seconds']['p50']:.1f} s, "
-                                             f"p99 {p['delay_seconds']['p99']:.1f} s"))
+            rows.append(
+                ("click to trained", f"p50 {p['delay_seconds']['p50']:.1f} s, p99 {p['delay_seconds']['p99']:.1f} s")
+            )
     stream = view.get("stream")
     if stream:
         for i in stream["inputs"]:
@@ -370,22 +455,26 @@ def pause(job_id: JobId, run_dir: RunDir = None) -> None:
 
 
 @app.command()
-def resume(job_id: JobId,
-           checkpoint: Annotated[Optional[int], typer.Option(min=0, help="the checkpoint's step (default: the "
-                                                                         "newest)")] = None,
-           run_dir: RunDir = None) -> None:
+def resume(
+    job_id: JobId,
+    checkpoint: Annotated[
+        Optional[int], typer.Option(min=0, help="the checkpoint's step (default: the newest)")
+    ] = None,
+    run_dir: RunDir = None,
+) -> None:
     """Resume a paused job; or a stopped or failed one from a checkpoint (the job recovers from it
     in a new attempt and goes on)."""
     _control(run_dir, lambda client: client.resume(job_id, checkpoint))
 
 
 @app.command()
-def checkpoints(job_id: JobId,
-                take: Annotated[bool, typer.Option("--take", help="ask for a checkpoint of the running job now")]
-                = False,
-                delete: Annotated[Optional[int], typer.Option(min=0, help="delete the checkpoint at this step")]
-                = None,
-                run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+def checkpoints(
+    job_id: JobId,
+    take: Annotated[bool, typer.Option("--take", help="ask for a checkpoint of the running job now")] = False,
+    delete: Annotated[Optional[int], typer.Option(min=0, help="delete the checkpoint at this step")] = None,
+    run_dir: RunDir = None,
+    as_json: JsonOut = False,
+) -> None:
     """List a job's complete checkpoints; --take asks for one now, --delete STEP removes one."""
     with _coordinator(run_dir) as client:
         if take:
@@ -400,15 +489,23 @@ def checkpoints(job_id: JobId,
     if as_json:
         print(json.dumps(listing, indent=2))
         return
-    table = Table("step", "epoch", "attempt", "reason", "tables", "written", "MB", "s to write", "pause s",
-                  "eval auc")
+    table = Table("step", "epoch", "attempt", "reason", "tables", "written", "MB", "s to write", "pause s", "eval auc")
     for c in listing:
         auc = (c.get("eval") or {}).get("auc")
         bases = sorted({f["delta_of"] for f in c["files"] if f.get("delta_of") is not None})
         tables = f"delta of {', '.join(map(str, bases))}" if bases else "full"
-        table.add_row(str(c["step"]), str(c["epoch"]), str(c["attempt"]), c["reason"], tables, _when(c["created_at"]),
-                      f"{c['bytes'] / 1e6:,.1f}", f"{c['seconds_to_write']:.2f}", f"{c['pause_seconds']:.3f}",
-                      "" if auc is None else f"{auc:.4f}")
+        table.add_row(
+            str(c["step"]),
+            str(c["epoch"]),
+            str(c["attempt"]),
+            c["reason"],
+            tables,
+            _when(c["created_at"]),
+            f"{c['bytes'] / 1e6:,.1f}",
+            f"{c['seconds_to_write']:.2f}",
+            f"{c['pause_seconds']:.3f}",
+            "" if auc is None else f"{auc:.4f}",
+        )
     console.print(table if listing else f"job {job_id} has no complete checkpoint")
 
 
@@ -419,17 +516,21 @@ def stop(job_id: JobId, run_dir: RunDir = None) -> None:
 
 
 @app.command()
-def staleness(job_id: JobId,
-              set_bound: Annotated[Optional[int], typer.Option("--set", min=0, help="the new bound K")] = None,
-              unbounded: Annotated[bool, typer.Option("--unbounded", help="remove the bound, live")] = False,
-              run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+def staleness(
+    job_id: JobId,
+    set_bound: Annotated[Optional[int], typer.Option("--set", min=0, help="the new bound K")] = None,
+    unbounded: Annotated[bool, typer.Option("--unbounded", help="remove the bound, live")] = False,
+    run_dir: RunDir = None,
+    as_json: JsonOut = False,
+) -> None:
     """Show a job's staleness bound and the staleness observed per NN rank; change the bound
     of a running job with --set K or --unbounded."""
     if set_bound is not None and unbounded:
         _fail("give --set K or --unbounded, not both")
     with _coordinator(run_dir) as client:
-        report = (client.set_staleness(job_id, set_bound) if set_bound is not None or unbounded
-                  else client.staleness(job_id))
+        report = (
+            client.set_staleness(job_id, set_bound) if set_bound is not None or unbounded else client.staleness(job_id)
+        )
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -452,11 +553,15 @@ def _input_kafka(config: JobConfig, run_dir: Path | None) -> KafkaConnection:
 
 
 @app.command()
-def topics(job_file: Annotated[Path, typer.Option("--job", help="the online job whose input topics to create",
-                                                  exists=True, dir_okay=False)],
-           partitions: Annotated[int, typer.Option(min=1, help="partitions of each (the same for all: "
-                                                              "a join needs co-partitioned topics)")] = 4,
-           run_dir: RunDir = None) -> None:
+def topics(
+    job_file: Annotated[
+        Path, typer.Option("--job", help="the online job whose input topics to create", exists=True, dir_okay=False)
+    ],
+    partitions: Annotated[
+        int, typer.Option(min=1, help="partitions of each (the same for all: a join needs co-partitioned topics)")
+    ] = 4,
+    run_dir: RunDir = None,
+) -> None:
     """Create a stream job's input topics (those missing) for producers of your own, such as kcat."""
     config = _load_job(job_file)
     if not isinstance(config.data, KafkaData):
@@ -467,18 +572,26 @@ def topics(job_file: Annotated[Path, typer.Option("--job", help="the online job 
 
 
 @app.command()
-def replay(file: Annotated[Path, typer.Argument(help="the data set (a criteo TSV, e.g. `trillium datagen` "
-                                                     "output, or an adult CSV)", exists=True, dir_okay=False)],
-           job_file: Annotated[Path, typer.Option("--job", help="the online job whose topics to feed",
-                                                  exists=True, dir_okay=False)],
-           rate: Annotated[float, typer.Option(min=0, help="impressions a second (0: as fast as it can)")] = 1000.0,
-           fmt: Annotated[str, typer.Option("--format", help="criteo or adult")] = "criteo",
-           limit: Annotated[Optional[int], typer.Option(min=1, help="rows to replay (default: all)")] = None,
-           late_fraction: Annotated[float, typer.Option(min=0, max=1, help="clicks sent after the window")] = 0.0,
-           malformed_fraction: Annotated[float, typer.Option(min=0, max=1, help="messages replaced by garbage")]
-           = 0.0,
-           seed: Annotated[int, typer.Option(help="of the delays and the choices")] = 0,
-           run_dir: RunDir = None) -> None:
+def replay(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="the data set (a criteo TSV, e.g. `trillium datagen` output, or an adult CSV)",
+            exists=True,
+            dir_okay=False,
+        ),
+    ],
+    job_file: Annotated[
+        Path, typer.Option("--job", help="the online job whose topics to feed", exists=True, dir_okay=False)
+    ],
+    rate: Annotated[float, typer.Option(min=0, help="impressions a second (0: as fast as it can)")] = 1000.0,
+    fmt: Annotated[str, typer.Option("--format", help="criteo or adult")] = "criteo",
+    limit: Annotated[Optional[int], typer.Option(min=1, help="rows to replay (default: all)")] = None,
+    late_fraction: Annotated[float, typer.Option(min=0, max=1, help="clicks sent after the window")] = 0.0,
+    malformed_fraction: Annotated[float, typer.Option(min=0, max=1, help="messages replaced by garbage")] = 0.0,
+    seed: Annotated[int, typer.Option(help="of the delays and the choices")] = 0,
+    run_dir: RunDir = None,
+) -> None:
     """Turn a data set into a live stream: timestamped impression events, and a click event 0..W
     seconds later for each positive row (W: the job's attribution window), on the job's topics."""
     from trillium.replay import replay as run_replay
@@ -486,20 +599,33 @@ def replay(file: Annotated[Path, typer.Argument(help="the data set (a criteo TSV
     config = _load_job(job_file)
     conn = _input_kafka(config, run_dir)
     try:
-        result = asyncio.run(run_replay(file, config, conn, fmt=fmt, rate=rate, limit=limit,
-                                        late_fraction=late_fraction, malformed_fraction=malformed_fraction, seed=seed))
+        result = asyncio.run(
+            run_replay(
+                file,
+                config,
+                conn,
+                fmt=fmt,
+                rate=rate,
+                limit=limit,
+                late_fraction=late_fraction,
+                malformed_fraction=malformed_fraction,
+                seed=seed,
+            )
+        )
     except ValueError as err:
         _fail(str(err))
     console.print_json(json.dumps(dataclasses.asdict(result) | {"events_per_sec": round(result.events_per_sec, 1)}))
 
 
 @app.command()
-def datagen(path: Annotated[Path, typer.Argument(help="the TSV file to write")],
-            rows: Annotated[int, typer.Option(min=1, help="rows to write")] = 100_000,
-            seed: Annotated[int, typer.Option(help="seed of the planted model and the draws")] = 0,
-            vocab_size: Annotated[Optional[int], typer.Option(min=1, help="IDs per categorical slot (default: "
-                                                                         "10^3..10^6, varying by slot)")] = None
-            ) -> None:
+def datagen(
+    path: Annotated[Path, typer.Argument(help="the TSV file to write")],
+    rows: Annotated[int, typer.Option(min=1, help="rows to write")] = 100_000,
+    seed: Annotated[int, typer.Option(help="seed of the planted model and the draws")] = 0,
+    vocab_size: Annotated[
+        Optional[int], typer.Option(min=1, help="IDs per categorical slot (default: 10^3..10^6, varying by slot)")
+    ] = None,
+) -> None:
     """Write Criteo-format TSV from a planted logistic model and print that model's own
     (Bayes-optimal) AUC: the ceiling a trained model can approach."""
     report = generate_criteo(path, rows, seed, vocab_sizes=[vocab_size] * 26 if vocab_size else None)

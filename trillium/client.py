@@ -19,8 +19,10 @@ TERMINAL = ("finished", "failed", "stopped")
 def _describe(detail: Any) -> str:
     """An API error's detail on one line; validation errors as `field.path: problem`."""
     if isinstance(detail, list):
-        return "; ".join(".".join(str(p) for p in e.get("loc", ())) + f": {e.get('msg')}" if isinstance(e, dict)
-                         else str(e) for e in detail)
+        return "; ".join(
+            ".".join(str(p) for p in e.get("loc", ())) + f": {e.get('msg')}" if isinstance(e, dict) else str(e)
+            for e in detail
+        )
     return str(detail)
 
 
@@ -40,8 +42,9 @@ class CoordinatorUnavailable(RuntimeError):
 class CoordinatorClient:
     def __init__(self, url: str, token: str, timeout_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url + "/v1", timeout=timeout_s,
-                                 headers={"Authorization": f"Bearer {token}"})
+        self.http = httpx.Client(
+            base_url=self.url + "/v1", timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
+        )
 
     @classmethod
     def for_stack(cls, run_dir: Path) -> "CoordinatorClient":
@@ -119,8 +122,14 @@ class CoordinatorClient:
     def tables(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", self._job(job_id, "tables"))
 
-    def follow(self, job_id: str, on_update: Callable[[dict[str, Any]], None] | None = None,
-               poll_s: float = 0.5, timeout_s: float = 3600.0, unavailable_s: float = 60.0) -> dict[str, Any]:
+    def follow(
+        self,
+        job_id: str,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 0.5,
+        timeout_s: float = 3600.0,
+        unavailable_s: float = 60.0,
+    ) -> dict[str, Any]:
         """Poll until the job ends; returns its last view. Rides out a coordinator restart
         (no answer for up to `unavailable_s`)."""
         deadline = time.monotonic() + timeout_s

@@ -104,9 +104,7 @@ def _decode(data: BytesLike, kind: str) -> tuple[dict[str, Any], list[np.ndarray
     if magic != _MAGIC:
         raise CodecError(f"not a Trillium message: bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
-        raise CodecError(
-            f"unsupported codec format version {version} (this build reads {FORMAT_VERSION})"
-        )
+        raise CodecError(f"unsupported codec format version {version} (this build reads {FORMAT_VERSION})")
     header_end = _PREFIX.size + header_len
     if header_end > len(view):
         raise CodecError(f"truncated message: header needs {header_end} bytes, got {len(view)}")
@@ -150,8 +148,10 @@ def _array_at(view: memoryview, descriptor: object, data_start: int) -> np.ndarr
 def _meta_fields(meta: dict[str, Any], *names: str, optional: tuple[str, ...] = ()) -> list[Any]:
     missing = [n for n in names if n not in meta]
     if missing or set(meta) - set(names) - set(optional):
-        raise CodecError(f"corrupt message: meta has {sorted(meta)}, expected {sorted(names)}"
-                         + (f" (and maybe {sorted(optional)})" if optional else ""))
+        raise CodecError(
+            f"corrupt message: meta has {sorted(meta)}, expected {sorted(names)}"
+            + (f" (and maybe {sorted(optional)})" if optional else "")
+        )
     return [meta[n] for n in names]
 
 
@@ -185,8 +185,15 @@ def decode_batch(data: BytesLike) -> Batch:
     values, lengths, dense, labels = arrays[:4]
     try:
         ids = KeyedIds(keys=tuple(keys), values=values, lengths=lengths)
-        return Batch(batch_id=batch_id, epoch=epoch, rank=rank, ids=ids, dense=dense, labels=labels,
-                     **dict(zip(extras, arrays[4:], strict=True)))
+        return Batch(
+            batch_id=batch_id,
+            epoch=epoch,
+            rank=rank,
+            ids=ids,
+            dense=dense,
+            labels=labels,
+            **dict(zip(extras, arrays[4:], strict=True)),
+        )
     except ValueError as e:
         raise CodecError(f"invalid batch message: {e}") from None
 
@@ -215,20 +222,31 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
     rank, batch_id, epoch, shard, tables, counts, dims = _meta_fields(
         meta, "rank", "batch_id", "epoch", "shard", "tables", "counts", "dims"
     )
-    if not (isinstance(tables, list) and isinstance(counts, list) and isinstance(dims, list)
-            and len(tables) == len(counts) == len(dims) and len(arrays) == 2
-            and all(isinstance(n, int) and n >= 0 for n in counts + dims)):
+    if not (
+        isinstance(tables, list)
+        and isinstance(counts, list)
+        and isinstance(dims, list)
+        and len(tables) == len(counts) == len(dims)
+        and len(arrays) == 2
+        and all(isinstance(n, int) and n >= 0 for n in counts + dims)
+    ):
         raise CodecError("corrupt gradients message: expected tables, counts and dims of one length, and 2 arrays")
     ids, grads = arrays
-    if ids.ndim != 1 or grads.ndim != 1 or len(ids) != sum(counts) or len(grads) != sum(
-            n * d for n, d in zip(counts, dims, strict=True)):
-        raise CodecError(f"corrupt gradients message: {len(ids)} ids and {len(grads)} gradient values do not "
-                         f"fit row counts {counts} of dims {dims}")
+    if (
+        ids.ndim != 1
+        or grads.ndim != 1
+        or len(ids) != sum(counts)
+        or len(grads) != sum(n * d for n, d in zip(counts, dims, strict=True))
+    ):
+        raise CodecError(
+            f"corrupt gradients message: {len(ids)} ids and {len(grads)} gradient values do not "
+            f"fit row counts {counts} of dims {dims}"
+        )
     per_table = {}
     row = value = 0
     try:
         for table, n, dim in zip(tables, counts, dims, strict=True):
-            per_table[table] = (ids[row:row + n], grads[value:value + n * dim].reshape(n, dim))
+            per_table[table] = (ids[row : row + n], grads[value : value + n * dim].reshape(n, dim))
             row, value = row + n, value + n * dim
         return GradientUpdate(rank=rank, batch_id=batch_id, epoch=epoch, shard=shard, tables=per_table)
     except (ValueError, TypeError) as e:  # TypeError: an unhashable table name

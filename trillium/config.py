@@ -78,8 +78,11 @@ def _validate(cls: type[BaseModel], values: dict[str, object], env_names: dict[s
         for i, line in enumerate(lines):
             field = line.split(":", 1)[0]
             if field in env_names:
-                lines[i] = f"{line} (set {env_names[field]})" if "Field required" in line else \
-                    f"{line} (from {env_names[field]})"
+                lines[i] = (
+                    f"{line} (set {env_names[field]})"
+                    if "Field required" in line
+                    else f"{line} (from {env_names[field]})"
+                )
         raise ConfigError("\n".join(lines)) from None
 
 
@@ -102,14 +105,19 @@ class KafkaConnection(BaseModel):
         if sasl and not (self.username and self.password):
             raise ValueError(f"security_protocol {self.security_protocol} needs a username and a password")
         if not sasl and (self.username or self.password):
-            raise ValueError(f"a username/password is only used with SASL, not security_protocol "
-                             f"{self.security_protocol}")
+            raise ValueError(
+                f"a username/password is only used with SASL, not security_protocol {self.security_protocol}"
+            )
         return self
 
     ENV: ClassVar[dict[str, str]] = {
-        "bootstrap": ENV_KAFKA_BOOTSTRAP, "security_protocol": ENV_KAFKA_SECURITY_PROTOCOL,
-        "sasl_mechanism": ENV_KAFKA_SASL_MECHANISM, "username": ENV_KAFKA_USERNAME,
-        "password": ENV_KAFKA_PASSWORD, "ca_file": ENV_KAFKA_CA_FILE}
+        "bootstrap": ENV_KAFKA_BOOTSTRAP,
+        "security_protocol": ENV_KAFKA_SECURITY_PROTOCOL,
+        "sasl_mechanism": ENV_KAFKA_SASL_MECHANISM,
+        "username": ENV_KAFKA_USERNAME,
+        "password": ENV_KAFKA_PASSWORD,
+        "ca_file": ENV_KAFKA_CA_FILE,
+    }
 
     @classmethod
     def from_env(cls, bootstrap: str | None = None) -> "KafkaConnection":
@@ -175,8 +183,11 @@ class ServiceSettings(BaseModel):
     role: Role
     index: int = Field(0, ge=0, description="rank of an NN worker, shard of a PS, else instance number")
     host: str = "127.0.0.1"
-    advertise_host: str | None = Field(None, min_length=1, description="peers' address of this service "
-                                       "(default: the bound address, or the host name when bound to all)")
+    advertise_host: str | None = Field(
+        None,
+        min_length=1,
+        description="peers' address of this service (default: the bound address, or the host name when bound to all)",
+    )
     http_port: int = Field(ge=0, le=65535, description="health, metrics and (coordinator) REST API")
     grpc_port: int | None = Field(None, ge=0, le=65535)
     kafka: KafkaConnection
@@ -187,8 +198,13 @@ class ServiceSettings(BaseModel):
     grpc_tls: GrpcTls | None = None
     run_dir: Path
     heartbeat_s: float = Field(1.0, gt=0, le=60)
-    threads: int | None = Field(None, ge=1, le=1024, description="compute threads: a PS shard's native store "
-                                "pool (default: every core), an NN rank's torch intra-op threads (default: 1)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="compute threads: a PS shard's native store "
+        "pool (default: every core), an NN rank's torch intra-op threads (default: 1)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("redis_url")
@@ -227,11 +243,19 @@ class ServiceSettings(BaseModel):
         return GrpcCredentials(token=self.token, tls=self.grpc_tls)
 
     ENV: ClassVar[dict[str, str]] = {
-        "redis_url": ENV_REDIS_URL, "redis_password": ENV_REDIS_PASSWORD, "coordinator_url": ENV_COORDINATOR_URL,
-        "token": ENV_TOKEN, "run_dir": ENV_RUN_DIR, "advertise_host": ENV_ADVERTISE_HOST,
-        "threads": ENV_THREADS}
-    TLS_ENV: ClassVar[dict[str, str]] = {"cert_file": ENV_GRPC_TLS_CERT, "key_file": ENV_GRPC_TLS_KEY,
-                                         "ca_file": ENV_GRPC_TLS_CA}
+        "redis_url": ENV_REDIS_URL,
+        "redis_password": ENV_REDIS_PASSWORD,
+        "coordinator_url": ENV_COORDINATOR_URL,
+        "token": ENV_TOKEN,
+        "run_dir": ENV_RUN_DIR,
+        "advertise_host": ENV_ADVERTISE_HOST,
+        "threads": ENV_THREADS,
+    }
+    TLS_ENV: ClassVar[dict[str, str]] = {
+        "cert_file": ENV_GRPC_TLS_CERT,
+        "key_file": ENV_GRPC_TLS_KEY,
+        "ca_file": ENV_GRPC_TLS_CA,
+    }
 
     @classmethod
     def from_env(cls, **values: object) -> "ServiceSettings":
@@ -241,6 +265,9 @@ class ServiceSettings(BaseModel):
         if tls := _from_env(cls.TLS_ENV):
             env["grpc_tls"] = tls
         merged = env | {k: v for k, v in values.items() if v is not None}
-        names = cls.ENV | {f"kafka.{k}": v for k, v in KafkaConnection.ENV.items()} | \
-            {f"grpc_tls.{k}": v for k, v in cls.TLS_ENV.items()}
+        names = (
+            cls.ENV
+            | {f"kafka.{k}": v for k, v in KafkaConnection.ENV.items()}
+            | {f"grpc_tls.{k}": v for k, v in cls.TLS_ENV.items()}
+        )
         return _validate(cls, merged, names)

@@ -36,9 +36,7 @@ __all__ = [
 NUM_CATEGORICAL = 26
 NUM_DENSE = 13
 # Log-spaced from 10^3 to 10^6, like Criteo's mix of small and huge vocabularies.
-DEFAULT_VOCAB_SIZES: tuple[int, ...] = tuple(
-    int(v) for v in np.round(np.logspace(3, 6, NUM_CATEGORICAL))
-)
+DEFAULT_VOCAB_SIZES: tuple[int, ...] = tuple(int(v) for v in np.round(np.logspace(3, 6, NUM_CATEGORICAL)))
 _SPLIT_STREAM = {"train": 1, "test": 2}  # stream 0 draws the model itself
 SAMPLE_ROWS = 1 << 17  # rows per block of PlantedModel.sample (the RNG draws them block by block)
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
@@ -61,10 +59,7 @@ class SyntheticRows:
         """The rows as Criteo-format TSV lines, built without a per-row Python loop: each cell gets
         a fixed-width field of a byte matrix, padded with NUL bytes that are dropped at the end."""
         n = len(self.labels)
-        dense_width = [
-            int(np.searchsorted(_POW10[1:], col.max(initial=0), side="right")) + 1
-            for col in self.dense.T
-        ]
+        dense_width = [int(np.searchsorted(_POW10[1:], col.max(initial=0), side="right")) + 1 for col in self.dense.T]
         widths = [1, *dense_width, *[8] * NUM_CATEGORICAL]
         starts = np.concatenate([[0], np.cumsum(np.add(widths, 1))])
         out = np.zeros((n, int(starts[-1])), np.uint8)
@@ -138,8 +133,7 @@ class PlantedModel:
             zipf_exponent=zipf_exponent,
             cat_missing=rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.4], NUM_CATEGORICAL),
             cat_weights=tuple(
-                rng.normal(0.0, scale, size).astype(np.float32)
-                for scale, size in zip(scales, sizes, strict=True)
+                rng.normal(0.0, scale, size).astype(np.float32) for scale, size in zip(scales, sizes, strict=True)
             ),
             dense_log_mean=rng.uniform(0.0, 3.0, NUM_DENSE),
             dense_log_sigma=rng.uniform(0.5, 1.5, NUM_DENSE),
@@ -234,7 +228,10 @@ def generate_criteo(
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     model = PlantedModel.create(
-        seed, vocab_sizes=vocab_sizes, zipf_exponent=zipf_exponent, positive_rate=positive_rate,
+        seed,
+        vocab_sizes=vocab_sizes,
+        zipf_exponent=zipf_exponent,
+        positive_rate=positive_rate,
         missing_count_is_zero=missing_count_is_zero,
     )
     path = Path(path)

@@ -399,8 +399,9 @@ class OnlineStats:
         self.given = given_stats(job)
         self.columns = [(j, d) for j, d in enumerate(job.dense) if d.column in stats_from_data(job)]
         # column -> [n, mean, m2, min, max]
-        self.moments: dict[str, list[float]] = state or {d.column: [0.0, 0.0, 0.0, math.inf, -math.inf]
-                                                         for _, d in self.columns}
+        self.moments: dict[str, list[float]] = state or {
+            d.column: [0.0, 0.0, 0.0, math.inf, -math.inf] for _, d in self.columns
+        }
 
     def update(self, raw: np.ndarray) -> None:
         """Fold in a block's raw dense values (float64[rows, num_dense], NaN where missing)."""
@@ -412,9 +413,13 @@ class OnlineStats:
             k, kmean = len(x), float(x.mean())
             total = n + k
             delta = kmean - mean
-            self.moments[d.column] = [total, mean + delta * k / total,
-                                      m2 + float(((x - kmean) ** 2).sum()) + delta * delta * n * k / total,
-                                      min(lo, float(x.min())), max(hi, float(x.max()))]
+            self.moments[d.column] = [
+                total,
+                mean + delta * k / total,
+                m2 + float(((x - kmean) ** 2).sum()) + delta * delta * n * k / total,
+                min(lo, float(x.min())),
+                max(hi, float(x.max())),
+            ]
 
     def stats(self) -> DenseStats:
         out = dict(self.given)
@@ -432,13 +437,31 @@ class OnlineStats:
         return {column: list(m) for column, m in self.moments.items()}
 
 
-def batch_of(job: JobConfig, block: EncodedBlock, *, batch_id: int, rank: int, epoch: int = 0,
-             sample_ids: np.ndarray | None = None, event_times: np.ndarray | None = None) -> Batch:
+def batch_of(
+    job: JobConfig,
+    block: EncodedBlock,
+    *,
+    batch_id: int,
+    rank: int,
+    epoch: int = 0,
+    sample_ids: np.ndarray | None = None,
+    event_times: np.ndarray | None = None,
+) -> Batch:
     """Every row of ``block``, in order, as one batch."""
-    return Batch(batch_id=batch_id, epoch=epoch, rank=rank,
-                 ids=KeyedIds(keys=tuple(s.name for s in job.slots), values=np.concatenate(block.values)
-                              if block.values else np.zeros(0, np.uint64), lengths=block.lengths().ravel()),
-                 dense=block.dense, labels=block.labels, sample_ids=sample_ids, event_times=event_times)
+    return Batch(
+        batch_id=batch_id,
+        epoch=epoch,
+        rank=rank,
+        ids=KeyedIds(
+            keys=tuple(s.name for s in job.slots),
+            values=np.concatenate(block.values) if block.values else np.zeros(0, np.uint64),
+            lengths=block.lengths().ravel(),
+        ),
+        dense=block.dense,
+        labels=block.labels,
+        sample_ids=sample_ids,
+        event_times=event_times,
+    )
 
 
 def given_stats(job: JobConfig) -> DenseStats:
@@ -563,9 +586,7 @@ def _shuffle(
             yield rest
 
 
-def _batches(
-    blocks: Iterable[EncodedBlock], job: JobConfig, size: int, epoch: int, first_id: int
-) -> Iterator[Batch]:
+def _batches(blocks: Iterable[EncodedBlock], job: JobConfig, size: int, epoch: int, first_id: int) -> Iterator[Batch]:
     """Consecutive rows of ``blocks`` cut into batches of ``size`` (the last may be smaller),
     numbered from ``first_id``; batch ``b`` is for NN rank ``b % topology.nn_ranks``."""
     keys = tuple(s.name for s in job.slots)

@@ -342,9 +342,7 @@ class FtrlConfig(_Strict):
     initial_accumulator: NonNegativeFloat = 0.0
 
 
-EmbeddingOptimizerConfig = Annotated[
-    SgdConfig | AdagradConfig | AdamConfig | FtrlConfig, Field(discriminator="name")
-]
+EmbeddingOptimizerConfig = Annotated[SgdConfig | AdagradConfig | AdamConfig | FtrlConfig, Field(discriminator="name")]
 
 
 class AdmissionOff(_Strict):
@@ -367,9 +365,7 @@ class AdmissionThreshold(_Strict):
     sketch_depth: Annotated[int, Field(ge=1, le=16)] = 4
 
 
-AdmissionConfig = Annotated[
-    AdmissionOff | AdmissionProbability | AdmissionThreshold, Field(discriminator="policy")
-]
+AdmissionConfig = Annotated[AdmissionOff | AdmissionProbability | AdmissionThreshold, Field(discriminator="policy")]
 
 
 class TableConfig(_Strict):
@@ -520,9 +516,7 @@ class DenseAdagrad(_Strict):
     weight_decay: NonNegativeFloat = 0.0
 
 
-DenseOptimizerConfig = Annotated[
-    DenseSgd | DenseAdam | DenseAdagrad, Field(discriminator="name")
-]
+DenseOptimizerConfig = Annotated[DenseSgd | DenseAdam | DenseAdagrad, Field(discriminator="name")]
 
 
 class TrainingConfig(_Strict):
@@ -559,8 +553,10 @@ class TopologyConfig(_Strict):
     @model_validator(mode="after")
     def _a_rank_per_loader(self) -> TopologyConfig:
         if self.data_loaders > self.nn_ranks:
-            raise ValueError(f"data_loaders ({self.data_loaders}) must not exceed nn_ranks ({self.nn_ranks}): "
-                             "each loader feeds ranks of its own")
+            raise ValueError(
+                f"data_loaders ({self.data_loaders}) must not exceed nn_ranks ({self.nn_ranks}): "
+                "each loader feeds ranks of its own"
+            )
         return self
 
 
@@ -613,12 +609,19 @@ class JobConfig(_Strict):
             raise ValueError("training.epochs: 0 (evaluation only) needs init_from: a checkpoint to evaluate")
         streaming = isinstance(self.data, KafkaData)
         if streaming != (self.training.epochs is None):
-            raise ValueError("training.epochs: null (a continuous job) goes with data.source: kafka, and a "
-                             "kafka source with epochs: null")
-        if streaming and self.data.join is not None and (
-                self.label.positive != ["1"] or self.label.negative not in (None, ["0"])):
-            raise ValueError("label: with a join the joiner sets the label field to \"1\" (a label event in the "
-                             "window) or \"0\": use positive: \"1\" (and negative: \"0\")")
+            raise ValueError(
+                "training.epochs: null (a continuous job) goes with data.source: kafka, and a "
+                "kafka source with epochs: null"
+            )
+        if (
+            streaming
+            and self.data.join is not None
+            and (self.label.positive != ["1"] or self.label.negative not in (None, ["0"]))
+        ):
+            raise ValueError(
+                'label: with a join the joiner sets the label field to "1" (a label event in the '
+                'window) or "0": use positive: "1" (and negative: "0")'
+            )
         columns = self.data.schema_columns()
         if columns is not None:
             for where, column in self.column_uses():
@@ -634,10 +637,7 @@ class JobConfig(_Strict):
                 raise ValueError(f"{where}: duplicate slot name")
             seen.add(slot.name)
             if slot.table not in self.tables:
-                raise ValueError(
-                    f"{where}: table {slot.table!r} is not defined; "
-                    f"tables: {', '.join(self.tables)}"
-                )
+                raise ValueError(f"{where}: table {slot.table!r} is not defined; tables: {', '.join(self.tables)}")
         unused = set(self.tables) - {s.table for s in self.slots}
         if unused:
             raise ValueError(f"tables {sorted(unused)} are used by no slot")
@@ -645,9 +645,7 @@ class JobConfig(_Strict):
         for i, column in enumerate(dense_columns):
             if column in dense_columns[:i]:
                 raise ValueError(f"dense[{i}]: column {column!r} is listed twice")
-        if self.label.column in dense_columns or any(
-            s.column == self.label.column for s in self.slots
-        ):
+        if self.label.column in dense_columns or any(s.column == self.label.column for s in self.slots):
             raise ValueError(f"label column {self.label.column!r} is also used as a feature")
         return self
 
@@ -669,8 +667,10 @@ class JobConfig(_Strict):
     @property
     def embedding_shapes(self) -> list[tuple[int, ...]]:
         """Each slot's model input per sample, in slot order: (dim,) pooled, (max_len, dim) a sequence."""
-        return [(s.max_len, dim) if s.pooling == "none" and s.max_len else (dim,)
-                for s, dim in zip(self.slots, self.embedding_dims, strict=True)]
+        return [
+            (s.max_len, dim) if s.pooling == "none" and s.max_len else (dim,)
+            for s, dim in zip(self.slots, self.embedding_dims, strict=True)
+        ]
 
 
 def load_job(path: str | Path) -> JobConfig:

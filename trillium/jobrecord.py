@@ -26,8 +26,9 @@ from pydantic import BaseModel, Field
 
 from trillium.job import JobConfig
 
-JobState = Literal["submitted", "starting", "running", "paused", "recovering", "stopping", "finished", "failed",
-                   "stopped"]
+JobState = Literal[
+    "submitted", "starting", "running", "paused", "recovering", "stopping", "finished", "failed", "stopped"
+]
 ACTIVE: frozenset[str] = frozenset({"submitted", "starting", "running", "paused", "recovering", "stopping"})
 TRANSITIONS: dict[str, frozenset[str]] = {
     "submitted": frozenset({"starting", "stopping", "failed"}),
@@ -89,15 +90,22 @@ class JobRecord(BaseModel):
     init_from: CheckpointRef | None = Field(None, description="the warm start of attempt 0 (config.init_from)")
     lineage: Lineage = Field(default_factory=dict)
     recoveries: list[Recovery] = Field(default_factory=list)
-    checkpoint_seq: int = Field(0, description="checkpoints requested so far (API, every_seconds); the NN "
-                                               "ranks cut at the first step after they agree on a new one")
+    checkpoint_seq: int = Field(
+        0,
+        description="checkpoints requested so far (API, every_seconds); the NN "
+        "ranks cut at the first step after they agree on a new one",
+    )
 
 
 def participants(config: JobConfig) -> dict[str, int]:
     """How many instances of each role a job uses (indices 0..n-1)."""
     topo = config.topology
-    return {"embedding_ps": topo.ps_shards, "embedding_worker": topo.embedding_workers,
-            "nn_worker": topo.nn_ranks, "data_loader": topo.data_loaders}
+    return {
+        "embedding_ps": topo.ps_shards,
+        "embedding_worker": topo.embedding_workers,
+        "nn_worker": topo.nn_ranks,
+        "data_loader": topo.data_loaders,
+    }
 
 
 class PartitionLineage:

@@ -22,8 +22,11 @@ def _connection(conn: KafkaConnection) -> dict[str, object]:
     options: dict[str, object] = dict(bootstrap_servers=conn.bootstrap, security_protocol=conn.security_protocol)
     if conn.security_protocol.startswith("SASL"):
         assert conn.username and conn.password  # KafkaConnection validates it
-        options.update(sasl_mechanism=conn.sasl_mechanism, sasl_plain_username=conn.username,
-                       sasl_plain_password=conn.password.get_secret_value())
+        options.update(
+            sasl_mechanism=conn.sasl_mechanism,
+            sasl_plain_username=conn.username,
+            sasl_plain_password=conn.password.get_secret_value(),
+        )
     if conn.security_protocol.endswith("SSL"):
         options["ssl_context"] = create_ssl_context(cafile=str(conn.ca_file) if conn.ca_file else None)
     return options
@@ -52,8 +55,11 @@ def admin(conn: KafkaConnection, **overrides: object) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**(_connection(conn) | overrides))
 
 
-async def ensure_topics(conn: KafkaConnection, partitions: dict[str, int], configs: dict[str, str] | None = None,
-                        ) -> None:
+async def ensure_topics(
+    conn: KafkaConnection,
+    partitions: dict[str, int],
+    configs: dict[str, str] | None = None,
+) -> None:
     """Create the topics that do not exist yet (single-node friendly replication factor 1
     unless the cluster has more brokers), with the topic `configs` given."""
     admin_client = admin(conn)
@@ -61,8 +67,11 @@ async def ensure_topics(conn: KafkaConnection, partitions: dict[str, int], confi
     try:
         existing = set(await admin_client.list_topics())
         brokers = len((await admin_client.describe_cluster())["brokers"])
-        new = [NewTopic(name, n, min(3, brokers), topic_configs=configs or {})
-               for name, n in partitions.items() if name not in existing]
+        new = [
+            NewTopic(name, n, min(3, brokers), topic_configs=configs or {})
+            for name, n in partitions.items()
+            if name not in existing
+        ]
         if new:
             try:
                 await admin_client.create_topics(new)
@@ -86,16 +95,22 @@ async def delete_topics(conn: KafkaConnection, names: Sequence[str]) -> None:
 
 def producer(conn: KafkaConnection, **overrides: object) -> AIOKafkaProducer:
     """An idempotent producer: acks from all in-sync replicas, no duplicates on retry."""
-    options = _connection(conn) | dict(enable_idempotence=True, acks="all", linger_ms=5,
-                                       max_request_size=16 * 1024 * 1024)
+    options = _connection(conn) | dict(
+        enable_idempotence=True, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024
+    )
     options.update(overrides)
     return AIOKafkaProducer(**options)
 
 
 def consumer(conn: KafkaConnection, *, group_id: str | None, **overrides: object) -> AIOKafkaConsumer:
     """A consumer that commits only what the caller says it has processed."""
-    options = _connection(conn) | dict(group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
-                                       fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
+    options = _connection(conn) | dict(
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
     options.update(overrides)
     return AIOKafkaConsumer(**options)
 

@@ -73,6 +73,7 @@ class LauncherError(RuntimeError):
 
 # ---- small helpers ----------------------------------------------------------------------
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,6 +136,7 @@ def read_token(run_dir: Path) -> str:
 
 # ---- process specs --------------------------------------------------------------------------
 
+
 @dataclass
 class Proc:
     name: str
@@ -164,64 +166,88 @@ def _kafka_config(run_dir: Path, port: int, controller_port: int) -> Path:
     kdir = run_dir / "kafka"
     kdir.mkdir(parents=True, exist_ok=True)
     props = kdir / "server.properties"
-    props.write_text("\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        f"log.dirs={kdir / 'data'}",
-        "num.partitions=1",
-        "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=8",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "group.initial.rebalance.delay.ms=0",
-        "auto.create.topics.enable=false",
-        # Batches of embeddings/gradients are large; 16 MiB messages.
-        "message.max.bytes=16777216",
-        "replica.fetch.max.bytes=16777216",
-        "log.retention.hours=24",
-        "num.network.threads=2",
-        "num.io.threads=2",
-        "",
-    ]))
-    (kdir / "log4j.properties").write_text("\n".join([
-        "log4j.rootLogger=INFO, stdout",
-        "log4j.appender.stdout=org.apache.log4j.ConsoleAppender",
-        "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout",
-        "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n",
-        "log4j.logger.kafka=INFO",
-        "log4j.logger.org.apache.kafka=WARN",
-        "",
-    ]))
+    props.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={kdir / 'data'}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=8",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+                # Batches of embeddings/gradients are large; 16 MiB messages.
+                "message.max.bytes=16777216",
+                "replica.fetch.max.bytes=16777216",
+                "log.retention.hours=24",
+                "num.network.threads=2",
+                "num.io.threads=2",
+                "",
+            ]
+        )
+    )
+    (kdir / "log4j.properties").write_text(
+        "\n".join(
+            [
+                "log4j.rootLogger=INFO, stdout",
+                "log4j.appender.stdout=org.apache.log4j.ConsoleAppender",
+                "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout",
+                "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n",
+                "log4j.logger.kafka=INFO",
+                "log4j.logger.org.apache.kafka=WARN",
+                "",
+            ]
+        )
+    )
     return props
 
 
 def _java_argv(run_dir: Path, main: list[str]) -> list[str]:
     java = shutil.which("java")
     if java is None:
-        raise LauncherError("'java' not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jre-headless), "
-                            f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka")
+        raise LauncherError(
+            "'java' not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jre-headless), "
+            f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
+        )
     if not (KAFKA_LIBS / ".complete").exists():
-        raise LauncherError(f"Kafka jars not found in {KAFKA_LIBS}: run `make setup`, "
-                            f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka")
+        raise LauncherError(
+            f"Kafka jars not found in {KAFKA_LIBS}: run `make setup`, "
+            f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
+        )
     # A single dev node serves one machine's traffic: the serial collector and the C1 compiler
     # alone cost a fraction of G1's GC threads and C2's compilations (measured per sample in
     # bench/e2e.py; see docs/performance.md), at no cost a local job can see.
-    return [java, "-Xms256m", f"-Xmx{KAFKA_HEAP}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            "-XX:-UsePerfData", "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{run_dir / 'kafka' / 'log4j.properties'}",
-            "-cp", str(KAFKA_LIBS / "*"), *main]
+    return [
+        java,
+        "-Xms256m",
+        f"-Xmx{KAFKA_HEAP}",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-XX:-UsePerfData",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j.configuration=file:{run_dir / 'kafka' / 'log4j.properties'}",
+        "-cp",
+        str(KAFKA_LIBS / "*"),
+        *main,
+    ]
 
 
 # ---- the supervisor (runs in its own detached process) -----------------------------------
 
+
 class Supervisor:
-    def __init__(self, run_dir: Path, topology: Topology, services: bool,
-                 kafka_bootstrap: str | None, redis_url: str | None) -> None:
+    def __init__(
+        self, run_dir: Path, topology: Topology, services: bool, kafka_bootstrap: str | None, redis_url: str | None
+    ) -> None:
         self.run_dir = run_dir
         self.topology = topology
         self.with_services = services
@@ -259,26 +285,35 @@ class Supervisor:
         return self.ports[name]
 
     def save(self) -> None:
-        _write_json(self.run_dir / STATE_FILE, {
-            "phase": self.phase,
-            "error": self.error,
-            "supervisor_pid": os.getpid(),
-            "run_dir": str(self.run_dir),
-            "kafka": {"bootstrap": self.kafka_bootstrap, "external": self.kafka_external},
-            "redis": {"url": self.redis_url, "external": self.redis_external},
-            "coordinator_url": self.coordinator_url if self.with_services else None,
-            "token_file": str(self.run_dir / "token"),
-            "processes": [p.public() for p in self.procs],
-            "updated_at": time.time(),
-        })
+        _write_json(
+            self.run_dir / STATE_FILE,
+            {
+                "phase": self.phase,
+                "error": self.error,
+                "supervisor_pid": os.getpid(),
+                "run_dir": str(self.run_dir),
+                "kafka": {"bootstrap": self.kafka_bootstrap, "external": self.kafka_external},
+                "redis": {"url": self.redis_url, "external": self.redis_external},
+                "coordinator_url": self.coordinator_url if self.with_services else None,
+                "token_file": str(self.run_dir / "token"),
+                "processes": [p.public() for p in self.procs],
+                "updated_at": time.time(),
+            },
+        )
 
     # ---- processes
     def spawn(self, proc: Proc) -> None:
         logfile = open(proc.log, "ab")
         env = os.environ | proc.env
-        self.popen[proc.name] = subprocess.Popen(proc.argv, stdout=logfile, stderr=subprocess.STDOUT,
-                                                 stdin=subprocess.DEVNULL, env=env, cwd=self.run_dir,
-                                                 preexec_fn=_die_with_parent)
+        self.popen[proc.name] = subprocess.Popen(
+            proc.argv,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.run_dir,
+            preexec_fn=_die_with_parent,
+        )
         logfile.close()
         proc.pid = self.popen[proc.name].pid
         proc.state = "starting"
@@ -297,8 +332,10 @@ class Supervisor:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.popen[proc.name].poll() is not None:
-                raise LauncherError(f"{proc.name} exited with code {self.popen[proc.name].returncode} "
-                                    f"while starting; last log lines ({proc.log}):\n{self.tail(proc)}")
+                raise LauncherError(
+                    f"{proc.name} exited with code {self.popen[proc.name].returncode} "
+                    f"while starting; last log lines ({proc.log}):\n{self.tail(proc)}"
+                )
             try:
                 await check()
                 proc.state = "running"
@@ -312,17 +349,39 @@ class Supervisor:
     async def start_redis(self) -> None:
         server = shutil.which("redis-server")
         if server is None:
-            raise LauncherError("'redis-server' not found: install it (Debian: apt-get install redis-server), "
-                                f"or set {ENV_REDIS_URL} to use an external Redis")
+            raise LauncherError(
+                "'redis-server' not found: install it (Debian: apt-get install redis-server), "
+                f"or set {ENV_REDIS_URL} to use an external Redis"
+            )
         port = self.port("redis")
         data = self.run_dir / "redis"
         data.mkdir(exist_ok=True)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
         # Append-only persistence: a restarted Redis (or coordinator) loses no state.
-        proc = Proc("redis", "redis", [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
-                                       "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                                       "--protected-mode", "yes", "--daemonize", "no"],
-                    log=str(self.logs / "redis.log"))
+        proc = Proc(
+            "redis",
+            "redis",
+            [
+                server,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dir",
+                str(data),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--protected-mode",
+                "yes",
+                "--daemonize",
+                "no",
+            ],
+            log=str(self.logs / "redis.log"),
+        )
         self.procs.append(proc)
         self.spawn(proc)
         await self.wait_ready(proc, lambda: wait_for_redis(self.redis_url, timeout_s=2), 30)
@@ -331,20 +390,28 @@ class Supervisor:
         port, cport = self.port("kafka"), self.port("kafka_controller")
         if KafkaConnection.from_env(f"127.0.0.1:{port}").secured:
             # The services would inherit the setting and fail against our plaintext broker.
-            raise LauncherError(f"{ENV_KAFKA_SECURITY_PROTOCOL} is set, but the launcher's own broker is plaintext "
-                                f"on loopback: unset it, or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka")
+            raise LauncherError(
+                f"{ENV_KAFKA_SECURITY_PROTOCOL} is set, but the launcher's own broker is plaintext "
+                f"on loopback: unset it, or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
+            )
         props = _kafka_config(self.run_dir, port, cport)
         self.kafka_bootstrap = f"127.0.0.1:{port}"
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             # "--cluster-id=" binds the value: an id starting with "-" (1 in 64) is no option.
-            fmt = await asyncio.to_thread(subprocess.run, _java_argv(self.run_dir, ["kafka.tools.StorageTool", "format",
-                                                           f"--cluster-id={cluster_id}", "-c", str(props)]),
-                                 capture_output=True, text=True)
+            fmt = await asyncio.to_thread(
+                subprocess.run,
+                _java_argv(
+                    self.run_dir, ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)]
+                ),
+                capture_output=True,
+                text=True,
+            )
             if fmt.returncode != 0:
                 raise LauncherError(f"formatting Kafka storage failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
-        proc = Proc("kafka", "kafka", _java_argv(self.run_dir, ["kafka.Kafka", str(props)]),
-                    log=str(self.logs / "kafka.log"))
+        proc = Proc(
+            "kafka", "kafka", _java_argv(self.run_dir, ["kafka.Kafka", str(props)]), log=str(self.logs / "kafka.log")
+        )
         self.procs.append(proc)
         self.spawn(proc)
         conn = _kafka_connection(self.kafka_bootstrap, external=False)
@@ -369,13 +436,26 @@ class Supervisor:
         argv = [sys.executable, "-m", f"trillium.services.{role}", "--index", str(index), "--http-port", str(http_port)]
         if grpc_port:
             argv += ["--grpc-port", str(grpc_port)]
-        env = {ENV_KAFKA_BOOTSTRAP: self.kafka_bootstrap, ENV_REDIS_URL: self.redis_url,
-               ENV_COORDINATOR_URL: self.coordinator_url, ENV_TOKEN: self.token(), ENV_RUN_DIR: str(self.run_dir),
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            ENV_KAFKA_BOOTSTRAP: self.kafka_bootstrap,
+            ENV_REDIS_URL: self.redis_url,
+            ENV_COORDINATOR_URL: self.coordinator_url,
+            ENV_TOKEN: self.token(),
+            ENV_RUN_DIR: str(self.run_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
             env[ENV_THREADS] = str(self.compute_threads())
-        return Proc(name, role, argv, log=str(self.logs / f"{name}.log"), index=index, http_port=http_port,
-                    grpc_port=grpc_port, env=env)
+        return Proc(
+            name,
+            role,
+            argv,
+            log=str(self.logs / f"{name}.log"),
+            index=index,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            env=env,
+        )
 
     def compute_threads(self) -> int:
         """The cores each PS shard and NN rank of this one-host stack may keep busy: a share each.
@@ -395,8 +475,12 @@ class Supervisor:
             for proc in group:
                 self.procs.append(proc)
                 self.spawn(proc)
-            await asyncio.gather(*(self.wait_ready(p, lambda p=p: self._http_ready(
-                f"http://127.0.0.1:{p.http_port}/readyz"), 90) for p in group))
+            await asyncio.gather(
+                *(
+                    self.wait_ready(p, lambda p=p: self._http_ready(f"http://127.0.0.1:{p.http_port}/readyz"), 90)
+                    for p in group
+                )
+            )
 
     async def start(self) -> None:
         if not self.redis_external:
@@ -422,8 +506,9 @@ class Supervisor:
             return
         now = time.monotonic()
         proc.crash_times = [t for t in proc.crash_times if now - t < RESTART_WINDOW_S] + [now]
-        logger.error("process exited", extra={"proc": proc.name, "code": popen.returncode,
-                                              "log_tail": self.tail(proc, 5)})
+        logger.error(
+            "process exited", extra={"proc": proc.name, "code": popen.returncode, "log_tail": self.tail(proc, 5)}
+        )
         if len(proc.crash_times) > RESTARTS_ALLOWED:
             proc.state = "failed"
             self.phase = "degraded"
@@ -496,18 +581,35 @@ class Supervisor:
 
 # ---- client side: up / status / down ----------------------------------------------------
 
-def up(run_dir: Path, topology: Topology | None = None, *, services: bool = True,
-       kafka_bootstrap: str | None = None, redis_url: str | None = None, timeout_s: float = 240.0) -> dict[str, Any]:
+
+def up(
+    run_dir: Path,
+    topology: Topology | None = None,
+    *,
+    services: bool = True,
+    kafka_bootstrap: str | None = None,
+    redis_url: str | None = None,
+    timeout_s: float = 240.0,
+) -> dict[str, Any]:
     """Start the stack in `run_dir` (or find it running) and return its state."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
     if current and _pid_alive(current.get("supervisor_pid")) and current["phase"] in ("starting", "running"):
-        raise LauncherError(f"a stack is already running in {run_dir} (supervisor pid {current['supervisor_pid']}); "
-                            "use `trillium status` or `trillium down`")
+        raise LauncherError(
+            f"a stack is already running in {run_dir} (supervisor pid {current['supervisor_pid']}); "
+            "use `trillium status` or `trillium down`"
+        )
     (run_dir / STATE_FILE).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "trillium.launcher", "--run-dir", str(run_dir),
-            "--topology", (topology or Topology()).model_dump_json()]
+    argv = [
+        sys.executable,
+        "-m",
+        "trillium.launcher",
+        "--run-dir",
+        str(run_dir),
+        "--topology",
+        (topology or Topology()).model_dump_json(),
+    ]
     if not services:
         argv.append("--no-services")
     env = dict(os.environ)
@@ -521,8 +623,9 @@ def up(run_dir: Path, topology: Topology | None = None, *, services: bool = True
         env[ENV_REDIS_URL] = redis_url
     (run_dir / "logs").mkdir(exist_ok=True)
     with open(run_dir / "logs" / "supervisor.log", "ab") as logfile:
-        sup = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=env, start_new_session=True)
+        sup = subprocess.Popen(
+            argv, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         st = read_state(run_dir)
@@ -530,8 +633,9 @@ def up(run_dir: Path, topology: Topology | None = None, *, services: bool = True
             return st
         if sup.poll() is not None:
             st = read_state(run_dir) or {}
-            raise LauncherError(f"the stack failed to start: {st.get('error') or 'supervisor exited'} "
-                                f"(logs in {run_dir / 'logs'})")
+            raise LauncherError(
+                f"the stack failed to start: {st.get('error') or 'supervisor exited'} (logs in {run_dir / 'logs'})"
+            )
         time.sleep(0.2)
     down(run_dir)
     raise LauncherError(f"the stack was not ready in {timeout_s:.0f}s (logs in {run_dir / 'logs'})")
@@ -581,8 +685,12 @@ def status(run_dir: Path) -> dict[str, Any]:
     for proc in st["processes"]:
         if proc["name"] in probes["services"]:
             proc["health"] = probes["services"][proc["name"]]
-    st["healthy"] = (st["phase"] == "running" and probes["kafka"]["ok"] and probes["redis"]["ok"]
-                     and all(h["ok"] for h in probes["services"].values()))
+    st["healthy"] = (
+        st["phase"] == "running"
+        and probes["kafka"]["ok"]
+        and probes["redis"]["ok"]
+        and all(h["ok"] for h in probes["services"].values())
+    )
     return st
 
 
@@ -607,16 +715,22 @@ def down(run_dir: Path, timeout_s: float = 90.0) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trillium.launcher",
-                                     description="The stack supervisor (started by `trillium up`).")
+    parser = argparse.ArgumentParser(
+        prog="python -m trillium.launcher", description="The stack supervisor (started by `trillium up`)."
+    )
     parser.add_argument("--run-dir", type=Path, default=None, help=f"default: ${ENV_RUN_DIR} or .trillium/run")
     parser.add_argument("--topology", default="{}", help="Topology as JSON")
     parser.add_argument("--no-services", action="store_true", help="only Kafka and Redis")
     args = parser.parse_args(argv)
     run_dir = (args.run_dir or default_run_dir()).absolute()
     log.configure("launcher")
-    sup = Supervisor(run_dir, Topology.model_validate_json(args.topology), not args.no_services,
-                     os.environ.get(ENV_KAFKA_BOOTSTRAP), os.environ.get(ENV_REDIS_URL))
+    sup = Supervisor(
+        run_dir,
+        Topology.model_validate_json(args.topology),
+        not args.no_services,
+        os.environ.get(ENV_KAFKA_BOOTSTRAP),
+        os.environ.get(ENV_REDIS_URL),
+    )
     raise SystemExit(asyncio.run(sup.main()))
 
 

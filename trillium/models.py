@@ -51,9 +51,7 @@ class DNN(nn.Module):
         if not embedding_dims and not num_dense:
             raise ValueError("DNN needs dense columns or embeddings")
         self.dense_proj = (
-            nn.Sequential(nn.Linear(num_dense, dense_proj), nn.LayerNorm(dense_proj))
-            if num_dense
-            else None
+            nn.Sequential(nn.Linear(num_dense, dense_proj), nn.LayerNorm(dense_proj)) if num_dense else None
         )
         self.sparse_proj = (
             nn.Sequential(nn.Linear(sum(embedding_dims), sparse_proj), nn.LayerNorm(sparse_proj))
@@ -106,13 +104,9 @@ def build_model(job: JobConfig) -> nn.Module:
     return load_model(job.model)
 
 
-def build_dense_optimizer(
-    config: DenseOptimizerConfig, params: Iterable[nn.Parameter]
-) -> torch.optim.Optimizer:
+def build_dense_optimizer(config: DenseOptimizerConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     if isinstance(config, DenseSgd):
-        return torch.optim.SGD(
-            params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-        )
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     if isinstance(config, DenseAdam):
         return torch.optim.Adam(
             params,

@@ -41,8 +41,13 @@ class StalenessStats:
     histogram: list[int] = field(default_factory=lambda: [0] * STALENESS_BUCKETS)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"bound": self.bound, "max": self.max, "mean": round(self.mean, 4), "count": self.count,
-                "histogram": self.histogram}
+        return {
+            "bound": self.bound,
+            "max": self.max,
+            "mean": round(self.mean, 4),
+            "count": self.count,
+            "histogram": self.histogram,
+        }
 
 
 class JobProgress:
@@ -104,9 +109,13 @@ class JobProgress:
         pipe.hincrby(key, f"b{bucket}", 1)
         pipe.hincrby(key, "count", 1)
         pipe.hincrby(key, "sum", staleness)
-        pipe.eval("local m = tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') "
-                  "if tonumber(ARGV[1]) > m then redis.call('HSET', KEYS[1], 'max', ARGV[1]) end return 0",
-                  1, key, staleness)
+        pipe.eval(
+            "local m = tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') "
+            "if tonumber(ARGV[1]) > m then redis.call('HSET', KEYS[1], 'max', ARGV[1]) end return 0",
+            1,
+            key,
+            staleness,
+        )
         await pipe.execute()
 
     async def staleness(self, ranks: int) -> dict[int, StalenessStats]:
@@ -116,17 +125,25 @@ class JobProgress:
             raw = await self.redis.hgetall(f"{self._staleness}:{rank}")
             count = int(raw.get("count", 0))
             out[rank] = StalenessStats(
-                bound=bound, max=int(raw.get("max", 0)), count=count,
+                bound=bound,
+                max=int(raw.get("max", 0)),
+                count=count,
                 mean=int(raw.get("sum", 0)) / count if count else 0.0,
-                histogram=[int(raw.get(f"b{b}", 0)) for b in range(STALENESS_BUCKETS)])
+                histogram=[int(raw.get(f"b{b}", 0)) for b in range(STALENESS_BUCKETS)],
+            )
         return out
 
     # ---- training progress (NN workers) ----------------------------------------------
-    async def set_training(self, rank: int, *, samples: int, loss_sum: float, steps: int, epoch: int,
-                           last_loss: float | None) -> None:
+    async def set_training(
+        self, rank: int, *, samples: int, loss_sum: float, steps: int, epoch: int, last_loss: float | None
+    ) -> None:
         """A rank's totals so far (absolute, so a rank restored from a checkpoint just says them again)."""
-        fields: dict[str, Any] = {f"samples:{rank}": samples, f"loss_sum:{rank}": repr(loss_sum),
-                                  f"steps:{rank}": steps, f"epoch:{rank}": epoch}
+        fields: dict[str, Any] = {
+            f"samples:{rank}": samples,
+            f"loss_sum:{rank}": repr(loss_sum),
+            f"steps:{rank}": steps,
+            f"epoch:{rank}": epoch,
+        }
         if last_loss is not None:
             fields[f"last_loss:{rank}"] = repr(last_loss)
         await self.redis.hset(self._samples, mapping=fields)
@@ -259,5 +276,6 @@ class AppliedWatermark:
         """Wait until a lookup for `step` is within the bound; returns its staleness then."""
         async with self._changed:
             await self._changed.wait_for(
-                lambda: self.loaded and (self.bound is None or step - self.steps <= self.bound))
+                lambda: self.loaded and (self.bound is None or step - self.steps <= self.bound)
+            )
             return max(step - self.steps, 0)

@@ -67,7 +67,7 @@ class Scores:
             return
         bins, y, loss = score_bins(probs), np.asarray(labels) > 0.5, losses(labels, probs)
         if n > self.size:
-            bins, y, loss = bins[-self.size:], y[-self.size:], loss[-self.size:]
+            bins, y, loss = bins[-self.size :], y[-self.size :], loss[-self.size :]
         k = len(bins)
         idx = (self.next + np.arange(k)) % self.size
         old = idx[idx < self.filled]  # slots holding a sample that now falls out of the ring
@@ -83,8 +83,9 @@ class Scores:
             starts = np.floor(np.asarray(times, np.float64)[-k:] / self.window) * self.window
             for start in np.unique(starts):
                 mine = starts == start
-                window = self.windows.setdefault(float(start), [np.zeros(BINS, np.int64), np.zeros(BINS, np.int64),
-                                                                0.0, 0])
+                window = self.windows.setdefault(
+                    float(start), [np.zeros(BINS, np.int64), np.zeros(BINS, np.int64), 0.0, 0]
+                )
                 np.add.at(window[0], bins[mine & y], 1)
                 np.add.at(window[1], bins[mine & ~y], 1)
                 window[2] += float(loss[mine].sum())
@@ -94,13 +95,19 @@ class Scores:
 
     def summary(self) -> dict[str, Any]:
         """What a rank publishes (JSON): histograms as [bin, count] pairs of their non-empty bins."""
+
         def sparse(h: np.ndarray) -> list[list[int]]:
             nz = np.flatnonzero(h)
             return np.stack([nz, h[nz]], axis=1).tolist()
 
-        return {"total": self.total, "samples": self.filled, "loss_sum": float(self.loss[:self.filled].sum()),
-                "pos": sparse(self.pos), "neg": sparse(self.neg),
-                "windows": [[start, sparse(w[0]), sparse(w[1]), w[2], w[3]] for start, w in self.windows.items()]}
+        return {
+            "total": self.total,
+            "samples": self.filled,
+            "loss_sum": float(self.loss[: self.filled].sum()),
+            "pos": sparse(self.pos),
+            "neg": sparse(self.neg),
+            "windows": [[start, sparse(w[0]), sparse(w[1]), w[2], w[3]] for start, w in self.windows.items()],
+        }
 
 
 def _dense(pairs: list[list[int]]) -> np.ndarray:
@@ -125,10 +132,16 @@ def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             w[1] += _dense(wneg)
             w[2] += loss
             w[3] += n
-    return {"samples": samples, "scored": sum(s["total"] for s in summaries), "auc": auc_of(pos, neg),
-            "logloss": sum(s["loss_sum"] for s in summaries) / samples if samples else None,
-            "windows": [{"start": start, "samples": w[3], "auc": auc_of(w[0], w[1]),
-                         "logloss": w[2] / w[3] if w[3] else None} for start, w in sorted(windows.items())]}
+    return {
+        "samples": samples,
+        "scored": sum(s["total"] for s in summaries),
+        "auc": auc_of(pos, neg),
+        "logloss": sum(s["loss_sum"] for s in summaries) / samples if samples else None,
+        "windows": [
+            {"start": start, "samples": w[3], "auc": auc_of(w[0], w[1]), "logloss": w[2] / w[3] if w[3] else None}
+            for start, w in sorted(windows.items())
+        ],
+    }
 
 
 def finite_or_none(x: float | None) -> float | None:

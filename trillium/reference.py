@@ -56,19 +56,12 @@ def _table_vocab(job: JobConfig, builder: BatchBuilder) -> dict[str, np.ndarray]
     splits = [builder.split("train")] + ([builder.split("test")] if builder.has_test else [])
     vocab = {}
     for name in job.tables:
-        ids = [
-            split.slot_values[k]
-            for split in splits
-            for k, slot in enumerate(job.slots)
-            if slot.table == name
-        ]
+        ids = [split.slot_values[k] for split in splits for k, slot in enumerate(job.slots) if slot.table == name]
         vocab[name] = np.unique(np.concatenate(ids))
     return vocab
 
 
-def _slot_rows(
-    batch: Batch, slot: str, vocab: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _slot_rows(batch: Batch, slot: str, vocab: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For one slot of a batch: each ID's table row, its sample, and its position in the sample."""
     values, lengths = batch.ids.slot(slot)
     sample = np.repeat(np.arange(len(lengths)), lengths)
@@ -198,9 +191,7 @@ class _Embeddings(Protocol):
         """Apply the gradients of the last batch embedded (called after ``backward``)."""
 
 
-def _fit(
-    job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _Embeddings
-) -> TrainResult:
+def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _Embeddings) -> TrainResult:
     """The training loop both trainers share; then the test-set evaluation."""
     optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
     model.train()
@@ -300,9 +291,7 @@ class _BaselineEmbeddings:
                 )
             elif isinstance(opt, AdamConfig):
                 betas = (opt.beta1, opt.beta2)
-                self.optimizers.append(
-                    torch.optim.SparseAdam([param], lr=opt.lr, betas=betas, eps=opt.eps)
-                )
+                self.optimizers.append(torch.optim.SparseAdam([param], lr=opt.lr, betas=betas, eps=opt.eps))
             else:
                 raise ValueError(f"baseline: table {name!r}: torch has no sparse {opt.name!r}")
 

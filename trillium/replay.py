@@ -94,9 +94,19 @@ def _malformed(kind: int, event: dict[str, Any], job: JobConfig) -> bytes:
     return json.dumps(broken).encode()  # a mapped field missing
 
 
-async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str, rate: float,
-                 limit: int | None = None, late_fraction: float = 0.0, malformed_fraction: float = 0.0,
-                 seed: int = 0, partitions: int = 4) -> ReplayReport:
+async def replay(
+    file: Path,
+    job: JobConfig,
+    conn: KafkaConnection,
+    *,
+    fmt: str,
+    rate: float,
+    limit: int | None = None,
+    late_fraction: float = 0.0,
+    malformed_fraction: float = 0.0,
+    seed: int = 0,
+    partitions: int = 4,
+) -> ReplayReport:
     data = job.data
     if not isinstance(data, KafkaData):
         raise ValueError(f"the job's data.source is {data.source!r}: replay feeds a kafka source")
@@ -107,8 +117,10 @@ async def replay(file: Path, job: JobConfig, conn: KafkaConnection, *, fmt: str,
     paths = [s.column for s in job.slots] + [d.column for d in job.dense]
     missing = [p for p in paths if p.split(".")[-1] not in known]
     if missing:
-        raise ValueError(f"the job maps fields {missing}; a {fmt} row has {', '.join(known)} (replay names each "
-                         "event field by its column, at any depth: C1, user.C1)")
+        raise ValueError(
+            f"the job maps fields {missing}; a {fmt} row has {', '.join(known)} (replay names each "
+            "event field by its column, at any depth: C1, user.C1)"
+        )
     dense = {d.column for d in job.dense}
     key_path, time_path = data.event_key or "id", data.event_time
     window = data.join.window_seconds if data.join is not None else 0.0

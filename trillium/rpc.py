@@ -76,8 +76,9 @@ def _read(path) -> bytes:
         return f.read()
 
 
-async def serve(host: str, port: int, creds: GrpcCredentials,
-                register: Callable[[grpc.aio.Server], None]) -> grpc.aio.Server:
+async def serve(
+    host: str, port: int, creds: GrpcCredentials, register: Callable[[grpc.aio.Server], None]
+) -> grpc.aio.Server:
     """Start a server on host:port with the servicers `register` adds; calls need the token."""
     server = grpc.aio.server(options=OPTIONS, interceptors=[_RequireToken(creds)])
     register(server)

@@ -86,8 +86,7 @@ class Service:
         self._job_report: dict[str, Any] = {}
         self._parts: dict[int, dict[str, Any]] = {}  # checkpoint step -> PartReport, this attempt's
         # OpenAPI and docs are served below, behind the token like everything but health.
-        self.app = FastAPI(title=f"Trillium {self.role}", version="1", openapi_url=None, docs_url=None,
-                           redoc_url=None)
+        self.app = FastAPI(title=f"Trillium {self.role}", version="1", openapi_url=None, docs_url=None, redoc_url=None)
         self._add_admin_routes()
         self.add_routes(self.app)
 
@@ -224,8 +223,7 @@ class Service:
             # We (re)started while the attempt runs: whatever we held for it is gone, and joining
             # now would train on lost state or replay work. Say so: the job recovers from its
             # last checkpoint, in a new attempt that we join from the start.
-            self._report(job.id, job.attempt, "failed",
-                         f"restarted while the job was {job.state}; its state is lost")
+            self._report(job.id, job.attempt, "failed", f"restarted while the job was {job.state}; its state is lost")
 
     @property
     def advertised_host(self) -> str:
@@ -244,8 +242,9 @@ class Service:
         """FastAPI dependency: the stack's bearer token, compared in constant time so that
         response timing leaks nothing about it."""
         if creds is None or not secrets.compare_digest(creds.credentials.encode(), self.settings.token.encode()):
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
 
     def _add_admin_routes(self) -> None:
         app = self.app
@@ -286,13 +285,15 @@ class Service:
         @app.get("/docs", include_in_schema=False, dependencies=authorized)
         async def docs() -> HTMLResponse:
             # The spec is inlined: the page's own fetch of /openapi.json would carry no token.
-            return HTMLResponse(_SWAGGER_PAGE.format(title=html.escape(app.title),
-                                                     spec=json.dumps(app.openapi()).replace("</", "<\\/")))
+            return HTMLResponse(
+                _SWAGGER_PAGE.format(title=html.escape(app.title), spec=json.dumps(app.openapi()).replace("</", "<\\/"))
+            )
 
     def _require_attempt(self, job_id: str, attempt: int) -> None:
         if self._job_attempt != (job_id, attempt) or self._job_task is None or self._job_task.done():
-            raise HTTPException(status.HTTP_409_CONFLICT,
-                                f"{self.name} is not running attempt {attempt} of job {job_id}")
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"{self.name} is not running attempt {attempt} of job {job_id}"
+            )
 
     def health_report(self) -> dict[str, Any]:
         return {
@@ -332,7 +333,9 @@ class Service:
                         registered = True
                         logger.info("registered with coordinator", extra={"coordinator": base})
                     self._heartbeat_now.clear()
-                    r = await client.post(f"{base}/v1/workers/{self.name}/heartbeat", json={"health": self.health_report()})
+                    r = await client.post(
+                        f"{base}/v1/workers/{self.name}/heartbeat", json={"health": self.health_report()}
+                    )
                     if r.status_code == 404:
                         registered = False
                         continue
@@ -353,8 +356,16 @@ class Service:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        server = _Server(uvicorn.Config(self.app, host=self.settings.host, port=self.settings.http_port,
-                                        log_config=None, lifespan="off", access_log=False))
+        server = _Server(
+            uvicorn.Config(
+                self.app,
+                host=self.settings.host,
+                port=self.settings.http_port,
+                log_config=None,
+                lifespan="off",
+                access_log=False,
+            )
+        )
         http_task = asyncio.create_task(server.serve(), name="http")
         try:
             await self.start()
@@ -389,9 +400,10 @@ def describe_error(exc: BaseException, limit: int = 1000) -> str:
 
 def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
     """Entry point of a service process: parse args + environment, run until SIGTERM."""
-    parser = argparse.ArgumentParser(prog=f"python -m trillium.services.{cls.role}",
-                                     description=f"Trillium {cls.role} service. Endpoints come from the "
-                                                 "TRILLIUM_* environment (see README).")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m trillium.services.{cls.role}",
+        description=f"Trillium {cls.role} service. Endpoints come from the TRILLIUM_* environment (see README).",
+    )
     parser.add_argument("--index", type=int, default=0, help="NN rank, PS shard, or instance number")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--http-port", type=int, required=True, help="health/metrics/API port")
@@ -399,9 +411,14 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default=os.environ.get("TRILLIUM_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     try:
-        settings = ServiceSettings.from_env(role=cls.role, index=args.index, host=args.host,
-                                            http_port=args.http_port, grpc_port=args.grpc_port,
-                                            log_level=args.log_level.upper())
+        settings = ServiceSettings.from_env(
+            role=cls.role,
+            index=args.index,
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            log_level=args.log_level.upper(),
+        )
     except ConfigError as err:
         print(f"{cls.role}: configuration error:\n{err}", file=sys.stderr)
         raise SystemExit(2) from None

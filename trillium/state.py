@@ -23,8 +23,13 @@ def key(*parts: object) -> str:
 
 
 def connect(url: str) -> aioredis.Redis:
-    return aioredis.from_url(url, decode_responses=True, health_check_interval=30, retry=_RETRY,
-                             retry_on_error=[ConnectionError, TimeoutError])
+    return aioredis.from_url(
+        url,
+        decode_responses=True,
+        health_check_interval=30,
+        retry=_RETRY,
+        retry_on_error=[ConnectionError, TimeoutError],
+    )
 
 
 async def wait_for_redis(url: str, timeout_s: float = 30.0) -> None:

@@ -38,8 +38,8 @@ MAX_DEPTH = 32
 MAX_VALUES = 100_000
 
 
-
 # ---- models ------------------------------------------------------------------------------------
+
 
 class ErrorResponse(BaseModel):
     detail: str
@@ -55,8 +55,9 @@ class JobProgressView(BaseModel):
     steps: int
     epoch: int
     samples_per_sec: float = Field(description="mean over the job's running time")
-    recent_samples_per_sec: float | None = Field(description="over the last few seconds (0 while paused); "
-                                                             "null when not measured")
+    recent_samples_per_sec: float | None = Field(
+        description="over the last few seconds (0 while paused); null when not measured"
+    )
     mean_loss: float | None
     last_loss: float | None
 
@@ -70,8 +71,10 @@ class StalenessView(BaseModel):
 
 
 class JobView(BaseModel):
-    job: JobRecord = Field(description="the record: state, config, timestamps, error, and the last "
-                                       "evaluation metrics (`metrics`) once finished")
+    job: JobRecord = Field(
+        description="the record: state, config, timestamps, error, and the last "
+        "evaluation metrics (`metrics`) once finished"
+    )
     progress: JobProgressView
     staleness: dict[int, StalenessView]  # per NN rank
     results: dict[int, dict[str, Any]]  # per NN rank, once it is done: samples, steps, loss curve, eval
@@ -79,8 +82,9 @@ class JobView(BaseModel):
     last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
     checkpoint_in_progress: bool
     progressive: ProgressiveView
-    stream: StreamView | None = Field(description="a stream's input (data.source: kafka): lag per partition, "
-                                                  "dead letters, the joiner's counts")
+    stream: StreamView | None = Field(
+        description="a stream's input (data.source: kafka): lag per partition, dead letters, the joiner's counts"
+    )
 
 
 class SeriesPoint(BaseModel):
@@ -92,8 +96,10 @@ class SeriesPoint(BaseModel):
 
 class ResumeRequest(BaseModel):
     checkpoint: Annotated[int, Field(ge=0)] | None = Field(
-        None, description="a stopped or failed job: the step of the checkpoint to resume from (default: the "
-                          "newest); a paused job takes none")
+        None,
+        description="a stopped or failed job: the step of the checkpoint to resume from (default: the "
+        "newest); a paused job takes none",
+    )
 
 
 class StalenessReport(BaseModel):
@@ -104,7 +110,8 @@ class StalenessReport(BaseModel):
 
 class StalenessUpdate(BaseModel):
     bound: Annotated[int, Field(ge=0, le=(1 << 31) - 1)] | None = Field(
-        description="0: synchronous; k: up to k steps of gradients not yet applied; null: unbounded")
+        description="0: synchronous; k: up to k steps of gradients not yet applied; null: unbounded"
+    )
 
 
 def _bounded(doc: Any) -> Any:
@@ -147,18 +154,28 @@ def _absolute_data_paths(config: JobConfig) -> None:
         for i, path in enumerate(paths if isinstance(paths, list) else [paths] if paths is not None else []):
             if not path.is_absolute():
                 where = ("body", "data", field, i) if isinstance(paths, list) else ("body", "data", field)
-                raise RequestValidationError([{"type": "value_error", "loc": where, "input": str(path),
-                                               "msg": "data paths sent to the API must be absolute"}])
+                raise RequestValidationError(
+                    [
+                        {
+                            "type": "value_error",
+                            "loc": where,
+                            "input": str(path),
+                            "msg": "data paths sent to the API must be absolute",
+                        }
+                    ]
+                )
 
 
 async def _job_media_type(request: Request) -> None:
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if media not in ("application/json", *YAML_TYPES):
-        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
-                            f"send a job as application/json or application/yaml, not {media}")
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, f"send a job as application/json or application/yaml, not {media}"
+        )
 
 
 # ---- routes ------------------------------------------------------------------------------------
+
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse} for code in codes}
@@ -173,8 +190,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         """Register a service instance (services do this themselves at start)."""
         return await coord.registry.register(reg)
 
-    @v1.post("/workers/{name}/heartbeat", response_model=HeartbeatResponse, tags=["workers"],
-             responses=_errors(404))
+    @v1.post("/workers/{name}/heartbeat", response_model=HeartbeatResponse, tags=["workers"], responses=_errors(404))
     async def heartbeat(name: str, body: HeartbeatRequest) -> HeartbeatResponse:
         """A worker's heartbeat with its health; the answer carries the current job."""
         worker = await coord.registry.heartbeat(name, body.health)
@@ -188,16 +204,21 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         heartbeat, health, and status (`lost` after 10 missed heartbeats)."""
         return await coord.registry.workers()
 
-    @v1.delete("/workers/{name}", status_code=status.HTTP_204_NO_CONTENT, tags=["workers"],
-               responses=_errors(404))
+    @v1.delete("/workers/{name}", status_code=status.HTTP_204_NO_CONTENT, tags=["workers"], responses=_errors(404))
     async def deregister(name: str) -> None:
         """Forget a worker (it registers again with its next heartbeat if it still runs)."""
         if not await coord.registry.deregister(name):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered")
 
     # ---- jobs
-    @v1.post("/jobs", response_model=JobRecord, status_code=status.HTTP_201_CREATED, tags=["jobs"],
-             dependencies=[Depends(_job_media_type)], responses=_errors(409, 415))
+    @v1.post(
+        "/jobs",
+        response_model=JobRecord,
+        status_code=status.HTTP_201_CREATED,
+        tags=["jobs"],
+        dependencies=[Depends(_job_media_type)],
+        responses=_errors(409, 415),
+    )
     async def submit_job(config: JobConfigBody) -> JobRecord:
         """Submit a job: the job file's schema, as JSON or YAML (`Content-Type:
         application/yaml`). Data paths must be absolute. 409 while another job is active."""
@@ -215,8 +236,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         rank, per-rank results and evaluation metrics once done, lost workers."""
         return await job_view(coord, await coord.jobs.require(job_id))
 
-    @v1.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"],
-               responses=_errors(404, 409))
+    @v1.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"], responses=_errors(404, 409))
     async def delete_job(job_id: str) -> None:
         """Forget a finished, failed or stopped job and all its state in Redis."""
         await coord.jobs.delete(job_id)
@@ -234,27 +254,32 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         if job.state in ("stopped", "failed"):
             return await coord.jobs.resume(job_id, body.checkpoint if body else None)
         if body is not None and body.checkpoint is not None:
-            raise IllegalTransition(f"job {job_id} is {job.state}: only a stopped or failed job resumes from a "
-                                    "checkpoint")
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}: only a stopped or failed job resumes from a checkpoint"
+            )
         return await coord.jobs.transition(job_id, "running", expect=frozenset({"paused"}))
 
-    @v1.post("/jobs/{job_id}/stop", response_model=JobRecord, status_code=status.HTTP_202_ACCEPTED,
-             tags=["job control"], responses=_errors(404, 409))
+    @v1.post(
+        "/jobs/{job_id}/stop",
+        response_model=JobRecord,
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["job control"],
+        responses=_errors(404, 409),
+    )
     async def stop_job(job_id: str) -> JobRecord:
         """Stop an active job: it is `stopping` until every worker has ended its part, then `stopped`."""
         return await coord.jobs.transition(job_id, "stopping", expect=frozenset(ACTIVE - {"stopping"}))
 
     # ---- staleness
-    @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"],
-            responses=_errors(404))
+    @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404))
     async def get_staleness(job_id: str) -> StalenessReport:
         """The live staleness bound and the staleness observed per NN rank (max, mean, histogram)."""
         return await staleness_report(coord, await coord.jobs.require(job_id))
 
-    @v1.put("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"],
-            responses=_errors(404, 409))
-    @v1.patch("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"],
-              responses=_errors(404, 409))
+    @v1.put("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404, 409))
+    @v1.patch(
+        "/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404, 409)
+    )
     async def set_staleness(job_id: str, update: StalenessUpdate) -> StalenessReport:
         """Change the bound of an active job, live: the embedding workers apply it to their next lookup."""
         job = await coord.jobs.require(job_id)
@@ -268,18 +293,25 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
     async def get_tables(job_id: str) -> TablesView:
         """Per embedding table: rows, memory, admitted/evicted/expired rows, summed over the
         PS shards (and per shard), asked of each shard now. Only the current job's tables are held."""
-        return await job_tables(coord.registry, await coord.jobs.require(job_id), await coord.jobs.current(),
-                                coord.settings.grpc)
+        return await job_tables(
+            coord.registry, await coord.jobs.require(job_id), await coord.jobs.current(), coord.settings.grpc
+        )
 
-    @v1.get("/jobs/{job_id}/checkpoints", response_model=list[CheckpointInfo], tags=["checkpoints"],
-            responses=_errors(404))
+    @v1.get(
+        "/jobs/{job_id}/checkpoints", response_model=list[CheckpointInfo], tags=["checkpoints"], responses=_errors(404)
+    )
     async def list_checkpoints(job_id: str) -> list[CheckpointInfo]:
         """A job's complete checkpoints, oldest first: step, epoch, size, seconds to write, how
         long training held for the cut, the Kafka positions, and test metrics when taken."""
         return await coord.checkpointer.list(await coord.jobs.require(job_id))
 
-    @v1.post("/jobs/{job_id}/checkpoints", response_model=CheckpointRequested, status_code=status.HTTP_202_ACCEPTED,
-             tags=["checkpoints"], responses=_errors(404, 409))
+    @v1.post(
+        "/jobs/{job_id}/checkpoints",
+        response_model=CheckpointRequested,
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["checkpoints"],
+        responses=_errors(404, 409),
+    )
     async def request_checkpoint(job_id: str) -> CheckpointRequested:
         """Ask for a checkpoint of a running or paused job: the NN ranks cut after the step on
         which they agree on it (within about a heartbeat); it is listed once its manifest is written."""
@@ -289,11 +321,17 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
     async def get_series(job_id: str) -> list[SeriesPoint]:
         """The job's series, a point a second while it trains: samples, rolling AUC, loss (plots)."""
         job = await coord.jobs.require(job_id)
-        return [SeriesPoint(time=t, samples=n, auc=auc, loss=loss)
-                for t, n, auc, loss in await JobProgress(coord.redis, job.id).series()]
+        return [
+            SeriesPoint(time=t, samples=n, auc=auc, loss=loss)
+            for t, n, auc, loss in await JobProgress(coord.redis, job.id).series()
+        ]
 
-    @v1.delete("/jobs/{job_id}/checkpoints/{step}", status_code=status.HTTP_204_NO_CONTENT, tags=["checkpoints"],
-               responses=_errors(404, 409))
+    @v1.delete(
+        "/jobs/{job_id}/checkpoints/{step}",
+        status_code=status.HTTP_204_NO_CONTENT,
+        tags=["checkpoints"],
+        responses=_errors(404, 409),
+    )
     async def delete_checkpoint(job_id: str, step: int) -> None:
         """Delete one checkpoint of a job (complete or not); 409 while another checkpoint's delta
         is loaded on top of it."""
@@ -339,11 +377,13 @@ def _yaml_in_openapi(app: FastAPI) -> None:
 
 # ---- views -------------------------------------------------------------------------------------
 
+
 async def staleness_report(coord: Coordinator, job: JobRecord) -> StalenessReport:
     progress = JobProgress(coord.redis, job.id)
     stats = await progress.staleness(job.config.topology.nn_ranks)
-    return StalenessReport(job_id=job.id, bound=await progress.bound(),
-                           ranks={r: StalenessView(**s.as_dict()) for r, s in stats.items()})
+    return StalenessReport(
+        job_id=job.id, bound=await progress.bound(), ranks={r: StalenessView(**s.as_dict()) for r, s in stats.items()}
+    )
 
 
 async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
@@ -355,14 +395,19 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
     return JobView(
         job=job,
         progress=JobProgressView(
-            samples=training["samples"], steps=training["steps"], epoch=training["epoch"],
+            samples=training["samples"],
+            steps=training["steps"],
+            epoch=training["epoch"],
             samples_per_sec=training["samples"] / elapsed if elapsed > 0 else 0.0,
             recent_samples_per_sec=coord.observer.samples_per_sec(job.id),
-            mean_loss=nan_to_none(training["mean_loss"]), last_loss=nan_to_none(training["last_loss"])),
+            mean_loss=nan_to_none(training["mean_loss"]),
+            last_loss=nan_to_none(training["last_loss"]),
+        ),
         staleness={r: StalenessView(**s.as_dict()) for r, s in (await progress.staleness(ranks)).items()},
         results=await progress.rank_results(),
         lost_workers=await lost_workers(coord.registry, job),
         last_checkpoint=await coord.checkpointer.latest(job),
         checkpoint_in_progress=coord.checkpointer.busy(job.id),
         progressive=await progressive_view(coord.redis, job),
-        stream=await stream_view(coord.registry, job))
+        stream=await stream_view(coord.registry, job),
+    )

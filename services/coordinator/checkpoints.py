@@ -84,10 +84,20 @@ class CheckpointInfo(BaseModel):
 
     @classmethod
     def of(cls, manifest: Manifest, location: str) -> CheckpointInfo:
-        return cls(step=manifest.step, epoch=manifest.epoch, attempt=manifest.attempt, reason=manifest.reason,
-                   created_at=manifest.created_at, bytes=manifest.bytes, seconds_to_write=manifest.seconds_to_write,
-                   pause_seconds=manifest.pause_seconds, location=location, positions=manifest.positions,
-                   eval=manifest.eval, files=manifest.files)
+        return cls(
+            step=manifest.step,
+            epoch=manifest.epoch,
+            attempt=manifest.attempt,
+            reason=manifest.reason,
+            created_at=manifest.created_at,
+            bytes=manifest.bytes,
+            seconds_to_write=manifest.seconds_to_write,
+            pause_seconds=manifest.pause_seconds,
+            location=location,
+            positions=manifest.positions,
+            eval=manifest.eval,
+            files=manifest.files,
+        )
 
 
 class Checkpointer:
@@ -95,8 +105,9 @@ class Checkpointer:
         self.redis = redis
         self.registry = registry
         self.jobs = jobs
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0),
-                                      headers={"Authorization": f"Bearer {token}"})
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(300.0, connect=5.0), headers={"Authorization": f"Bearer {token}"}
+        )
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._due: dict[tuple[str, int], float] = {}  # (job, attempt) -> when every_seconds asks next
         self._cleaned: set[tuple[str, int]] = set()
@@ -135,8 +146,10 @@ class Checkpointer:
             return False
         dependents = await asyncio.to_thread(store.dependents, step)
         if dependents:
-            raise IllegalTransition(f"checkpoint {step} of job {job.id} is the base of the deltas of checkpoints "
-                                    f"{dependents}: delete those first")
+            raise IllegalTransition(
+                f"checkpoint {step} of job {job.id} is the base of the deltas of checkpoints "
+                f"{dependents}: delete those first"
+            )
         await asyncio.to_thread(store.dir(step).remove)
         self._latest.pop(job.id, None)
         return True
@@ -202,11 +215,19 @@ class Checkpointer:
             if previous is not None and previous.attempt != job.attempt:
                 await asyncio.to_thread(ckdir.remove)  # an abandoned attempt's checkpoint at the same step
             await self._wait_applied(job, step)
-            request = CaptureRequest(job_id=job.id, attempt=job.attempt, step=step, location=store.location(step),
-                                     base=await asyncio.to_thread(_delta_base, job, store))
-            captures = await asyncio.gather(*(
-                self._post(w, "/job/capture", request, CaptureResult)
-                for w in workers["embedding_ps"] + workers["data_loader"]))
+            request = CaptureRequest(
+                job_id=job.id,
+                attempt=job.attempt,
+                step=step,
+                location=store.location(step),
+                base=await asyncio.to_thread(_delta_base, job, store),
+            )
+            captures = await asyncio.gather(
+                *(
+                    self._post(w, "/job/capture", request, CaptureResult)
+                    for w in workers["embedding_ps"] + workers["data_loader"]
+                )
+            )
             evaluate = job.config.checkpoint is not None and job.config.checkpoint.evaluate
             await self._release(job, workers["nn_worker"], step, store.location(step), evaluate)
             released = True
@@ -220,31 +241,57 @@ class Checkpointer:
                 _merge(positions, capture.positions)
                 _merge(written, capture.written)
             files = [f for r in reports for f in r.files]
-            expected = {DENSE, *(rank_file(r) for r in range(job.config.topology.nn_ranks)),
-                        *(ps_file(s) for s in range(job.config.topology.ps_shards)),
-                        *(loader_file(i) for i in range(job.config.topology.data_loaders))}
+            expected = {
+                DENSE,
+                *(rank_file(r) for r in range(job.config.topology.nn_ranks)),
+                *(ps_file(s) for s in range(job.config.topology.ps_shards)),
+                *(loader_file(i) for i in range(job.config.topology.data_loaders)),
+            }
             if {f.name for f in files} != expected:
-                raise CheckpointAbandoned(f"parts written: {sorted(f.name for f in files)}, expected {sorted(expected)}")
+                raise CheckpointAbandoned(
+                    f"parts written: {sorted(f.name for f in files)}, expected {sorted(expected)}"
+                )
             cut = next(iter(cuts.values()))
-            manifest = Manifest(job_id=job.id, attempt=job.attempt, step=step, epoch=cut.epoch, reason=cut.reason,
-                                created_at=time.time(), pause_seconds=pause, seconds_to_write=time.time() - started,
-                                config=job.config, positions=positions, written=written, lineage=job.lineage,
-                                files=files, eval=next((r.eval for r in reports if r.eval is not None), None))
+            manifest = Manifest(
+                job_id=job.id,
+                attempt=job.attempt,
+                step=step,
+                epoch=cut.epoch,
+                reason=cut.reason,
+                created_at=time.time(),
+                pause_seconds=pause,
+                seconds_to_write=time.time() - started,
+                config=job.config,
+                positions=positions,
+                written=written,
+                lineage=job.lineage,
+                files=files,
+                eval=next((r.eval for r in reports if r.eval is not None), None),
+            )
             await asyncio.to_thread(ckdir.write_manifest, manifest)
             self._latest[job.id] = CheckpointInfo.of(manifest, store.location(step))
             deleted = await asyncio.to_thread(store.retain, job.config.checkpoint.keep_last)
             if job.config.checkpoint.every_seconds is not None:
                 self._due[(job.id, job.attempt)] = time.monotonic() + job.config.checkpoint.every_seconds
-            logger.info("checkpoint written", extra={"job": job.id, "step": step, "bytes": manifest.bytes,
-                                                     "seconds": round(manifest.seconds_to_write, 3),
-                                                     "pause_s": round(pause, 3), "deleted": deleted})
+            logger.info(
+                "checkpoint written",
+                extra={
+                    "job": job.id,
+                    "step": step,
+                    "bytes": manifest.bytes,
+                    "seconds": round(manifest.seconds_to_write, 3),
+                    "pause_s": round(pause, 3),
+                    "deleted": deleted,
+                },
+            )
         except (Exception, asyncio.CancelledError) as err:
             if not isinstance(err, asyncio.CancelledError):
                 logger.error("checkpoint abandoned", extra={"job": job.id, "step": step, "error": str(err)})
             if not released:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._release(job, (await self._participants(job))["nn_worker"], step,
-                                                       None, False))
+                    await asyncio.shield(
+                        self._release(job, (await self._participants(job))["nn_worker"], step, None, False)
+                    )
             with contextlib.suppress(Exception):
                 if await asyncio.to_thread(ckdir.manifest) is None:
                     await asyncio.to_thread(ckdir.remove)
@@ -258,16 +305,20 @@ class Checkpointer:
         deadline = time.monotonic() + APPLY_TIMEOUT_S
         while True:
             applied = await progress.applied()
-            behind = [cell for cell in ((s, r) for s in range(topo.ps_shards) for r in range(topo.nn_ranks))
-                      if applied.get(cell, -1) < step]
+            behind = [
+                cell
+                for cell in ((s, r) for s in range(topo.ps_shards) for r in range(topo.nn_ranks))
+                if applied.get(cell, -1) < step
+            ]
             if not behind:
                 return
             if time.monotonic() > deadline:
                 raise CheckpointAbandoned(f"PS shards did not apply step {step} in {APPLY_TIMEOUT_S:.0f}s: {behind}")
             await asyncio.sleep(POLL_S)
 
-    async def _release(self, job: JobRecord, ranks: list[Worker], step: int, location: str | None,
-                       evaluate: bool) -> None:
+    async def _release(
+        self, job: JobRecord, ranks: list[Worker], step: int, location: str | None, evaluate: bool
+    ) -> None:
         request = ReleaseRequest(job_id=job.id, attempt=job.attempt, step=step, location=location, evaluate=evaluate)
         await asyncio.gather(*(self._post(w, "/job/release", request, None) for w in ranks))
 

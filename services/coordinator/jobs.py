@@ -126,8 +126,9 @@ class JobStore:
             raise IllegalTransition(f"init_from: job {init.job} has no complete checkpoint in {store.base}")
         step = max(complete) if init.step is None else init.step
         if step not in complete:
-            raise IllegalTransition(f"init_from: job {init.job} has no complete checkpoint at step {step}; "
-                                    f"it has {sorted(complete)}")
+            raise IllegalTransition(
+                f"init_from: job {init.job} has no complete checkpoint at step {step}; it has {sorted(complete)}"
+            )
         manifest = complete[step]
         for name in ("tables", "slots"):
             if getattr(manifest.config, name) != getattr(config, name):
@@ -139,10 +140,20 @@ class JobStore:
         prefix = f"trillium.{job_id}"
         now = time.time()
         warm = await asyncio.to_thread(self._warm_start, config)
-        job = JobRecord(id=job_id, state="submitted", config=config, created_at=now, updated_at=now, init_from=warm,
-                        topics=Topics(samples=f"{prefix}.samples", eval=f"{prefix}.eval",
-                                      gradients=f"{prefix}.gradients",
-                                      dlq=f"{prefix}.dlq" if isinstance(config.data, KafkaData) else None))
+        job = JobRecord(
+            id=job_id,
+            state="submitted",
+            config=config,
+            created_at=now,
+            updated_at=now,
+            init_from=warm,
+            topics=Topics(
+                samples=f"{prefix}.samples",
+                eval=f"{prefix}.eval",
+                gradients=f"{prefix}.gradients",
+                dlq=f"{prefix}.dlq" if isinstance(config.data, KafkaData) else None,
+            ),
+        )
         progress = JobProgress(self.redis, job_id)
         # The bound exists before the job does: a missing bound would read as "unbounded".
         await progress.set_bound(config.training.staleness_bound)
@@ -183,9 +194,16 @@ class JobStore:
                 except WatchError:
                     continue
 
-    async def transition(self, job_id: str, to: JobState, *, expect: frozenset[str] | None = None,
-                         error: str | None = None, metrics: dict | None = None,
-                         also: Callable[[JobRecord], None] | None = None) -> JobRecord:
+    async def transition(
+        self,
+        job_id: str,
+        to: JobState,
+        *,
+        expect: frozenset[str] | None = None,
+        error: str | None = None,
+        metrics: dict | None = None,
+        also: Callable[[JobRecord], None] | None = None,
+    ) -> JobRecord:
         """Move a job to `to` if the state machine allows it from its current state (and that
         state is in `expect`, when given), else raise IllegalTransition saying why. `also`
         changes the record in the same compare-and-set."""
@@ -196,8 +214,9 @@ class JobStore:
         def change(job: JobRecord) -> None:
             if job.state not in allowed:
                 raise IllegalTransition(f"job {job.id} is {job.state}, not {_either(allowed)}")
-            logger.info("job state", extra={"job": job.id, "from": job.state, "to": to, "attempt": job.attempt,
-                                            "error": error})
+            logger.info(
+                "job state", extra={"job": job.id, "from": job.state, "to": to, "attempt": job.attempt, "error": error}
+            )
             job.state = to
             if error:
                 job.error = error
@@ -212,8 +231,9 @@ class JobStore:
 
         return await self.update(job_id, change)
 
-    async def start_attempt(self, job: JobRecord, pick: Picked, cause: str, expect: frozenset[str],
-                            kind: str = "recovery") -> JobRecord:
+    async def start_attempt(
+        self, job: JobRecord, pick: Picked, cause: str, expect: frozenset[str], kind: str = "recovery"
+    ) -> JobRecord:
         """Move `job` to `recovering`: a new attempt that every worker starts from the checkpoint."""
         attempt = job.attempt + 1
         manifest = pick.manifest
@@ -222,24 +242,35 @@ class JobStore:
             record.attempt = attempt
             record.restore = CheckpointRef(location=pick.location, step=manifest.step)
             record.lineage = extend_lineage(manifest.lineage, manifest.written, attempt)
-            record.recoveries.append(Recovery(at=time.time(), attempt=attempt, kind=kind, cause=cause,
-                                              checkpoint_step=manifest.step, refused=pick.refused))
+            record.recoveries.append(
+                Recovery(
+                    at=time.time(),
+                    attempt=attempt,
+                    kind=kind,
+                    cause=cause,
+                    checkpoint_step=manifest.step,
+                    refused=pick.refused,
+                )
+            )
             record.error = None
             record.finished_at = None
             record.metrics = None
 
         updated = await self.transition(job.id, "recovering", expect=expect, also=roll_back)
         await JobProgress(self.redis, job.id).clear_rank_results()
-        logger.warning("job recovering", extra={"job": job.id, "attempt": attempt, "step": manifest.step,
-                                                "cause": cause})
+        logger.warning(
+            "job recovering", extra={"job": job.id, "attempt": attempt, "step": manifest.step, "cause": cause}
+        )
         return updated
 
     async def resume(self, job_id: str, step: int | None) -> JobRecord:
         """Resume a stopped or failed job from a checkpoint (the latest when `step` is None)."""
         job = await self.require(job_id)
         if job.state not in ("stopped", "failed"):
-            raise IllegalTransition(f"job {job_id} is {job.state}; only a stopped or failed job resumes "
-                                    "from a checkpoint (a paused one resumes as it is)")
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}; only a stopped or failed job resumes "
+                "from a checkpoint (a paused one resumes as it is)"
+            )
         pick = await self.pick_checkpoint(job, step)
         async with self.redis.pipeline() as pipe:
             while True:
@@ -254,8 +285,9 @@ class JobStore:
                     break
                 except WatchError:
                     continue
-        return await self.start_attempt(job, pick, f"resumed from step {pick.manifest.step}",
-                                        expect=frozenset({"stopped", "failed"}), kind="resume")
+        return await self.start_attempt(
+            job, pick, f"resumed from step {pick.manifest.step}", expect=frozenset({"stopped", "failed"}), kind="resume"
+        )
 
     async def pick_checkpoint(self, job: JobRecord, step: int | None = None) -> Picked:
         """The newest complete checkpoint whose files match its manifest (or the one at `step`);
@@ -276,14 +308,20 @@ class JobStore:
             except CorruptCheckpoint as err:
                 logger.error("checkpoint refused", extra={"job": job.id, "step": manifest.step, "error": str(err)})
                 problems.append(str(err))
-        raise IllegalTransition(f"job {job.id} has no complete checkpoint to recover from" +
-                                (f" (refused: {'; '.join(problems)})" if problems else ""))
+        raise IllegalTransition(
+            f"job {job.id} has no complete checkpoint to recover from"
+            + (f" (refused: {'; '.join(problems)})" if problems else "")
+        )
 
     async def create_topics(self, job: JobRecord) -> None:
         """The job's topics, kept until the job is deleted: a recovery or a resume, however
         late, re-reads them from its checkpoint's positions."""
         topo = job.config.topology
-        topics = {job.topics.samples: topo.nn_ranks, job.topics.eval: topo.nn_ranks, job.topics.gradients: topo.ps_shards}
+        topics = {
+            job.topics.samples: topo.nn_ranks,
+            job.topics.eval: topo.nn_ranks,
+            job.topics.gradients: topo.ps_shards,
+        }
         if job.topics.dlq is not None:
             topics[job.topics.dlq] = 1
         await kafka.ensure_topics(self.kafka, topics, {"retention.ms": "-1"})
@@ -298,8 +336,10 @@ class JobStore:
                     await pipe.watch(key, self._current)
                     job = await self.require(job_id)
                     if job.state not in TERMINAL:
-                        raise IllegalTransition(f"job {job_id} is {job.state}; only a finished, failed or "
-                                                "stopped job can be deleted (stop it first)")
+                        raise IllegalTransition(
+                            f"job {job_id} is {job.state}; only a finished, failed or "
+                            "stopped job can be deleted (stop it first)"
+                        )
                     is_current = await pipe.get(self._current) == job_id
                     pipe.multi()
                     pipe.delete(key)
@@ -317,8 +357,9 @@ class JobStore:
     async def request_checkpoint(self, job_id: str) -> CheckpointRequested:
         def ask(job: JobRecord) -> None:
             if job.state not in ("running", "paused"):
-                raise IllegalTransition(f"job {job_id} is {job.state}; only a running or paused job can be "
-                                        "checkpointed")
+                raise IllegalTransition(
+                    f"job {job_id} is {job.state}; only a running or paused job can be checkpointed"
+                )
             if job.config.checkpoint is None:
                 raise IllegalTransition(f"job {job_id} takes no checkpoints (checkpoint: null)")
             job.checkpoint_seq += 1
@@ -369,8 +410,9 @@ async def advance(store: JobStore, registry: WorkerRegistry, checkpoint_busy: Ca
         logger.debug("job moved under the state machine", extra={"job": job.id, "error": str(err)})
 
 
-async def _advance(store: JobStore, registry: WorkerRegistry, job: JobRecord,
-                   checkpoint_busy: Callable[[str], bool]) -> None:
+async def _advance(
+    store: JobStore, registry: WorkerRegistry, job: JobRecord, checkpoint_busy: Callable[[str], bool]
+) -> None:
     config = job.config
     workers = {w.name: w for w in await registry.workers()}
     names = needed(config)
@@ -396,9 +438,12 @@ async def _advance(store: JobStore, registry: WorkerRegistry, job: JobRecord,
             # A worker restarting (an NN rank leaving an earlier job's attempt) registers within seconds.
             if time.time() - job.created_at < REGISTRATION_GRACE_S:
                 return
-            await store.transition(job.id, "failed",
-                                   error=f"the stack lacks workers this job needs: {', '.join(missing)} "
-                                   "(start it with a topology at least as large as the job's)")
+            await store.transition(
+                job.id,
+                "failed",
+                error=f"the stack lacks workers this job needs: {', '.join(missing)} "
+                "(start it with a topology at least as large as the job's)",
+            )
             return
         await store.create_topics(job)
         await store.transition(job.id, "starting")
@@ -424,14 +469,19 @@ async def _recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
         await store.transition(job.id, "failed", expect=expect, error=cause)
         return
     if job.config.checkpoint is None:
-        await store.transition(job.id, "failed", expect=expect, error=f"{cause} (the job takes no checkpoints: "
-                                                                       "checkpoint: null)")
+        await store.transition(
+            job.id, "failed", expect=expect, error=f"{cause} (the job takes no checkpoints: checkpoint: null)"
+        )
         return
     limit = job.config.checkpoint.max_recoveries
     recoveries = sum(1 for r in job.recoveries if r.kind == "recovery")
     if recoveries >= limit:
-        await store.transition(job.id, "failed", expect=expect,
-                               error=f"{cause} (gave up after {recoveries} recoveries: max_recoveries is {limit})")
+        await store.transition(
+            job.id,
+            "failed",
+            expect=expect,
+            error=f"{cause} (gave up after {recoveries} recoveries: max_recoveries is {limit})",
+        )
         return
     try:
         pick = await store.pick_checkpoint(job)

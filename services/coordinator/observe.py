@@ -33,22 +33,40 @@ SAMPLES_PER_SEC = Gauge("trillium_job_samples_per_second", "samples trained per 
 LOSS = Gauge("trillium_job_loss", "training loss of the last step, mean over the ranks", ["job"])
 STALENESS_MAX = Gauge("trillium_job_staleness_max", "largest lookup staleness observed", ["job", "rank"])
 STALENESS_BOUND = Gauge("trillium_job_staleness_bound", "the live staleness bound (-1: unbounded)", ["job"])
-KAFKA_LAG = Gauge("trillium_job_kafka_lag_messages", "messages of the job's topics not consumed yet",
-                  ["job", "topic", "partition"])
+KAFKA_LAG = Gauge(
+    "trillium_job_kafka_lag_messages", "messages of the job's topics not consumed yet", ["job", "topic", "partition"]
+)
 TABLE_ROWS = Gauge("trillium_job_table_rows", "embedding rows, all PS shards", ["job", "table"])
 TABLE_BYTES = Gauge("trillium_job_table_memory_bytes", "embedding table memory, all PS shards", ["job", "table"])
-PROGRESSIVE_AUC = Gauge("trillium_job_progressive_auc", "AUC of the latest samples, each scored before it "
-                        "was trained on", ["job"])
-PROGRESSIVE_LOGLOSS = Gauge("trillium_job_progressive_logloss", "log loss of the latest samples, scored before "
-                            "training", ["job"])
+PROGRESSIVE_AUC = Gauge(
+    "trillium_job_progressive_auc", "AUC of the latest samples, each scored before it was trained on", ["job"]
+)
+PROGRESSIVE_LOGLOSS = Gauge(
+    "trillium_job_progressive_logloss", "log loss of the latest samples, scored before training", ["job"]
+)
 INPUT_LAG = Gauge("trillium_job_input_lag_messages", "a stream's messages not read yet", ["job", "topic", "partition"])
-INPUT_LAG_SECONDS = Gauge("trillium_job_input_lag_seconds", "event time behind now of the last message read",
-                          ["job", "topic", "partition"])
+INPUT_LAG_SECONDS = Gauge(
+    "trillium_job_input_lag_seconds", "event time behind now of the last message read", ["job", "topic", "partition"]
+)
 DEAD_LETTERS = Gauge("trillium_job_dead_letters", "messages sent to the dead-letter topic", ["job", "reason"])
-TRAIN_DELAY = Gauge("trillium_job_train_delay_seconds", "from a click's event time to its sample trained",
-                    ["job", "quantile"])
-GAUGES = (SAMPLES_PER_SEC, LOSS, STALENESS_MAX, STALENESS_BOUND, KAFKA_LAG, TABLE_ROWS, TABLE_BYTES, PROGRESSIVE_AUC,
-          PROGRESSIVE_LOGLOSS, INPUT_LAG, INPUT_LAG_SECONDS, DEAD_LETTERS, TRAIN_DELAY)
+TRAIN_DELAY = Gauge(
+    "trillium_job_train_delay_seconds", "from a click's event time to its sample trained", ["job", "quantile"]
+)
+GAUGES = (
+    SAMPLES_PER_SEC,
+    LOSS,
+    STALENESS_MAX,
+    STALENESS_BOUND,
+    KAFKA_LAG,
+    TABLE_ROWS,
+    TABLE_BYTES,
+    PROGRESSIVE_AUC,
+    PROGRESSIVE_LOGLOSS,
+    INPUT_LAG,
+    INPUT_LAG_SECONDS,
+    DEAD_LETTERS,
+    TRAIN_DELAY,
+)
 SERIES_POINTS = 20_000  # the latest points of a job's series (one a second while it trains)
 
 STAT_FIELDS = ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
@@ -94,7 +112,8 @@ class ProgressiveView(BaseModel):
     logloss: float | None
     windows: list[WindowView] = Field(description="per window of event time (training.progressive_window_seconds)")
     delay_seconds: dict[str, float] | None = Field(
-        description="p50 and p99 of the time from a click's event time to its sample trained")
+        description="p50 and p99 of the time from a click's event time to its sample trained"
+    )
 
 
 class InputView(BaseModel):
@@ -109,8 +128,10 @@ class StreamView(BaseModel):
 
     inputs: list[InputView]
     dead_letters: dict[str, int] = Field(description="messages sent to the dead-letter topic, by reason")
-    joined: dict[str, int] = Field(description="the joiner's counts: impressions, labels, positives, negatives, "
-                                               "late labels, corrections, closed early, unmatched, duplicates")
+    joined: dict[str, int] = Field(
+        description="the joiner's counts: impressions, labels, positives, negatives, "
+        "late labels, corrections, closed early, unmatched, duplicates"
+    )
     events: dict[str, int]
 
 
@@ -118,10 +139,16 @@ async def progressive_view(redis: aioredis.Redis, job: JobRecord) -> Progressive
     summaries = await JobProgress(redis, job.id).progressive(job.config.topology.nn_ranks)
     merged = progressive.merge(summaries)
     delays = np.concatenate([np.asarray(s.get("delays", []), np.float64) for s in summaries] or [np.zeros(0)])
-    return ProgressiveView(samples=merged["samples"], scored=merged["scored"], auc=merged["auc"],
-                           logloss=merged["logloss"], windows=[WindowView(**w) for w in merged["windows"]],
-                           delay_seconds={"p50": float(np.percentile(delays, 50)),
-                                          "p99": float(np.percentile(delays, 99))} if len(delays) else None)
+    return ProgressiveView(
+        samples=merged["samples"],
+        scored=merged["scored"],
+        auc=merged["auc"],
+        logloss=merged["logloss"],
+        windows=[WindowView(**w) for w in merged["windows"]],
+        delay_seconds={"p50": float(np.percentile(delays, 50)), "p99": float(np.percentile(delays, 99))}
+        if len(delays)
+        else None,
+    )
 
 
 async def stream_view(registry: WorkerRegistry, job: JobRecord) -> StreamView | None:
@@ -150,12 +177,14 @@ class TablesUnavailable(RuntimeError):
         self.conflict = conflict
 
 
-async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecord | None,
-                     creds: GrpcCredentials) -> TablesView:
+async def job_tables(
+    registry: WorkerRegistry, job: JobRecord, current: JobRecord | None, creds: GrpcCredentials
+) -> TablesView:
     """The job's embedding tables as its PS shards hold them now."""
     if current is None or current.id != job.id:
-        raise TablesUnavailable(f"job {job.id} is not the current job: the PS shards no longer hold its tables",
-                                conflict=True)
+        raise TablesUnavailable(
+            f"job {job.id} is not the current job: the PS shards no longer hold its tables", conflict=True
+        )
     shards = {w.index: w for w in await registry.workers() if w.role == "embedding_ps"}
     addresses = []
     for i in range(job.config.topology.ps_shards):
@@ -169,8 +198,9 @@ async def job_tables(registry: WorkerRegistry, job: JobRecord, current: JobRecor
     try:
         replies = await asyncio.gather(*(_shard_stats(address, creds) for address in addresses))
     except grpc.aio.AioRpcError as err:
-        raise TablesUnavailable(f"a PS shard did not answer: {err.code().name} {err.details()}",
-                                conflict=False) from None
+        raise TablesUnavailable(
+            f"a PS shard did not answer: {err.code().name} {err.details()}", conflict=False
+        ) from None
     total: dict[str, TableStats] = {}
     per_shard = []
     for address, reply in zip(addresses, replies, strict=True):
@@ -209,9 +239,12 @@ class KafkaLag:
     async def lag(self, job: JobRecord) -> dict[tuple[str, int], int]:
         topo = job.config.topology
         # The NN ranks consume samples and eval (group <job>.nn), the PS shards gradients (<job>.ps).
-        groups = {f"{job.id}.nn": [TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval)
-                                   for r in range(topo.nn_ranks)],
-                  f"{job.id}.ps": [TopicPartition(job.topics.gradients, s) for s in range(topo.ps_shards)]}
+        groups = {
+            f"{job.id}.nn": [
+                TopicPartition(t, r) for t in (job.topics.samples, job.topics.eval) for r in range(topo.nn_ranks)
+            ],
+            f"{job.id}.ps": [TopicPartition(job.topics.gradients, s) for s in range(topo.ps_shards)],
+        }
         admin, offsets = await self._clients()
         ends = await offsets.end_offsets([tp for tps in groups.values() for tp in tps])
         out = {}
@@ -234,8 +267,14 @@ class Observer:
     """Samples the current job every few seconds into the gauges, and keeps the recent
     throughput the job view reports."""
 
-    def __init__(self, redis: aioredis.Redis, registry: WorkerRegistry, kafka_conn: KafkaConnection,
-                 grpc_creds: GrpcCredentials, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        registry: WorkerRegistry,
+        kafka_conn: KafkaConnection,
+        grpc_creds: GrpcCredentials,
+        interval_s: float = 1.0,
+    ) -> None:
         self.redis = redis
         self.registry = registry
         self.kafka = KafkaLag(kafka_conn)
@@ -294,8 +333,9 @@ class Observer:
         for reason, n in (stream.dead_letters if stream else {}).items():
             DEAD_LETTERS.labels(job.id, reason).set(n)
         if job.state == "running":  # the job's series, for its report's plot
-            await progress.append_series([time.time(), training["samples"], scores.auc, training["last_loss"]],
-                                         SERIES_POINTS)
+            await progress.append_series(
+                [time.time(), training["samples"], scores.auc, training["last_loss"]], SERIES_POINTS
+            )
         if now - self._slow_at >= 5 * self.interval_s:  # the ones that leave this process
             self._slow_at = now
             await self._slow(job)

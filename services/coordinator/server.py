@@ -32,8 +32,10 @@ class Coordinator(Service):
     role = "coordinator"
 
     def add_routes(self, app: FastAPI) -> None:
-        app.description = ("Job control, live state and metrics of a Trillium stack. Every /v1 route needs "
-                           "`Authorization: Bearer <token>`; /healthz, /readyz and /metrics do not.")
+        app.description = (
+            "Job control, live state and metrics of a Trillium stack. Every /v1 route needs "
+            "`Authorization: Bearer <token>`; /healthz, /readyz and /metrics do not."
+        )
         app.add_middleware(BodyLimit)
         add_api(app, self)
 
@@ -52,8 +54,10 @@ class Coordinator(Service):
         self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
         self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.settings.token)
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
-        self._loops = [asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
-                       asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe))]
+        self._loops = [
+            asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
+            asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe)),
+        ]
 
     async def _advance(self) -> None:
         await advance(self.jobs, self.registry, self.checkpointer.busy)

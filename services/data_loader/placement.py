@@ -49,9 +49,14 @@ class Share:
         """Empty batches giving each of our ranks `steps` batches of the epoch."""
         slots = tuple(s.name for s in self.config.slots)
         for j in range(batches, steps * len(self.ranks)):
-            empty = Batch(batch_id=0, epoch=epoch, rank=0,
-                          ids=KeyedIds(keys=slots, values=np.zeros(0, np.uint64), lengths=np.zeros(0, np.int32)),
-                          dense=np.zeros((0, len(self.config.dense)), np.float32), labels=np.zeros(0, np.float32))
+            empty = Batch(
+                batch_id=0,
+                epoch=epoch,
+                rank=0,
+                ids=KeyedIds(keys=slots, values=np.zeros(0, np.uint64), lengths=np.zeros(0, np.int32)),
+                dense=np.zeros((0, len(self.config.dense)), np.float32),
+                labels=np.zeros(0, np.float32),
+            )
             yield self.place(empty, j, first_step)
 
     def records(self, topic: str, batches: Iterator[Batch], first_j: int, first_step: int) -> Iterator[Record]:

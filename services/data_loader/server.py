@@ -116,8 +116,9 @@ class DataLoader(Service):
         producer = kafka.producer(self.settings.kafka)
         await producer.start()
         try:
-            topics = [job.topics.samples] if isinstance(config.data, KafkaData) else [job.topics.samples,
-                                                                                     job.topics.eval]
+            topics = (
+                [job.topics.samples] if isinstance(config.data, KafkaData) else [job.topics.samples, job.topics.eval]
+            )
             # Where each partition ends now: what an earlier attempt wrote counts as written.
             self._ends = await self._end_offsets([TopicPartition(t, r) for t in topics for r in share.ranks])
             self._producer = producer
@@ -146,8 +147,9 @@ class DataLoader(Service):
         progress = JobProgress(self.redis, job.id)
         if self._position.phase == "eval":
             await self._produce(self._eval_records(job, share, quarantine_path), "eval")
-            self._position = LoaderPosition(phase="train" if config.training.epochs else "done",
-                                            stats=self._position.stats)
+            self._position = LoaderPosition(
+                phase="train" if config.training.epochs else "done", stats=self._position.stats
+            )
         while self._position.phase == "train":
             pos = self._position
             # The train split's rows were reported by the statistics pass when it read them.
@@ -155,8 +157,12 @@ class DataLoader(Service):
             quarantine = Quarantine("train", quarantine_path) if reports else None
             steps = await self._produce(self._epoch_records(job, share, pos, quarantine, progress), "train")
             more = pos.epoch + 1 < config.training.epochs
-            self._position = LoaderPosition(phase="train" if more else "done", epoch=pos.epoch + 1,
-                                            first_step=pos.first_step + steps, stats=pos.stats)
+            self._position = LoaderPosition(
+                phase="train" if more else "done",
+                epoch=pos.epoch + 1,
+                first_step=pos.first_step + steps,
+                stats=pos.stats,
+            )
         await self._producer.flush()
         self.set_job_phase("done")
         await asyncio.Event().wait()  # keep reporting "done" (and answering captures) until the job ends
@@ -186,11 +192,20 @@ class DataLoader(Service):
             raise RuntimeError(f"checkpoint {job.restore.location} has no manifest")
         return json.loads(await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index)))
 
-    def _batches(self, job: JobRecord, split: str, epoch: int, skip: int,
-                 quarantine: Quarantine | None) -> Iterator[Batch]:
+    def _batches(
+        self, job: JobRecord, split: str, epoch: int, skip: int, quarantine: Quarantine | None
+    ) -> Iterator[Batch]:
         config = job.config
-        return epoch_batches(config, split, stats=self._position.stats, epoch=epoch, part=self.settings.index,
-                             parts=config.topology.data_loaders, skip=skip, quarantine=quarantine)
+        return epoch_batches(
+            config,
+            split,
+            stats=self._position.stats,
+            epoch=epoch,
+            part=self.settings.index,
+            parts=config.topology.data_loaders,
+            skip=skip,
+            quarantine=quarantine,
+        )
 
     async def _eval_records(self, job: JobRecord, share: Share, quarantine_path) -> AsyncIterator[Record]:
         """The test split's batches (placed like train steps from 0) and an end marker per rank,
@@ -200,8 +215,9 @@ class DataLoader(Service):
         if pos.batches is None:
             quarantine = Quarantine("test", quarantine_path)
             batches = produced
-            async for record in _threaded(lambda: share.records(job.topics.eval, self._batches(
-                    job, "test", 0, produced, quarantine), produced, 0)):
+            async for record in _threaded(
+                lambda: share.records(job.topics.eval, self._batches(job, "test", 0, produced, quarantine), produced, 0)
+            ):
                 yield record
                 batches += 1
             pos.batches = batches
@@ -210,16 +226,20 @@ class DataLoader(Service):
             if i >= produced:
                 yield record
 
-    async def _epoch_records(self, job: JobRecord, share: Share, pos: LoaderPosition, quarantine: Quarantine | None,
-                             progress: JobProgress) -> AsyncIterator[Record]:
+    async def _epoch_records(
+        self, job: JobRecord, share: Share, pos: LoaderPosition, quarantine: Quarantine | None, progress: JobProgress
+    ) -> AsyncIterator[Record]:
         """An epoch's batches of our share, the padding to the epoch's steps and an end marker per
         rank, from the position's record on."""
         topic, loaders = job.topics.samples, job.config.topology.data_loaders
         produced = pos.produced
         if pos.batches is None:
             batches = produced
-            async for record in _threaded(lambda: share.records(topic, self._batches(
-                    job, "train", pos.epoch, produced, quarantine), produced, pos.first_step)):
+            async for record in _threaded(
+                lambda: share.records(
+                    topic, self._batches(job, "train", pos.epoch, produced, quarantine), produced, pos.first_step
+                )
+            ):
                 yield record
                 batches += 1
             pos.batches = batches
@@ -228,8 +248,10 @@ class DataLoader(Service):
         while (counts := await progress.loader_steps(pos.epoch, loaders)) is None:  # noqa: ASYNC110
             await asyncio.sleep(0.1)  # the other loaders are still reading their shares
         self._epoch_steps = steps = max(counts)
-        tail = [Record(topic, pad.rank, codec.encode_batch(pad), 0)
-                for pad in share.padding(pos.epoch, pos.batches, steps, pos.first_step)]
+        tail = [
+            Record(topic, pad.rank, codec.encode_batch(pad), 0)
+            for pad in share.padding(pos.epoch, pos.batches, steps, pos.first_step)
+        ]
         tail += [Record(topic, rank, b"", 0, epoch_end=pos.epoch) for rank in share.ranks]
         for i, record in enumerate(tail, pos.batches):
             if i >= produced:
@@ -238,8 +260,9 @@ class DataLoader(Service):
     async def send(self, topic: str, partition: int, value: bytes, epoch_end: int | None = None) -> asyncio.Future:
         """Hand a record to the producer, tagged with the attempt; call with `produce_lock` held
         (a capture takes it between records). Returns the delivery."""
-        future = await self._producer.send(topic, value, partition=partition,
-                                           headers=kafka.headers(self._attempt, epoch_end=epoch_end))
+        future = await self._producer.send(
+            topic, value, partition=partition, headers=kafka.headers(self._attempt, epoch_end=epoch_end)
+        )
         future.add_done_callback(lambda f, key=(topic, partition): self._delivered(key, f))
         return future
 
@@ -295,9 +318,21 @@ class DataLoader(Service):
             # A stream's state (its joiner's) may be large: encoded off the event loop.
             data = await asyncio.to_thread(lambda: json.dumps(state).encode())
             size, sha = await asyncio.to_thread(CheckpointDir(request.location).write_bytes, name, data)
-            self.report_part(PartReport(step=request.step, files=[PartFile(
-                name=name, role=self.role, index=self.settings.index, bytes=size, sha256=sha,
-                seconds=time.monotonic() - started)]))
+            self.report_part(
+                PartReport(
+                    step=request.step,
+                    files=[
+                        PartFile(
+                            name=name,
+                            role=self.role,
+                            index=self.settings.index,
+                            bytes=size,
+                            sha256=sha,
+                            seconds=time.monotonic() - started,
+                        )
+                    ],
+                )
+            )
         except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
             self.report_part(PartReport(step=request.step, error=describe_error(err)))
 

@@ -61,8 +61,9 @@ def _kind(reason: str) -> str:
     return "bad_value"
 
 
-def due_steps(rows: EventRows, rng: np.random.Generator, *, step: int, pool: int, timeout: float,
-              now: float) -> Iterator[EventRows]:
+def due_steps(
+    rows: EventRows, rng: np.random.Generator, *, step: int, pool: int, timeout: float, now: float
+) -> Iterator[EventRows]:
     """The steps to send now, each picked out of `rows` at random (a join emits positives when
     their click comes and negatives when windows close: in bursts, which batches must not be).
 
@@ -70,6 +71,7 @@ def due_steps(rows: EventRows, rng: np.random.Generator, *, step: int, pool: int
     `timeout`: then the oldest go out, in whole steps while there are a step's worth (the newest,
     fewer than a step, wait for the next round: a fast stream makes no small steps, each as costly
     as a whole one and as noisy as its few samples), else as one partial step (a slow stream)."""
+
     def waited_out() -> bool:
         return bool(rows) and now - rows.arrived[0] >= timeout
 
@@ -98,9 +100,11 @@ class StreamLoader:
         self.stats = OnlineStats(self.config, state.get("stats"))
         self.encoder = Encoder(self.encoder_config, self.stats.stats())
         self.positions: dict[tuple[str, int], int] = {
-            (t, int(p)): o for t, parts in state.get("positions", {}).items() for p, o in parts.items()}
+            (t, int(p)): o for t, parts in state.get("positions", {}).items() for p, o in parts.items()
+        }
         self.max_time: dict[tuple[str, int], float] = {
-            (t, int(p)): v for t, parts in state.get("max_time", {}).items() for p, v in parts.items()}
+            (t, int(p)): v for t, parts in state.get("max_time", {}).items() for p, v in parts.items()
+        }
         self.joins: dict[int, PartitionJoin] = {}
         if self.data.join is not None:
             for p, s in state.get("joins", {}).items():
@@ -128,19 +132,33 @@ class StreamLoader:
                 out.setdefault(topic, {})[str(p)] = v
             return out
 
-        rows = [[e.values, e.key, e.time, label, t] for e, label, t in
-                zip(self.rows.events, self.rows.labels, self.rows.times, strict=True)]
-        return {"positions": nested(self.positions), "max_time": nested(self.max_time),
-                "joins": {str(p): j.state() for p, j in self.joins.items()}, "rows": rows, "step": self.step,
-                "rng": self.rng.bit_generator.state,
-                "stats": self.stats.state(), "counts": dict(self.counts), "dead": dict(self.dead)}
+        rows = [
+            [e.values, e.key, e.time, label, t]
+            for e, label, t in zip(self.rows.events, self.rows.labels, self.rows.times, strict=True)
+        ]
+        return {
+            "positions": nested(self.positions),
+            "max_time": nested(self.max_time),
+            "joins": {str(p): j.state() for p, j in self.joins.items()},
+            "rows": rows,
+            "step": self.step,
+            "rng": self.rng.bit_generator.state,
+            "stats": self.stats.state(),
+            "counts": dict(self.counts),
+            "dead": dict(self.dead),
+        }
 
     def health(self) -> dict[str, Any]:
         joined: Counter[str] = Counter()
         for join in self.joins.values():
             joined.update(join.counts)
-        return {"events": dict(self.counts), "dead_letters": dict(self.dead), "joined": dict(joined),
-                "inputs": self.lag, "steps": self.step}
+        return {
+            "events": dict(self.counts),
+            "dead_letters": dict(self.dead),
+            "joined": dict(joined),
+            "inputs": self.lag,
+            "steps": self.step,
+        }
 
     # ---- the loop ------------------------------------------------------------------------------------
     def _input_connection(self):
@@ -158,16 +176,21 @@ class StreamLoader:
                 raise RuntimeError(f"input topic {topic!r} does not exist on {self._input_connection().bootstrap}")
             counts[topic] = len(parts)
         if self.data.join is not None and len(set(counts.values())) > 1:
-            raise RuntimeError(f"the impressions and labels topics must be co-partitioned by the join key (the "
-                               f"same number of partitions, keyed producers), as Kafka Streams requires: {counts}")
+            raise RuntimeError(
+                f"the impressions and labels topics must be co-partitioned by the join key (the "
+                f"same number of partitions, keyed producers), as Kafka Streams requires: {counts}"
+            )
         loaders = self.config.topology.data_loaders
-        return [TopicPartition(t, p) for t, n in counts.items() for p in range(n)
-                if p % loaders == self.service.settings.index]
+        return [
+            TopicPartition(t, p)
+            for t, n in counts.items()
+            for p in range(n)
+            if p % loaders == self.service.settings.index
+        ]
 
     async def run(self, producer) -> None:
         group = self.data.group or f"trillium.{self.job.id}.input"
-        consumer = kafka.consumer(self._input_connection(), group_id=group,
-                                  auto_offset_reset=self.data.start)
+        consumer = kafka.consumer(self._input_connection(), group_id=group, auto_offset_reset=self.data.start)
         await consumer.start()
         try:
             tps = await self._partitions(consumer)
@@ -246,9 +269,13 @@ class StreamLoader:
         # and the fetched high watermark are only hints — a loop busy for seconds hears nothing and
         # its high watermarks are as old — so the broker's end offsets confirm it: a partition with
         # records we have not read is never idle, or its clicks would come after their windows closed.
-        silent = [tp for tp in tps if now - self.heard.get((tp.topic, tp.partition), self.started) > self.idle_s
-                  and consumer.highwater(tp) is not None
-                  and consumer.highwater(tp) <= self.positions.get((tp.topic, tp.partition), 0)]
+        silent = [
+            tp
+            for tp in tps
+            if now - self.heard.get((tp.topic, tp.partition), self.started) > self.idle_s
+            and consumer.highwater(tp) is not None
+            and consumer.highwater(tp) <= self.positions.get((tp.topic, tp.partition), 0)
+        ]
         ends = await consumer.end_offsets(silent) if silent else {}
         idle = {tp for tp in silent if ends[tp] <= self.positions.get((tp.topic, tp.partition), 0)}
         if len(idle) < len(tps):
@@ -266,16 +293,21 @@ class StreamLoader:
     async def _emit(self, producer) -> None:
         k, size = len(self.share.ranks), self.config.training.batch_size
         pool = max(self.config.training.shuffle_buffer, POOL_STEPS * k * size)
-        for rows in due_steps(self.rows, self.rng, step=k * size, pool=pool,
-                              timeout=self.data.batch_timeout_seconds, now=time.monotonic()):
+        for rows in due_steps(
+            self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=time.monotonic()
+        ):
             n = len(rows)
             await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)])
 
     async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""
         table = pa.table({path: pa.array(values, pa.string()) for path, values in rows.columns().items()})
-        block = RowBlock(file="kafka", table=table, rejected=(),
-                         locate=lambda idx: [(int(i), msgpack.packb(rows.events[int(i)].values).hex()) for i in idx])
+        block = RowBlock(
+            file="kafka",
+            table=table,
+            rejected=(),
+            locate=lambda idx: [(int(i), msgpack.packb(rows.events[int(i)].values).hex()) for i in idx],
+        )
         checked = self.encoder.check(block)
         self.stats.update(checked.dense[checked.keep])
         self.encoder.stats = self.stats.stats()
@@ -291,11 +323,17 @@ class StreamLoader:
         for i, rank in enumerate(self.share.ranks):
             n = min(sizes[i], encoded.rows - start)
             part = encoded.take(np.arange(start, start + n))
-            batch = batch_of(self.config, part, batch_id=self.step * self.share.world + rank, rank=rank,
-                             sample_ids=ids[start:start + n] if ids is not None else None,
-                             event_times=times[start:start + n])
-            self.deliveries.append(await self.service.send(self.job.topics.samples, batch.rank,
-                                                           codec.encode_batch(batch)))
+            batch = batch_of(
+                self.config,
+                part,
+                batch_id=self.step * self.share.world + rank,
+                rank=rank,
+                sample_ids=ids[start : start + n] if ids is not None else None,
+                event_times=times[start : start + n],
+            )
+            self.deliveries.append(
+                await self.service.send(self.job.topics.samples, batch.rank, codec.encode_batch(batch))
+            )
             start += n
         self.counts["samples"] += encoded.rows
         self.step += 1
@@ -303,10 +341,17 @@ class StreamLoader:
     async def _bookkeeping(self, consumer, tps: list[TopicPartition]) -> None:
         ends = await consumer.end_offsets(tps)
         now = time.time()
-        self.lag = [{"topic": tp.topic, "partition": tp.partition,
-                     "lag_messages": max(ends[tp] - self.positions.get((tp.topic, tp.partition), 0), 0),
-                     "lag_seconds": (now - self.max_time[(tp.topic, tp.partition)]
-                                     if (tp.topic, tp.partition) in self.max_time else None)} for tp in tps]
+        self.lag = [
+            {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "lag_messages": max(ends[tp] - self.positions.get((tp.topic, tp.partition), 0), 0),
+                "lag_seconds": (
+                    now - self.max_time[(tp.topic, tp.partition)] if (tp.topic, tp.partition) in self.max_time else None
+                ),
+            }
+            for tp in tps
+        ]
         if self.positions:
             offsets = {TopicPartition(t, p): o for (t, p), o in self.positions.items()}
             try:

@@ -61,11 +61,12 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
         def lookup() -> tuple[np.ndarray, list[int]]:
             ids = codec.unpack_array(request.ids.data)
             if len(request.tables) != len(request.counts) or sum(request.counts) != len(ids):
-                raise ValueError(f"{len(ids)} ids do not fit the counts {list(request.counts)} "
-                                 f"of tables {list(request.tables)}")
+                raise ValueError(
+                    f"{len(ids)} ids do not fit the counts {list(request.counts)} of tables {list(request.tables)}"
+                )
             rows, start = [], 0
             for table, n in zip(request.tables, request.counts, strict=True):
-                rows.append(store.lookup(table, ids[start:start + n], out_dtype=out_dtype))
+                rows.append(store.lookup(table, ids[start : start + n], out_dtype=out_dtype))
                 start += n
             flat = np.concatenate([r.ravel() for r in rows]) if rows else np.zeros(0, out_dtype)
             return flat, [r.shape[1] for r in rows]
@@ -79,10 +80,19 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
         return pb.ShardLookupResponse(rows=pb.Array(data=codec.pack_array(flat)), dims=dims)
 
     async def Stats(self, request: pb.ShardStatsRequest, context: grpc.aio.ServicerContext) -> pb.ShardStatsResponse:
-        return pb.ShardStatsResponse(shard=self.ps.settings.index, tables=[
-            pb.TableStats(table=name, **{k: int(s[k]) for k in ("rows", "memory_bytes", "admitted", "evicted",
-                                                                 "expired", "nan_grads_skipped")})
-            for name, s in self.ps.table_stats().items()])
+        return pb.ShardStatsResponse(
+            shard=self.ps.settings.index,
+            tables=[
+                pb.TableStats(
+                    table=name,
+                    **{
+                        k: int(s[k])
+                        for k in ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
+                    },
+                )
+                for name, s in self.ps.table_stats().items()
+            ],
+        )
 
 
 class EmbeddingPS(Service):
@@ -101,8 +111,11 @@ class EmbeddingPS(Service):
 
     async def start(self) -> None:
         self.grpc_server = await rpc.serve(
-            self.settings.host, self.settings.grpc_port, self.settings.grpc,
-            lambda server: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server))
+            self.settings.host,
+            self.settings.grpc_port,
+            self.settings.grpc,
+            lambda server: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server),
+        )
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
@@ -119,9 +132,14 @@ class EmbeddingPS(Service):
         for table, s in stats.items():
             TABLE_ROWS.labels(shard, table).set(s["rows"])
             TABLE_BYTES.labels(shard, table).set(s["memory_bytes"])
-        return {"shard": self.settings.index, "applied_messages": self.applied_messages,
-                "tables": {t: {k: s[k] for k in ("rows", "memory_bytes", "admitted", "evicted", "expired")}
-                           for t, s in stats.items()}}
+        return {
+            "shard": self.settings.index,
+            "applied_messages": self.applied_messages,
+            "tables": {
+                t: {k: s[k] for k in ("rows", "memory_bytes", "admitted", "evicted", "expired")}
+                for t, s in stats.items()
+            },
+        }
 
     async def _restore(self, job: JobRecord, store: trillium_native.EmbeddingStore) -> tuple[int, int]:
         """Load the attempt's checkpoint (or warm start); returns (gradients position, last step)."""
@@ -144,8 +162,13 @@ class EmbeddingPS(Service):
         return manifest.positions[job.topics.gradients][shard], manifest.step
 
     @staticmethod
-    async def _load(ckdir: CheckpointDir, manifest: Manifest, store: trillium_native.EmbeddingStore, name: str,
-                    owned: tuple[int, int] | None) -> None:
+    async def _load(
+        ckdir: CheckpointDir,
+        manifest: Manifest,
+        store: trillium_native.EmbeddingStore,
+        name: str,
+        owned: tuple[int, int] | None,
+    ) -> None:
         """Load the checkpoint's file `name`: the full file of its chain, then each delta."""
         for link, _ in await asyncio.to_thread(ckdir.chain, manifest, name):
             with link.reading(name) as path:
@@ -210,8 +233,10 @@ class EmbeddingPS(Service):
         async with self._apply_lock:
             off = {rank: step for rank, step in self._applied.items() if step != request.step}
             if off:
-                raise HTTPException(status.HTTP_409_CONFLICT,
-                                    f"{self.name} is not at the cut of step {request.step}: last applied {off}")
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT,
+                    f"{self.name} is not at the cut of step {request.step}: last applied {off}",
+                )
             started = time.monotonic()
             snapshot = await asyncio.to_thread(self.store.capture, self._marks.get(request.base))
             result = CaptureResult(positions={job.topics.gradients: {self.settings.index: self._position}})
@@ -219,14 +244,22 @@ class EmbeddingPS(Service):
         self._marks = {k: m for k, m in self._marks.items() if k == request.base}
         self._marks[(job.attempt, request.step)] = snapshot.mark
         delta_of = request.base[1] if snapshot.delta and request.base is not None else None
-        logger.info("captured", extra={"step": request.step, "rows": snapshot.rows, "delta_of": delta_of,
-                                       "seconds": round(time.monotonic() - started, 3)})
+        logger.info(
+            "captured",
+            extra={
+                "step": request.step,
+                "rows": snapshot.rows,
+                "delta_of": delta_of,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
         self._captures[request.step] = result
         asyncio.create_task(self._write(request, snapshot, delta_of))
         return result
 
-    async def _write(self, request: CaptureRequest, snapshot: trillium_native.StoreCapture,
-                     delta_of: int | None) -> None:
+    async def _write(
+        self, request: CaptureRequest, snapshot: trillium_native.StoreCapture, delta_of: int | None
+    ) -> None:
         """Write a captured store into its checkpoint (training goes on meanwhile) and report it."""
         name = ps_file(self.settings.index)
         try:
@@ -234,15 +267,33 @@ class EmbeddingPS(Service):
             with CheckpointDir(request.location).writing(name) as path:
                 size, sha = await asyncio.to_thread(snapshot.write, path)
             snapshot.release()
-            self.report_part(PartReport(step=request.step, files=[PartFile(
-                name=name, role=self.role, index=self.settings.index, bytes=size, sha256=sha,
-                seconds=time.monotonic() - started, delta_of=delta_of)]))
+            self.report_part(
+                PartReport(
+                    step=request.step,
+                    files=[
+                        PartFile(
+                            name=name,
+                            role=self.role,
+                            index=self.settings.index,
+                            bytes=size,
+                            sha256=sha,
+                            seconds=time.monotonic() - started,
+                            delta_of=delta_of,
+                        )
+                    ],
+                )
+            )
         except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
             logger.exception("writing the snapshot failed", extra={"step": request.step})
             self.report_part(PartReport(step=request.step, error=describe_error(err)))
 
-    async def _apply_step(self, store: trillium_native.EmbeddingStore, step: int,
-                          updates: dict[int, tuple[GradientUpdate, int]], progress: JobProgress) -> None:
+    async def _apply_step(
+        self,
+        store: trillium_native.EmbeddingStore,
+        step: int,
+        updates: dict[int, tuple[GradientUpdate, int]],
+        progress: JobProgress,
+    ) -> None:
         """Apply one step's gradients of every rank as one optimizer update per table, their
         sum taken in rank order: a synchronous step is one update with the step's whole gradient
         (as one process training the ranks' batches together would), and it is the same update

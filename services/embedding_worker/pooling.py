@@ -40,15 +40,17 @@ class Layout:
         self.slots = list(slots)
         self.native = trillium_native.PoolingLayout(
             [(s.name, s.table, s.pooling, s.max_len) for s in self.slots],
-            {name: t.dim for name, t in tables.items()}, num_shards)
-        self.tables: list[str] = self.native.tables        # the tables the slots read
-        self.columns = self.native.columns                 # per slot: (start, stop) in pooled, or None
+            {name: t.dim for name, t in tables.items()},
+            num_shards,
+        )
+        self.tables: list[str] = self.native.tables  # the tables the slots read
+        self.columns = self.native.columns  # per slot: (start, stop) in pooled, or None
         self.num_shards = num_shards
 
 
 @dataclass(frozen=True)
 class TablePlan:
-    ids: np.ndarray          # uint64[U]: the batch's unique IDs of this table, grouped by owning shard
+    ids: np.ndarray  # uint64[U]: the batch's unique IDs of this table, grouped by owning shard
     shard_rows: list[slice]  # per shard: its range of `ids` (and of the rows and gradients)
 
     def shard_ids(self, shard: int) -> np.ndarray:
@@ -68,13 +70,13 @@ class Pooled:
     """The model's embedding inputs of one batch."""
 
     layout: Layout
-    pooled: np.ndarray                               # float32|float16[B, P]: pooled slots side by side
-    sequences: list[tuple[np.ndarray, np.ndarray]]   # per sequence slot: ([B, max_len, D], bool[B, max_len])
+    pooled: np.ndarray  # float32|float16[B, P]: pooled slots side by side
+    sequences: list[tuple[np.ndarray, np.ndarray]]  # per sequence slot: ([B, max_len, D], bool[B, max_len])
 
     def slots(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Per slot, in slot order: (values, mask); pooled slots are column views of `pooled`."""
         seqs = iter(self.sequences)
-        return [(self.pooled[:, c[0]:c[1]], None) if c is not None else next(seqs) for c in self.layout.columns]
+        return [(self.pooled[:, c[0] : c[1]], None) if c is not None else next(seqs) for c in self.layout.columns]
 
 
 def plan(layout: Layout, ids: KeyedIds) -> BatchPlan:
@@ -89,8 +91,7 @@ def plan(layout: Layout, ids: KeyedIds) -> BatchPlan:
 
 def pool(p: BatchPlan, rows: Mapping[str, np.ndarray], *, fp16: bool = False) -> Pooled:
     """Pool each table's looked-up rows (float32 [U_t, D], plan order) per slot."""
-    pooled, sequences = p.native.pool([rows[t] for t in p.layout.tables],
-                                      out_dtype="float16" if fp16 else "float32")
+    pooled, sequences = p.native.pool([rows[t] for t in p.layout.tables], out_dtype="float16" if fp16 else "float32")
     return Pooled(p.layout, pooled, sequences)
 
 

@@ -44,8 +44,14 @@ class ShardUnavailable(RuntimeError):
 
 
 class _JobContext:
-    def __init__(self, job: JobRecord, ps: list[pb_grpc.EmbeddingParameterServerStub], ps_addresses: list[str],
-                 producer, progress: JobProgress) -> None:
+    def __init__(
+        self,
+        job: JobRecord,
+        ps: list[pb_grpc.EmbeddingParameterServerStub],
+        ps_addresses: list[str],
+        producer,
+        progress: JobProgress,
+    ) -> None:
         self.job = job
         self.ps = ps
         self.ps_addresses = ps_addresses
@@ -66,9 +72,10 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         if ctx is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.worker.name} has no job set up")
         if attempt != ctx.job.attempt:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"{self.worker.name} serves attempt {ctx.job.attempt} of job {ctx.job.id}, "
-                                f"not attempt {attempt}")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.worker.name} serves attempt {ctx.job.attempt} of job {ctx.job.id}, not attempt {attempt}",
+            )
         return ctx
 
     async def LookupBatch(self, request: pb.BatchLookupRequest, context) -> pb.BatchLookupResponse:
@@ -92,26 +99,49 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
                 dropped = ctx.pending.popitem(last=False)[0]
                 logger.error("gradients never pushed; plan dropped", extra={"rank": dropped[0], "batch_id": dropped[1]})
         sequence_slots = [s for s, cols in zip(config.slots, ctx.layout.columns, strict=True) if cols is None]
-        slots = [pb.SlotEmbedding(slot=slot.name, values=pb.Array(data=codec.pack_array(values)),
-                                  mask=pb.Array(data=codec.pack_array(mask)))
-                 for slot, (values, mask) in zip(sequence_slots, pooled.sequences, strict=True)]
+        slots = [
+            pb.SlotEmbedding(
+                slot=slot.name,
+                values=pb.Array(data=codec.pack_array(values)),
+                mask=pb.Array(data=codec.pack_array(mask)),
+            )
+            for slot, (values, mask) in zip(sequence_slots, pooled.sequences, strict=True)
+        ]
         LOOKUP_SECONDS.observe(time.perf_counter() - start)
-        ref = pb.EmbeddingRef(worker=self.worker.name, rank=batch.rank, batch_id=batch.batch_id, epoch=batch.epoch,
-                              attempt=ctx.job.attempt)
-        return pb.BatchLookupResponse(ref=ref, slots=slots, staleness=staleness,
-                                      pooled=pb.Array(data=codec.pack_array(pooled.pooled)), widths=ctx.widths)
+        ref = pb.EmbeddingRef(
+            worker=self.worker.name,
+            rank=batch.rank,
+            batch_id=batch.batch_id,
+            epoch=batch.epoch,
+            attempt=ctx.job.attempt,
+        )
+        return pb.BatchLookupResponse(
+            ref=ref,
+            slots=slots,
+            staleness=staleness,
+            pooled=pb.Array(data=codec.pack_array(pooled.pooled)),
+            widths=ctx.widths,
+        )
 
     async def PushGradients(self, request: pb.PushGradientsRequest, context) -> pb.PushGradientsResponse:
         ctx = await self._context(context, request.ref.attempt)
-        ref = EmbeddingRef(worker=request.ref.worker, rank=request.ref.rank, batch_id=request.ref.batch_id,
-                           epoch=request.ref.epoch, attempt=request.ref.attempt)
+        ref = EmbeddingRef(
+            worker=request.ref.worker,
+            rank=request.ref.rank,
+            batch_id=request.ref.batch_id,
+            epoch=request.ref.epoch,
+            attempt=request.ref.attempt,
+        )
         plan = ctx.pending.pop((ref.rank, ref.batch_id), None)
         if plan is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
         with PUSH_SECONDS.time():
             try:
-                grads = pooling.scatter_wire(plan, codec.unpack_array(request.pooled.data),
-                                             [codec.unpack_array(s.grad.data) for s in request.slots])
+                grads = pooling.scatter_wire(
+                    plan,
+                    codec.unpack_array(request.pooled.data),
+                    [codec.unpack_array(s.grad.data) for s in request.slots],
+                )
             except (ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
             sent = await self.worker.produce_gradients(ctx, ref, plan, grads)
@@ -126,8 +156,12 @@ class EmbeddingWorker(Service):
         self.ctx: _JobContext | None = None
 
     async def start(self) -> None:
-        self.grpc_server = await rpc.serve(self.settings.host, self.settings.grpc_port, self.settings.grpc,
-                                           lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), s))
+        self.grpc_server = await rpc.serve(
+            self.settings.host,
+            self.settings.grpc_port,
+            self.settings.grpc,
+            lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(self), s),
+        )
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
@@ -144,9 +178,13 @@ class EmbeddingWorker(Service):
         producer = kafka.producer(self.settings.kafka, linger_ms=0)
         await producer.start()
         try:
-            self.ctx = _JobContext(job, [pb_grpc.EmbeddingParameterServerStub(c) for c in channels],
-                                   [w["grpc_address"] for w in shards], producer,
-                                   JobProgress(self.redis, job.id, job.attempt))
+            self.ctx = _JobContext(
+                job,
+                [pb_grpc.EmbeddingParameterServerStub(c) for c in channels],
+                [w["grpc_address"] for w in shards],
+                producer,
+                JobProgress(self.redis, job.id, job.attempt),
+            )
             self.set_job_phase("ready")
             await self.ctx.watermark.run()  # serve until the job ends (this task is cancelled)
         finally:
@@ -173,23 +211,30 @@ class EmbeddingWorker(Service):
             ids = {t: p.shard_ids(shard) for t, p in plan.tables.items()}
             asked[shard] = [(t, len(i)) for t, i in ids.items() if len(i)]
             if asked[shard]:
-                request = pb.ShardLookupRequest(tables=[t for t, _ in asked[shard]], counts=[n for _, n in asked[shard]],
-                                                ids=pb.Array(data=codec.pack_array(
-                                                    np.concatenate([ids[t] for t, _ in asked[shard]]))))
+                request = pb.ShardLookupRequest(
+                    tables=[t for t, _ in asked[shard]],
+                    counts=[n for _, n in asked[shard]],
+                    ids=pb.Array(data=codec.pack_array(np.concatenate([ids[t] for t, _ in asked[shard]]))),
+                )
                 requests.append((shard, stub.Lookup(request)))
 
         async def answer(shard: int, call) -> pb.ShardLookupResponse:
             try:
                 return await call
             except grpc.aio.AioRpcError as err:  # say which shard, in one line (not the raw dump)
-                raise ShardUnavailable(f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err.code().name}: "
-                                       f"{err.details()}") from None
+                raise ShardUnavailable(
+                    f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err.code().name}: {err.details()}"
+                ) from None
 
-        for shard, response in zip((s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests)), strict=True):
+        for shard, response in zip(
+            (s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests)), strict=True
+        ):
             expected = [dims[t] for t, _ in asked[shard]]
             if list(response.dims) != expected:
-                raise RuntimeError(f"embedding_ps-{shard} answered rows of dims {list(response.dims)} for tables "
-                                   f"{[t for t, _ in asked[shard]]} of dims {expected}")
+                raise RuntimeError(
+                    f"embedding_ps-{shard} answered rows of dims {list(response.dims)} for tables "
+                    f"{[t for t, _ in asked[shard]]} of dims {expected}"
+                )
             flat, start = codec.unpack_array(response.rows.data), 0
             for table, n in asked[shard]:
                 end = start + n * dims[table]
@@ -197,16 +242,24 @@ class EmbeddingWorker(Service):
                 start = end
         return rows
 
-    async def produce_gradients(self, ctx: _JobContext, ref: EmbeddingRef, plan: pooling.BatchPlan,
-                                grads: dict[str, np.ndarray]) -> int:
+    async def produce_gradients(
+        self, ctx: _JobContext, ref: EmbeddingRef, plan: pooling.BatchPlan, grads: dict[str, np.ndarray]
+    ) -> int:
         """One message per shard — empty ones too: they advance that shard's watermark."""
         topic = ctx.job.topics.gradients
         deliveries = []
         for shard in range(len(ctx.ps)):
             tables = {t: (p.ids[p.shard_rows[shard]], grads[t][p.shard_rows[shard]]) for t, p in plan.tables.items()}
             update = GradientUpdate(rank=ref.rank, batch_id=ref.batch_id, epoch=ref.epoch, shard=shard, tables=tables)
-            deliveries.append(await ctx.producer.send(topic, codec.encode_gradients(update), partition=shard,
-                                                      key=str(ref.rank).encode(), headers=kafka.headers(ref.attempt)))
+            deliveries.append(
+                await ctx.producer.send(
+                    topic,
+                    codec.encode_gradients(update),
+                    partition=shard,
+                    key=str(ref.rank).encode(),
+                    headers=kafka.headers(ref.attempt),
+                )
+            )
         await asyncio.gather(*deliveries)  # acks=all: the updates are durable before we answer
         return len(deliveries)
 

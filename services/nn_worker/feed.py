@@ -75,9 +75,20 @@ class _Supervised:
 class Feed(_Supervised):
     """Fetched items not taken when the feed stops have their lookups cancelled (or their errors
     consumed): a stopped feed leaves nothing behind."""
-    def __init__(self, conn: KafkaConnection, topic: str, partition: int, start: int, lineage: PartitionLineage,
-                 attempt: int, lookup: Callable[[bytes], Awaitable[pb.BatchLookupResponse]], *, ahead: int,
-                 group_id: str | None) -> None:
+
+    def __init__(
+        self,
+        conn: KafkaConnection,
+        topic: str,
+        partition: int,
+        start: int,
+        lineage: PartitionLineage,
+        attempt: int,
+        lookup: Callable[[bytes], Awaitable[pb.BatchLookupResponse]],
+        *,
+        ahead: int,
+        group_id: str | None,
+    ) -> None:
         self.conn = conn
         self.partition = TopicPartition(topic, partition)
         self.start = start
@@ -102,6 +113,7 @@ class Feed(_Supervised):
                 item.lookup.cancel()
                 if item.lookup.done() and not item.lookup.cancelled():
                     item.lookup.exception()  # retrieved: no "exception never retrieved" noise
+
     async def _read(self) -> None:
         consumer = kafka.consumer(self.conn, group_id=self.group_id)
         consumer.assign([self.partition])
@@ -161,7 +173,7 @@ def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
     out, start = [], 0
     for width in response.widths:
         if width:
-            out.append(pooled[:, start:start + width])
+            out.append(pooled[:, start : start + width])
             start += width
         else:
             out.append(np.array(codec.unpack_array(next(sequences).values.data), dtype=np.float32))
@@ -171,8 +183,13 @@ def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
 def gradients_request(response: pb.BatchLookupResponse, grads: list[np.ndarray]) -> pb.PushGradientsRequest:
     """The gradients of a lookup's embeddings (`embeddings_of`'s order) as the wire carries them."""
     pooled = [g for g, width in zip(grads, response.widths, strict=True) if width]
-    sequences = [(s.slot, g) for s, g in zip(response.slots, (g for g, w in zip(grads, response.widths, strict=True) if not w),
-                                             strict=True)]
+    sequences = [
+        (s.slot, g)
+        for s, g in zip(response.slots, (g for g, w in zip(grads, response.widths, strict=True) if not w), strict=True)
+    ]
     joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((len(grads[0]) if grads else 0, 0), np.float32)
-    return pb.PushGradientsRequest(ref=response.ref, pooled=pb.Array(data=codec.pack_array(joined)), slots=[
-        pb.SlotGradient(slot=slot, grad=pb.Array(data=codec.pack_array(g))) for slot, g in sequences])
+    return pb.PushGradientsRequest(
+        ref=response.ref,
+        pooled=pb.Array(data=codec.pack_array(joined)),
+        slots=[pb.SlotGradient(slot=slot, grad=pb.Array(data=codec.pack_array(g))) for slot, g in sequences],
+    )

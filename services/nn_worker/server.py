@@ -150,16 +150,17 @@ class NNWorker(Service):
         rank, world = self.settings.index, job.config.topology.nn_ranks
         loop = asyncio.get_running_loop()
         if rank == 0:
-            store = await loop.run_in_executor(thread, lambda: dist.TCPStore(
-                self.advertised_host, 0, world, True, COLLECTIVE_TIMEOUT, wait_for_workers=False))
+            store = await loop.run_in_executor(
+                thread,
+                lambda: dist.TCPStore(self.advertised_host, 0, world, True, COLLECTIVE_TIMEOUT, wait_for_workers=False),
+            )
             await progress.set_rendezvous(f"{self.advertised_host}:{store.port}")
         else:
             # Polls Redis, where rank 0 publishes the address: no event here tells us when.
             while (address := await progress.rendezvous()) is None:  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
             host, port = address.rsplit(":", 1)
-            store = await loop.run_in_executor(thread, dist.TCPStore, host, int(port), world, False,
-                                               COLLECTIVE_TIMEOUT)
+            store = await loop.run_in_executor(thread, dist.TCPStore, host, int(port), world, False, COLLECTIVE_TIMEOUT)
         placement = self.placement
         assert placement is not None
 
@@ -168,16 +169,23 @@ class NNWorker(Service):
             idents = [store.get(f"device/{r}").decode() for r in range(world)]
             backend, why = choose_backend(idents)
             logger.info("collective backend", extra={"backend": backend, "why": why, "device": str(placement.device)})
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT,
-                                    device_id=placement.device if backend == "nccl" else None)
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=rank,
+                world_size=world,
+                timeout=COLLECTIVE_TIMEOUT,
+                device_id=placement.device if backend == "nccl" else None,
+            )
             self._group_dirty = True
             # Control words outside steps and gathered scores stay on the CPU: no GPU synchronization.
             return dist.new_group(backend="gloo") if backend == "nccl" else None
 
         return await loop.run_in_executor(thread, join)
 
-    async def _setup(self, job: JobRecord, progress: JobProgress, thread: ThreadPoolExecutor) -> tuple[Trainer,
-                                                                                                       RankState]:
+    async def _setup(
+        self, job: JobRecord, progress: JobProgress, thread: ThreadPoolExecutor
+    ) -> tuple[Trainer, RankState]:
         config = job.config
         rank, world = self.settings.index, config.topology.nn_ranks
         control_group = await self._process_group(job, progress, thread)
@@ -224,8 +232,9 @@ class NNWorker(Service):
             trainer, rank_state = await self._setup(job, progress, thread)
             run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state)
             world = config.topology.nn_ranks
-            run.scores = progressive.Scores(max(config.training.progressive_samples // world, 1),
-                                            config.training.progressive_window_seconds)
+            run.scores = progressive.Scores(
+                max(config.training.progressive_samples // world, 1), config.training.progressive_window_seconds
+            )
             self.trained = rank_state.trained
             await self._report_progress(run)
             self.set_job_phase("ready")
@@ -235,9 +244,15 @@ class NNWorker(Service):
             gathered = await self._gather(run, (labels, probs))
             await asyncio.gather(*run.writes)
             s = run.state
-            result: dict[str, Any] = {"samples": s.trained, "steps": s.step, "train_seconds": s.train_seconds,
-                                      "loss_curve": s.losses, "epochs": s.per_epoch, "seconds": run.timing,
-                                      "attempt": job.attempt}
+            result: dict[str, Any] = {
+                "samples": s.trained,
+                "steps": s.step,
+                "train_seconds": s.train_seconds,
+                "loss_curve": s.losses,
+                "epochs": s.per_epoch,
+                "seconds": run.timing,
+                "attempt": job.attempt,
+            }
             if rank == 0:
                 result["eval"] = evaluate.summarize(gathered)
             await progress.set_rank_result(rank, result)
@@ -262,11 +277,24 @@ class NNWorker(Service):
 
     def _eval_feed(self, run: _Attempt) -> Feed:
         job, rank = run.job, self.settings.index
-        lookup = lambda raw: run.stub.LookupBatch(pb.BatchLookupRequest(batch=raw, training=False,  # noqa: E731
-                                                                        attempt=job.attempt))
-        return Feed(self.settings.kafka, job.topics.eval, rank, 0,
-                    PartitionLineage(job.lineage.get(job.topics.eval, {}).get(rank)), job.attempt, lookup,
-                    ahead=PREFETCH, group_id=None).run()
+        lookup = lambda raw: run.stub.LookupBatch(
+            pb.BatchLookupRequest(
+                batch=raw,
+                training=False,  # noqa: E731
+                attempt=job.attempt,
+            )
+        )
+        return Feed(
+            self.settings.kafka,
+            job.topics.eval,
+            rank,
+            0,
+            PartitionLineage(job.lineage.get(job.topics.eval, {}).get(rank)),
+            job.attempt,
+            lookup,
+            ahead=PREFETCH,
+            group_id=None,
+        ).run()
 
     async def _report_progress(self, run: _Attempt) -> None:
         s = run.state
@@ -275,20 +303,38 @@ class NNWorker(Service):
             run.next_scores = now + 1.0
             summary = run.scores.summary() | {"delays": list(run.delays)[-DELAYS_REPORTED:]}
             await run.progress.set_progressive(self.settings.index, summary)
-        await run.progress.set_training(self.settings.index, samples=s.trained, loss_sum=s.loss_sum, steps=s.step,
-                                        epoch=s.epoch if s.epochs is None else min(s.epoch, max(s.epochs - 1, 0)),
-                                        last_loss=s.losses[-1] if s.losses else None)
+        await run.progress.set_training(
+            self.settings.index,
+            samples=s.trained,
+            loss_sum=s.loss_sum,
+            steps=s.step,
+            epoch=s.epoch if s.epochs is None else min(s.epoch, max(s.epochs - 1, 0)),
+            last_loss=s.losses[-1] if s.losses else None,
+        )
 
     async def _train(self, run: _Attempt) -> None:
         """Train the epochs left; cut for checkpoints on the way and after the last step."""
         job, s = run.job, run.state
         rank = self.settings.index
         checkpoint = job.config.checkpoint
-        lookup = lambda raw: run.stub.LookupBatch(pb.BatchLookupRequest(batch=raw, training=True,  # noqa: E731
-                                                                        attempt=job.attempt))
-        feed = Feed(self.settings.kafka, job.topics.samples, rank, s.position,
-                    PartitionLineage(job.lineage.get(job.topics.samples, {}).get(rank)), job.attempt, lookup,
-                    ahead=PREFETCH, group_id=f"{job.id}.nn").run()
+        lookup = lambda raw: run.stub.LookupBatch(
+            pb.BatchLookupRequest(
+                batch=raw,
+                training=True,  # noqa: E731
+                attempt=job.attempt,
+            )
+        )
+        feed = Feed(
+            self.settings.kafka,
+            job.topics.samples,
+            rank,
+            s.position,
+            PartitionLineage(job.lineage.get(job.topics.samples, {}).get(rank)),
+            job.attempt,
+            lookup,
+            ahead=PREFETCH,
+            group_id=f"{job.id}.nn",
+        ).run()
         run.pusher = GradientPusher(run.stub.PushGradients).run()
         loop = asyncio.get_running_loop()
         clock = time.perf_counter
@@ -304,22 +350,30 @@ class NNWorker(Service):
                     continue
                 batch = codec.decode_batch(item.raw)
                 if control is None:
-                    control = await self._torch(run, run.trainer.control, self.job_is("paused"),
-                                                self.job.checkpoint_seq)
+                    control = await self._torch(
+                        run, run.trainer.control, self.job_is("paused"), self.job.checkpoint_seq
+                    )
                 if control.paused:
                     await self._report_progress(run)  # the job view shows where it holds
                 while control.paused:
                     if control.seq > s.seq and s.step > 0:
                         await self._cut(run, "request", control.seq)
                     await asyncio.sleep(0.2)
-                    control = await self._torch(run, run.trainer.control, self.job_is("paused"),
-                                                self.job.checkpoint_seq)
+                    control = await self._torch(
+                        run, run.trainer.control, self.job_is("paused"), self.job.checkpoint_seq
+                    )
                 t0 = clock()
                 response = await item.lookup
                 t1 = clock()
                 STALENESS.labels(str(rank)).set(response.staleness)
-                result = await self._torch(run, run.trainer.step, batch, embeddings_of(response),
-                                           self.job_is("paused"), self.job.checkpoint_seq)
+                result = await self._torch(
+                    run,
+                    run.trainer.step,
+                    batch,
+                    embeddings_of(response),
+                    self.job_is("paused"),
+                    self.job.checkpoint_seq,
+                )
                 loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
                 run.scores.add(batch.labels, probs, batch.event_times)
                 if batch.event_times is not None:  # how long after its event a sample is trained
@@ -369,8 +423,17 @@ class NNWorker(Service):
         await self._report_progress(run)
         held = asyncio.get_running_loop().create_future()
         self._held[step] = held
-        self.report_cut(CutReport(attempt=job.attempt, step=step, epoch=s.epoch, at=time.time(), seq=seq,
-                                  reason=reason, positions={job.topics.samples: {rank: s.position}}))
+        self.report_cut(
+            CutReport(
+                attempt=job.attempt,
+                step=step,
+                epoch=s.epoch,
+                at=time.time(),
+                seq=seq,
+                reason=reason,
+                positions={job.topics.samples: {rank: s.position}},
+            )
+        )
         try:
             release = await asyncio.wait_for(held, HOLD_TIMEOUT_S)
         except TimeoutError:
@@ -390,8 +453,9 @@ class NNWorker(Service):
             metrics = evaluate.summarize(gathered) if rank == 0 else None
         run.writes.append(asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics)))
 
-    async def _write_part(self, location: str, step: int, mine: bytes, dense: bytes | None,
-                          metrics: dict[str, Any] | None) -> None:
+    async def _write_part(
+        self, location: str, step: int, mine: bytes, dense: bytes | None, metrics: dict[str, Any] | None
+    ) -> None:
         """Write this rank's part of the checkpoint (training goes on meanwhile) and report it."""
         ckdir = CheckpointDir(location)
         rank = self.settings.index
@@ -400,8 +464,11 @@ class NNWorker(Service):
             for name, data in [(rank_file(rank), mine), *([(DENSE, dense)] if dense is not None else [])]:
                 t0 = time.monotonic()
                 size, sha = await asyncio.to_thread(ckdir.write_bytes, name, data)
-                files.append(PartFile(name=name, role=self.role, index=rank, bytes=size, sha256=sha,
-                                      seconds=time.monotonic() - t0))
+                files.append(
+                    PartFile(
+                        name=name, role=self.role, index=rank, bytes=size, sha256=sha, seconds=time.monotonic() - t0
+                    )
+                )
             self.report_part(PartReport(step=step, files=files, eval=metrics))
         except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
             logger.exception("writing the checkpoint part failed", extra={"step": step})

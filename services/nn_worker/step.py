@@ -120,7 +120,7 @@ class HostStaging:
         offset = 0
         for a in arrays:
             # np.copyto takes read-only and fp16 arrays too (torch.from_numpy wants writable ones).
-            np.copyto(flat[offset:offset + a.size].reshape(a.shape), a, casting="unsafe")
+            np.copyto(flat[offset : offset + a.size].reshape(a.shape), a, casting="unsafe")
             offset += a.size
         return self.buffer[:total]
 
@@ -136,9 +136,18 @@ class Trainer:
     side on the CPU (unpinned), for tests without a GPU.
     """
 
-    def __init__(self, thread: ThreadPoolExecutor, ddp: torch.nn.parallel.DistributedDataParallel,
-                 optimizer: torch.optim.Optimizer, device: torch.device, world: int, rank: int,
-                 control_group: Any, precision: Literal["fp32", "bf16"] = "fp32", staged: bool = False) -> None:
+    def __init__(
+        self,
+        thread: ThreadPoolExecutor,
+        ddp: torch.nn.parallel.DistributedDataParallel,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        world: int,
+        rank: int,
+        control_group: Any,
+        precision: Literal["fp32", "bf16"] = "fp32",
+        staged: bool = False,
+    ) -> None:
         self.thread = thread
         self.ddp = ddp
         self.model = ddp.module
@@ -172,8 +181,9 @@ class Trainer:
         The loss comes back with the gradients, which the caller needs every step anyway: reading
         it costs no synchronization of its own.
         """
-        dense, labels, leaves, embs = self._inputs(batch.dense, batch.labels, embeddings, grad=True,
-                                                   words=(batch.batch_size, int(paused), seq))
+        dense, labels, leaves, embs = self._inputs(
+            batch.dense, batch.labels, embeddings, grad=True, words=(batch.batch_size, int(paused), seq)
+        )
         logits = self._forward(self.ddp, dense, embs)
         loss_sum = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
         self.optimizer.zero_grad(set_to_none=True)
@@ -182,10 +192,13 @@ class Trainer:
         assert self._agreed is not None, "DDP's communication hook did not run"
         self.optimizer.step()
         grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self._samples) for x in leaves]
-        loss, probs, table, *grads = self._to_host([loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed,
-                                                    *grads])
+        loss, probs, table, *grads = self._to_host(
+            [loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed, *grads]
+        )
         if self.staging is not None:  # one leaf for every slot: split it
-            grads = [g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings, strict=True)]
+            grads = [
+                g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings, strict=True)
+            ]
         return StepResult(loss.item(), [g.numpy() for g in grads], probs.numpy(), Control.of(table))
 
     def _reduce(self, bucket):  # a dist.GradBucket -> a Future of a tensor (DDP refuses string annotations)
@@ -199,9 +212,9 @@ class Trainer:
 
         def finish(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out = done.value()[0]
-            self._agreed = out[grads.numel():].view(self.world, 3)
+            self._agreed = out[grads.numel() :].view(self.world, 3)
             self._samples = self._agreed[:, 0].sum().clamp(min=1)
-            return out[:grads.numel()].div_(self._samples)
+            return out[: grads.numel()].div_(self._samples)
 
         return reduced.then(finish)
 
@@ -228,15 +241,23 @@ class Trainer:
         without an optimizer step: the parameters and the optimizer state stay as they were.
         """
         dense, labels, leaves, embs = self._inputs(
-            np.zeros((batch_size, num_dense), np.float32), np.zeros(batch_size, np.float32),
-            [np.zeros((batch_size, *shape), np.float32) for shape in shapes], grad=True)
+            np.zeros((batch_size, num_dense), np.float32),
+            np.zeros(batch_size, np.float32),
+            [np.zeros((batch_size, *shape), np.float32) for shape in shapes],
+            grad=True,
+        )
         logits = self._forward(copy.deepcopy(self.model), dense, embs)
         F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
         self._to_host([logits.detach(), *(x.grad for x in leaves if x.grad is not None)])
 
-    def _inputs(self, dense: np.ndarray, labels: np.ndarray, embeddings: list[np.ndarray], grad: bool,
-                words: tuple[int, int, int] | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def _inputs(
+        self,
+        dense: np.ndarray,
+        labels: np.ndarray,
+        embeddings: list[np.ndarray],
+        grad: bool,
+        words: tuple[int, int, int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """On the device: dense [B, num_dense], labels [B], the leaves whose `.grad` are the
         embedding gradients, and embeddings[f] as the model takes them; `words` (this rank's
         control words) become `self._words`, in the same copy on CUDA."""
@@ -246,14 +267,20 @@ class Trainer:
         if self.staging is None:  # the CPU: tensors share the arrays' memory
             embs = [torch.from_numpy(e).requires_grad_(grad) for e in embeddings]
             self._words = torch.from_numpy(table.ravel())
-            return (torch.from_numpy(np.array(dense, dtype=np.float32)),
-                    torch.from_numpy(np.array(labels, dtype=np.float32)), embs, embs)
+            return (
+                torch.from_numpy(np.array(dense, dtype=np.float32)),
+                torch.from_numpy(np.array(labels, dtype=np.float32)),
+                embs,
+                embs,
+            )
         flat = self.staging.pack([dense, labels, *embeddings, table]).to(self.device, non_blocking=True)
         head, tail = dense.size + labels.size, flat.numel() - table.size
         leaf = flat[head:tail].detach().requires_grad_(grad)
-        embs = [part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings, strict=True)]
+        embs = [
+            part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings, strict=True)
+        ]
         self._words = flat[tail:]
-        return flat[:dense.size].view(dense.shape), flat[dense.size:head], [leaf], embs
+        return flat[: dense.size].view(dense.shape), flat[dense.size : head], [leaf], embs
 
     def _forward(self, model: torch.nn.Module, dense: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:
         """Logits [B] in fp32: with bf16 the model runs under autocast, the loss outside it."""
@@ -273,8 +300,10 @@ class Trainer:
     def dense_state(self) -> bytes:
         """The model and optimizer state as `torch.save` bytes of plain state_dicts (loadable
         with weights_only=True): a copy, so training may go on while it is written."""
-        state = {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-                 "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+        state = {
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
         buffer = io.BytesIO()
         torch.save(state, buffer)
         return buffer.getvalue()

@@ -43,11 +43,16 @@ class ApiStack:
 def api_stack(infra, tmp_path_factory) -> ApiStack:
     run_dir = tmp_path_factory.mktemp("api-stack")
     redis_url = infra.redis_database(1)
-    st = launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1),
-                     kafka_bootstrap=infra.kafka_bootstrap, redis_url=redis_url)
+    st = launcher.up(
+        run_dir,
+        Topology(nn_ranks=2, ps_shards=2, embedding_workers=1),
+        kafka_bootstrap=infra.kafka_bootstrap,
+        redis_url=redis_url,
+    )
     token = launcher.read_token(run_dir)
-    http = httpx.Client(base_url=st["coordinator_url"] + "/v1", headers={"Authorization": f"Bearer {token}"},
-                        timeout=30.0)
+    http = httpx.Client(
+        base_url=st["coordinator_url"] + "/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30.0
+    )
     try:
         yield ApiStack(run_dir, st["coordinator_url"], token, redis_url, http)
     finally:
@@ -58,4 +63,3 @@ def api_stack(infra, tmp_path_factory) -> ApiStack:
 @pytest.fixture(scope="session")
 def tiny_job() -> JobConfig:
     return load_job(DATA / "tiny_job.yaml")
-

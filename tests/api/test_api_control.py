@@ -90,10 +90,12 @@ def test_stop_and_live_control_through_the_cli(api_stack, tiny_job) -> None:
     assert view["progress"]["samples"] < 20 * 1000  # it did not run to the end
 
     # API errors end a command with one clear line.
-    for args, expected in [(("resume", job_id), f"HTTP 409: job {job_id} has no complete checkpoint to recover from"),
-                           (("pause", "no-such-[bold]-job"), "HTTP 404: no job 'no-such-[bold]-job'"),  # no markup
-                           (("pause", "no-such-job"), "HTTP 404: no job 'no-such-job'"),
-                           (("staleness", job_id, "--set", "1"), "HTTP 409")]:
+    for args, expected in [
+        (("resume", job_id), f"HTTP 409: job {job_id} has no complete checkpoint to recover from"),
+        (("pause", "no-such-[bold]-job"), "HTTP 404: no job 'no-such-[bold]-job'"),  # no markup
+        (("pause", "no-such-job"), "HTTP 404: no job 'no-such-job'"),
+        (("staleness", job_id, "--set", "1"), "HTTP 409"),
+    ]:
         result = cli.invoke(app, [*args, "--run-dir", str(api_stack.run_dir)])
         assert result.exit_code == 1 and expected in result.output, result.output
         assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
@@ -106,8 +108,9 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     # all of them before it did.
     config = _job(tiny_job, staleness_bound=None, epochs=20, batch_size=25)
     total = 20 * 1000
-    submitted = http.post("/jobs", content=yaml.safe_dump(config.model_dump(mode="json")),
-                          headers={"Content-Type": "application/yaml"})
+    submitted = http.post(
+        "/jobs", content=yaml.safe_dump(config.model_dump(mode="json")), headers={"Content-Type": "application/yaml"}
+    )
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["id"]
     api_stack.wait_for(job_id, {"running"})
@@ -153,8 +156,14 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert [c["reason"] for c in listing] == ["request"]
     steps = paused_at // (2 * config.training.batch_size)  # 2 ranks
     assert listing[0]["step"] == steps - 1 and listing[0]["bytes"] > 0
-    assert {f["name"] for f in listing[0]["files"]} == {"dense.pt", "rank-0.json", "rank-1.json", "ps-0.snap",
-                                                        "ps-1.snap", "loader-0.json"}
+    assert {f["name"] for f in listing[0]["files"]} == {
+        "dense.pt",
+        "rank-0.json",
+        "rank-1.json",
+        "ps-0.snap",
+        "ps-1.snap",
+        "loader-0.json",
+    }
     assert http.get(f"/jobs/{job_id}").json()["last_checkpoint"]["step"] == steps - 1
     workers = http.get("/workers").json()
     assert len(workers) == 7 and all(w["status"] != "lost" for w in workers), workers

@@ -17,20 +17,29 @@ LIMIT = 1 << 20
 
 def _v1_operations(api_stack) -> list[tuple[str, str]]:
     schema = api_stack.http.get(api_stack.url + "/openapi.json").raise_for_status().json()
-    return sorted((method.upper(), path) for path, ops in schema["paths"].items() if path.startswith("/v1/")
-                  for method in ops)
+    return sorted(
+        (method.upper(), path) for path, ops in schema["paths"].items() if path.startswith("/v1/") for method in ops
+    )
 
 
 def _job_json(job: JobConfig) -> dict:
     return job.model_dump(mode="json")
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-wrong-token-wrong"},
-                                     {"Authorization": "Basic dXNlcjpwYXNz"}], ids=["none", "wrong", "not-bearer"])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong-token-wrong-token-wrong"}, {"Authorization": "Basic dXNlcjpwYXNz"}],
+    ids=["none", "wrong", "not-bearer"],
+)
 def test_every_v1_route_needs_the_token(api_stack, headers) -> None:
     operations = _v1_operations(api_stack)
-    assert {("POST", "/v1/jobs"), ("POST", "/v1/jobs/{job_id}/pause"), ("PUT", "/v1/jobs/{job_id}/staleness"),
-            ("GET", "/v1/jobs/{job_id}/tables"), ("GET", "/v1/workers")} <= set(operations)
+    assert {
+        ("POST", "/v1/jobs"),
+        ("POST", "/v1/jobs/{job_id}/pause"),
+        ("PUT", "/v1/jobs/{job_id}/staleness"),
+        ("GET", "/v1/jobs/{job_id}/tables"),
+        ("GET", "/v1/workers"),
+    } <= set(operations)
     with httpx.Client(base_url=api_stack.url, headers=headers) as anonymous:
         for method, path in operations:
             url = re.sub(r"\{[^}]+\}", "x", path)
@@ -94,7 +103,8 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
         assert r.status_code == 422, (body, r.text)
     # Aliases cannot blow a small body up into a huge document.
     bomb = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(6))
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(6)
+    )
     r = http.post("/jobs", content=bomb, headers={"Content-Type": "application/yaml"})
     assert r.status_code == 422 and "expands to more than" in r.text
 
@@ -113,8 +123,13 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
         r = http.put("/jobs/x/staleness", json={"bound": bound})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "bound"], r.text
     assert http.put("/jobs/x/staleness", json={}).status_code == 422  # the bound is required (null: unbounded)
-    assert http.post("/workers", json={"name": "nn_worker-0", "role": "embedding_ps", "index": 0,
-                                       "http_url": "http://x", "pid": 1}).status_code == 422
+    assert (
+        http.post(
+            "/workers",
+            json={"name": "nn_worker-0", "role": "embedding_ps", "index": 0, "http_url": "http://x", "pid": 1},
+        ).status_code
+        == 422
+    )
 
 
 def test_bodies_over_1_mib_are_413(api_stack) -> None:

@@ -25,8 +25,17 @@ pytestmark = pytest.mark.compose
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ["-f", "docker-compose.yml", "-f", "docker-compose.offline.yml"]
-SERVICES = ["kafka", "redis", "coordinator", "embedding-ps-0", "embedding-ps-1", "embedding-worker-0",
-            "nn-worker-0", "nn-worker-1", "data-loader-0"]
+SERVICES = [
+    "kafka",
+    "redis",
+    "coordinator",
+    "embedding-ps-0",
+    "embedding-ps-1",
+    "embedding-worker-0",
+    "nn-worker-0",
+    "nn-worker-1",
+    "data-loader-0",
+]
 ADULT_TRAIN_ROWS = 32_561  # examples/adult/data/adult.data
 # The data loader sees the repository's examples/ at /data/examples (docker-compose.yml).
 ADULT_JOB = (REPO / "examples/adult/job.yaml").read_text().replace(": data/", ": /data/examples/adult/data/")
@@ -40,8 +49,13 @@ class Compose:
     token: str
 
     def run(self, *args: str, timeout_s: float = 600) -> str:
-        out = subprocess.run(["docker-compose", "--env-file", str(self.env_file), *FILES, *args], cwd=REPO,
-                             capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run(
+            ["docker-compose", "--env-file", str(self.env_file), *FILES, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         assert out.returncode == 0, f"docker-compose {' '.join(args)}:\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
         return out.stdout
 
@@ -50,8 +64,10 @@ class Compose:
 
     def leftovers(self) -> dict[str, list[str]]:
         label = f"label=com.docker.compose.project={self.project}"
-        return {"container": _docker("ps", "-aq", "--filter", label).split(),
-                **{kind: _docker(kind, "ls", "-q", "--filter", label).split() for kind in ("network", "volume")}}
+        return {
+            "container": _docker("ps", "-aq", "--filter", label).split(),
+            **{kind: _docker(kind, "ls", "-q", "--filter", label).split() for kind in ("network", "volume")},
+        }
 
 
 def _docker(*args: str) -> str:
@@ -80,16 +96,25 @@ def stack(tmp_path_factory) -> Compose:
     assert project, "run by `make test-compose`, which names the compose project (COMPOSE_PROJECT_NAME)"
     env_file = tmp_path_factory.mktemp("compose") / ".env"
     token, port = secrets.token_hex(24), launcher._free_port()
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in {
-        "TRILLIUM_TOKEN": token, "TRILLIUM_REDIS_PASSWORD": secrets.token_hex(24),
-        "TRILLIUM_KAFKA_PASSWORD": secrets.token_hex(24), "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(24),
-        "TRILLIUM_API_PORT": port}.items()))
+    env_file.write_text(
+        "".join(
+            f"{k}={v}\n"
+            for k, v in {
+                "TRILLIUM_TOKEN": token,
+                "TRILLIUM_REDIS_PASSWORD": secrets.token_hex(24),
+                "TRILLIUM_KAFKA_PASSWORD": secrets.token_hex(24),
+                "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(24),
+                "TRILLIUM_API_PORT": port,
+            }.items()
+        )
+    )
     stack = Compose(project, env_file, f"http://127.0.0.1:{port}", token)
     # Nothing may be pulled (this machine reaches no registry of images): every image must be here.
     config = yaml.safe_load(stack.run("config"))
     images = {s["image"] for s in config["services"].values() if not s.get("profiles")}
-    missing = [i for i in sorted(images)
-               if subprocess.run(["docker", "image", "inspect", i], capture_output=True).returncode]
+    missing = [
+        i for i in sorted(images) if subprocess.run(["docker", "image", "inspect", i], capture_output=True).returncode
+    ]
     assert not missing, f"images missing: {missing} (make images-offline builds them)"
     assert stack.leftovers() == {"container": [], "network": [], "volume": []}, "a previous run left things behind"
     try:
@@ -105,14 +130,25 @@ def test_every_service_is_healthy_and_registered(stack) -> None:
     client = CoordinatorClient(stack.url, stack.token)
     deadline = time.monotonic() + 60
     while {(w["name"], w["status"]) for w in client.workers()} != {
-            (n, "healthy") for n in ("coordinator-0", "embedding_ps-0", "embedding_ps-1", "embedding_worker-0",
-                                     "nn_worker-0", "nn_worker-1", "data_loader-0")}:
+        (n, "healthy")
+        for n in (
+            "coordinator-0",
+            "embedding_ps-0",
+            "embedding_ps-1",
+            "embedding_worker-0",
+            "nn_worker-0",
+            "nn_worker-1",
+            "data_loader-0",
+        )
+    }:
         assert time.monotonic() < deadline, client.workers()
         time.sleep(1)
     # Peers reach each other by their compose host names.
     assert {w["name"]: w["grpc_address"] for w in client.workers() if w["grpc_address"]} == {
-        "embedding_ps-0": "embedding-ps-0:50051", "embedding_ps-1": "embedding-ps-1:50051",
-        "embedding_worker-0": "embedding-worker-0:50051"}
+        "embedding_ps-0": "embedding-ps-0:50051",
+        "embedding_ps-1": "embedding-ps-1:50051",
+        "embedding_worker-0": "embedding-worker-0:50051",
+    }
 
 
 def test_security_is_on(stack) -> None:
@@ -122,12 +158,25 @@ def test_security_is_on(stack) -> None:
     out = stack.run("exec", "-T", "redis", "redis-cli", "PING")
     assert "NOAUTH" in out, out
     # Kafka: the broker refuses SCRAM with a wrong password (the health check with the right one passes).
-    wrong = subprocess.run(["docker", "exec", "-e", "TRILLIUM_KAFKA_PASSWORD=wrong", stack.container("kafka"),
-                            "sh", "/opt/trillium/kafka.sh", "health"], capture_output=True, text=True, timeout=120)
+    wrong = subprocess.run(
+        [
+            "docker",
+            "exec",
+            "-e",
+            "TRILLIUM_KAFKA_PASSWORD=wrong",
+            stack.container("kafka"),
+            "sh",
+            "/opt/trillium/kafka.sh",
+            "health",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert wrong.returncode != 0 and "Authentication failed" in wrong.stderr, wrong.stderr[-2000:]
     # Only the API is published, and only on loopback.
     ports = {s: _docker("port", stack.container(s)).split() for s in SERVICES}
-    assert {s: p for s, p in ports.items() if p} == {"coordinator": ["8080/tcp", "->", stack.url[len("http://"):]]}
+    assert {s: p for s, p in ports.items() if p} == {"coordinator": ["8080/tcp", "->", stack.url[len("http://") :]]}
 
 
 def test_adult_trains_to_the_demos_quality_through_a_crashed_ps_shard(stack) -> None:
@@ -135,8 +184,9 @@ def test_adult_trains_to_the_demos_quality_through_a_crashed_ps_shard(stack) -> 
     job recovers from the checkpoint, training every sample exactly once."""
     auth = {"Authorization": f"Bearer {stack.token}"}
     job = ADULT_JOB + "checkpoint: {every_steps: 20, every_seconds: null}\n"
-    submitted = httpx.post(f"{stack.url}/v1/jobs", content=job, headers=auth | {"Content-Type": "application/yaml"},
-                           timeout=30)
+    submitted = httpx.post(
+        f"{stack.url}/v1/jobs", content=job, headers=auth | {"Content-Type": "application/yaml"}, timeout=30
+    )
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["id"]
     client = CoordinatorClient(stack.url, stack.token)
@@ -156,13 +206,17 @@ def test_adult_trains_to_the_demos_quality_through_a_crashed_ps_shard(stack) -> 
     assert len(report["recoveries"]) >= 1, report
     assert report["samples_trained"] == ADULT_TRAIN_ROWS
     assert report["auc"] >= 0.89, report
-    print(f"\ncompose: Adult AUC {report['auc']:.4f}, {report['samples_trained']} samples, "
-          f"{report['samples_per_sec']:.0f} samples/s, recovered from step {report['recoveries'][0]['checkpoint_step']}")
+    print(
+        f"\ncompose: Adult AUC {report['auc']:.4f}, {report['samples_trained']} samples, "
+        f"{report['samples_per_sec']:.0f} samples/s, recovered from step {report['recoveries'][0]['checkpoint_step']}"
+    )
     # The restart policy brought the shard back, healthy and registered again.
     assert int(_state(container, ".RestartCount")) > restarts
     _wait_healthy(stack, ["embedding-ps-1"], 180)
-    assert any(w["name"] == "embedding_ps-1" and w["status"] == "healthy" and w["registered_at"] > crashed_at
-               for w in client.workers())
+    assert any(
+        w["name"] == "embedding_ps-1" and w["status"] == "healthy" and w["registered_at"] > crashed_at
+        for w in client.workers()
+    )
 
 
 def _crash(container: str) -> None:

@@ -53,8 +53,13 @@ def _workloads(objects: list[dict]) -> dict[str, dict]:
 
 def test_the_topology_and_its_kinds(objects) -> None:
     kinds = {name: o["kind"] for name, o in _workloads(objects).items()}
-    assert kinds == {"coordinator": "Deployment", "embedding-ps": "StatefulSet", "embedding-worker": "Deployment",
-                     "nn-worker": "StatefulSet", "data-loader": "Deployment"}
+    assert kinds == {
+        "coordinator": "Deployment",
+        "embedding-ps": "StatefulSet",
+        "embedding-worker": "Deployment",
+        "nn-worker": "StatefulSet",
+        "data-loader": "Deployment",
+    }
     ps = _workloads(objects)["embedding-ps"]
     assert [c["metadata"]["name"] for c in ps["spec"]["volumeClaimTemplates"]] == ["checkpoints"]
     services = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Service"}

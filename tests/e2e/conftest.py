@@ -19,8 +19,12 @@ from trillium.jobrecord import ACTIVE
 @pytest.fixture(scope="session")
 def training_stack(infra, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("training-stack")
-    launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=2),
-                kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(2))
+    launcher.up(
+        run_dir,
+        Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=2),
+        kafka_bootstrap=infra.kafka_bootstrap,
+        redis_url=infra.redis_database(2),
+    )
     yield run_dir
     launcher.down(run_dir)
 

@@ -34,9 +34,16 @@ def write_clicks(path: Path, rows: int, seed: int) -> None:
             price = rng.lognormal(1, 0.5)
             logit = site_w[site] + c14_w[c14] + tag_w[tags].sum() + 0.5 * (price - 3)
             click = int(rng.random() < 1 / (1 + np.exp(-logit)))
-            row = [f"imp{i}", str(click), str(14102100 + 100 * (i * 10 // rows)), SITES[site] if i % 9 else "",
-                   str(15000 + c14), "|".join(TAGS[t] for t in tags), f"{price:.3f}" if i % 7 else "",
-                   f"from {SITES[site]}, slot {c14}"]
+            row = [
+                f"imp{i}",
+                str(click),
+                str(14102100 + 100 * (i * 10 // rows)),
+                SITES[site] if i % 9 else "",
+                str(15000 + c14),
+                "|".join(TAGS[t] for t in tags),
+                f"{price:.3f}" if i % 7 else "",
+                f"from {SITES[site]}, slot {c14}",
+            ]
             if i == 9:
                 row = row[:5]  # wrong field count
             elif i == 19:
@@ -46,25 +53,39 @@ def write_clicks(path: Path, rows: int, seed: int) -> None:
 
 def test_a_csv_with_its_own_header_trains_end_to_end(training_stack: Path, tmp_path: Path) -> None:
     write_clicks(tmp_path / "clicks.csv", 4000, seed=1)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
-        "name": "clicks",
-        "data": {"source": "csv", "train": "clicks.csv", "split": {"by": "hour", "test_from": 14103000}},
-        "slots": [
-            {"name": "site", "column": "site_id"},
-            {"name": "c14", "column": "C14"},
-            {"name": "tags", "column": "tags", "separator": "|", "max_len": 3, "pooling": "mean"},
-            {"name": "note", "column": "note"},
-        ],
-        "tables": {name: {"dim": 4, "optimizer": {"name": "adagrad", "lr": 0.2}}
-                   for name in ("site", "c14", "tags", "note")},
-        "dense": [{"column": "price", "normalization": "standard"}],
-        "label": {"column": "click", "positive": "1", "negative": "0"},
-        "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": 1, "embedding_dims": [4, 4, 4, 4],
-                                                            "hidden": [16]}},
-        "training": {"batch_size": 64, "epochs": 2, "staleness_bound": 1,
-                     "dense_optimizer": {"name": "sgd", "lr": 0.1}, "seed": 2, "shuffle_buffer": 1000},
-        "topology": {"nn_ranks": 2, "ps_shards": 2, "embedding_workers": 1},
-    }))
+    (tmp_path / "job.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "clicks",
+                "data": {"source": "csv", "train": "clicks.csv", "split": {"by": "hour", "test_from": 14103000}},
+                "slots": [
+                    {"name": "site", "column": "site_id"},
+                    {"name": "c14", "column": "C14"},
+                    {"name": "tags", "column": "tags", "separator": "|", "max_len": 3, "pooling": "mean"},
+                    {"name": "note", "column": "note"},
+                ],
+                "tables": {
+                    name: {"dim": 4, "optimizer": {"name": "adagrad", "lr": 0.2}}
+                    for name in ("site", "c14", "tags", "note")
+                },
+                "dense": [{"column": "price", "normalization": "standard"}],
+                "label": {"column": "click", "positive": "1", "negative": "0"},
+                "model": {
+                    "cls": "trillium.models:DNN",
+                    "kwargs": {"num_dense": 1, "embedding_dims": [4, 4, 4, 4], "hidden": [16]},
+                },
+                "training": {
+                    "batch_size": 64,
+                    "epochs": 2,
+                    "staleness_bound": 1,
+                    "dense_optimizer": {"name": "sgd", "lr": 0.1},
+                    "seed": 2,
+                    "shuffle_buffer": 1000,
+                },
+                "topology": {"nn_ranks": 2, "ps_shards": 2, "embedding_workers": 1},
+            }
+        )
+    )
     job = load_job(tmp_path / "job.yaml")
     builder = BatchBuilder(job)
     train = builder.split("train")

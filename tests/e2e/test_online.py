@@ -46,8 +46,13 @@ def _online_job(name: str, impressions: str, clicks: str, late_labels: str = "co
     """examples/online/job.yaml on these topics: the join of the example, a 2 s window."""
     raw = load_job(ROOT / "examples/online/job.yaml").model_dump(mode="json")
     raw["name"] = name
-    raw["data"]["join"] |= {"impressions": impressions, "labels": clicks, "window_seconds": 2.0,
-                            "allowed_lateness_seconds": 0.5, "late_labels": late_labels}
+    raw["data"]["join"] |= {
+        "impressions": impressions,
+        "labels": clicks,
+        "window_seconds": 2.0,
+        "allowed_lateness_seconds": 0.5,
+        "late_labels": late_labels,
+    }
     raw["training"] |= training
     raw["topology"] |= {"data_loaders": 1}
     return JobConfig.model_validate(raw)
@@ -83,8 +88,9 @@ async def _read_all(conn: KafkaConnection, topic: str, partitions: int) -> list:
 
 def _replaying(path: Path, job: JobConfig, conn: KafkaConnection, *, rate: float, seed: int) -> threading.Thread:
     """`trillium replay` of a file in the background, paced like a live stream."""
-    thread = threading.Thread(target=lambda: asyncio.run(replay(path, job, conn, fmt="criteo", rate=rate,
-                                                                seed=seed)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(replay(path, job, conn, fmt="criteo", rate=rate, seed=seed)), daemon=True
+    )
     thread.start()
     return thread
 
@@ -107,24 +113,34 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
 
     t = time.time() - 100  # event time in the past; the stream's end closes every window
     sequence = [
-        (imps, 0, imp("a", t + 10)), (imps, 0, imp("b", t + 5)),  # b's event time is before a's
-        (clicks, 0, click("a", t + 11)),                            # a: clicked in its window
-        (imps, 1, imp("c", t + 12)), (clicks, 1, click("c", t + 15)),  # c: clicked 3 s later: late
-        (clicks, 1, click("d", t + 13)), (imps, 1, imp("d", t + 12.5)),  # d's click came first: positive
-        (clicks, 0, click("d-nowhere", t + 14)),                     # no such impression: unmatched
-        (imps, 0, b"{not json"),                                     # dead letters
+        (imps, 0, imp("a", t + 10)),
+        (imps, 0, imp("b", t + 5)),  # b's event time is before a's
+        (clicks, 0, click("a", t + 11)),  # a: clicked in its window
+        (imps, 1, imp("c", t + 12)),
+        (clicks, 1, click("c", t + 15)),  # c: clicked 3 s later: late
+        (clicks, 1, click("d", t + 13)),
+        (imps, 1, imp("d", t + 12.5)),  # d's click came first: positive
+        (clicks, 0, click("d-nowhere", t + 14)),  # no such impression: unmatched
+        (imps, 0, b"{not json"),  # dead letters
         (imps, 1, json.dumps({"request_id": "e", "ts": t}).encode()),  # fields missing
         (imps, 0, json.dumps({"request_id": "f", "ts": t} | fields | {"I3": "NaN"}).encode()),
-        (imps, 0, imp("g", t + 20)), (imps, 1, imp("h", t + 20)),   # never clicked: negatives
-        (clicks, 0, click("a", t + 11.5)),                          # a's second click: a duplicate
+        (imps, 0, imp("g", t + 20)),
+        (imps, 1, imp("h", t + 20)),  # never clicked: negatives
+        (clicks, 0, click("a", t + 11.5)),  # a's second click: a duplicate
     ]
     asyncio.run(_produce(conn, sequence))
     job = _online_job(f"join-{run}", imps, clicks, late_labels="count")
     client = CoordinatorClient.for_stack(training_stack)
     try:
         job_id = client.submit(job)["id"]
-        view = _wait(lambda: (v := client.job(job_id))["stream"] and v["stream"]["joined"].get("negatives", 0)
-                     + v["stream"]["joined"].get("positives", 0) >= 6 and v, "every impression to close")
+        view = _wait(
+            lambda: (
+                (v := client.job(job_id))["stream"]
+                and v["stream"]["joined"].get("negatives", 0) + v["stream"]["joined"].get("positives", 0) >= 6
+                and v
+            ),
+            "every impression to close",
+        )
         time.sleep(1.0)  # nothing more may come
         view = client.job(job_id)
         client.stop(job_id)
@@ -132,15 +148,23 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
     finally:
         client.close()
     assert view["stream"]["joined"] == {
-        "impressions": 6, "labels": 5, "positives": 2, "negatives": 4, "late_labels": 1, "unmatched_labels": 1,
-        "duplicate_labels": 1}, view["stream"]["joined"]
+        "impressions": 6,
+        "labels": 5,
+        "positives": 2,
+        "negatives": 4,
+        "late_labels": 1,
+        "unmatched_labels": 1,
+        "duplicate_labels": 1,
+    }, view["stream"]["joined"]
     assert view["stream"]["dead_letters"] == {"undecodable": 1, "missing_field": 1, "bad_value": 1}
     letters = asyncio.run(_read_all(conn, view["job"]["topics"]["dlq"], 1))
     headers = [{k: v.decode() for k, v in r.headers} for r in letters]
-    assert sorted((h["trillium-source-topic"], h["trillium-source-partition"], h["trillium-source-offset"])
-                  for h in headers) == [(imps, "0", "2"), (imps, "0", "3"), (imps, "1", "2")]
-    reasons = {h["trillium-source-offset"] + "@" + h["trillium-source-partition"]: h["trillium-dlq-reason"]
-               for h in headers}
+    assert sorted(
+        (h["trillium-source-topic"], h["trillium-source-partition"], h["trillium-source-offset"]) for h in headers
+    ) == [(imps, "0", "2"), (imps, "0", "3"), (imps, "1", "2")]
+    reasons = {
+        h["trillium-source-offset"] + "@" + h["trillium-source-partition"]: h["trillium-dlq-reason"] for h in headers
+    }
     assert reasons["2@0"].startswith("not valid json") and reasons["2@1"] == "missing field 'C1'"
     assert "'I3' (dense): expected a finite number" in reasons["3@0"]
     assert [r.value for r in letters if r.value.startswith(b"{not")] == [b"{not json"]  # the raw bytes
@@ -150,10 +174,17 @@ def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, 
     """A replayed planted-model stream, trained as it comes: the rolling progressive AUC (each
     sample scored before it is trained on) gets within 0.01 of the planted model's own AUC."""
     run = uuid.uuid4().hex[:8]
-    data = generate_criteo(tmp_path / "stream.tsv", 400_000, seed=3, vocab_sizes=[5] * 26,
-                           missing_count_is_zero=True)  # its AUC: a ceiling the job's model can reach
-    job = _online_job(f"planted-{run}", f"imps-{run}", f"clicks-{run}", progressive_samples=100_000,
-                      staleness_bound=1, dense_optimizer={"name": "adagrad", "lr": 0.05})
+    data = generate_criteo(
+        tmp_path / "stream.tsv", 400_000, seed=3, vocab_sizes=[5] * 26, missing_count_is_zero=True
+    )  # its AUC: a ceiling the job's model can reach
+    job = _online_job(
+        f"planted-{run}",
+        f"imps-{run}",
+        f"clicks-{run}",
+        progressive_samples=100_000,
+        staleness_bound=1,
+        dense_optimizer={"name": "adagrad", "lr": 0.05},
+    )
     # The dense layers on Adagrad: its steps shrink as it learns, so the rolling AUC is flat from
     # ~150k samples and the window scored at 300k holds a settled model (under Adam at 0.003 it
     # was still climbing there, by 0.005-0.02 from run to run).
@@ -166,8 +197,9 @@ def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, 
     feed = _replaying(tmp_path / "stream.tsv", job, infra.kafka, rate=6000, seed=3)
     try:
         job_id = client.submit(job)["id"]
-        view = _wait(lambda: (v := client.job(job_id))["progressive"]["scored"] >= 300_000 and v,
-                     "300k samples scored", 900)
+        view = _wait(
+            lambda: (v := client.job(job_id))["progressive"]["scored"] >= 300_000 and v, "300k samples scored", 900
+        )
         client.stop(job_id)
         _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
     finally:
@@ -190,8 +222,9 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
     rows = 60_000
     generate_criteo(tmp_path / "stream.tsv", rows, seed=5, vocab_sizes=[5] * 26)
     job = _online_job(f"ledger-{run}", f"imps-{run}", f"clicks-{run}")
-    job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"every_seconds": None,
-                                                                                 "every_steps": 20})})
+    job = job.model_copy(
+        update={"checkpoint": job.checkpoint.model_copy(update={"every_seconds": None, "every_steps": 20})}
+    )
     asyncio.run(kafka.ensure_topics(infra.kafka, {f"imps-{run}": 4, f"clicks-{run}": 4}))  # as replay makes them
     client = CoordinatorClient.for_stack(training_stack)
     try:
@@ -202,8 +235,15 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
         loader = next(p for p in launcher.read_state(training_stack)["processes"] if p["name"] == "data_loader-0")
         os.kill(loader["pid"], signal.SIGKILL)
         feed.join()
-        _wait(lambda: (v := client.job(job_id))["stream"] and v["stream"]["events"].get("samples", 0) >= rows
-              and v["job"]["state"] == "running", "every impression written as a sample", 600)
+        _wait(
+            lambda: (
+                (v := client.job(job_id))["stream"]
+                and v["stream"]["events"].get("samples", 0) >= rows
+                and v["job"]["state"] == "running"
+            ),
+            "every impression written as a sample",
+            600,
+        )
         client.stop(job_id)
         final = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
     finally:

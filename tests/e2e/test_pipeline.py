@@ -55,9 +55,12 @@ def test_two_loaders_feed_every_sample_once_per_epoch(training_stack, tiny_job, 
     (tmp_path / "part-0.tsv").write_text("".join(lines[:600]))
     (tmp_path / "part-1.tsv").write_text("".join(lines[600:]))
     job = with_training(tiny_job, epochs=3, staleness_bound=2)
-    job = job.model_copy(update={"topology": job.topology.model_copy(update={"data_loaders": 2}),
-                                 "data": job.data.model_copy(update={"train": [tmp_path / "part-0.tsv",
-                                                                               tmp_path / "part-1.tsv"]})})
+    job = job.model_copy(
+        update={
+            "topology": job.topology.model_copy(update={"data_loaders": 2}),
+            "data": job.data.model_copy(update={"train": [tmp_path / "part-0.tsv", tmp_path / "part-1.tsv"]}),
+        }
+    )
     view, report = run_to_end(training_stack, job)
     assert view["job"]["state"] == "finished", view["job"]["error"]
     rows, label_sum = _train_split(job)
@@ -91,13 +94,17 @@ def test_one_rank_synchronous_run_matches_single_process_reference(training_stac
 def test_malformed_rows_are_counted_quarantined_and_skipped(training_stack, tiny_job, tmp_path) -> None:
     train = tmp_path / "train.tsv"
     lines = (DATA / "tiny" / "train.tsv").read_text().splitlines(keepends=True)
-    bad = {5: "only\tthree\tfields\n", 17: lines[17].replace("\t", "\tnot-a-number\t", 1).split("\t", 1)[0] + "\tx" * 39 + "\n"}
+    bad = {
+        5: "only\tthree\tfields\n",
+        17: lines[17].replace("\t", "\tnot-a-number\t", 1).split("\t", 1)[0] + "\tx" * 39 + "\n",
+    }
     for line_no, text in bad.items():
         lines[line_no - 1] = text
     train.write_text("".join(lines))
     shutil.copy(DATA / "tiny" / "test.tsv", tmp_path / "test.tsv")
-    job = tiny_job.model_copy(update={"data": tiny_job.data.model_copy(update={"train": train,
-                                                                              "test": tmp_path / "test.tsv"})})
+    job = tiny_job.model_copy(
+        update={"data": tiny_job.data.model_copy(update={"train": train, "test": tmp_path / "test.tsv"})}
+    )
     job = with_training(job, epochs=1, staleness_bound=None)
     view, report = run_to_end(training_stack, job)
     assert view["job"]["state"] == "finished", view["job"]["error"]
@@ -114,8 +121,12 @@ def test_bad_config_fails_before_any_service_starts(tmp_path) -> None:
     bad.write_text(text)
     shutil.copytree(DATA / "tiny", tmp_path / "tiny")
     run_dir = tmp_path / "stack"
-    out = subprocess.run([sys.executable, "-m", "trillium.cli", "demo", "--job", str(bad), "--run-dir", str(run_dir)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "trillium.cli", "demo", "--job", str(bad), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "slots[6] 'c7': unknown column 'C99'" in out.stdout
     assert "known columns: label, I1" in out.stdout

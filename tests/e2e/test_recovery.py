@@ -88,8 +88,10 @@ def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str) -> dict:
         client.close()
 
 
-@pytest.mark.parametrize("victim", ["data_loader-0", "nn_worker-1", "embedding_worker-0", "embedding_ps-1",
-                                    "coordinator-0", "kafka", "redis"])
+@pytest.mark.parametrize(
+    "victim",
+    ["data_loader-0", "nn_worker-1", "embedding_worker-0", "embedding_ps-1", "coordinator-0", "kafka", "redis"],
+)
 def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, victim) -> None:
     view = _kill_after_a_checkpoint(stack, sync_job, victim)
     assert view["job"]["state"] == "finished", view["job"]["error"]
@@ -119,9 +121,14 @@ def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) 
         assert middle["eval"]["samples"] == 300
         # Its PS snapshots are deltas on the first checkpoint's: the restore loads both, resharded.
         assert [f["delta_of"] for f in middle["files"] if f["role"] == "embedding_ps"] == [listing[0]["step"]] * 2
-        warm = JobConfig.model_validate(job.model_dump() | {
-            "name": "evaluate-checkpoint", "init_from": {"job": view["job"]["id"], "step": middle["step"]},
-            "topology": job.topology.model_dump() | {"ps_shards": 1}})
+        warm = JobConfig.model_validate(
+            job.model_dump()
+            | {
+                "name": "evaluate-checkpoint",
+                "init_from": {"job": view["job"]["id"], "step": middle["step"]},
+                "topology": job.topology.model_dump() | {"ps_shards": 1},
+            }
+        )
         warm = with_training(warm, epochs=0)
         restored, _ = run_to_end(stack, warm)
     finally:

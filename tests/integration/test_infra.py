@@ -72,8 +72,13 @@ def test_independent_clients_see_the_servers(infra) -> None:
 
 def test_service_with_bad_config_fails_naming_the_field(tmp_path) -> None:
     env = {ENV_KAFKA_BOOTSTRAP: "127.0.0.1:1", ENV_REDIS_URL: "http://not-redis", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "trillium.services.embedding_ps", "--http-port", "0"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "trillium.services.embedding_ps", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "redis_url: Value error, must start with redis://" in out.stderr
     assert "token: Field required (set TRILLIUM_TOKEN)" in out.stderr

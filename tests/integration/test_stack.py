@@ -60,7 +60,8 @@ def test_services_registered_with_coordinator_behind_token(stack) -> None:
             break
         time.sleep(0.5)
     assert sorted((w["role"], w["index"]) for w in workers) == sorted(
-        (role, i) for role in ROLES for i in range(TOPOLOGY.count(role)))
+        (role, i) for role in ROLES for i in range(TOPOLOGY.count(role))
+    )
     assert all(w["status"] == "healthy" for w in workers), workers
 
 
@@ -87,8 +88,13 @@ def test_second_up_in_same_run_dir_is_refused(stack) -> None:
 
 def test_down_leaves_no_process_behind(infra, tmp_path) -> None:
     env = os.environ | {ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap, ENV_REDIS_URL: infra.redis_database(4)}
-    up = subprocess.run([sys.executable, "-m", "trillium.cli", "up", "--run-dir", str(tmp_path), "--nn-ranks", "1"],
-                        capture_output=True, text=True, env=env, timeout=240)
+    up = subprocess.run(
+        [sys.executable, "-m", "trillium.cli", "up", "--run-dir", str(tmp_path), "--nn-ranks", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     st = launcher.read_state(tmp_path)
     pids = [st["supervisor_pid"], *(p["pid"] for p in st["processes"])]

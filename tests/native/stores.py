@@ -12,8 +12,17 @@ import trillium_native as tn
 
 TABLES = [
     ("emb_adam", dict(dim=6, optimizer="adam", lr=0.01, dtype="fp16", ttl_updates=1000)),
-    ("emb_rw", dict(dim=4, optimizer="rowwise_adagrad", lr=0.1, admission="threshold", admission_threshold=1,
-                    admission_sketch_width=1024)),
+    (
+        "emb_rw",
+        dict(
+            dim=4,
+            optimizer="rowwise_adagrad",
+            lr=0.1,
+            admission="threshold",
+            admission_threshold=1,
+            admission_sketch_width=1024,
+        ),
+    ),
     ("emb_ftrl", dict(dim=3, optimizer="ftrl", ftrl_alpha=0.1, ftrl_l1=0.001, capacity=100000)),
     ("emb_ada", dict(dim=5, optimizer="adagrad", lr=0.05, dtype="bf16", initializer="normal", seed=4)),
 ]

@@ -105,8 +105,9 @@ def test_probability_admission_rate_and_stability():
 def test_non_admitted_gradients_do_not_shift_other_rows():
     """PERSIA regression: dropping non-admitted ids must not misalign gradients."""
     s = tn.EmbeddingStore(num_internal_shards=8)
-    s.create_table("t", 4, optimizer="sgd", lr=1.0, init_low=0.0, init_high=0.0,
-                   admission="threshold", admission_threshold=2)
+    s.create_table(
+        "t", 4, optimizer="sgd", lr=1.0, init_low=0.0, init_high=0.0, admission="threshold", admission_threshold=2
+    )
     admitted = np.array([10, 20, 30, 40], dtype=np.uint64)
     s.lookup("t", admitted)
     s.lookup("t", admitted)  # second sighting -> admitted
@@ -189,7 +190,9 @@ def test_capacity_large_table_approximate_lru_keeps_hot_rows():
 @SETTINGS
 @given(
     ops=st.lists(
-        st.tuples(st.sampled_from(["lookup", "update", "expire"]), st.lists(st.integers(0, 20), min_size=1, max_size=8)),
+        st.tuples(
+            st.sampled_from(["lookup", "update", "expire"]), st.lists(st.integers(0, 20), min_size=1, max_size=8)
+        ),
         min_size=1,
         max_size=14,
     ),

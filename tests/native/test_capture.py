@@ -14,18 +14,33 @@ from stores import TABLES, all_state, assert_state_equal, corrupt_variants, make
 
 import trillium_native as tn
 
-COUNTERS = ["admitted", "not_admitted", "evicted", "expired", "nan_grads_skipped", "lookups", "updates",
-            "dropped_grads"]
+COUNTERS = [
+    "admitted",
+    "not_admitted",
+    "evicted",
+    "expired",
+    "nan_grads_skipped",
+    "lookups",
+    "updates",
+    "dropped_grads",
+]
 
-TABLE_CONFIGS = st.sampled_from([
-    dict(optimizer="sgd", dtype="fp32"),
-    dict(optimizer="adagrad", dtype="bf16", ttl_updates=50),
-    dict(optimizer="rowwise_adagrad", dtype="fp32", admission="threshold", admission_threshold=2,
-         admission_sketch_width=64),
-    dict(optimizer="adam", dtype="fp16", ttl_seconds=3600),
-    dict(optimizer="ftrl", dtype="fp32", capacity=150),
-    dict(optimizer="sgd", dtype="fp16", admission="probability", admission_probability=0.5, seed=9),
-])
+TABLE_CONFIGS = st.sampled_from(
+    [
+        dict(optimizer="sgd", dtype="fp32"),
+        dict(optimizer="adagrad", dtype="bf16", ttl_updates=50),
+        dict(
+            optimizer="rowwise_adagrad",
+            dtype="fp32",
+            admission="threshold",
+            admission_threshold=2,
+            admission_sketch_width=64,
+        ),
+        dict(optimizer="adam", dtype="fp16", ttl_seconds=3600),
+        dict(optimizer="ftrl", dtype="fp32", capacity=150),
+        dict(optimizer="sgd", dtype="fp16", admission="probability", admission_probability=0.5, seed=9),
+    ]
+)
 BATCHES = st.lists(st.lists(st.integers(0, 299), min_size=1, max_size=40), min_size=0, max_size=5)
 
 
@@ -52,10 +67,14 @@ def counters(store, name):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg=TABLE_CONFIGS, before=BATCHES, after=BATCHES, threads=st.sampled_from([1, 2]),
-       shards=st.sampled_from([1, 4, 16]))
-def test_capture_round_trips_exactly_and_later_updates_stay_out(tmp_path_factory, cfg, before, after, threads,
-                                                                 shards):
+@given(
+    cfg=TABLE_CONFIGS,
+    before=BATCHES,
+    after=BATCHES,
+    threads=st.sampled_from([1, 2]),
+    shards=st.sampled_from([1, 4, 16]),
+)
+def test_capture_round_trips_exactly_and_later_updates_stay_out(tmp_path_factory, cfg, before, after, threads, shards):
     dim = 5
     s = trained(cfg, before, threads=threads, shards=shards, dim=dim)
     at_capture = all_state(s, "t", range(300))
@@ -84,10 +103,10 @@ def test_capture_round_trips_exactly_and_later_updates_stay_out(tmp_path_factory
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg=TABLE_CONFIGS, before=BATCHES, between=BATCHES, threads=st.sampled_from([1, 2]),
-       shards=st.sampled_from([1, 4]))
-def test_a_delta_loaded_on_its_base_is_the_store_at_the_delta(tmp_path_factory, cfg, before, between, threads,
-                                                               shards):
+@given(
+    cfg=TABLE_CONFIGS, before=BATCHES, between=BATCHES, threads=st.sampled_from([1, 2]), shards=st.sampled_from([1, 4])
+)
+def test_a_delta_loaded_on_its_base_is_the_store_at_the_delta(tmp_path_factory, cfg, before, between, threads, shards):
     dim = 5
     s = trained(cfg, before, threads=threads, shards=shards, dim=dim)
     base = s.capture()

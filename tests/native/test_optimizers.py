@@ -17,9 +17,22 @@ SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[Healt
 class RefTable:
     """Reference optimizer math in float32 numpy, mirroring the documented formulas."""
 
-    def __init__(self, dim, optimizer, lr=0.05, weight_decay=0.0, eps=1e-8, beta1=0.9, beta2=0.999,
-                 initial_accumulator=0.0, ftrl_alpha=0.05, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0,
-                 weight_bound=None):
+    def __init__(
+        self,
+        dim,
+        optimizer,
+        lr=0.05,
+        weight_decay=0.0,
+        eps=1e-8,
+        beta1=0.9,
+        beta2=0.999,
+        initial_accumulator=0.0,
+        ftrl_alpha=0.05,
+        ftrl_beta=1.0,
+        ftrl_l1=0.0,
+        ftrl_l2=0.0,
+        weight_bound=None,
+    ):
         self.dim = dim
         self.opt = optimizer
         self.lr, self.wd, self.eps = F(lr), F(weight_decay), F(eps)
@@ -69,7 +82,7 @@ class RefTable:
             gi = g + self.wd * w
             r["t"] += 1
             t = r["t"]
-            bc1, bc2 = F(1.0 - self.b1_64 ** t), F(1.0 - self.b2_64 ** t)
+            bc1, bc2 = F(1.0 - self.b1_64**t), F(1.0 - self.b2_64**t)
             r["m"] = self.b1 * r["m"] + (F(1) - self.b1) * gi
             r["v"] = self.b2 * r["v"] + (F(1) - self.b2) * gi * gi
             r["w"] = self.clip(w - self.lr * ((r["m"] / bc1) / (np.sqrt(r["v"] / bc2) + self.eps)))

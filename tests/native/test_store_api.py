@@ -94,8 +94,13 @@ def test_hash_inputs_errors():
 # ---------------------------------------------------------------- init / precision
 
 
-@pytest.mark.parametrize("init", [dict(initializer="uniform", init_low=-0.5, init_high=0.25),
-                                  dict(initializer="normal", init_mean=1.0, init_std=0.1)])
+@pytest.mark.parametrize(
+    "init",
+    [
+        dict(initializer="uniform", init_low=-0.5, init_high=0.25),
+        dict(initializer="normal", init_mean=1.0, init_std=0.1),
+    ],
+)
 def test_deterministic_init_across_stores_and_shards(init):
     ids = np.array([0, 1, 17, 2**40, M64], dtype=np.uint64)
     a = tn.EmbeddingStore(num_internal_shards=1, threads=1)
@@ -235,7 +240,17 @@ def test_introspection():
     assert m1 < 50000 * (8 * 4 + 64) * 1.6
     assert s.memory_bytes() >= m1 + s.memory_bytes("b")
     st_ = s.stats("a")
-    for k in ["rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped", "lookups", "updates", "version"]:
+    for k in [
+        "rows",
+        "memory_bytes",
+        "admitted",
+        "evicted",
+        "expired",
+        "nan_grads_skipped",
+        "lookups",
+        "updates",
+        "version",
+    ]:
         assert k in st_
     assert st_["lookups"] == 50000 and st_["admitted"] == 50000
     cfg = s.table_config("b")

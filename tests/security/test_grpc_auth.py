@@ -34,31 +34,90 @@ TOKEN = "the-stack-token-0123456789"
 
 def _tls_files(directory: Path) -> GrpcTls:
     """A CA, and a server certificate it signed for 127.0.0.1 (the address the test dials)."""
+
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=trillium-test-ca",
-            "-keyout", "ca.key", "-out", "ca.pem")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=embedding-ps", "-keyout", "server.key",
-            "-out", "server.csr")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=trillium-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=embedding-ps",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    )
     (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
-            "-extfile", "san.ext", "-out", "server.pem")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    )
     return GrpcTls(cert_file=directory / "server.pem", key_file=directory / "server.key", ca_file=directory / "ca.pem")
 
 
 def _start_ps(infra, run_dir: Path, tls: GrpcTls | None) -> tuple[subprocess.Popen, int]:
     """A real embedding_ps process (no coordinator needed to serve Stats)."""
     http_port, grpc_port = launcher._free_port(), launcher._free_port()
-    env = os.environ | {ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap, ENV_REDIS_URL: infra.redis_database(5),
-                        ENV_COORDINATOR_URL: f"http://127.0.0.1:{launcher._free_port()}", ENV_TOKEN: TOKEN,
-                        ENV_RUN_DIR: str(run_dir)}
+    env = os.environ | {
+        ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap,
+        ENV_REDIS_URL: infra.redis_database(5),
+        ENV_COORDINATOR_URL: f"http://127.0.0.1:{launcher._free_port()}",
+        ENV_TOKEN: TOKEN,
+        ENV_RUN_DIR: str(run_dir),
+    }
     if tls is not None:
-        env |= {ENV_GRPC_TLS_CERT: str(tls.cert_file), ENV_GRPC_TLS_KEY: str(tls.key_file),
-                ENV_GRPC_TLS_CA: str(tls.ca_file)}
-    proc = subprocess.Popen([sys.executable, "-m", "trillium.services.embedding_ps", "--index", "3",
-                             "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env |= {
+            ENV_GRPC_TLS_CERT: str(tls.cert_file),
+            ENV_GRPC_TLS_KEY: str(tls.key_file),
+            ENV_GRPC_TLS_CA: str(tls.ca_file),
+        }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trillium.services.embedding_ps",
+            "--index",
+            "3",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while True:
         assert proc.poll() is None, f"embedding_ps exited with {proc.returncode}"
@@ -116,7 +175,8 @@ async def test_call_with_a_wrong_token_is_unauthenticated(ps) -> None:
     async with channel:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await pb_grpc.EmbeddingParameterServerStub(channel).Stats(
-                pb.ShardStatsRequest(), metadata=[("x-token", f"Bearer {TOKEN}")], timeout=10)
+                pb.ShardStatsRequest(), metadata=[("x-token", f"Bearer {TOKEN}")], timeout=10
+            )
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 

@@ -21,17 +21,17 @@ from trillium.job import FeatureSlot
 
 @dataclass(frozen=True)
 class TablePlan:
-    ids: np.ndarray                # uint64[U]: the batch's unique IDs of this table
-    shard_rows: list[np.ndarray]   # per shard: positions in `ids` owned by that shard
+    ids: np.ndarray  # uint64[U]: the batch's unique IDs of this table
+    shard_rows: list[np.ndarray]  # per shard: positions in `ids` owned by that shard
 
 
 @dataclass(frozen=True)
 class SlotPlan:
     slot: FeatureSlot
-    inverse: torch.Tensor          # int64[n]: each ID's position in its table's unique IDs
-    sample: torch.Tensor           # int64[n]: the sample each ID belongs to
+    inverse: torch.Tensor  # int64[n]: each ID's position in its table's unique IDs
+    sample: torch.Tensor  # int64[n]: the sample each ID belongs to
     position: torch.Tensor | None  # int64[n]: position within the sequence (pooling "none")
-    lengths: np.ndarray            # int32[B]
+    lengths: np.ndarray  # int32[B]
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,13 @@ def plan(ids: KeyedIds, slots: list[FeatureSlot], num_shards: int) -> BatchPlan:
             if slot.pooling == "none":
                 starts = np.cumsum(lengths, dtype=np.int64) - lengths
                 position = torch.from_numpy(np.arange(n, dtype=np.int64) - starts[sample])
-            slot_plans[slot.name] = SlotPlan(slot, torch.from_numpy(inverse[start:start + n].astype(np.int64)),
-                                             torch.from_numpy(sample), position, np.asarray(lengths))
+            slot_plans[slot.name] = SlotPlan(
+                slot,
+                torch.from_numpy(inverse[start : start + n].astype(np.int64)),
+                torch.from_numpy(sample),
+                position,
+                np.asarray(lengths),
+            )
             start += n
     return BatchPlan(batch, tables, [slot_plans[s.name] for s in slots])
 

@@ -22,11 +22,24 @@ def _write(store: JobCheckpoints, step: int, *, manifest: bool = True, delta_of:
         size, sha = ckdir.write_bytes(name, data)
         files.append(PartFile(name=name, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0))
     size, sha = ckdir.write_bytes(ps_file(0), b"rows of step %d" % step)
-    files.append(PartFile(name=ps_file(0), role="embedding_ps", index=0, bytes=size, sha256=sha, seconds=0.0,
-                          delta_of=delta_of))
-    m = Manifest(job_id=store.job_id, attempt=0, step=step, epoch=0, reason="schedule", created_at=time.time(),
-                 pause_seconds=0.01, seconds_to_write=0.1, config=load_job(TINY_JOB), positions={"s": {0: step}},
-                 written={"s": {0: step}}, lineage={}, files=files)
+    files.append(
+        PartFile(name=ps_file(0), role="embedding_ps", index=0, bytes=size, sha256=sha, seconds=0.0, delta_of=delta_of)
+    )
+    m = Manifest(
+        job_id=store.job_id,
+        attempt=0,
+        step=step,
+        epoch=0,
+        reason="schedule",
+        created_at=time.time(),
+        pause_seconds=0.01,
+        seconds_to_write=0.1,
+        config=load_job(TINY_JOB),
+        positions={"s": {0: step}},
+        written={"s": {0: step}},
+        lineage={},
+        files=files,
+    )
     if manifest:
         ckdir.write_manifest(m)
     return m

@@ -9,9 +9,13 @@ import redis
 from trillium import config
 from trillium.config import ConfigError, KafkaConnection, ServiceSettings
 
-BASE = {config.ENV_KAFKA_BOOTSTRAP: "kafka:9092", config.ENV_REDIS_URL: "redis://trillium@redis:6379/0",
-        config.ENV_COORDINATOR_URL: "http://coordinator:8080", config.ENV_TOKEN: "t" * 24,
-        config.ENV_RUN_DIR: "/tmp"}
+BASE = {
+    config.ENV_KAFKA_BOOTSTRAP: "kafka:9092",
+    config.ENV_REDIS_URL: "redis://trillium@redis:6379/0",
+    config.ENV_COORDINATOR_URL: "http://coordinator:8080",
+    config.ENV_TOKEN: "t" * 24,
+    config.ENV_RUN_DIR: "/tmp",
+}
 
 
 @pytest.fixture
@@ -52,8 +56,11 @@ def test_kafka_sasl_needs_a_user_and_a_password(env) -> None:
     env.setenv(config.ENV_KAFKA_USERNAME, "trillium")
     env.setenv(config.ENV_KAFKA_PASSWORD, "secret")
     kafka = _settings().kafka
-    assert (kafka.security_protocol, kafka.sasl_mechanism, kafka.username) == ("SASL_PLAINTEXT", "SCRAM-SHA-512",
-                                                                               "trillium")
+    assert (kafka.security_protocol, kafka.sasl_mechanism, kafka.username) == (
+        "SASL_PLAINTEXT",
+        "SCRAM-SHA-512",
+        "trillium",
+    )
     assert "secret" not in repr(kafka)
 
 

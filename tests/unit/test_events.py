@@ -18,17 +18,21 @@ from trillium.sources.events import MULTI_SEP, BadEvent, Event, EventReader, Eve
 
 
 def _job(**data) -> JobConfig:
-    return JobConfig.model_validate({
-        "name": "events",
-        "data": {"source": "kafka", "topics": ["events"], "event_time": "ts", "key": "id"} | data,
-        "slots": [{"name": "user", "column": "user.id"}, {"name": "recent", "column": "user.recent",
-                                                         "pooling": "mean", "max_len": 3}],
-        "tables": {"user": {"dim": 4}, "recent": {"dim": 4}},
-        "dense": [{"column": "price", "normalization": "standard"}],
-        "label": {"column": "click", "positive": "1", "negative": "0"},
-        "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": 1, "embedding_dims": [4, 4]}},
-        "training": {"batch_size": 8, "epochs": None, "staleness_bound": 0,
-                     "dense_optimizer": {"name": "sgd"}}})
+    return JobConfig.model_validate(
+        {
+            "name": "events",
+            "data": {"source": "kafka", "topics": ["events"], "event_time": "ts", "key": "id"} | data,
+            "slots": [
+                {"name": "user", "column": "user.id"},
+                {"name": "recent", "column": "user.recent", "pooling": "mean", "max_len": 3},
+            ],
+            "tables": {"user": {"dim": 4}, "recent": {"dim": 4}},
+            "dense": [{"column": "price", "normalization": "standard"}],
+            "label": {"column": "click", "positive": "1", "negative": "0"},
+            "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": 1, "embedding_dims": [4, 4]}},
+            "training": {"batch_size": 8, "epochs": None, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}},
+        }
+    )
 
 
 GOOD = {"id": "e1", "ts": 1700000000.5, "user": {"id": 42, "recent": ["a", "b", None]}, "price": 3, "click": 1}
@@ -42,18 +46,24 @@ def test_a_good_event_gives_its_fields_as_text() -> None:
     assert packed == event
 
 
-@pytest.mark.parametrize(("raw", "reason"), [
-    (b"{not json", "not valid json"),
-    (b"[1, 2]", "expected an object, got list"),
-    (None, "empty message"),
-    (json.dumps({k: v for k, v in GOOD.items() if k != "price"}).encode(), "missing field 'price'"),
-    (json.dumps(GOOD | {"user": {"recent": []}}).encode(), "missing field 'user.id'"),
-    (json.dumps(GOOD | {"price": "cheap"}).encode(), "field 'price' (dense): expected a finite number"),
-    (json.dumps(GOOD | {"price": math.nan}).encode(), "field 'price' (dense): expected a finite number"),
-    (json.dumps(GOOD | {"user": {"id": {"nested": 1}, "recent": []}}).encode(), "field 'user.id': expected a string"),
-    (json.dumps(GOOD | {"user": {"id": "x" * (1 << 17), "recent": []}}).encode(), "a string of 131072 bytes"),
-    (json.dumps(GOOD | {"ts": "yesterday"}).encode(), "field 'ts' (event time): expected seconds"),
-])
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "not valid json"),
+        (b"[1, 2]", "expected an object, got list"),
+        (None, "empty message"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "price"}).encode(), "missing field 'price'"),
+        (json.dumps(GOOD | {"user": {"recent": []}}).encode(), "missing field 'user.id'"),
+        (json.dumps(GOOD | {"price": "cheap"}).encode(), "field 'price' (dense): expected a finite number"),
+        (json.dumps(GOOD | {"price": math.nan}).encode(), "field 'price' (dense): expected a finite number"),
+        (
+            json.dumps(GOOD | {"user": {"id": {"nested": 1}, "recent": []}}).encode(),
+            "field 'user.id': expected a string",
+        ),
+        (json.dumps(GOOD | {"user": {"id": "x" * (1 << 17), "recent": []}}).encode(), "a string of 131072 bytes"),
+        (json.dumps(GOOD | {"ts": "yesterday"}).encode(), "field 'ts' (event time): expected seconds"),
+    ],
+)
 def test_a_message_that_cannot_be_a_sample_says_why(raw, reason) -> None:
     with pytest.raises(BadEvent, match=reason.replace("(", r"\(").replace(")", r"\)")):
         EventReader(_job()).event(raw)
@@ -67,9 +77,16 @@ def test_a_message_over_the_size_limit_is_refused_before_it_is_parsed() -> None:
 
 def test_a_stream_batch_carries_its_sample_ids_and_event_times_on_the_wire() -> None:
     ids = KeyedIds(keys=("user",), values=np.array([7, 8], np.uint64), lengths=np.array([1, 1], np.int32))
-    batch = Batch(batch_id=3, epoch=0, rank=1, ids=ids, dense=np.zeros((2, 1), np.float32),
-                  labels=np.array([0, 1], np.float32), sample_ids=np.array([11, 12], np.uint64),
-                  event_times=np.array([1.5, 2.5]))
+    batch = Batch(
+        batch_id=3,
+        epoch=0,
+        rank=1,
+        ids=ids,
+        dense=np.zeros((2, 1), np.float32),
+        labels=np.array([0, 1], np.float32),
+        sample_ids=np.array([11, 12], np.uint64),
+        event_times=np.array([1.5, 2.5]),
+    )
     assert codec.decode_batch(codec.encode_batch(batch)) == batch
     plain = Batch(batch_id=3, epoch=0, rank=1, ids=ids, dense=batch.dense, labels=batch.labels)
     assert codec.decode_batch(codec.encode_batch(plain)).sample_ids is None
@@ -87,8 +104,10 @@ def _pooled(arrivals: list[tuple[int, float]]) -> EventRows:
 
 
 def _steps(rows: EventRows, now: float) -> list[list[int]]:
-    return [sorted(int(e.key) for e in s.events)
-            for s in due_steps(rows, np.random.default_rng(0), step=16, pool=64, timeout=1.0, now=now)]
+    return [
+        sorted(int(e.key) for e in s.events)
+        for s in due_steps(rows, np.random.default_rng(0), step=16, pool=64, timeout=1.0, now=now)
+    ]
 
 
 def test_a_fast_stream_goes_out_in_whole_steps_and_no_sample_waits_past_the_timeout() -> None:

@@ -37,8 +37,10 @@ def test_avazu_job_reads_avazus_gzipped_csv_and_trains(tmp_path: Path) -> None:
             hour = 14102100 + 100 * (i * 10 // 3000)  # ten days, in time order
             ids = [f"{rng.integers(1 << 32):08x}" for _ in range(9)]  # site_id .. device_model
             numbers = [str(rng.integers(1000, 1010))] + [str(rng.integers(0, 7)) for _ in range(11)]
-            f.write(",".join([str(10**18 + i), str(int(rng.random() < 0.17)), str(hour), *numbers[:2], *ids,
-                              *numbers[2:]]) + "\n")
+            f.write(
+                ",".join([str(10**18 + i), str(int(rng.random() < 0.17)), str(hour), *numbers[:2], *ids, *numbers[2:]])
+                + "\n"
+            )
     job = load_job(path)
     builder = BatchBuilder(job)
     assert (builder.split("train").rows, builder.split("test").rows) == (2700, 300)

@@ -92,9 +92,7 @@ def test_adult_preset_handles_the_test_file_quirks(tmp_path: Path) -> None:
     assert builder.malformed == {}  # the "|" line and the blank ones are no rows
 
 
-def test_malformed_rows_are_counted_logged_and_quarantined(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_malformed_rows_are_counted_logged_and_quarantined(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     train = tmp_path / "train.csv"
     lines = [
         adult_row(),

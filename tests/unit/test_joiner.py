@@ -45,8 +45,13 @@ def test_samples_leave_in_the_order_of_their_decisions_however_the_events_came()
     for i in (1, 3, 5):
         join.label(f"i{i}", 100 + i + 9.5)  # decided as they come, in the last half second of the window
     assert [(k, kind) for k, kind, _ in _outcome(join.advance(200))] == [
-        ("i0", "negative"), ("i1", "positive"), ("i2", "negative"), ("i3", "positive"), ("i4", "negative"),
-        ("i5", "positive")]
+        ("i0", "negative"),
+        ("i1", "positive"),
+        ("i2", "negative"),
+        ("i3", "positive"),
+        ("i4", "negative"),
+        ("i5", "positive"),
+    ]
 
 
 def test_late_labels_are_corrected_once_and_early_labels_wait_for_their_impression() -> None:
@@ -62,8 +67,16 @@ def test_late_labels_are_corrected_once_and_early_labels_wait_for_their_impressi
     join.label("z", 60)  # no impression ever: unmatched once the watermark passes it
     out += join.advance(61)
     assert _outcome(out) == [("x", "positive", 50), ("y", "negative", 50), ("y", "correction", 52)]
-    assert join.counts == {"impressions": 2, "labels": 5, "positives": 1, "negatives": 1, "late_labels": 1,
-                           "corrections": 1, "duplicate_labels": 2, "unmatched_labels": 1}
+    assert join.counts == {
+        "impressions": 2,
+        "labels": 5,
+        "positives": 1,
+        "negatives": 1,
+        "late_labels": 1,
+        "corrections": 1,
+        "duplicate_labels": 2,
+        "unmatched_labels": 1,
+    }
 
 
 def test_over_the_cap_the_oldest_impressions_close_early() -> None:
@@ -89,5 +102,8 @@ def test_the_state_restores_every_open_impression_held_label_decided_sample_and_
         out = j.advance(110)
         j.label("b", 111)
         assert _outcome(out + j.advance(200)) == [
-            ("a", "positive", 101), ("b", "negative", 110), ("b", "correction", 111)]
+            ("a", "positive", 101),
+            ("b", "negative", 110),
+            ("b", "correction", 111),
+        ]
     assert restored.counts == join.counts

@@ -12,8 +12,9 @@ from trillium.config import ENV_THREADS, Topology
 def test_each_ps_shard_and_nn_rank_gets_an_equal_share_of_the_cores(tmp_path, monkeypatch, cores, want) -> None:
     monkeypatch.delenv(ENV_THREADS, raising=False)
     monkeypatch.setattr(launcher.os, "cpu_count", lambda: cores)
-    supervisor = launcher.Supervisor(tmp_path, Topology(nn_ranks=2, ps_shards=2), True, "127.0.0.1:9092",
-                                     "redis://127.0.0.1:6379/0")
+    supervisor = launcher.Supervisor(
+        tmp_path, Topology(nn_ranks=2, ps_shards=2), True, "127.0.0.1:9092", "redis://127.0.0.1:6379/0"
+    )
     assert supervisor.service_proc("embedding_ps", 1).env[ENV_THREADS] == str(want)
     assert supervisor.service_proc("nn_worker", 0).env[ENV_THREADS] == str(want)
     assert ENV_THREADS not in supervisor.service_proc("embedding_worker", 0).env
@@ -21,6 +22,7 @@ def test_each_ps_shard_and_nn_rank_gets_an_equal_share_of_the_cores(tmp_path, mo
 
 def test_a_threads_setting_in_the_environment_is_left_to_every_service(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(ENV_THREADS, "3")
-    supervisor = launcher.Supervisor(tmp_path, Topology(nn_ranks=2, ps_shards=2), True, "127.0.0.1:9092",
-                                     "redis://127.0.0.1:6379/0")
+    supervisor = launcher.Supervisor(
+        tmp_path, Topology(nn_ranks=2, ps_shards=2), True, "127.0.0.1:9092", "redis://127.0.0.1:6379/0"
+    )
     assert ENV_THREADS not in supervisor.service_proc("embedding_ps", 0).env  # inherited as it is

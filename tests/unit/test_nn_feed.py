@@ -45,6 +45,7 @@ async def test_pushes_are_joined_in_order_when_all_goes_well() -> None:
 
 class _EndedFeed:
     """A feed whose first epoch is over at once; it says whether it was stopped."""
+
     def __init__(self, fail: bool) -> None:
         self.fail = fail
         self.stopped = False

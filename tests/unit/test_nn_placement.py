@@ -8,14 +8,17 @@ import torch
 from trillium.services.nn_worker.step import choose_backend, local_placement
 
 
-@pytest.mark.parametrize(("idents", "backend"), [
-    (["cpu", "cpu"], "gloo"),
-    (["cuda:a", "cuda:b"], "nccl"),  # one GPU each
-    (["cuda:a", "cuda:a"], "gloo"),  # two ranks on one GPU: NCCL refuses duplicate GPUs
-    (["cuda:a", "cuda:b", "cuda:a"], "gloo"),
-    (["cuda:a", "cpu"], "gloo"),
-    (["cuda:a"], "nccl"),
-])
+@pytest.mark.parametrize(
+    ("idents", "backend"),
+    [
+        (["cpu", "cpu"], "gloo"),
+        (["cuda:a", "cuda:b"], "nccl"),  # one GPU each
+        (["cuda:a", "cuda:a"], "gloo"),  # two ranks on one GPU: NCCL refuses duplicate GPUs
+        (["cuda:a", "cuda:b", "cuda:a"], "gloo"),
+        (["cuda:a", "cpu"], "gloo"),
+        (["cuda:a"], "nccl"),
+    ],
+)
 def test_nccl_only_when_every_rank_has_a_gpu_of_its_own(idents, backend) -> None:
     chosen, why = choose_backend(idents)
     assert chosen == backend and why

@@ -23,16 +23,16 @@ SHAPES = [(4,), (4,), (3, 4)]  # two pooled slots and a sequence slot of max_len
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group(tmp_path_factory):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
 
 def batch_of(dense: np.ndarray, labels: np.ndarray) -> Batch:
     size = len(labels)
-    ids = KeyedIds.from_slots({f"s{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32))
-                               for i in range(len(SHAPES))})
+    ids = KeyedIds.from_slots(
+        {f"s{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32)) for i in range(len(SHAPES))}
+    )
     return Batch(batch_id=0, epoch=0, rank=0, ids=ids, dense=dense, labels=labels)
 
 
@@ -41,15 +41,25 @@ def make_batch(rng: np.random.Generator, size: int) -> tuple[Batch, list[np.ndar
     return batch, [rng.normal(size=(size, *shape)).astype(np.float32) for shape in SHAPES]
 
 
-def make_trainer(precision="fp32", staged=False, world=1, rank=0) -> tuple[Trainer, torch.nn.Module,
-                                                                           torch.optim.Optimizer]:
+def make_trainer(
+    precision="fp32", staged=False, world=1, rank=0
+) -> tuple[Trainer, torch.nn.Module, torch.optim.Optimizer]:
     """A Trainer, and a copy of its model and optimizer for the plain computation."""
     torch.manual_seed(0)
     model = DNN(NUM_DENSE, [s[-1] for s in SHAPES], hidden=(8, 4), dense_proj=4, sparse_proj=8)
     plain = copy.deepcopy(model)
     ddp = DistributedDataParallel(model)
-    trainer = Trainer(ThreadPoolExecutor(1), ddp, torch.optim.Adam(ddp.parameters(), lr=0.01),
-                      torch.device("cpu"), world, rank, None, precision, staged)
+    trainer = Trainer(
+        ThreadPoolExecutor(1),
+        ddp,
+        torch.optim.Adam(ddp.parameters(), lr=0.01),
+        torch.device("cpu"),
+        world,
+        rank,
+        None,
+        precision,
+        staged,
+    )
     return trainer, plain, torch.optim.Adam(plain.parameters(), lr=0.01)
 
 
@@ -64,8 +74,11 @@ def plain_step(model, optimizer, batch: Batch, embeddings: list[np.ndarray]):
     for p in model.parameters():
         p.grad.div_(batch.batch_size)
     optimizer.step()
-    return (loss_sum.item(), [(e.grad / batch.batch_size).numpy() for e in embs],
-            torch.sigmoid(logits.detach()).numpy())
+    return (
+        loss_sum.item(),
+        [(e.grad / batch.batch_size).numpy() for e in embs],
+        torch.sigmoid(logits.detach()).numpy(),
+    )
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -93,8 +106,9 @@ def test_warm_up_changes_no_parameter_or_optimizer_state() -> None:
     trainer, _, _ = make_trainer(staged=True)
     rng = np.random.default_rng(1)
     trainer.step(*make_batch(rng, 8))  # the optimizer has state to keep
-    before = copy.deepcopy((trainer.model.state_dict(), trainer.optimizer.state_dict(),
-                            [p.grad for p in trainer.model.parameters()]))
+    before = copy.deepcopy(
+        (trainer.model.state_dict(), trainer.optimizer.state_dict(), [p.grad for p in trainer.model.parameters()])
+    )
     trainer.warm_up(64, NUM_DENSE, SHAPES)
     model, optimizer = trainer.model.state_dict(), trainer.optimizer.state_dict()
     assert all(torch.equal(model[k], v) for k, v in before[0].items())
@@ -126,8 +140,16 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
         trainer, _, _ = make_trainer(world=2, rank=rank)  # both ranks start from the same seed's weights
         result = trainer.step(batches[rank], embeddings[rank], paused=rank == 1, seq=3 + rank)
         held = trainer.control(paused=rank == 0, seq=rank)  # outside a step: a collective of its own
-        results.put((rank, result.loss_sum, result.grads, result.control, held,
-                     [p.detach().numpy().copy() for p in trainer.model.parameters()]))  # arrays: no shared memory
+        results.put(
+            (
+                rank,
+                result.loss_sum,
+                result.grads,
+                result.control,
+                held,
+                [p.detach().numpy().copy() for p in trainer.model.parameters()],
+            )
+        )  # arrays: no shared memory
         # Neither rank tears its group down while the other may still finish the last collective:
         # without this a rank sometimes aborted in gloo at exit (3 of 40 runs, with or without the hook).
         dist.barrier()
@@ -140,8 +162,10 @@ def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_contro
     (b0, e0), (b1, e1) = make_batch(rng, 24), make_batch(rng, 40)  # uneven: the step's count is summed
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
-    ranks = [context.Process(target=_rank_step, args=(r, str(tmp_path / "store"), [b0, b1], [e0, e1], results))
-             for r in range(2)]
+    ranks = [
+        context.Process(target=_rank_step, args=(r, str(tmp_path / "store"), [b0, b1], [e0, e1], results))
+        for r in range(2)
+    ]
     for p in ranks:
         p.start()
     got = dict((r, rest) for r, *rest in (results.get(timeout=120) for _ in ranks))

@@ -30,8 +30,15 @@ def batches(draw):
     for k in range(draw(st.integers(1, 5))):
         kind = draw(st.sampled_from(["sum", "mean", "none"]))
         max_len = draw(st.integers(1, 4)) if kind == "none" else None
-        slots.append(FeatureSlot(name=f"s{k}", column=f"C{k}", table=f"t{draw(st.integers(0, num_tables - 1))}",
-                                 pooling=kind, max_len=max_len))
+        slots.append(
+            FeatureSlot(
+                name=f"s{k}",
+                column=f"C{k}",
+                table=f"t{draw(st.integers(0, num_tables - 1))}",
+                pooling=kind,
+                max_len=max_len,
+            )
+        )
     batch = draw(st.integers(0, 9))
     # A small universe makes IDs repeat within and across slots; some IDs are huge.
     universe = draw(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=12, unique=True))
@@ -49,8 +56,11 @@ def batches(draw):
 def row_of(table: str, ids: np.ndarray, dim: int) -> np.ndarray:
     """A deterministic float32 row per (table, id): what a PS lookup would return."""
     seeds = (ids % np.uint64(2**31)).astype(np.int64) + 7919 * int(table[1:])
-    return np.stack([np.random.default_rng(int(s)).standard_normal(dim).astype(np.float32) for s in seeds]) \
-        if len(ids) else np.zeros((0, dim), np.float32)
+    return (
+        np.stack([np.random.default_rng(int(s)).standard_normal(dim).astype(np.float32) for s in seeds])
+        if len(ids)
+        else np.zeros((0, dim), np.float32)
+    )
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -94,8 +104,11 @@ def test_native_pooling_matches_the_numpy_torch_reference(case, fp16, seed):
     # The pooled slots' gradients joined into one [B, P] array (pool's layout) give the same sums.
     pooled = [g for g, cols in zip(grads, layout.columns, strict=True) if cols is not None]
     joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((ids.batch_size, 0), np.float32)
-    for a, b in zip(pooling.scatter_wire(p, joined, [g for g, c in zip(grads, layout.columns, strict=True) if c is None]).values(),
-                    got_g.values(), strict=True):
+    for a, b in zip(
+        pooling.scatter_wire(p, joined, [g for g, c in zip(grads, layout.columns, strict=True) if c is None]).values(),
+        got_g.values(),
+        strict=True,
+    ):
         np.testing.assert_array_equal(a, b)
     for t, tp in p.tables.items():
         assert got_g[t].dtype == np.float32 and got_g[t].shape == (len(tp.ids), dims[t])
@@ -107,15 +120,20 @@ def test_native_pooling_matches_the_numpy_torch_reference(case, fp16, seed):
 
 
 def test_shards_and_shared_tables_by_hand():
-    slots = [FeatureSlot(name="a", column="A", table="t"), FeatureSlot(name="b", column="B", table="t", pooling="mean"),
-             FeatureSlot(name="c", column="C", table="u", pooling="none", max_len=3)]
+    slots = [
+        FeatureSlot(name="a", column="A", table="t"),
+        FeatureSlot(name="b", column="B", table="t", pooling="mean"),
+        FeatureSlot(name="c", column="C", table="u", pooling="none", max_len=3),
+    ]
     layout = pooling.Layout(slots, {"t": TableConfig(dim=2), "u": TableConfig(dim=1)}, num_shards=2)
     assert layout.tables == ["t", "u"] and layout.columns == [(0, 2), (2, 4), None]
-    ids = KeyedIds.from_slots({
-        "c": (np.array([7, 8, 9], np.uint64), np.array([0, 3], np.int32)),
-        "a": (np.array([1, 2, 1], np.uint64), np.array([2, 1], np.int32)),
-        "b": (np.array([2, 3], np.uint64), np.array([0, 2], np.int32)),
-    })
+    ids = KeyedIds.from_slots(
+        {
+            "c": (np.array([7, 8, 9], np.uint64), np.array([0, 3], np.int32)),
+            "a": (np.array([1, 2, 1], np.uint64), np.array([2, 1], np.int32)),
+            "b": (np.array([2, 3], np.uint64), np.array([0, 2], np.int32)),
+        }
+    )
     p = pooling.plan(layout, ids)
     t = p.tables["t"]
     assert sorted(t.ids.tolist()) == [1, 2, 3]  # a and b share table t: each ID once
@@ -124,11 +142,13 @@ def test_shards_and_shared_tables_by_hand():
     rows = {"t": np.array([[10 * i, i] for i in t.ids.tolist()], np.float32), "u": p.tables["u"].ids[:, None] * 1.0}
     out = pooling.pool(p, {"t": rows["t"], "u": rows["u"].astype(np.float32)})
     np.testing.assert_array_equal(out.pooled, [[30, 3, 0, 0], [10, 1, 25, 2.5]])  # a: [1, 2] | [1]; b: [] | mean(2, 3)
-    (seq, mask), = out.sequences
+    ((seq, mask),) = out.sequences
     np.testing.assert_array_equal(seq[:, :, 0], [[0, 0, 0], [7, 8, 9]])
     np.testing.assert_array_equal(mask, [[False] * 3, [True] * 3])
-    g = pooling.scatter_gradients(p, [np.ones((2, 2), np.float32), np.full((2, 2), 4, np.float32),
-                                      np.arange(6, dtype=np.float32).reshape(2, 3, 1)])
+    g = pooling.scatter_gradients(
+        p,
+        [np.ones((2, 2), np.float32), np.full((2, 2), 4, np.float32), np.arange(6, dtype=np.float32).reshape(2, 3, 1)],
+    )
     by_id = dict(zip(t.ids.tolist(), g["t"].tolist(), strict=True))
     # id 1: in both samples of a; id 2: once in a, once in b (a mean over 2: 4 / 2); id 3: once in b
     assert by_id == {1: [2, 2], 2: [3, 3], 3: [2, 2]}
@@ -136,20 +156,30 @@ def test_shards_and_shared_tables_by_hand():
 
 
 def test_errors_name_what_is_wrong():
-    slots = [FeatureSlot(name="a", column="A", table="t"), FeatureSlot(name="q", column="Q", table="t", pooling="none",
-                                                                      max_len=2)]
+    slots = [
+        FeatureSlot(name="a", column="A", table="t"),
+        FeatureSlot(name="q", column="Q", table="t", pooling="none", max_len=2),
+    ]
     tables = {"t": TableConfig(dim=2)}
     layout = pooling.Layout(slots, tables, 3)
-    ok = KeyedIds.from_slots({"a": (np.array([1], np.uint64), np.array([1], np.int32)),
-                              "q": (np.array([2, 3], np.uint64), np.array([2], np.int32))})
+    ok = KeyedIds.from_slots(
+        {
+            "a": (np.array([1], np.uint64), np.array([1], np.int32)),
+            "q": (np.array([2, 3], np.uint64), np.array([2], np.int32)),
+        }
+    )
     with pytest.raises(KeyError, match="unknown table .x."):
         pooling.Layout([FeatureSlot(name="a", column="A", table="x")], tables, 1)
     with pytest.raises(ValueError, match="num_shards"):
         pooling.Layout(slots, tables, 0)
     with pytest.raises(KeyError, match="no slot .q."):
         pooling.plan(layout, KeyedIds.from_slots({"a": (np.array([1], np.uint64), np.array([1], np.int32))}))
-    long = KeyedIds.from_slots({"a": (np.array([1], np.uint64), np.array([1], np.int32)),
-                                "q": (np.array([2, 3, 4], np.uint64), np.array([3], np.int32))})
+    long = KeyedIds.from_slots(
+        {
+            "a": (np.array([1], np.uint64), np.array([1], np.int32)),
+            "q": (np.array([2, 3, 4], np.uint64), np.array([3], np.int32)),
+        }
+    )
     with pytest.raises(ValueError, match="slot .q.: sample 0 has 3 IDs, more than max_len=2"):
         pooling.plan(layout, long)
     with pytest.raises(TypeError, match="uint64"):
@@ -191,15 +221,21 @@ def test_embeddings_and_gradients_cross_the_wire_intact(case, seed):
     response = pb.BatchLookupResponse(
         pooled=pb.Array(data=codec.pack_array(got.pooled)),
         widths=[c[1] - c[0] if c is not None else 0 for c in layout.columns],
-        slots=[pb.SlotEmbedding(slot=s.name, values=pb.Array(data=codec.pack_array(v)),
-                                mask=pb.Array(data=codec.pack_array(m))) for s, (v, m) in zip(sequence_slots, got.sequences, strict=True)])
+        slots=[
+            pb.SlotEmbedding(
+                slot=s.name, values=pb.Array(data=codec.pack_array(v)), mask=pb.Array(data=codec.pack_array(m))
+            )
+            for s, (v, m) in zip(sequence_slots, got.sequences, strict=True)
+        ],
+    )
     for received, (sent, _) in zip(embeddings_of(response), got.slots(), strict=True):
         np.testing.assert_array_equal(received, sent)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal(np.shape(v)).astype(np.float32) for v, _ in got.slots()]
     request = gradients_request(response, grads)
     assert [s.slot for s in request.slots] == [s.name for s in sequence_slots]
-    wire = pooling.scatter_wire(p, codec.unpack_array(request.pooled.data),
-                                [codec.unpack_array(s.grad.data) for s in request.slots])
+    wire = pooling.scatter_wire(
+        p, codec.unpack_array(request.pooled.data), [codec.unpack_array(s.grad.data) for s in request.slots]
+    )
     for a, b in zip(wire.values(), pooling.scatter_gradients(p, grads).values(), strict=True):
         np.testing.assert_array_equal(a, b)

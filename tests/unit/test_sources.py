@@ -121,15 +121,19 @@ def test_parquet_form_of_the_same_data_gives_the_same_batches(tmp_path: Path) ->
 def test_parquet_malformed_rows_name_the_row_number_and_the_row(tmp_path: Path) -> None:
     rows = [r[:] for r in ROWS]
     rows[3][6] = "cheap"  # price is then a string column
-    table = pacsv.read_csv(write_csv(tmp_path / "train.csv", rows), convert_options=pacsv.ConvertOptions(
-        column_types={"C14": pa.string()}))
+    table = pacsv.read_csv(
+        write_csv(tmp_path / "train.csv", rows), convert_options=pacsv.ConvertOptions(column_types={"C14": pa.string()})
+    )
     pq.write_table(table, tmp_path / "train.parquet", row_group_size=2)
     job = csv_job(tmp_path / "train.parquet", data={"source": "parquet"})
     builder = BatchBuilder(job, quarantine=tmp_path / "q.jsonl")
     assert builder.split("train").rows == 4
     [record] = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
     assert (record["file"], record["line"], record["reason"]) == (
-        str(tmp_path / "train.parquet"), 4, "price: non-numeric value 'cheap'")
+        str(tmp_path / "train.parquet"),
+        4,
+        "price: non-numeric value 'cheap'",
+    )
     assert json.loads(record["raw"]) == {**dict(zip(HEADER, rows[3], strict=True)), "click": 1, "hour": 14102902}
 
 
@@ -154,8 +158,12 @@ def test_without_header_the_job_names_the_columns(tmp_path: Path) -> None:
     # With a header line and columns, the line is skipped and the job's names replace its names.
     document = csv_job(tmp_path / "t.csv").model_dump(mode="json")
     document["data"]["columns"] = [c.upper() for c in HEADER]
-    document |= {"label": {"column": "CLICK", "positive": "1"}, "dense": [],
-                 "slots": [{"name": "site", "column": "SITE"}], "tables": {"site": {"dim": 2}}}
+    document |= {
+        "label": {"column": "CLICK", "positive": "1"},
+        "dense": [],
+        "slots": [{"name": "site", "column": "SITE"}],
+        "tables": {"site": {"dim": 2}},
+    }
     values, _ = next(BatchBuilder(JobConfig.model_validate(document)).batches()).ids.slot("site")
     np.testing.assert_array_equal(values, trillium_native.hash_ids("site", ["news.example"]))
 
@@ -285,15 +293,21 @@ def test_parquet_and_synthetic_shares(tmp_path: Path) -> None:
     stats = dense_stats(job)
     full = np.concatenate([b.dense[:, 0] for b in epoch_batches(job, "train", stats=stats)])
     for parts in (2, 5):
-        shares = [np.concatenate([b.dense[:, 0] for b in epoch_batches(job, "train", stats=stats, part=p, parts=parts)]
-                                 or [np.zeros(0, np.float32)]) for p in range(parts)]
+        shares = [
+            np.concatenate(
+                [b.dense[:, 0] for b in epoch_batches(job, "train", stats=stats, part=p, parts=parts)]
+                or [np.zeros(0, np.float32)]
+            )
+            for p in range(parts)
+        ]
         np.testing.assert_array_equal(np.concatenate(shares), full)
     synthetic = load_job(Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml").model_dump(mode="json")
     synthetic["data"] = {"source": "synthetic", "rows": 300_000, "seed": 2, "vocab_sizes": [5] * 26}
     job = JobConfig.model_validate(synthetic)
     stats = dense_stats(job)
-    labels = [np.concatenate([b.labels for b in epoch_batches(job, "train", stats=stats, part=p, parts=2)])
-              for p in range(2)]
+    labels = [
+        np.concatenate([b.labels for b in epoch_batches(job, "train", stats=stats, part=p, parts=2)]) for p in range(2)
+    ]
     # Sample blocks of 131072 rows; the second's middle falls in the second half.
     assert [len(x) for x in labels] == [131072, 300_000 - 131072]
     whole = np.concatenate([b.labels for b in epoch_batches(job, "train", stats=stats)])
@@ -303,8 +317,16 @@ def test_parquet_and_synthetic_shares(tmp_path: Path) -> None:
 def test_malformed_rows_name_file_line_and_raw_text(tmp_path: Path) -> None:
     path = tmp_path / "train.csv"
     good = ",".join(ROWS[0][:-1]) + ',"hello, world"'
-    lines = [",".join(HEADER), good, "a2,1,1,x,1", good.replace("1.5", "cheap"), '"a\nb",1,1,x,1,,1,\r',
-             good.replace(",1,", ",yes,", 1), "", good]
+    lines = [
+        ",".join(HEADER),
+        good,
+        "a2,1,1,x,1",
+        good.replace("1.5", "cheap"),
+        '"a\nb",1,1,x,1,,1,\r',
+        good.replace(",1,", ",yes,", 1),
+        "",
+        good,
+    ]
     path.write_bytes("\r\n".join(lines).encode() + b"\r\n")
     quarantine = tmp_path / "q.jsonl"
     job = csv_job(path, data={"quoted_newlines": True})
@@ -344,8 +366,10 @@ def test_line_numbers_of_a_share_that_starts_mid_file(tmp_path: Path) -> None:
     from trillium.features import Quarantine
 
     report = Quarantine("train", quarantine)
-    counts = [sum(b.batch_size for b in epoch_batches(job, "train", stats=stats, part=p, parts=2, quarantine=report))
-              for p in range(2)]
+    counts = [
+        sum(b.batch_size for b in epoch_batches(job, "train", stats=stats, part=p, parts=2, quarantine=report))
+        for p in range(2)
+    ]
     assert sum(counts) == 99_999 and min(counts) > 0
     [record] = [json.loads(line) for line in quarantine.read_text().splitlines()]
     assert record["line"] == 90_002 and record["reason"] == "price: non-numeric value 'n/a'"

@@ -147,9 +147,7 @@ class Spec:
     index: int  # the file's place in the split's list
 
 
-def block_task(
-    spec: Spec, k: int, i: int, read: Callable[[], bytes | bytearray], lines: LineChain
-) -> RowBlock:
+def block_task(spec: Spec, k: int, i: int, read: Callable[[], bytes | bytearray], lines: LineChain) -> RowBlock:
     """A ``BlockTask`` body: read block ``k`` of a file, the ``i``-th of its share (``lines``
     numbers them), count its line breaks, and parse it."""
     try:
@@ -262,9 +260,7 @@ class DelimitedSource:
     def check(self, job: JobConfig, *, missing_files_ok: bool = False) -> None:
         self._files.check(job.column_uses(), lambda path: self._header(path).names, missing_ok=missing_files_ok)
 
-    def blocks(
-        self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1
-    ) -> Iterator[BlockTask]:
+    def blocks(self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1) -> Iterator[BlockTask]:
         files = self._files.files(split)
         wanted = tuple(dict.fromkeys([*columns, *filter(None, [policy_column(self._policy)])]))
         units = []

@@ -123,8 +123,9 @@ class EventReader:
                 values[path] = None if value is None else _scalar_text(path, value)
         for path in self.dense:
             value = _at(event, path)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            ):
                 raise BadEvent(f"field {path!r} (dense): expected a finite number, got {value!r}")
             values[path] = None if value is None else _scalar_text(path, value)
         if not self.joined:

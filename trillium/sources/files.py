@@ -96,9 +96,7 @@ class SplitFiles:
             names = list(names_of(path))
             for where, column in uses:
                 if column not in names:
-                    raise ValueError(
-                        f"{where}: unknown column {column!r} in {path}; its columns: {', '.join(names)}"
-                    )
+                    raise ValueError(f"{where}: unknown column {column!r} in {path}; its columns: {', '.join(names)}")
                 if names.count(column) > 1:
                     raise ValueError(f"{where}: column {column!r} appears {names.count(column)} times in {path}")
 

@@ -41,8 +41,18 @@ if TYPE_CHECKING:
 __all__ = ["COUNTS", "Emitted", "PartitionJoin"]
 
 # What a joiner counts (the job view shows them).
-COUNTS = ("impressions", "labels", "positives", "negatives", "late_labels", "corrections", "closed_early",
-          "unmatched_labels", "duplicate_impressions", "duplicate_labels")
+COUNTS = (
+    "impressions",
+    "labels",
+    "positives",
+    "negatives",
+    "late_labels",
+    "corrections",
+    "closed_early",
+    "unmatched_labels",
+    "duplicate_impressions",
+    "duplicate_labels",
+)
 
 
 @dataclass(frozen=True)
@@ -166,12 +176,16 @@ class PartitionJoin:
         def ev(e: Event) -> list[Any]:
             return [e.values, e.key, e.time]
 
-        return {"open": [ev(e) for e in self.open.values()],
-                "held": list(self.held.items()),
-                "closed": [[key, ev(e) if e is not None else None, positive, end]
-                           for key, (e, positive, end) in self.closed.items()],
-                "decided": [[ev(e.event), e.positive, e.time, e.kind] for _, _, e in sorted(self.decided)],
-                "counts": dict(self.counts)}
+        return {
+            "open": [ev(e) for e in self.open.values()],
+            "held": list(self.held.items()),
+            "closed": [
+                [key, ev(e) if e is not None else None, positive, end]
+                for key, (e, positive, end) in self.closed.items()
+            ],
+            "decided": [[ev(e.event), e.positive, e.time, e.kind] for _, _, e in sorted(self.decided)],
+            "counts": dict(self.counts),
+        }
 
     @classmethod
     def from_state(cls, config: JoinConfig, state: dict[str, Any]) -> PartitionJoin:

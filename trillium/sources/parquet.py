@@ -69,9 +69,7 @@ class ParquetSource:
     def check(self, job: JobConfig, *, missing_files_ok: bool = False) -> None:
         self._files.check(job.column_uses(), lambda path: pq.read_schema(path).names, missing_ok=missing_files_ok)
 
-    def blocks(
-        self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1
-    ) -> Iterator[BlockTask]:
+    def blocks(self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1) -> Iterator[BlockTask]:
         wanted = list(dict.fromkeys([*columns, *filter(None, [policy_column(self._policy)])]))
         files = self._files.files(split)
         units, groups = [], {}

@@ -81,9 +81,7 @@ class Source(Protocol):
         the columns it has; or naming a missing file, unless ``missing_files_ok``."""
         ...
 
-    def blocks(
-        self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1
-    ) -> Iterator[BlockTask]:
+    def blocks(self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1) -> Iterator[BlockTask]:
         """Tasks reading the rows of ``split`` (its ``columns``) in ``part`` of ``parts`` disjoint
         shares of the input whose union is every row exactly once (see ``files.share``)."""
         ...

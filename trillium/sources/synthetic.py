@@ -36,9 +36,7 @@ class SyntheticSource:
     def check(self, job: JobConfig, *, missing_files_ok: bool = False) -> None:
         """Nothing to read: the job schema has checked the columns against Criteo's."""
 
-    def blocks(
-        self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1
-    ) -> Iterator[BlockTask]:
+    def blocks(self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1) -> Iterator[BlockTask]:
         rows = self._data.rows if split == "train" else self._data.test_rows
         name = f"<synthetic {split}>"
         units = [
