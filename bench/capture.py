@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
-"""Benchmark of checkpointing one PS shard: ``EmbeddingStore.capture()`` then
-``StoreCapture.write()``, against ``EmbeddingStore.dump()``.
+"""Benchmark of checkpointing one PS shard: `EmbeddingStore.capture()` then
+`StoreCapture.write()`, against `EmbeddingStore.dump()`.
 
 The table is one shard of the checkpoint benchmark (issue 8: 10M rows x dim 64 on 2
-shards): ``--rows`` (default 5M) rows of dim ``--dim`` (64), fp32, rowwise Adagrad,
-every row updated once so its accumulator is set. Reported, best of ``--repeats``:
+shards): `--rows` (default 5M) rows of dim `--dim` (64), fp32, rowwise Adagrad,
+every row updated once so its accumulator is set. Reported, best of `--repeats`:
 
-* ``capture_s``: the pause a checkpoint costs training (the PS applies no update meanwhile);
-* ``*_cpu_s``: CPU seconds of the process (all threads, kernel included) for the same calls,
+* `capture_s`: the pause a checkpoint costs training (the PS applies no update meanwhile);
+* `*_cpu_s`: CPU seconds of the process (all threads, kernel included) for the same calls,
   which matter on a machine the checkpoint shares with training;
-* ``capture_rss_bytes``: process RSS growth while a capture is held, and the capture's own
-  ``memory_bytes``, both also relative to the store's ``memory_bytes()``; what of it
-  ``release()`` did not give back (``rss_kept_after_release_bytes``);
-* ``write_s`` / ``write_mb_per_s``: ``StoreCapture.write`` (gather, checksums, SHA-256,
-  fsync, rename), which runs while training goes on; likewise ``dump_s`` for ``dump()``;
-* ``load_s``: loading the file into a fresh store (a restore).
+* `capture_rss_bytes`: process RSS growth while a capture is held, and the capture's own
+  `memory_bytes`, both also relative to the store's `memory_bytes()`; what of it
+  `release()` did not give back (`rss_kept_after_release_bytes`);
+* `write_s` / `write_mb_per_s`: `StoreCapture.write` (gather, checksums, SHA-256,
+  fsync, rename), which runs while training goes on; likewise `dump_s` for `dump()`;
+* `load_s`: loading the file into a fresh store (a restore).
 
-Files go to ``--dir`` (default: a temporary directory under /tmp) and are deleted.
-``python bench/capture.py --json`` prints one JSON object.
+Files go to `--dir` (default: a temporary directory under /tmp) and are deleted.
+`python bench/capture.py --json` prints one JSON object.
 """
 
 from __future__ import annotations

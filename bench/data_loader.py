@@ -1,11 +1,11 @@
 """Data loader throughput: Criteo-format rows from a file to Batches ready to produce, in one process.
 
 A Criteo-format TSV (label, 13 dense counts, 26 hashed categoricals) from `trillium datagen` is
-read by the loader's streaming path (``trillium.features.epoch_batches``: pyarrow parsing, dense
+read by the loader's streaming path (`trillium.features.epoch_batches`: pyarrow parsing, dense
 checks and log1p, native hashing of every categorical, batches of 4096) and, side by side in the
-same run, by a plain ``pyarrow.csv.read_csv`` of the same file (type inference, all threads: the
+same run, by a plain `pyarrow.csv.read_csv` of the same file (type inference, all threads: the
 figure to read is the ratio). Each measurement runs in a fresh process, the file already in the
-page cache; the best of ``--repeats`` runs of each is kept, since the machine may be shared.
+page cache; the best of `--repeats` runs of each is kept, since the machine may be shared.
 
     python bench/data_loader.py --json            # one JSON object: rows_per_sec, vs_pyarrow_read_csv, peak_rss_mb
     python bench/data_loader.py --rows 200000     # a quicker run

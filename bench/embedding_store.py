@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
 """Benchmark of the native embedding store (trillium_native).
 
-Measures, for a table of ``--rows`` rows (default 10M):
+Measures, for a table of `--rows` rows (default 10M):
 
 * lookup and update throughput (rows/s) for dim 16 and 64, batches of
-  ``--batch`` (default 65,536) Zipf(1.1)-distributed ids (numpy's zipf, folded
+  `--batch` (default 65,536) Zipf(1.1)-distributed ids (numpy's zipf, folded
   into [0, rows) with a modulo), with a single thread and with all threads
-  (the store's ``threads=`` pool size);
-* the limit: a numpy gather ``np.take(dense, ids, axis=0)`` of the same rows from
+  (the store's `threads=` pool size);
+* the limit: a numpy gather `np.take(dense, ids, axis=0)` of the same rows from
   a dense float32 array of the same shape, measured in the same worker process
   right after the single-threaded store measurement;
-* memory: process RSS delta after inserting ``rows`` rows of dim 64, divided by
-  ``rows * 64`` (bytes per stored value), for rowwise Adagrad, element-wise
+* memory: process RSS delta after inserting `rows` rows of dim 64, divided by
+  `rows * 64` (bytes per stored value), for rowwise Adagrad, element-wise
   Adagrad and Adam, with fp32 and fp16 storage.
 
 Every measurement runs in a fresh subprocess so runs do not contaminate each
-other. ``python bench/embedding_store.py --json`` prints one JSON object.
+other. `python bench/embedding_store.py --json` prints one JSON object.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 One run measures, side by side:
 
 - **joined + trained**: `trillium replay` feeds a planted-model stream (impressions, and clicks
-  0..W s later) at ``--rate`` impressions/s for ``--seconds`` to a stack (2 NN ranks, 2 PS shards),
-  and the continuous job of examples/online (its window shortened to ``--window`` s) trains on it.
+  0..W s later) at `--rate` impressions/s for `--seconds` to a stack (2 NN ranks, 2 PS shards),
+  and the continuous job of examples/online (its window shortened to `--window` s) trains on it.
   Read once a second from the job view: events read per second, samples trained per second, the
   input's lag (messages, seconds of event time) and the click-to-trained delay (p50/p99). The lag
   is *bounded* when its largest value over the second half of the run is no more than over the

@@ -6,20 +6,20 @@ on the same batches in one process.
 
 Per batch, each implementation does what the embedding worker does:
 
-* ``plan``: dedup IDs per table, route them to the PS shards;
-* ``lookup_io``: per shard, the IDs of each request, and the responses' rows put in place;
-* ``pool``: pool per slot, and each slot's array as it goes on the wire (contiguous, with
-  the dtype asked for: the reference's ``.numpy().astype(...)``);
-* ``scatter``: the per-slot gradients summed per unique ID, and each shard's message arrays
-  (``ids``, ``grads`` per table).
+* `plan`: dedup IDs per table, route them to the PS shards;
+* `lookup_io`: per shard, the IDs of each request, and the responses' rows put in place;
+* `pool`: pool per slot, and each slot's array as it goes on the wire (contiguous, with
+  the dtype asked for: the reference's `.numpy().astype(...)`);
+* `scatter`: the per-slot gradients summed per unique ID, and each shard's message arrays
+  (`ids`, `grads` per table).
 
-Workloads: ``criteo`` (the job of issue 11: B=512, 26 one-ID slots of dim 16, each its own
-table, 2 PS shards) and ``mixed`` (B=512: 20 one-ID slots, 4 multi-hot mean slots of up to
+Workloads: `criteo` (the job of issue 11: B=512, 26 one-ID slots of dim 16, each its own
+table, 2 PS shards) and `mixed` (B=512: 20 one-ID slots, 4 multi-hot mean slots of up to
 6 IDs sharing 2 tables, 2 sequence slots of max_len 8; dim 16; 4 shards). IDs are drawn
 Zipf(1.1) from a 10^6 vocabulary per table, so batches repeat hot IDs. Times are CPU time of
-the calling thread (``time.thread_time``: the development machine is shared, and wall time
-counts waiting for a core), the best of ``--repeats`` passes over ``--batches`` batches; the
-reference runs with one torch thread (as the worker did). ``python bench/pooling.py --json`` prints one JSON object.
+the calling thread (`time.thread_time`: the development machine is shared, and wall time
+counts waiting for a core), the best of `--repeats` passes over `--batches` batches; the
+reference runs with one torch thread (as the worker did). `python bench/pooling.py --json` prints one JSON object.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def make_batch(slots, shape, batch: int, rng: np.random.Generator) -> KeyedIds:
     return KeyedIds.from_slots(keyed)
 
 
-# A shard's decoded response stands in as a view of one buffer (``codec.unpack_array``
+# A shard's decoded response stands in as a view of one buffer (`codec.unpack_array`
 # returns views too), so building it costs neither implementation anything.
 RESPONSE = np.full((1 << 16, 16), 0.01, np.float32)
 

@@ -1,9 +1,9 @@
 """Native embedding parameter store of Trillium (Rust, PyO3), and the embedding worker's
-per-batch dedup, routing, pooling and gradient scatter (``PoolingLayout``).
+per-batch dedup, routing, pooling and gradient scatter (`PoolingLayout`).
 
 Everything batched releases the GIL and runs on the store's own thread pool.
-Ids are ``numpy.uint64`` arrays; rows are ``float32`` (or ``float16``) arrays.
-See ``native/README.md`` for semantics and the snapshot binary format.
+Ids are `numpy.uint64` arrays; rows are `float32` (or `float16`) arrays.
+See `native/README.md` for semantics and the snapshot binary format.
 """
 
 from __future__ import annotations
@@ -69,55 +69,55 @@ class TableConfig(TypedDict):
     ttl_updates: int | None
 
 def shard_of(ids: npt.NDArray[np.uint64], num_shards: int) -> npt.NDArray[np.uint32]:
-    """Owning parameter-server shard of each id: ``splitmix64_mix(id) % num_shards``.
+    """Owning parameter-server shard of each id: `splitmix64_mix(id) % num_shards`.
 
-    ``splitmix64_mix(z)``: ``z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9``;
-    ``z = (z ^ (z >> 27)) * 0x94D049BB133111EB``; ``z ^ (z >> 31)`` (mod 2**64).
+    `splitmix64_mix(z)`: `z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9`;
+    `z = (z ^ (z >> 27)) * 0x94D049BB133111EB`; `z ^ (z >> 31)` (mod 2**64).
     This is THE ownership function of the system; it never changes.
-    Raises TypeError unless ``ids`` is a 1-D uint64 array; ValueError if
-    ``num_shards`` is not in [1, 2**32).
+    Raises TypeError unless `ids` is a 1-D uint64 array; ValueError if
+    `num_shards` is not in [1, 2**32).
     """
 
 def hash_ids(namespace: str, values: Sequence[str | bytes]) -> npt.NDArray[np.uint64]:
     """Stable 64-bit ids of raw categorical values within a per-slot namespace.
 
-    ``id = xxh3_64(utf8(namespace) + b"\\x00" + utf8(value))`` (seed 0); bytes
+    `id = xxh3_64(utf8(namespace) + b"\\x00" + utf8(value))` (seed 0); bytes
     values are hashed as given. Identical across processes, runs and machines.
     """
 
 def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
-    """Like :func:`hash_ids` over the canonical decimal text of each integer.
+    """Like `hash_ids` over the canonical decimal text of each integer.
 
-    ``hash_ints(ns, np.array([42]))[0] == hash_ids(ns, ["42"])[0]``.
+    `hash_ints(ns, np.array([42]))[0] == hash_ids(ns, ["42"])[0]`.
     Accepts int64 (also int32, uint64, uint32) 1-D arrays.
     """
 
 class CaptureMark:
-    """Where a capture stood (:attr:`StoreCapture.mark`): the version clock, and per table its
+    """Where a capture stood (`StoreCapture.mark`): the version clock, and per table its
     counters and how many rows had left it. Small; it outlives the capture's release."""
 
 class StoreCapture:
-    """A point-in-time copy of an :class:`EmbeddingStore`, from :meth:`EmbeddingStore.capture`.
+    """A point-in-time copy of an `EmbeddingStore`, from `EmbeddingStore.capture`.
 
-    Holds its memory until :meth:`release` (or the object dies); usable as a context manager
+    Holds its memory until `release` (or the object dies); usable as a context manager
     that releases on exit. Takes no lock of the store: any number of writes may run while
     the store trains.
     """
 
     def write(self, path: str | os.PathLike[str]) -> tuple[int, str]:
-        """Write the capture to ``path`` in the snapshot format of :meth:`EmbeddingStore.dump`
-        (readable by :meth:`EmbeddingStore.load`), atomically (temp file + fsync + rename +
+        """Write the capture to `path` in the snapshot format of `EmbeddingStore.dump`
+        (readable by `EmbeddingStore.load`), atomically (temp file + fsync + rename +
         fsync of the directory), GIL released. Returns ``(bytes written, sha256 hex digest of
         the file)``, the digest computed over the bytes as they are written. The same capture
         always writes the same bytes. Raises ValueError once released, OSError on I/O errors.
         """
     @property
     def delta(self) -> bool:
-        """True when only the rows changed since the ``since`` mark were copied: load its file
+        """True when only the rows changed since the `since` mark were copied: load its file
         after the file of the capture that mark came from."""
     @property
     def mark(self) -> CaptureMark:
-        """Where this capture stood, for a later ``EmbeddingStore.capture(since=mark)``."""
+        """Where this capture stood, for a later `EmbeddingStore.capture(since=mark)`."""
     @property
     def rows(self) -> int:
         """Number of rows captured, over all tables. Raises ValueError once released."""
@@ -134,24 +134,24 @@ class StoreCapture:
 def hash_strings(
     namespace: str, data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int32] | npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint64]:
-    """:func:`hash_ids` of every value of an Arrow-layout string column, without a Python
-    object per value: value ``i`` is ``data[offsets[i]:offsets[i + 1]]`` (``len(offsets) - 1``
-    values; ``offsets`` may start above 0, as in a sliced column). Pass an Arrow ``StringArray``'s
+    """`hash_ids` of every value of an Arrow-layout string column, without a Python
+    object per value: value `i` is `data[offsets[i]:offsets[i + 1]]` (`len(offsets) - 1`
+    values; `offsets` may start above 0, as in a sliced column). Pass an Arrow `StringArray`'s
     data and offsets buffers as numpy views. The GIL is released while hashing.
-    Raises TypeError for other dtypes; ValueError if ``offsets`` is empty, decreases, or points
-    past ``data`` (the first bad offset is named).
+    Raises TypeError for other dtypes; ValueError if `offsets` is empty, decreases, or points
+    past `data` (the first bad offset is named).
     """
 
 class EmbeddingStore:
-    """A set of named embedding tables (u64 id -> row of ``dim`` floats).
+    """A set of named embedding tables (u64 id -> row of `dim` floats).
 
     Args:
-        num_internal_shards: lock shards per table (default ``max(16, 4*threads)``
+        num_internal_shards: lock shards per table (default `max(16, 4*threads)`
             rounded up to a power of two). Tables with a capacity use at most
-            ``capacity // 1024`` (>= 1) shards. A ``threads=1`` store runs every call
+            `capacity // 1024` (>= 1) shards. A `threads=1` store runs every call
             inline on the calling thread.
         threads: size of the store's private thread pool (default: the
-            ``RAYON_NUM_THREADS`` environment variable, else all cores).
+            `RAYON_NUM_THREADS` environment variable, else all cores).
     """
 
     def __init__(self, num_internal_shards: int | None = None, threads: int | None = None) -> None: ...
@@ -197,26 +197,26 @@ class EmbeddingStore:
         ttl_seconds: int | None = None,
         ttl_updates: int | None = None,
     ) -> None:
-        """Create a table. Rows are created lazily by :meth:`lookup`.
+        """Create a table. Rows are created lazily by `lookup`.
 
-        * ``dtype``: weight storage precision (arithmetic is always fp32).
-        * ``initializer``: ``uniform(init_low, init_high)`` or
-          ``normal(init_mean, init_std)``, deterministic per ``(seed, id)``.
-        * ``optimizer``: ``sgd`` (lr, weight_decay), ``adagrad`` (element-wise),
-          ``rowwise_adagrad`` (one accumulator per row += mean(g**2)), ``adam``
-          (per-row step counts), ``ftrl`` (FTRL-Proximal: ftrl_alpha/beta/l1/l2).
-          ``weight_decay`` is L2 added to the gradient (not supported with ftrl).
-          ``initial_accumulator`` seeds Adagrad accumulators and FTRL ``n``.
-        * ``weight_bound``: clip every weight to [-b, b] after each update.
-        * ``admission``: ``off``; ``probability`` (an id is admitted iff a
-          deterministic hash draw of ``(seed, id)`` is < admission_probability);
-          ``threshold`` (admitted once a count-min sketch has seen it
-          ``admission_threshold`` times in ``create=True`` lookups).
-        * ``capacity``: max rows; approximate LRU eviction by last lookup (exact
-          when an internal shard holds <= 64 rows, else oldest of 16 samples). ``ttl_seconds`` / ``ttl_updates``: rows not
-          updated for that long expire lazily on lookup or via :meth:`expire`.
+        * `dtype`: weight storage precision (arithmetic is always fp32).
+        * `initializer`: `uniform(init_low, init_high)` or
+          `normal(init_mean, init_std)`, deterministic per `(seed, id)`.
+        * `optimizer`: `sgd` (lr, weight_decay), `adagrad` (element-wise),
+          `rowwise_adagrad` (one accumulator per row += mean(g**2)), `adam`
+          (per-row step counts), `ftrl` (FTRL-Proximal: ftrl_alpha/beta/l1/l2).
+          `weight_decay` is L2 added to the gradient (not supported with ftrl).
+          `initial_accumulator` seeds Adagrad accumulators and FTRL `n`.
+        * `weight_bound`: clip every weight to [-b, b] after each update.
+        * `admission`: `off`; `probability` (an id is admitted iff a
+          deterministic hash draw of `(seed, id)` is < admission_probability);
+          `threshold` (admitted once a count-min sketch has seen it
+          `admission_threshold` times in `create=True` lookups).
+        * `capacity`: max rows; approximate LRU eviction by last lookup (exact
+          when an internal shard holds <= 64 rows, else oldest of 16 samples). `ttl_seconds` / `ttl_updates`: rows not
+          updated for that long expire lazily on lookup or via `expire`.
 
-        Raises ValueError for a duplicate name, ``dim < 1``, unknown enum strings
+        Raises ValueError for a duplicate name, `dim < 1`, unknown enum strings
         or out-of-range hyper-parameters.
         """
     def drop_table(self, name: str) -> None:
@@ -227,7 +227,7 @@ class EmbeddingStore:
     def __len__(self) -> int:
         """Total number of rows over all tables."""
     def num_rows(self, table: str) -> int:
-        """Number of rows of ``table``."""
+        """Number of rows of `table`."""
     def memory_bytes(self, table: str | None = None) -> int:
         """Bytes allocated (capacities of the actual allocations) by one table or all."""
     def lookup(
@@ -238,10 +238,10 @@ class EmbeddingStore:
         create: bool = True,
         out_dtype: Literal["float32", "float16"] = "float32",
     ) -> npt.NDArray[np.float32] | npt.NDArray[np.float16]:
-        """Rows of ``ids`` as a new ``(len(ids), dim)`` array.
+        """Rows of `ids` as a new `(len(ids), dim)` array.
 
-        With ``create=True`` missing ids are admitted per the table's policy and
-        initialized; non-admitted (or, with ``create=False``, missing) ids read as
+        With `create=True` missing ids are admitted per the table's policy and
+        initialized; non-admitted (or, with `create=False`, missing) ids read as
         zeros and are not inserted. All occurrences of an id in one call get the
         same answer. Raises KeyError (unknown table), TypeError (ids not uint64),
         ValueError (ids not 1-D, bad out_dtype).
@@ -249,40 +249,40 @@ class EmbeddingStore:
     def update(self, table: str, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> int:
         """Apply the table's optimizer in place; returns the number of rows updated.
 
-        ``grads`` must be float32 of shape ``(len(ids), dim)``. Gradients of
+        `grads` must be float32 of shape `(len(ids), dim)`. Gradients of
         duplicate ids are summed first. Ids without a row (never admitted,
-        evicted) are dropped without affecting other rows (``dropped_grads``).
-        Rows whose summed gradient has NaN/inf are skipped (``nan_grads_skipped``).
+        evicted) are dropped without affecting other rows (`dropped_grads`).
+        Rows whose summed gradient has NaN/inf are skipped (`nan_grads_skipped`).
         Each call is one update batch: it takes the next store version.
         """
     def get_row(self, table: str, id: int) -> npt.NDArray[np.float32] | None:
         """Weights of one row as float32, or None if absent (no side effects)."""
     def get_row_state(self, table: str, id: int) -> dict[str, object] | None:
-        """Weights plus optimizer state (``accumulator`` / ``m``, ``v``, ``step`` /
-        ``z``, ``n``), ``version`` and TTL stamps of one row, or None."""
+        """Weights plus optimizer state (`accumulator` / `m`, `v`, `step` /
+        `z`, `n`), `version` and TTL stamps of one row, or None."""
     def set_row(self, table: str, id: int, values: npt.ArrayLike) -> None:
         """Overwrite (or create, bypassing admission) the weights of one row.
 
         A new row gets fresh optimizer state; an existing row keeps it (FTRL's
-        ``z`` is recomputed so the weights are reproduced). Takes a new version.
+        `z` is recomputed so the weights are reproduced). Takes a new version.
         """
     def capture(self, since: CaptureMark | None = None) -> StoreCapture:
         """A point-in-time copy of the whole store, to write later (a checkpoint at a step cut:
-        stop applying updates, capture, resume at once, ``write`` in the background).
+        stop applying updates, capture, resume at once, `write` in the background).
 
-        With ``since`` (an earlier capture's mark) a **delta**: only the rows created or
-        updated since that capture, and the event counters' increments (``update_batches``
+        With `since` (an earlier capture's mark) a **delta**: only the rows created or
+        updated since that capture, and the event counters' increments (`update_batches`
         whole); loading the earlier file and then the delta's gives this store. When a row may
         have left the store since the mark (an eviction, a TTL expiry) or the tables differ,
-        a row would come back from the older file: the capture is then full (``delta`` False).
+        a row would come back from the older file: the capture is then full (`delta` False).
         A row is never missed; one created by a lookup since the last update may be in both.
 
         Copies every table's config, counters, admission sketch and live rows (weights,
         optimizer state, versions, TTL stamps) and the version clock; internal shards are
         copied whole (a memcpy per column) in parallel on the store's pool, GIL released.
-        Costs about the rows' memory again (``StoreCapture.memory_bytes``) until released.
+        Costs about the rows' memory again (`StoreCapture.memory_bytes`) until released.
 
-        Consistent (one instant for the whole store) when no ``update``/``set_row`` runs
+        Consistent (one instant for the whole store) when no `update`/`set_row` runs
         meanwhile; lookups may run, and rows they create in a shard before it is copied
         are included.
 
@@ -291,68 +291,68 @@ class EmbeddingStore:
         that creates rows in that shard, or an update to it, waits for its copy.
         """
     def dump(self, path: str | os.PathLike[str]) -> tuple[int, str]:
-        """Write all tables (config, rows, optimizer state, counters, sketch) to ``path``
+        """Write all tables (config, rows, optimizer state, counters, sketch) to `path`
         atomically (temp file + fsync + rename + fsync of the directory), streaming from the
-        live store without a copy. Returns ``(bytes written, sha256 hex digest of the file)``,
+        live store without a copy. Returns `(bytes written, sha256 hex digest of the file)`,
         the digest computed over the bytes as they are written.
 
         **Locking behaviour:** each internal shard's *read* lock in turn, held while that
         shard's rows are written (as long as the file system takes): lookups that create rows
         in that shard, and updates to it, wait meanwhile. So each internal shard is captured
         at one instant; different shards may reflect different moments of concurrent updates
-        (use :meth:`capture` for one instant without holding locks during the write).
+        (use `capture` for one instant without holding locks during the write).
         """
     def load(self, path: str | os.PathLike[str], shard_index: int | None = None, num_shards: int | None = None) -> None:
         """Merge a snapshot into this store (tables are created as needed).
 
-        With ``shard_index``/``num_shards`` only rows with
-        ``shard_of(id, num_shards) == shard_index`` are kept: a checkpoint of S PS shards is
-        loaded into T by each new shard ``t`` loading every old file with ``(t, T)``. Rows
+        With `shard_index`/`num_shards` only rows with
+        `shard_of(id, num_shards) == shard_index` are kept: a checkpoint of S PS shards is
+        loaded into T by each new shard `t` loading every old file with `(t, T)`. Rows
         overwrite rows with the same id; the store version advances to the file's if
         larger; event counters add this shard's share (the T shares of a file's counter add
-        up to it exactly); ``update_batches`` becomes the largest seen and every row keeps
+        up to it exactly); `update_batches` becomes the largest seen and every row keeps
         its age in update batches; admission sketches merge by element-wise max. A delta
-        (``StoreCapture.delta``) loads on top of its base the same way, but the rows already
+        (`StoreCapture.delta`) loads on top of its base the same way, but the rows already
         here keep their update-batch stamps (the delta continues the base's count).
         The file is fully verified before anything is applied: a corrupted, truncated or
         unsupported file raises ValueError and leaves the store unchanged.
 
         **Locking behaviour:** verifying takes no shard lock; applying takes the write lock of
         each internal shard receiving rows, per block of rows (and, when a table's
-        ``update_batches`` moves up, each shard's write lock in turn to shift its stamps).
+        `update_batches` moves up, each shard's write lock in turn to shift its stamps).
         """
     def export_delta(
         self, table: str, since_version: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], int]:
-        """Rows changed after ``since_version``: ``(ids, rows, current_version)``.
+        """Rows changed after `since_version`: `(ids, rows, current_version)`.
 
-        Call again with ``since_version=current_version`` to get the next delta;
+        Call again with `since_version=current_version` to get the next delta;
         no change is ever missed (a row may be returned twice). Rows created by
         a lookup count as changed at the next update version.
         """
     def expire(self, table: str | None = None, *, now: float | None = None) -> int:
         """Remove rows past their TTL (one table or all); returns how many.
-        ``now`` overrides the current UNIX time (seconds)."""
+        `now` overrides the current UNIX time (seconds)."""
     def stats(self, table: str) -> TableStats:
         """Row count, memory and counters of a table."""
     def table_config(self, table: str) -> TableConfig:
-        """The table's configuration as given to :meth:`create_table`."""
+        """The table's configuration as given to `create_table`."""
 
 PoolingKind = Literal["sum", "mean", "none"]
 
 class PoolingLayout:
     """The embedding worker's feature slots over its tables and PS shards, built once per job
-    (``services/embedding_worker/pooling.py`` wraps it).
+    (`services/embedding_worker/pooling.py` wraps it).
 
     Args:
-        slots: ``(name, table, pooling, max_len)`` per slot, in the model's order; pooling
-            ``"sum"`` / ``"mean"`` (pooled slots) or ``"none"`` (a sequence padded to
-            ``max_len``, which it then needs).
+        slots: `(name, table, pooling, max_len)` per slot, in the model's order; pooling
+            `"sum"` / `"mean"` (pooled slots) or `"none"` (a sequence padded to
+            `max_len`, which it then needs).
         dims: the dim of each table (by name).
-        num_shards: PS shards, for ``shard_of``.
+        num_shards: PS shards, for `shard_of`.
 
-    Raises ValueError (a slot given twice, an unknown pooling, ``max_len`` missing,
-    ``num_shards`` out of [1, 2**32)), KeyError (a slot's table not in ``dims``).
+    Raises ValueError (a slot given twice, an unknown pooling, `max_len` missing,
+    `num_shards` out of [1, 2**32)), KeyError (a slot's table not in `dims`).
     """
 
     def __init__(
@@ -363,41 +363,41 @@ class PoolingLayout:
         """P: columns of the pooled output, the pooled slots' dims added up."""
     @property
     def columns(self) -> list[tuple[int, int] | None]:
-        """Per slot: its ``(start, stop)`` columns in the pooled output, or None (a sequence slot)."""
+        """Per slot: its `(start, stop)` columns in the pooled output, or None (a sequence slot)."""
     @property
     def tables(self) -> list[str]:
         """The tables the slots read, in order of first use: the order of
-        ``PoolingPlan.ids`` and of the rows given to ``PoolingPlan.pool``."""
+        `PoolingPlan.ids` and of the rows given to `PoolingPlan.pool`."""
     def plan(self, keys: Sequence[str], values: npt.NDArray[np.uint64], lengths: npt.NDArray[np.int32]) -> PoolingPlan:
-        """Plan a batch from its ``KeyedIds`` arrays: ``values`` key-major, ``lengths[k * B + i]``
-        IDs of sample ``i`` under ``keys[k]`` (keys in any order; keys no slot reads are
+        """Plan a batch from its `KeyedIds` arrays: `values` key-major, `lengths[k * B + i]`
+        IDs of sample `i` under `keys[k]` (keys in any order; keys no slot reads are
         ignored). Dedups each table's IDs (slots sharing a table share rows) and groups the
-        unique IDs by owning shard (``shard_of``; within a shard, in order of first
-        appearance). GIL released. Raises KeyError (a slot missing from ``keys``),
+        unique IDs by owning shard (`shard_of`; within a shard, in order of first
+        appearance). GIL released. Raises KeyError (a slot missing from `keys`),
         TypeError (dtypes), ValueError (lengths inconsistent with values, or a sequence
-        slot's sample holding more than ``max_len`` IDs).
+        slot's sample holding more than `max_len` IDs).
         """
 
 class PoolingPlan:
-    """One batch's plan (from :meth:`PoolingLayout.plan`); read-only, so ``pool`` and
-    ``scatter`` may run on several threads. Sums run in ID-occurrence order from zero in
-    float32 (as ``torch.index_add_`` did); a mean divides by the sample's ID count (an empty
+    """One batch's plan (from `PoolingLayout.plan`); read-only, so `pool` and
+    `scatter` may run on several threads. Sums run in ID-occurrence order from zero in
+    float32 (as `torch.index_add_` did); a mean divides by the sample's ID count (an empty
     sample pools to zeros)."""
 
     @property
     def batch_size(self) -> int: ...
     @property
     def ids(self) -> list[npt.NDArray[np.uint64]]:
-        """Per table (``PoolingLayout.tables`` order): its unique IDs, grouped by owning shard."""
+        """Per table (`PoolingLayout.tables` order): its unique IDs, grouped by owning shard."""
     @property
     def shard_offsets(self) -> list[npt.NDArray[np.int64]]:
-        """Per table: ``int64[num_shards + 1]``; shard ``s`` owns ``ids[t][o[s]:o[s + 1]]``, and the
+        """Per table: `int64[num_shards + 1]`; shard `s` owns `ids[t][o[s]:o[s + 1]]`, and the
         same rows of the looked-up rows and of the gradients: one contiguous range per shard."""
     def pool(
         self, rows: Sequence[npt.NDArray[np.float32]], *, out_dtype: Literal["float32", "float16"] = "float32"
     ) -> tuple[npt.NDArray[np.float32], list[tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]]]:
-        """Pool the looked-up rows (per table, float32 ``[len(ids[t]), dim]`` in plan order) into
-        ``(pooled [B, width], [(values [B, max_len, dim], mask [B, max_len]) per sequence slot])``:
+        """Pool the looked-up rows (per table, float32 `[len(ids[t]), dim]` in plan order) into
+        `(pooled [B, width], [(values [B, max_len, dim], mask [B, max_len]) per sequence slot])`:
         pooled slots side by side in slot order, sequences zero-padded with a bool mask.
         float16 output rounds the float32 results to nearest even. GIL released. Raises
         ValueError (shapes, out_dtype), TypeError (dtypes).
@@ -405,8 +405,8 @@ class PoolingPlan:
     def scatter(
         self, pooled_grad: npt.NDArray[np.float32], sequence_grads: Sequence[npt.NDArray[np.float32]]
     ) -> list[npt.NDArray[np.float32]]:
-        """The gradient of :meth:`pool`'s output (``pooled_grad`` float32 ``[B, width]``, one float32
-        ``[B, max_len, dim]`` per sequence slot) -> per table, float32 ``[len(ids[t]), dim]`` in
+        """The gradient of `pool`'s output (`pooled_grad` float32 `[B, width]`, one float32
+        `[B, max_len, dim]` per sequence slot) -> per table, float32 `[len(ids[t]), dim]` in
         plan order: each unique ID's gradient summed over its occurrences (a mean slot's
         gradient divided by the sample's ID count first); positions past a sample's IDs are
         ignored. GIL released. Raises ValueError (shapes), TypeError (dtypes).

@@ -1,14 +1,14 @@
 """The data structures every Trillium component exchanges.
 
-- ``KeyedIds``: the IDs of one batch, jagged per feature slot (after TorchRec's KeyedJaggedTensor).
-- ``Batch``: one training/eval batch as produced by the data loader.
-- ``EmbeddingRef``: the handle an embedding worker returns with a batch's embeddings, so the NN
+- `KeyedIds`: the IDs of one batch, jagged per feature slot (after TorchRec's KeyedJaggedTensor).
+- `Batch`: one training/eval batch as produced by the data loader.
+- `EmbeddingRef`: the handle an embedding worker returns with a batch's embeddings, so the NN
   worker can route the gradients back to it.
-- ``GradientUpdate``: the embedding gradients of one batch destined for one PS shard.
+- `GradientUpdate`: the embedding gradients of one batch destined for one PS shard.
 
-They are frozen and validated on construction (a ``ValueError`` naming the problem), so a value that
+They are frozen and validated on construction (a `ValueError` naming the problem), so a value that
 exists is well formed. Arrays are referenced, not copied: they may be read-only views into a decoded
-message (see ``trillium.codec``).
+message (see `trillium.codec`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def _require_index(name: str, value: object) -> None:
 class KeyedIds:
     """The IDs of a batch, grouped by feature slot.
 
-    ``values`` holds every ID, key-major: all of slot ``keys[0]``'s IDs (sample 0's, then sample
-    1's, ...), then slot ``keys[1]``'s, and so on. ``lengths[k * batch_size + i]`` is how many IDs
-    sample ``i`` has in slot ``keys[k]`` (0 for a missing value).
+    `values` holds every ID, key-major: all of slot `keys[0]`'s IDs (sample 0's, then sample
+    1's, ...), then slot `keys[1]`'s, and so on. `lengths[k * batch_size + i]` is how many IDs
+    sample `i` has in slot `keys[k]` (0 for a missing value).
     """
 
     keys: tuple[str, ...]
@@ -70,7 +70,7 @@ class KeyedIds:
 
     @classmethod
     def from_slots(cls, slots: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> KeyedIds:
-        """From ``{key: (values, lengths)}``, in key order; all slots have the same batch size."""
+        """From `{key: (values, lengths)}`, in key order; all slots have the same batch size."""
         if not slots:
             raise ValueError("keys must name at least one feature slot")
         sizes = {key: len(lengths) for key, (_, lengths) in slots.items()}
@@ -87,7 +87,7 @@ class KeyedIds:
         return len(self.lengths) // len(self.keys)
 
     def offsets(self) -> np.ndarray:
-        """int64[len(lengths) + 1]: ``values[offsets[j]:offsets[j + 1]]`` are entry ``j``'s IDs."""
+        """int64[len(lengths) + 1]: `values[offsets[j]:offsets[j + 1]]` are entry `j`'s IDs."""
         out = np.zeros(len(self.lengths) + 1, np.int64)
         np.cumsum(self.lengths, out=out[1:])
         return out
@@ -104,7 +104,7 @@ class KeyedIds:
         return self.values[start : start + int(lengths.sum(dtype=np.int64))], lengths
 
     def unique(self) -> tuple[np.ndarray, np.ndarray]:
-        """(unique IDs sorted, inverse) with ``unique_ids[inverse] == values``."""
+        """(unique IDs sorted, inverse) with `unique_ids[inverse] == values`."""
         ids, inverse = np.unique(self.values, return_inverse=True)
         return ids, inverse.reshape(-1)
 
@@ -122,11 +122,11 @@ class KeyedIds:
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """One batch: ``batch_id`` is ``step * nn_ranks + rank`` (see the data loader), ``rank`` the NN
+    """One batch: `batch_id` is `step * nn_ranks + rank` (see the data loader), `rank` the NN
     rank it is destined for.
 
-    A batch of a stream also says which event each sample is (``sample_ids``: a stable hash of the
-    event's key, the sample ledger of a job) and when it became a sample (``event_times``: the
+    A batch of a stream also says which event each sample is (`sample_ids`: a stable hash of the
+    event's key, the sample ledger of a job) and when it became a sample (`event_times`: the
     event time of the click that made it positive, else of the impression), so training can report
     how long after the event a sample was trained.
     """
@@ -180,8 +180,8 @@ def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 
 @dataclass(frozen=True)
 class EmbeddingRef:
-    """Which embedding worker looked up batch ``(epoch, batch_id)`` for NN rank ``rank``, in which
-    attempt of the job (see ``trillium.jobrecord``)."""
+    """Which embedding worker looked up batch `(epoch, batch_id)` for NN rank `rank`, in which
+    attempt of the job (see `trillium.jobrecord`)."""
 
     worker: str
     rank: int
@@ -200,7 +200,7 @@ class EmbeddingRef:
 class GradientUpdate:
     """The embedding gradients of one batch for one PS shard.
 
-    ``tables[name] = (ids, grads)``: ``ids`` uint64[n], ``grads`` float32[n, dim]. The embedding
+    `tables[name] = (ids, grads)`: `ids` uint64[n], `grads` float32[n, dim]. The embedding
     worker sends each ID once (it sums a batch's gradients per ID); uniqueness is not checked
     here (a sort per table per message, twice on the hot path) because the PS sums the rows of
     one ID in a step before its optimizer sees them, so a repeated ID would still be one update.

@@ -1,11 +1,11 @@
 """Checkpoints: where they live, what a manifest says, and the messages of the cut protocol.
 
-Layout (a local directory by default, or any fsspec URL such as ``s3://bucket/prefix``)::
+Layout (a local directory by default, or any fsspec URL such as `s3://bucket/prefix`):
 
     <dir>/<job id>/<step>/manifest.json     written last: the checkpoint exists iff it does
                          ps-<shard>.snap    each PS shard's native snapshot (trillium_native format):
                                             whole, or a delta of the rows changed since the
-                                            checkpoint its ``delta_of`` names (a chain: restore
+                                            checkpoint its `delta_of` names (a chain: restore
                                             loads the full one, then each delta; retention and
                                             DELETE keep every checkpoint a kept one needs)
                          dense.pt           the dense model and optimizer (NN rank 0; torch.save of
@@ -15,9 +15,9 @@ Layout (a local directory by default, or any fsspec URL such as ``s3://bucket/pr
 
 The coordinator takes a checkpoint at a step cut s (services/coordinator/checkpoints.py): every NN
 rank has finished step s and holds; every PS shard has applied every rank's gradients up to s. Then
-each PS shard and data loader captures its state (``CaptureRequest``), the ranks are released
-(``ReleaseRequest``), every part is written while training goes on and reported in the worker's
-health (``PartReport``), and the coordinator writes the ``Manifest``: job config, step, epoch, the
+each PS shard and data loader captures its state (`CaptureRequest`), the ranks are released
+(`ReleaseRequest`), every part is written while training goes on and reported in the worker's
+health (`PartReport`), and the coordinator writes the `Manifest`: job config, step, epoch, the
 Kafka positions of every partition the job reads, each file's size and sha256, the format version.
 The manifest is written atomically (temp file, fsync, rename; a single put on object stores).
 """
@@ -301,7 +301,7 @@ class CheckpointDir:
 
 
 class JobCheckpoints:
-    """Every checkpoint of one job: ``<base>/<job id>/<step>/``."""
+    """Every checkpoint of one job: `<base>/<job id>/<step>/`."""
 
     def __init__(self, base: str, job_id: str) -> None:
         self.base = base.rstrip("/")

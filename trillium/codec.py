@@ -1,17 +1,17 @@
 """The one wire codec of Trillium: a msgpack header followed by raw numpy buffers.
 
-Frame layout (all integers little-endian)::
+Frame layout (all integers little-endian):
 
     b"TRLM"  u8 format version  u32 header length  msgpack header  padding  buffer 0  buffer 1 ...
 
-The header is ``{"kind": str, "meta": {...}, "arrays": [[dtype, shape, offset], ...]}``, ``offset``
+The header is `{"kind": str, "meta": {...}, "arrays": [[dtype, shape, offset], ...]}`, `offset`
 counting from the start of the frame. Buffers start on 64-byte boundaries of the frame so decoded
 arrays stay aligned.
 
-Decoding is zero-copy: each array is ``np.frombuffer`` over a read-only memoryview of the message,
+Decoding is zero-copy: each array is `np.frombuffer` over a read-only memoryview of the message,
 so **decoded arrays are read-only views that keep the whole message alive**; copy one
-(``arr.copy()``) to modify it or to let the message go. Anything that is not a well-formed frame of
-the expected kind and version raises ``CodecError`` (a ``ValueError``) naming the problem.
+(`arr.copy()`) to modify it or to let the message go. Anything that is not a well-formed frame of
+the expected kind and version raises `CodecError` (a `ValueError`) naming the problem.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def encode_batch(batch: Batch) -> bytes:
 
 
 def decode_batch(data: BytesLike) -> Batch:
-    """Decode ``encode_batch``'s output; the arrays are read-only views into ``data``."""
+    """Decode `encode_batch`'s output; the arrays are read-only views into `data`."""
     meta, arrays = _decode(data, "batch")
     batch_id, epoch, rank, keys = _meta_fields(meta, "batch_id", "epoch", "rank", "keys", optional=("extras",))
     extras = meta.get("extras", [])
@@ -217,7 +217,7 @@ def encode_gradients(update: GradientUpdate) -> bytes:
 
 
 def decode_gradients(data: BytesLike) -> GradientUpdate:
-    """Decode ``encode_gradients``' output; the arrays are read-only views into ``data``."""
+    """Decode `encode_gradients`' output; the arrays are read-only views into `data`."""
     meta, arrays = _decode(data, "gradients")
     rank, batch_id, epoch, shard, tables, counts, dims = _meta_fields(
         meta, "rank", "batch_id", "epoch", "shard", "tables", "counts", "dims"
@@ -254,12 +254,12 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
 
 
 def pack_array(array: np.ndarray) -> bytes:
-    """One array (dtype, shape, data) as a self-describing frame, e.g. a gRPC ``bytes`` field."""
+    """One array (dtype, shape, data) as a self-describing frame, e.g. a gRPC `bytes` field."""
     return _encode("array", {}, [np.asarray(array)])
 
 
 def unpack_array(data: BytesLike) -> np.ndarray:
-    """Decode ``pack_array``'s output: a read-only view into ``data``."""
+    """Decode `pack_array`'s output: a read-only view into `data`."""
     _, arrays = _decode(data, "array")
     if len(arrays) != 1:
         raise CodecError(f"corrupt array message: expected 1 array, got {len(arrays)}")

@@ -1,17 +1,17 @@
 """Synthetic Criteo-format data drawn from a planted logistic model.
 
-A row is ``label, I1..I13, C1..C26`` tab-separated, as in Criteo's display-advertising logs:
+A row is `label, I1..I13, C1..C26` tab-separated, as in Criteo's display-advertising logs:
 categorical cells are 8 hex digits (empty when missing) whose per-slot popularity follows a power
 law (Zipf), dense cells non-negative integer counts (empty when missing). The label is drawn from
 
     P(y = 1) = sigmoid(bias + sum_slots w_slot[id] + sum_j v_j * (log1p(count_j) - mu_j) / s_j)
 
-with per-ID weights ``w`` and dense weights ``v`` fixed by the seed, and ``bias`` set so that about
-``positive_rate`` of the rows are positive. Knowing the true probabilities gives the Bayes-optimal
+with per-ID weights `w` and dense weights `v` fixed by the seed, and `bias` set so that about
+`positive_rate` of the rows are positive. Knowing the true probabilities gives the Bayes-optimal
 AUC: the ceiling any model trained on the data can reach.
 
 Everything is vectorised numpy. The same (seed, split, rows) always give the same rows, so the
-in-process ``synthetic`` source and a file written by ``generate_criteo`` hold identical data.
+in-process `synthetic` source and a file written by `generate_criteo` hold identical data.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class SyntheticRows:
 
 @dataclass(frozen=True, eq=False)
 class PlantedModel:
-    """The logistic model labels are drawn from; ``create`` makes one from a seed."""
+    """The logistic model labels are drawn from; `create` makes one from a seed."""
 
     seed: int
     vocab_sizes: tuple[int, ...]
@@ -179,7 +179,7 @@ class PlantedModel:
         return logits
 
     def sample(self, rows: int, split: Split = "train") -> Iterator[SyntheticRows]:
-        """``rows`` rows of ``split`` (an independent stream per split), in blocks."""
+        """`rows` rows of `split` (an independent stream per split), in blocks."""
         rng = _rng(self.seed, _SPLIT_STREAM[split])
         for start in range(0, rows, SAMPLE_ROWS):
             categorical, dense = self._draw(min(SAMPLE_ROWS, rows - start), rng)
@@ -207,23 +207,23 @@ def generate_criteo(
     positive_rate: float = 0.25,
     missing_count_is_zero: bool = False,
 ) -> DatagenReport:
-    """Write ``rows`` Criteo-format TSV rows drawn from the planted model of ``seed``.
+    """Write `rows` Criteo-format TSV rows drawn from the planted model of `seed`.
 
     Args:
         path: the TSV file to write (parent directories are created).
         rows: how many rows.
         seed: fixes the planted model and the rows; the same seed always gives the same file.
-        split: ``"train"`` or ``"test"``: independent rows from the same planted model, so a
+        split: `"train"` or `"test"`: independent rows from the same planted model, so a
             train and a test file made with one seed form a proper train/test pair.
         vocab_sizes: the vocabulary size of each of the 26 categorical slots (default
-            ``DEFAULT_VOCAB_SIZES``, 10^3..10^6).
+            `DEFAULT_VOCAB_SIZES`, 10^3..10^6).
         zipf_exponent: power-law exponent (> 1) of ID popularity within a slot.
         positive_rate: the target fraction of positive labels.
         missing_count_is_zero: a missing dense cell adds what a zero count does (default: nothing,
             which no model reading the file can tell from a zero count: its AUC ceiling is lower).
 
     Returns:
-        A ``DatagenReport`` with the rows' positive rate and the Bayes-optimal AUC.
+        A `DatagenReport` with the rows' positive rate and the Bayes-optimal AUC.
     """
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")

@@ -1,31 +1,31 @@
-"""Features: blocks of rows (``trillium.sources``) -> ``Batch``es.
+"""Features: blocks of rows (`trillium.sources`) -> `Batch`es.
 
 For each block, in worker threads: the dense columns are parsed as numbers and the label checked
-(``Encoder.check``); the well-formed rows are then encoded (``Encoder.encode``): each slot's cells
-hashed to u64 IDs within the slot's namespace by ``trillium_native.hash_strings`` straight from the
+(`Encoder.check`); the well-formed rows are then encoded (`Encoder.encode`): each slot's cells
+hashed to u64 IDs within the slot's namespace by `trillium_native.hash_strings` straight from the
 Arrow buffers (jagged: int32 lengths per row; a multi-valued slot splits its cells on its separator
-and keeps the first ``max_len`` non-empty values), dense values normalized to float32 (missing = 0),
+and keeps the first `max_len` non-empty values), dense values normalized to float32 (missing = 0),
 labels 0/1 as float32. The blocks then pass, in order, through an optional shuffle buffer and are
-cut into batches numbered 0, 1, ... within the epoch (``epoch_batches``).
+cut into batches numbered 0, 1, ... within the epoch (`epoch_batches`).
 
 Malformed rows (a wrong field count, a dense cell that is no finite number, an unknown label, a
-split column without a value) are skipped, counted and reported to a ``Quarantine``: logged with
+split column without a value) are skipped, counted and reported to a `Quarantine`: logged with
 file and line (the first 100 of a split one by one, then a total) and appended to a JSONL file,
-``{"file", "line", "reason", "raw"}``; the job goes on.
+`{"file", "line", "reason", "raw"}`; the job goes on.
 
-**Dense statistics** (``standard``/``minmax`` columns whose mean/std or min/max the job does not
-give) come from one streaming pass over the train split before training (``dense_stats``), not
+**Dense statistics** (`standard`/`minmax` columns whose mean/std or min/max the job does not
+give) come from one streaming pass over the train split before training (`dense_stats`), not
 from a sample: a pass costs one read of the file, and exact statistics keep the presets' batches
 identical to those of the readers this module replaced. The result is a small dict,
-``{column: {"mean", "std"} | {"min", "max"}}``, that a loader can store in a checkpoint and hand
-back (``stats=``) instead of reading the split again.
+`{column: {"mean", "std"} | {"min", "max"}}`, that a loader can store in a checkpoint and hand
+back (`stats=`) instead of reading the split again.
 
-**Shuffling** (``training.shuffle_buffer`` rows; 0 keeps file order): each block's rows join a
+**Shuffling** (`training.shuffle_buffer` rows; 0 keeps file order): each block's rows join a
 buffer of at most that many rows, and as many rows as overflow it leave, drawn uniformly from the
 buffer and the block; the rest leave, shuffled, at the end of the epoch. The draws are a function
 of (seed, epoch, part), so an epoch regenerates identically.
 
-``BatchBuilder`` is the in-memory convenience over the same code (the reference trainer, tests,
+`BatchBuilder` is the in-memory convenience over the same code (the reference trainer, tests,
 benchmarks): it encodes a split once and replays its batches.
 """
 
@@ -90,7 +90,7 @@ T = TypeVar("T")
 
 class Quarantine:
     """Where one split's malformed rows go: counted by kind, the first 100 logged with file and
-    line, each appended to ``path`` (JSONL) when given. ``finish()`` logs the total.
+    line, each appended to `path` (JSONL) when given. `finish()` logs the total.
 
     A row already in the file (by file and line) is not appended again: a data loader restored
     from a checkpoint reads rows it read before."""
@@ -134,10 +134,10 @@ class Quarantine:
 
 @dataclass(frozen=True, eq=False)
 class EncodedBlock:
-    """Encoded rows: slot ``k``'s IDs of row ``i`` are ``values[k][offsets[k, i]:offsets[k, i + 1]]``
+    """Encoded rows: slot `k`'s IDs of row `i` are `values[k][offsets[k, i]:offsets[k, i + 1]]`
     (offsets rather than lengths: a shuffle buffer holds many of these, and slicing needs them).
     Not validated on construction: only the encoder and these methods build one, on the hot path;
-    the ``Batch`` cut from them is validated."""
+    the `Batch` cut from them is validated."""
 
     offsets: np.ndarray  # int32 (int64 past 2**31 IDs)[slots, rows + 1], from 0
     values: tuple[np.ndarray, ...]  # uint64[offsets[k, -1]] per slot
@@ -159,7 +159,7 @@ class EncodedBlock:
         return len(self.labels)
 
     def lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """int32[slots, rows] of rows ``start:stop``."""
+        """int32[slots, rows] of rows `start:stop`."""
         stop = self.rows if stop is None else stop
         return np.diff(self.offsets[:, start : stop + 1], axis=1).astype(np.int32, copy=False)
 
@@ -204,10 +204,10 @@ class _Checked:
 
 
 class Encoder:
-    """A job's features: which columns to read, and a block's rows -> ``EncodedBlock``.
+    """A job's features: which columns to read, and a block's rows -> `EncodedBlock`.
 
-    ``stats`` are the normalization statistics of the job's ``standard`` and ``minmax`` columns
-    (see ``dense_stats``), needed to encode, not to check; a column without them fails naming it
+    `stats` are the normalization statistics of the job's `standard` and `minmax` columns
+    (see `dense_stats`), needed to encode, not to check; a column without them fails naming it
     (they may come from a checkpoint)."""
 
     def __init__(self, job: JobConfig, stats: DenseStats | None) -> None:
@@ -258,7 +258,7 @@ class Encoder:
         return pc.is_in(text, value_set=values.cast(text.type)).to_numpy(zero_copy_only=False)
 
     def encode(self, block: RowBlock, checked: _Checked, *, skip: int = 0) -> EncodedBlock:
-        """The well-formed rows of a block but the first ``skip`` of them, encoded."""
+        """The well-formed rows of a block but the first `skip` of them, encoded."""
         keep = checked.keep
         if skip:
             keep = keep.copy()
@@ -302,7 +302,7 @@ def _check_stats(job: JobConfig, stats: DenseStats) -> None:
 
 
 def _slot_ids(slot: FeatureSlot, text: pa.Array, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(IDs uint64, lengths int32[keep.sum()]) of one slot over the rows ``keep``."""
+    """(IDs uint64, lengths int32[keep.sum()]) of one slot over the rows `keep`."""
     if slot.separator is None:  # one ID per non-empty cell
         ok = present(text) & keep
         data, offsets = text_buffers(text)
@@ -320,7 +320,7 @@ def _slot_ids(slot: FeatureSlot, text: pa.Array, keep: np.ndarray) -> tuple[np.n
 
 
 def _in_order(tasks: Iterable[BlockTask], work: Callable[[RowBlock], T]) -> Iterator[T]:
-    """``work(task())`` of each task on worker threads, in task order, a few tasks ahead."""
+    """`work(task())` of each task on worker threads, in task order, a few tasks ahead."""
     with ThreadPoolExecutor(_THREADS, thread_name_prefix="trillium-features") as pool:
         pending: deque[Future[T]] = deque()
         try:
@@ -346,7 +346,7 @@ def stats_from_data(job: JobConfig) -> list[str]:
 
 class _Moments:
     """Count, mean and sum of squared deviations of a column's values, and its min and max, folded
-    in chunks of exactly ``_STATS_CHUNK`` values (Chan, Golub and LeVeque's update), so memory stays
+    in chunks of exactly `_STATS_CHUNK` values (Chan, Golub and LeVeque's update), so memory stays
     bounded and the result does not depend on how the input was cut into blocks. A column of fewer
     than two chunks' values gets numpy's own mean and std of them, as the replaced reader did."""
 
@@ -391,8 +391,8 @@ class _Moments:
 
 
 class OnlineStats:
-    """Normalization statistics of a stream, from the values seen so far: per ``standard`` or
-    ``minmax`` column without statistics in the job, a count, mean and sum of squared deviations
+    """Normalization statistics of a stream, from the values seen so far: per `standard` or
+    `minmax` column without statistics in the job, a count, mean and sum of squared deviations
     (Chan et al.'s batch update) and a min and max. Its state is a plain value (checkpoints)."""
 
     def __init__(self, job: JobConfig, state: dict[str, list[float]] | None = None) -> None:
@@ -447,7 +447,7 @@ def batch_of(
     sample_ids: np.ndarray | None = None,
     event_times: np.ndarray | None = None,
 ) -> Batch:
-    """Every row of ``block``, in order, as one batch."""
+    """Every row of `block`, in order, as one batch."""
     return Batch(
         batch_id=batch_id,
         epoch=epoch,
@@ -476,9 +476,9 @@ def given_stats(job: JobConfig) -> DenseStats:
 
 
 def dense_stats(job: JobConfig, *, quarantine: Quarantine | None = None) -> DenseStats:
-    """The normalization statistics of the job's ``standard`` and ``minmax`` columns: given in the
+    """The normalization statistics of the job's `standard` and `minmax` columns: given in the
     job, or from one pass over the whole train split (every part: all loaders get the same). The
-    pass reports the split's malformed rows to ``quarantine``."""
+    pass reports the split's malformed rows to `quarantine`."""
     stats = given_stats(job)
     needed = stats_from_data(job)
     if not needed:
@@ -507,7 +507,7 @@ def _encoded(
     skip_rows: int,
     quarantine: Quarantine | None,
 ) -> Iterator[EncodedBlock]:
-    """The encoded rows of a split, block by block, but the first ``skip_rows`` well-formed rows,
+    """The encoded rows of a split, block by block, but the first `skip_rows` well-formed rows,
     which are checked (to count them) but not encoded."""
     skipping = [skip_rows > 0]  # read by the workers: encode only past the skipped rows
 
@@ -540,8 +540,8 @@ def _encoded(
 def _shuffle(
     blocks: Iterable[EncodedBlock], size: int, rng: np.random.Generator, skip_rows: int
 ) -> Iterator[EncodedBlock]:
-    """The rows of ``blocks`` through a shuffle buffer of ``size`` rows (see the module docstring),
-    but the first ``skip_rows`` rows out, which are drawn but not gathered."""
+    """The rows of `blocks` through a shuffle buffer of `size` rows (see the module docstring),
+    but the first `skip_rows` rows out, which are drawn but not gathered."""
     alive: dict[int, EncodedBlock] = {}  # blocks holding rows of the buffer, by id
     pool_block, pool_row = np.zeros(0, np.int64), np.zeros(0, np.int64)  # the buffer's rows
     emitted = 0
@@ -587,8 +587,8 @@ def _shuffle(
 
 
 def _batches(blocks: Iterable[EncodedBlock], job: JobConfig, size: int, epoch: int, first_id: int) -> Iterator[Batch]:
-    """Consecutive rows of ``blocks`` cut into batches of ``size`` (the last may be smaller),
-    numbered from ``first_id``; batch ``b`` is for NN rank ``b % topology.nn_ranks``."""
+    """Consecutive rows of `blocks` cut into batches of `size` (the last may be smaller),
+    numbered from `first_id`; batch `b` is for NN rank `b % topology.nn_ranks`."""
     keys = tuple(s.name for s in job.slots)
     ranks = job.topology.nn_ranks
     pieces: list[tuple[EncodedBlock, int, int]] = []
@@ -628,7 +628,7 @@ def _batch_size(job: JobConfig, split: Split) -> int:
 def _epoch(
     job: JobConfig, split: Split, epoch: int, part: int, skip: int, read: Callable[[int], Iterable[EncodedBlock]]
 ) -> Iterator[Batch]:
-    """The batches of an epoch from ``read(skip_rows)``'s blocks: shuffled or not, cut."""
+    """The batches of an epoch from `read(skip_rows)`'s blocks: shuffled or not, cut."""
     size = _batch_size(job, split)
     buffer = job.training.shuffle_buffer if split == "train" else 0
     if not buffer:
@@ -648,14 +648,14 @@ def epoch_batches(
     skip: int = 0,
     quarantine: Quarantine | None = None,
 ) -> Iterator[Batch]:
-    """The batches of one epoch of a split, streamed: ``part`` of ``parts`` disjoint shares of the
+    """The batches of one epoch of a split, streamed: `part` of `parts` disjoint shares of the
     input (their union is every row once), numbered 0, 1, ... within the share and the epoch
-    (``rank`` = ``batch_id % nn_ranks``; renumbering across shares and epochs is the loader's).
+    (`rank` = `batch_id % nn_ranks`; renumbering across shares and epochs is the loader's).
 
-    ``stats``: from ``dense_stats``. ``skip=k`` starts at batch ``k`` (resuming an epoch): without a
+    `stats`: from `dense_stats`. `skip=k` starts at batch `k` (resuming an epoch): without a
     shuffle buffer, the rows of the skipped batches are parsed and checked but not encoded; with
     one, they are encoded (the buffer must see them) but not gathered into batches. Malformed rows
-    of the whole share, skipped batches included, go to ``quarantine`` (pass None for an epoch
+    of the whole share, skipped batches included, go to `quarantine` (pass None for an epoch
     whose rows were reported already)."""
     encoder = Encoder(job, stats)
 
@@ -695,7 +695,7 @@ class EncodedSplit:
 
 class BatchBuilder:
     """A job's batches from splits held in memory: each split is read and encoded once, on first
-    use (the train split's dense statistics first), then replayed with ``epoch_batches``'s shuffle
+    use (the train split's dense statistics first), then replayed with `epoch_batches`'s shuffle
     and cutting for one loader. For the reference trainer, tests and benchmarks; a loader streams."""
 
     def __init__(self, job: JobConfig, *, quarantine: str | Path | None = None) -> None:
@@ -711,8 +711,8 @@ class BatchBuilder:
 
     @property
     def dense_stats(self) -> DenseStats:
-        """The normalization statistics in use, ``{column: {"mean", "std"} | {"min", "max"}}``, of
-        ``standard`` and ``minmax`` columns (given in the job, or computed on the train split)."""
+        """The normalization statistics in use, `{column: {"mean", "std"} | {"min", "max"}}`, of
+        `standard` and `minmax` columns (given in the job, or computed on the train split)."""
         if self._stats is None:
             passes = bool(stats_from_data(self.job))  # a pass over the train split reports its rows
             self._stats = dense_stats(self.job, quarantine=self._report("train") if passes else None)
@@ -748,7 +748,7 @@ class BatchBuilder:
         return -(-self.split(split).rows // _batch_size(self.job, split))
 
     def batches(self, split: Split = "train", epoch: int = 0) -> Iterator[Batch]:
-        """The batches ``epoch_batches`` streams for one loader (part 0 of 1)."""
+        """The batches `epoch_batches` streams for one loader (part 0 of 1)."""
         blocks = self.split(split).blocks
 
         def read(skip_rows: int) -> Iterable[EncodedBlock]:

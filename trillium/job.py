@@ -1,13 +1,13 @@
 """The job configuration schema: one YAML file (or the same document as JSON to the REST API).
 
 Every model forbids unknown keys, so a misspelt key fails naming the field; enumerations are
-``Literal``s, so a bad value fails listing the allowed ones; cross-field checks (tables exist,
+`Literal`s, so a bad value fails listing the allowed ones; cross-field checks (tables exist,
 columns exist in the source's schema, ...) name the slot or field at fault. Relative data paths
-are resolved against the YAML file's directory by ``load_job``, which also checks the columns the
+are resolved against the YAML file's directory by `load_job`, which also checks the columns the
 job names against the headers (or Parquet schemas) of its files when they can be read there.
 
 This module is configuration: it imports pydantic, yaml and the presets' column lists
-(``trillium.sources.presets``, constants); only ``load_job`` reaches for the readers, to check the
+(`trillium.sources.presets`, constants); only `load_job` reaches for the readers, to check the
 files.
 """
 
@@ -69,8 +69,8 @@ class _Strict(BaseModel):
 
 
 class FractionSplit(_Strict):
-    """The test split is a stable pseudo-random ``test_fraction`` of the rows, drawn per row from
-    ``seed`` and the row's place in its file (see ``trillium.sources.split``); the rest is train."""
+    """The test split is a stable pseudo-random `test_fraction` of the rows, drawn per row from
+    `seed` and the row's place in its file (see `trillium.sources.split`); the rest is train."""
 
     by: Literal["fraction"]
     test_fraction: Annotated[float, Field(gt=0, lt=1)]
@@ -78,7 +78,7 @@ class FractionSplit(_Strict):
 
 
 class ColumnSplit(_Strict):
-    """A cut on a column, e.g. time: rows whose ``by`` column is >= ``test_from`` are the test
+    """A cut on a column, e.g. time: rows whose `by` column is >= `test_from` are the test
     split, the others train. A number compares numerically (the column must hold numbers), a
     string as text (ISO dates sort as text)."""
 
@@ -91,17 +91,17 @@ def _split_kind(value: Any) -> str:
     return "fraction" if by == "fraction" else "column"
 
 
-# ``by`` is "fraction" or the name of the column to cut on (the issue's ``{by: hour, ...}``).
+# `by` is "fraction" or the name of the column to cut on (the issue's `{by: hour, ...}`).
 SplitPolicy = Annotated[
     Annotated[FractionSplit, Tag("fraction")] | Annotated[ColumnSplit, Tag("column")],
     Discriminator(_split_kind),
 ]
-# One file, or several; a path may be a glob (``data/day_*.csv.gz``), expanded in sorted order.
+# One file, or several; a path may be a glob (`data/day_*.csv.gz`), expanded in sorted order.
 Paths = Path | Annotated[list[Path], Field(min_length=1)]
 
 
 class _FileData(_Strict):
-    """Files per split: ``test`` files, or a ``split`` policy cutting the ``train`` files in two,
+    """Files per split: `test` files, or a `split` policy cutting the `train` files in two,
     or neither (no test split)."""
 
     source: str  # each kind narrows it to its Literal
@@ -127,12 +127,12 @@ class _FileData(_Strict):
 
     def schema_columns(self) -> tuple[str, ...] | None:
         """The columns a job may name when the job file alone tells (None: the files' headers
-        do, and ``load_job`` checks them there)."""
+        do, and `load_job` checks them there)."""
         return PRESET_COLUMNS.get(self.source)
 
 
 class AdultData(_FileData):
-    """UCI Adult CSV (``adult.data`` / ``adult.test``), a preset of the CSV reader."""
+    """UCI Adult CSV (`adult.data` / `adult.test`), a preset of the CSV reader."""
 
     source: Literal["adult"]
 
@@ -144,7 +144,7 @@ class CriteoData(_FileData):
 
 
 class CsvData(_FileData):
-    """Delimited text (CSV, TSV, ...), each file plain or compressed (``.gz``, ``.zst``: by its
+    """Delimited text (CSV, TSV, ...), each file plain or compressed (`.gz`, `.zst`: by its
     extension). Every cell is read as text; an empty cell is a missing value."""
 
     source: Literal["csv"]
@@ -203,12 +203,12 @@ TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-
 class JoinConfig(_Strict):
     """Impressions joined with their labels (clicks) by key, in event time.
 
-    An impression waits up to ``window_seconds`` (event time) for a label with its key: a label
+    An impression waits up to `window_seconds` (event time) for a label with its key: a label
     inside the window makes it a positive sample; the window closing (the watermark, the least
-    event time over the loader's input partitions less ``allowed_lateness_seconds``, passing its
+    event time over the loader's input partitions less `allowed_lateness_seconds`, passing its
     end) makes it a negative. Samples leave in event-time order of these decisions, each once the
     watermark passes it. A label later than that is counted as late and, with
-    ``late_labels: correct``, sent as a positive correction sample. Open impressions per input
+    `late_labels: correct`, sent as a positive correction sample. Open impressions per input
     partition are capped: over the cap the oldest close early (counted). The two topics must be
     co-partitioned by the key (same partition count, keyed producers), as Kafka Streams requires.
     """
@@ -223,12 +223,12 @@ class JoinConfig(_Strict):
 
 
 class KafkaData(_Strict):
-    """Events from Kafka, trained continuously (``training.epochs: null``). An event is a JSON
+    """Events from Kafka, trained continuously (`training.epochs: null`). An event is a JSON
     object or a msgpack map per message; the slots, dense columns and the label name its fields by
-    dotted path (``user.recent_items``); a list value is a multi-valued slot. Events either carry
-    their label (``topics``) or are impressions joined with label events (``join``; the joiner
+    dotted path (`user.recent_items`); a list value is a multi-valued slot. Events either carry
+    their label (`topics`) or are impressions joined with label events (`join`; the joiner
     sets the label field to "1" or "0"). A message that cannot be a sample goes to the dead-letter
-    topic ``trillium.<job>.dlq`` with the reason and where it came from."""
+    topic `trillium.<job>.dlq` with the reason and where it came from."""
 
     source: Literal["kafka"]
     bootstrap: Annotated[str, Field(min_length=1)] | None = None  # default: the stack's cluster
@@ -278,7 +278,7 @@ DataConfig = Annotated[
 
 
 class FeatureSlot(_Strict):
-    """One categorical input: the cell of ``column`` hashed into IDs looked up in ``table``."""
+    """One categorical input: the cell of `column` hashed into IDs looked up in `table`."""
 
     name: Annotated[str, Field(min_length=1)]
     column: str
@@ -311,7 +311,7 @@ class SgdConfig(_Strict):
 
 
 class AdagradConfig(_Strict):
-    """``acc += g*g; w -= lr * g / (sqrt(acc) + eps)``; rowwise: ``acc += mean(g*g)`` per row."""
+    """`acc += g*g; w -= lr * g / (sqrt(acc) + eps)`; rowwise: `acc += mean(g*g)` per row."""
 
     name: Literal["adagrad", "rowwise_adagrad"]
     lr: NonNegativeFloat = 0.01
@@ -332,7 +332,7 @@ class AdamConfig(_Strict):
 
 
 class FtrlConfig(_Strict):
-    """FTRL-Proximal (McMahan et al. 2013); ``alpha`` is the learning rate."""
+    """FTRL-Proximal (McMahan et al. 2013); `alpha` is the learning rate."""
 
     name: Literal["ftrl"]
     alpha: PositiveFloat = 0.05
@@ -357,7 +357,7 @@ class AdmissionProbability(_Strict):
 
 
 class AdmissionThreshold(_Strict):
-    """Admit a new ID once a count-min sketch has seen it ``threshold`` times."""
+    """Admit a new ID once a count-min sketch has seen it `threshold` times."""
 
     policy: Literal["threshold"]
     threshold: PositiveInt
@@ -392,7 +392,7 @@ class TableConfig(_Strict):
         return self
 
     def store_kwargs(self, seed: int) -> dict[str, Any]:
-        """Keyword arguments of ``trillium_native.EmbeddingStore.create_table(name, **kwargs)``."""
+        """Keyword arguments of `trillium_native.EmbeddingStore.create_table(name, **kwargs)`."""
         kwargs: dict[str, Any] = {
             "dim": self.dim,
             "dtype": self.dtype,
@@ -435,8 +435,8 @@ class TableConfig(_Strict):
 class DenseColumn(_Strict):
     """A numeric input column. An empty cell is a missing value: 0 after normalization.
 
-    ``standard``: (x - mean) / std; ``minmax``: (x - min) / (max - min); both take their statistics
-    from the train split unless given. ``log1p``: sign(x) * log(1 + |x|) (log1p for the
+    `standard`: (x - mean) / std; `minmax`: (x - min) / (max - min); both take their statistics
+    from the train split unless given. `log1p`: sign(x) * log(1 + |x|) (log1p for the
     non-negative counts it is meant for, still defined for negatives).
     """
 
@@ -461,8 +461,8 @@ class DenseColumn(_Strict):
 
 
 class LabelConfig(_Strict):
-    """The label column: values in ``positive`` are 1, those in ``negative`` 0. Without
-    ``negative``, every other non-empty value is 0; with it, any other value is a malformed row."""
+    """The label column: values in `positive` are 1, those in `negative` 0. Without
+    `negative`, every other non-empty value is 0; with it, any other value is a malformed row."""
 
     column: str
     positive: Annotated[list[str], Field(min_length=1)]
@@ -485,8 +485,8 @@ class LabelConfig(_Strict):
 
 
 class ModelSpec(_Strict):
-    """``cls``: ``"package.module:Class"``, an ``nn.Module`` subclass, built as ``Class(**kwargs)``
-    (see ``trillium.models.load_model``)."""
+    """`cls`: `"package.module:Class"`, an `nn.Module` subclass, built as `Class(**kwargs)`
+    (see `trillium.models.load_model`)."""
 
     cls: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -650,7 +650,7 @@ class JobConfig(_Strict):
         return self
 
     def column_uses(self) -> list[tuple[str, str]]:
-        """``(where, column)`` for every column the job names, ``where`` as errors name it."""
+        """`(where, column)` for every column the job names, `where` as errors name it."""
         uses = [(f"slots[{i}] {slot.name!r}", slot.column) for i, slot in enumerate(self.slots)]
         uses += [(f"dense[{i}]", d.column) for i, d in enumerate(self.dense)]
         uses.append(("label", self.label.column))
@@ -675,8 +675,8 @@ class JobConfig(_Strict):
 
 def load_job(path: str | Path) -> JobConfig:
     """Read and validate a job YAML file; relative data paths are taken from its directory. The
-    columns the job names are checked against its files' headers (``trillium.sources``): a
-    ``ValueError`` names the column, the file and the columns it has."""
+    columns the job names are checked against its files' headers (`trillium.sources`): a
+    `ValueError` names the column, the file and the columns it has."""
     path = Path(path)
     raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, dict):

@@ -6,10 +6,10 @@ The record carries the job's state machine, its **attempt** and its **lineage**:
   what they report and what they write to Kafka with the attempt, so nothing of an abandoned
   attempt — a late report, a zombie producer — is ever taken for the current one.
 - The lineage says which records of the loader-written topics (samples, eval) belong to the
-  current attempt's history. Per partition it is a list of segments ``(first offset, attempt)``:
-  a record at offset ``o`` counts iff its attempt header equals the attempt of the last segment
-  starting at or before ``o``. A new attempt restored from a checkpoint whose data loaders had
-  written up to offset ``E`` appends ``(E, new attempt)``: what the old attempt wrote after ``E``
+  current attempt's history. Per partition it is a list of segments `(first offset, attempt)`:
+  a record at offset `o` counts iff its attempt header equals the attempt of the last segment
+  starting at or before `o`. A new attempt restored from a checkpoint whose data loaders had
+  written up to offset `E` appends `(E, new attempt)`: what the old attempt wrote after `E`
   is skipped, and the restored loaders write it again.
 
     submitted → starting → running ⇄ paused → stopping → finished | failed | stopped

@@ -10,9 +10,9 @@ __all__ = ["auc", "logloss"]
 
 
 def auc(labels: ArrayLike, scores: ArrayLike) -> float:
-    """Area under the ROC curve of ``scores`` (any monotone score: probabilities or logits).
+    """Area under the ROC curve of `scores` (any monotone score: probabilities or logits).
 
-    NaN when ``labels`` hold a single class: AUC is undefined there, and an evaluation of a tiny
+    NaN when `labels` hold a single class: AUC is undefined there, and an evaluation of a tiny
     split should report that rather than fail the job.
     """
     labels = np.asarray(labels).reshape(-1)
@@ -22,7 +22,7 @@ def auc(labels: ArrayLike, scores: ArrayLike) -> float:
 
 
 def logloss(labels: ArrayLike, probs: ArrayLike, eps: float = 1e-7) -> float:
-    """Mean binary cross-entropy of probabilities ``probs`` (clipped to [eps, 1 - eps])."""
+    """Mean binary cross-entropy of probabilities `probs` (clipped to [eps, 1 - eps])."""
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     p = np.clip(np.asarray(probs, dtype=np.float64).reshape(-1), eps, 1.0 - eps)
     if len(y) != len(p):

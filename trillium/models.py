@@ -1,10 +1,10 @@
 """The model contract, the default model, and how a job's model and dense optimizer are built.
 
-A model is a plain ``torch.nn.Module`` whose ``forward(dense, embeddings)`` takes
+A model is a plain `torch.nn.Module` whose `forward(dense, embeddings)` takes
 
-- ``dense``: float32 (B, num_dense), the normalized dense columns in the job's order;
-- ``embeddings``: one tensor per feature slot, in the job's slot order: (B, dim) for pooled slots,
-  (B, max_len, dim) for sequence slots (pooling ``none``), whose padding rows are zero;
+- `dense`: float32 (B, num_dense), the normalized dense columns in the job's order;
+- `embeddings`: one tensor per feature slot, in the job's slot order: (B, dim) for pooled slots,
+  (B, max_len, dim) for sequence slots (pooling `none`), whose padding rows are zero;
 
 and returns logits of shape (B,) (the loss is BCE with logits).
 """
@@ -77,8 +77,8 @@ class DNN(nn.Module):
 
 
 def load_model(spec: ModelSpec) -> nn.Module:
-    """Import ``spec.cls`` (``"package.module:Class"``, never evaluated) and build it with
-    ``spec.kwargs``. A ``ValueError`` names the spec when it cannot be resolved or built."""
+    """Import `spec.cls` (`"package.module:Class"`, never evaluated) and build it with
+    `spec.kwargs`. A `ValueError` names the spec when it cannot be resolved or built."""
     module_name, _, attr = spec.cls.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -98,7 +98,7 @@ def load_model(spec: ModelSpec) -> nn.Module:
 
 
 def build_model(job: JobConfig) -> nn.Module:
-    """The job's model, initialised from ``training.seed``: every NN rank and the reference trainer
+    """The job's model, initialised from `training.seed`: every NN rank and the reference trainer
     build identical weights."""
     torch.manual_seed(job.training.seed)
     return load_model(job.model)

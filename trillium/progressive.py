@@ -2,10 +2,10 @@
 samples trained so far are an honest test of the model as it was (the usual online metric of a
 recommender trained on a stream; on files, the first epoch's scores are such a test too).
 
-Each NN rank keeps its latest samples' scores as histograms over the logit (``BINS`` bins on
-[-``LOGIT_RANGE``, ``LOGIT_RANGE``]: AUC from them is exact up to ties inside a bin) with their log
-loss, over the last ``samples`` samples and per window of event time, and publishes a summary;
-the coordinator merges the ranks' summaries into a rolling AUC and log loss (``merge``). Numpy only:
+Each NN rank keeps its latest samples' scores as histograms over the logit (`BINS` bins on
+[-`LOGIT_RANGE`, `LOGIT_RANGE`]: AUC from them is exact up to ties inside a bin) with their log
+loss, over the last `samples` samples and per window of event time, and publishes a summary;
+the coordinator merges the ranks' summaries into a rolling AUC and log loss (`merge`). Numpy only:
 the coordinator needs no scikit-learn for it.
 """
 

@@ -1,15 +1,15 @@
 """Single-process PyTorch trainers of a job: the golden reference and the benchmark baseline.
 
-``train_reference`` is the correctness oracle the distributed system is compared against. It sees
-the same batches in the same order (``BatchBuilder``), builds the same dense model
-(``build_model``), starts every embedding row from exactly the value the native store gives that ID
-(it asks an ``EmbeddingStore`` configured like the job's tables), and applies the embedding
+`train_reference` is the correctness oracle the distributed system is compared against. It sees
+the same batches in the same order (`BatchBuilder`), builds the same dense model
+(`build_model`), starts every embedding row from exactly the value the native store gives that ID
+(it asks an `EmbeddingStore` configured like the job's tables), and applies the embedding
 optimizers with the native store's documented math in float32 numpy, gradients of an ID repeated
 within a batch summed first. It is the distributed job with one NN rank and synchronous embedding
 updates (staleness 0). Kept deliberately plain.
 
-``train_baseline`` is "the single-process PyTorch baseline" of the benchmarks: one
-``nn.EmbeddingBag``-style sparse parameter per table over IDs remapped to dense indices, trained
+`train_baseline` is "the single-process PyTorch baseline" of the benchmarks: one
+`nn.EmbeddingBag`-style sparse parameter per table over IDs remapped to dense indices, trained
 with torch's own sparse optimizers.
 """
 
@@ -52,7 +52,7 @@ class TrainResult:
 
 
 def _table_vocab(job: JobConfig, builder: BatchBuilder) -> dict[str, np.ndarray]:
-    """Every ID a table will see (train and test), sorted: row ``i`` of a table is its ``i``-th."""
+    """Every ID a table will see (train and test), sorted: row `i` of a table is its `i`-th."""
     splits = [builder.split("train")] + ([builder.split("test")] if builder.has_test else [])
     vocab = {}
     for name in job.tables:
@@ -118,7 +118,7 @@ class _Table:
             self.n = np.full((n, dim), acc0, np.float32)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Row indices of ``ids`` (unique), creating the rows of IDs seen for the first time."""
+        """Row indices of `ids` (unique), creating the rows of IDs seen for the first time."""
         idx = np.searchsorted(self.vocab, ids)
         new = idx[~self.known[idx]]
         if len(new):
@@ -132,7 +132,7 @@ class _Table:
         return idx
 
     def apply(self, idx: np.ndarray, grad: np.ndarray) -> None:
-        """One optimizer step on rows ``idx`` (unique) with their summed gradients."""
+        """One optimizer step on rows `idx` (unique) with their summed gradients."""
         opt, f32 = self.config.optimizer, np.float32
         w = self.weight[idx]
         if isinstance(opt, FtrlConfig):
@@ -188,7 +188,7 @@ class _Embeddings(Protocol):
     def __call__(self, batch: Batch) -> list[Tensor]: ...
 
     def step(self) -> None:
-        """Apply the gradients of the last batch embedded (called after ``backward``)."""
+        """Apply the gradients of the last batch embedded (called after `backward`)."""
 
 
 def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _Embeddings) -> TrainResult:
@@ -228,7 +228,7 @@ class _ReferenceEmbeddings:
 
     def __call__(self, batch: Batch) -> list[Tensor]:
         # Per table, the rows of the batch's unique IDs as one leaf tensor: autograd then sums
-        # the gradients of an ID used several times into its row of ``leaf.grad``.
+        # the gradients of an ID used several times into its row of `leaf.grad`.
         self.leaves = {}
         for name, table in self.tables.items():
             ids = [batch.ids.slot(s.name)[0] for s in self.job.slots if s.table == name]
@@ -249,7 +249,7 @@ class _ReferenceEmbeddings:
 
 
 def train_reference(job: JobConfig, *, builder: BatchBuilder | None = None) -> TrainResult:
-    """Train ``job`` in this process, as described in the module docstring."""
+    """Train `job` in this process, as described in the module docstring."""
     for name, config in job.tables.items():
         if config.admission.policy != "off":
             raise ValueError(f"reference: table {name!r}: admission is not modelled, set it off")
@@ -320,9 +320,9 @@ class _BaselineEmbeddings:
 
 
 def train_baseline(job: JobConfig, *, builder: BatchBuilder | None = None) -> TrainResult:
-    """Train ``job`` the plain PyTorch way: sparse-gradient embedding parameters (fp32, initialised
-    by torch from the tables' initializer settings) and torch's sparse optimizers (``sgd``,
-    ``adagrad``, ``adam`` as SparseAdam). PS-only table settings (dtype, weight_bound, admission,
+    """Train `job` the plain PyTorch way: sparse-gradient embedding parameters (fp32, initialised
+    by torch from the tables' initializer settings) and torch's sparse optimizers (`sgd`,
+    `adagrad`, `adam` as SparseAdam). PS-only table settings (dtype, weight_bound, admission,
     capacity, ttl) do not apply."""
     builder = builder or BatchBuilder(job)
     vocab = _table_vocab(job, builder)

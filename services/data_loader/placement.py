@@ -1,8 +1,8 @@
 """Where a data loader's batches go: the NN ranks it feeds, and each batch's step and rank.
 
 Loader i of N feeds ranks i, i + N, ... (each rank's partition has one writer, in step order);
-its j-th batch of an epoch goes to rank ``ranks[j mod k]`` at step ``first_step + j div k`` (k: its
-ranks), batch id ``step * nn_ranks + rank`` everywhere.
+its j-th batch of an epoch goes to rank `ranks[j mod k]` at step `first_step + j div k` (k: its
+ranks), batch id `step * nn_ranks + rank` everywhere.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""A batch's embedding work, done by the native core (``trillium_native.PoolingLayout``):
+"""A batch's embedding work, done by the native core (`trillium_native.PoolingLayout`):
 dedup IDs per table (slots sharing a table share rows), route them to PS shards, pool the
 looked-up rows per feature slot, and (backwards) turn the gradients of the pooled
 embeddings into one summed gradient per unique ID and shard. Python does no numpy or
 torch work per slot or ID any more: per slot it only hands out views.
 
 Letters: B samples; slot f reads table t(f) of dim D_f; P = sum of D_f over the pooled
-(``sum``/``mean``) slots; U_t unique IDs of table t in the batch.
+(`sum`/`mean`) slots; U_t unique IDs of table t in the batch.
 
     layout = Layout(slots, tables, num_shards)     # once per job
     p = plan(layout, keyed_ids)                    # p.tables[t].ids: uint64[U_t], by shard
@@ -14,10 +14,10 @@ Letters: B samples; slot f reads table t(f) of dim D_f; P = sum of D_f over the 
     grads = scatter_gradients(p, slot_grads)       # per table float32[U_t, D], plan order
 
 A table's unique IDs are grouped by owning shard, so each shard's IDs, rows and gradients
-are contiguous: ``shard_rows`` are slices, and a lookup request or gradient message per
-shard takes views, no gathers. ``plan()`` keeps everything the backward pass needs, so a
+are contiguous: `shard_rows` are slices, and a lookup request or gradient message per
+shard takes views, no gathers. `plan()` keeps everything the backward pass needs, so a
 gradient push is pure scatter. Inputs are validated by the native core (shapes, dtypes,
-a sequence longer than its ``max_len``): ValueError, TypeError, KeyError name the slot.
+a sequence longer than its `max_len`): ValueError, TypeError, KeyError name the slot.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The ``adult``, ``criteo`` and ``synthetic`` presets give bit-identical batches to the readers
-they replaced (``trillium/data.py`` at commit dbcb0e3).
+"""The `adult`, `criteo` and `synthetic` presets give bit-identical batches to the readers
+they replaced (`trillium/data.py` at commit dbcb0e3).
 
-The oracle is ``tests/data/golden_batches.json``: the SHA-256 digest (``digest`` below) of every
-batch of each split of the jobs ``CASES`` builds, computed by running this module's ``CASES`` and
-``digest`` against that commit's ``trillium.data.BatchBuilder(job).batches(split)``, and, for a
+The oracle is `tests/data/golden_batches.json`: the SHA-256 digest (`digest` below) of every
+batch of each split of the jobs `CASES` builds, computed by running this module's `CASES` and
+`digest` against that commit's `trillium.data.BatchBuilder(job).batches(split)`, and, for a
 Criteo file with malformed rows, that reader's quarantine records. A batch digest covers the slot
 keys, the IDs, the lengths, the dense values and the labels, with their dtypes and shapes.
 """

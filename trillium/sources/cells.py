@@ -2,10 +2,10 @@
 unless a column holds a bad number).
 
 An empty cell is a missing value, like a null. Text is what a categorical value is hashed from:
-string columns as they are, other types as their canonical text (``15706`` -> ``"15706"``), so a
-Parquet integer ID and the same ID in a CSV file hash alike. Numbers follow Python's ``float()``:
+string columns as they are, other types as their canonical text (`15706` -> `"15706"`), so a
+Parquet integer ID and the same ID in a CSV file hash alike. Numbers follow Python's `float()`:
 pyarrow's parser takes the common forms at C speed, and a column it refuses is parsed again cell by
-cell with ``float()``, which accepts what it accepts (``" 5"``, ``"1_000"``) and finds the culprits.
+cell with `float()`, which accepts what it accepts (`" 5"`, `"1_000"`) and finds the culprits.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def as_text(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def text_buffers(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """``(data uint8, offsets int32|int64)`` of a string array, zero-copy: value ``i`` is
-    ``data[offsets[i]:offsets[i + 1]]`` (the layout ``trillium_native.hash_strings`` takes)."""
+    """`(data uint8, offsets int32|int64)` of a string array, zero-copy: value `i` is
+    `data[offsets[i]:offsets[i + 1]]` (the layout `trillium_native.hash_strings` takes)."""
     _, offsets, data = text.buffers()
     width = np.int64 if pa.types.is_large_string(text.type) else np.int32
     offsets = np.frombuffer(offsets, width)[text.offset : text.offset + len(text) + 1]
@@ -52,8 +52,8 @@ def present(text: pa.Array) -> np.ndarray:
 
 
 def as_numbers(column: pa.Array | pa.ChunkedArray, name: str) -> tuple[np.ndarray, dict[int, str]]:
-    """float64 values, NaN where missing, and ``{row: reason}`` for the cells that hold no finite
-    number (``"<name>: non-numeric value 'x'"``, ``"<name>: non-finite value 'inf'"``)."""
+    """float64 values, NaN where missing, and `{row: reason}` for the cells that hold no finite
+    number (`"<name>: non-numeric value 'x'"`, `"<name>: non-finite value 'inf'"`)."""
     arr = _one(column)
     bad: dict[int, str] = {}
     if pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):

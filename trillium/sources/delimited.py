@@ -1,16 +1,16 @@
-"""Delimited text files (``csv``, and the ``adult`` and ``criteo`` presets): bytes -> RowBlocks.
+"""Delimited text files (`csv`, and the `adult` and `criteo` presets): bytes -> RowBlocks.
 
-The files are cut into blocks of whole rows (``files.cut``) in the calling thread; each block is
-then parsed by ``pyarrow.csv.read_csv`` in a worker thread (``BlockTask``), which releases the GIL.
+The files are cut into blocks of whole rows (`files.cut`) in the calling thread; each block is
+then parsed by `pyarrow.csv.read_csv` in a worker thread (`BlockTask`), which releases the GIL.
 Why pyarrow's reader: it parses at C++ speed straight into Arrow string arrays whose offset and data
 buffers the native hasher reads in place, handles quoting, delimiters inside quotes and quoted
 line breaks, and calls back for each row with the wrong number of fields instead of failing the
-block. Blocks are parsed serially inside (``use_threads=False``) and in parallel across blocks:
+block. Blocks are parsed serially inside (`use_threads=False`) and in parallel across blocks:
 that way pyarrow numbers the rows it rejects, and one row's line is found from its block alone.
 
-Every cell is read as text (a numeric-looking categorical such as ``15706`` stays the text it is);
+Every cell is read as text (a numeric-looking categorical such as `15706` stays the text it is);
 an empty cell, quoted or not, is missing. Line numbers and raw lines of malformed rows are
-recovered from the block's bytes only for blocks that have some (``_Records``).
+recovered from the block's bytes only for blocks that have some (`_Records`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class _Header:
 class _Records:
     """The rows of a block as its bytes hold them, found only when asked (for malformed rows): the
     byte span (without line break) and the line (0-based, in the block) of every non-empty record,
-    numbered from 1 as pyarrow numbers the rows it rejects (``rejected``; it parsed ``parsed``)."""
+    numbered from 1 as pyarrow numbers the rows it rejects (`rejected`; it parsed `parsed`)."""
 
     def __init__(
         self, data: bytes | bytearray, quote: bytes | None, rejected: list[int], parsed: int, file: str
@@ -125,7 +125,7 @@ class _Records:
         return self._rows
 
     def place(self, numbers: np.ndarray, first_line: int) -> list[tuple[int, str]]:
-        """``(line, raw)`` of records ``numbers`` (1-based)."""
+        """`(line, raw)` of records `numbers` (1-based)."""
         self.rows()  # the records match pyarrow's, or fail saying why
         starts, stops, lines = self.spans()
         return [
@@ -148,7 +148,7 @@ class Spec:
 
 
 def block_task(spec: Spec, k: int, i: int, read: Callable[[], bytes | bytearray], lines: LineChain) -> RowBlock:
-    """A ``BlockTask`` body: read block ``k`` of a file, the ``i``-th of its share (``lines``
+    """A `BlockTask` body: read block `k` of a file, the `i`-th of its share (`lines`
     numbers them), count its line breaks, and parse it."""
     try:
         data = read()
@@ -160,7 +160,7 @@ def block_task(spec: Spec, k: int, i: int, read: Callable[[], bytes | bytearray]
 
 
 def parse_block(spec: Spec, k: int, data: bytes | bytearray, first_line: Callable[[], int]) -> RowBlock:
-    """Parse block ``k`` of a file; ``first_line()`` is the line number of its first byte (asked
+    """Parse block `k` of a file; `first_line()` is the line number of its first byte (asked
     for malformed rows only)."""
     dialect = spec.dialect
     invalid: list[tuple[int, int, str]] = []  # (record number, fields, text) of rows pyarrow rejects
@@ -246,7 +246,7 @@ def _adult_quirks(table: pa.Table, last: str, dialect: Dialect) -> pa.Table:
 
 
 class DelimitedSource:
-    """A ``csv``, ``adult`` or ``criteo`` job's files (see the module docstring)."""
+    """A `csv`, `adult` or `criteo` job's files (see the module docstring)."""
 
     def __init__(self, data: AdultData | CriteoData | CsvData) -> None:
         self._dialect = dialect_of(data)

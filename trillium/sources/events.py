@@ -2,17 +2,17 @@
 what cannot be a sample (it goes to the dead-letter topic with the reason).
 
 A message is one JSON object (or msgpack map). The job's slots, dense columns, label, event time
-and key name fields by dotted path (``user.recent_items``). What is checked, per message:
+and key name fields by dotted path (`user.recent_items`). What is checked, per message:
 
-- it decodes, to a mapping, within ``max_message_bytes``;
-- every field the job maps is present (``null`` is a missing value, like an empty cell);
+- it decodes, to a mapping, within `max_message_bytes`;
+- every field the job maps is present (`null` is a missing value, like an empty cell);
 - a slot's value is a string, a number or a boolean, or a list of those (a multi-valued slot);
-  no string longer than ``MAX_VALUE_BYTES``;
+  no string longer than `MAX_VALUE_BYTES`;
 - a dense value is a finite number; the event time a finite number of seconds; the label a
   string, number or boolean.
 
-``EventRows`` gathers accepted events as the text columns ``trillium.features`` encodes (a list
-value is joined with ``MULTI_SEP``, which slots of a kafka job split on), with each event's key and
+`EventRows` gathers accepted events as the text columns `trillium.features` encodes (a list
+value is joined with `MULTI_SEP`, which slots of a kafka job split on), with each event's key and
 event time.
 """
 
@@ -77,7 +77,7 @@ def _scalar_text(path: str, value: Any) -> str:
 
 
 class EventReader:
-    """Decodes messages of a kafka job into ``Event``s (``BadEvent`` says why it cannot)."""
+    """Decodes messages of a kafka job into `Event`s (`BadEvent` says why it cannot)."""
 
     def __init__(self, job: JobConfig) -> None:
         data: KafkaData = job.data  # type: ignore[assignment]
@@ -135,7 +135,7 @@ class EventReader:
 
 
 class EventRows:
-    """Accepted events, as the columns of a block of rows for ``trillium.features``."""
+    """Accepted events, as the columns of a block of rows for `trillium.features`."""
 
     def __init__(self, job: JobConfig) -> None:
         self.slots = [s.column for s in job.slots]

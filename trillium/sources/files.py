@@ -1,15 +1,15 @@
 """Files of a split, and how they are cut: into shares for several loaders, and into blocks.
 
-**Blocks.** A plain (uncompressed) delimited file is cut on a grid of ``GRID`` bytes: block ``k``
-holds the rows that *start* in bytes ``[k * GRID, (k + 1) * GRID)``, so a block ends at the first
+**Blocks.** A plain (uncompressed) delimited file is cut on a grid of `GRID` bytes: block `k`
+holds the rows that *start* in bytes `[k * GRID, (k + 1) * GRID)`, so a block ends at the first
 line break at or after its grid line and every row falls in exactly one block, wherever a reader
 starts. Blocks are the unit of parallel parsing and bound the memory a reader holds; they also
-give every row a stable place ``(file, block, index)`` that does not depend on how the input is
-shared (``split.py`` draws fraction splits from it). Lines end with ``\\n`` or ``\\r\\n``.
+give every row a stable place `(file, block, index)` that does not depend on how the input is
+shared (`split.py` draws fraction splits from it). Lines end with `\\n` or `\\r\\n`.
 
-**Shares.** ``share(units, part, parts)`` gives loader ``part`` of ``parts`` a run of consecutive
+**Shares.** `share(units, part, parts)` gives loader `part` of `parts` a run of consecutive
 units, cut by size, so the shares are disjoint and together hold every unit once. A unit is a grid
-block of a plain file, a whole compressed file (``.gz``, ``.zst``: a stream cannot be entered in
+block of a plain file, a whole compressed file (`.gz`, `.zst`: a stream cannot be entered in
 the middle), a whole file whose quoted values may hold line breaks (a byte offset cannot tell a
 line break inside quotes from a row's end), or a Parquet row group. With fewer units than loaders
 some loaders get none.
@@ -56,9 +56,9 @@ _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
 def expand(paths: Path | Sequence[Path], what: str, *, missing_ok: bool = False) -> list[Path]:
-    """The files of ``paths`` in order, each glob pattern expanded in sorted order; a pattern or
-    file that matches nothing fails naming it (``what`` says where it is set), unless
-    ``missing_ok``."""
+    """The files of `paths` in order, each glob pattern expanded in sorted order; a pattern or
+    file that matches nothing fails naming it (`what` says where it is set), unless
+    `missing_ok`."""
     files: list[Path] = []
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
         text = str(path)
@@ -71,7 +71,7 @@ def expand(paths: Path | Sequence[Path], what: str, *, missing_ok: bool = False)
 
 class SplitFiles:
     """The files of each split of a file source: the test split's are the test files, or the train
-    files when a split policy cuts them in two (``split.py``)."""
+    files when a split policy cuts them in two (`split.py`)."""
 
     def __init__(
         self, train: Path | Sequence[Path], test: Path | Sequence[Path] | None, policy: SplitPolicy | None
@@ -89,7 +89,7 @@ class SplitFiles:
     def check(
         self, uses: Sequence[tuple[str, str]], names_of: Callable[[Path], Sequence[str]], *, missing_ok: bool
     ) -> None:
-        """Fail naming the first column in ``uses`` (``(where, column)``) that a file lacks or
+        """Fail naming the first column in `uses` (`(where, column)`) that a file lacks or
         holds twice, with the file and the columns it has."""
         files = dict.fromkeys(self.files("train", missing_ok=missing_ok) + self.files("test", missing_ok=missing_ok))
         for path in files:
@@ -114,8 +114,8 @@ def open_stream(path: Path) -> BinaryIO:
 
 @dataclass(frozen=True)
 class Unit:
-    """What one loader reads whole: blocks ``[first, last)`` of file ``index`` of the split (grid
-    blocks of a plain file, row groups of a Parquet file; ``[0, 1)`` for a file read whole)."""
+    """What one loader reads whole: blocks `[first, last)` of file `index` of the split (grid
+    blocks of a plain file, row groups of a Parquet file; `[0, 1)` for a file read whole)."""
 
     index: int
     path: Path
@@ -125,7 +125,7 @@ class Unit:
 
 
 def share(units: Sequence[Unit], part: int, parts: int) -> list[Unit]:
-    """Loader ``part``'s share of ``units``: those whose middle byte falls in its ``1/parts`` of
+    """Loader `part`'s share of `units`: those whose middle byte falls in its `1/parts` of
     the total; consecutive blocks of a file are merged into one unit."""
     if not 0 <= part < parts:
         raise ValueError(f"part must be in [0, {parts}), got {part}")
@@ -146,7 +146,7 @@ def share(units: Sequence[Unit], part: int, parts: int) -> list[Unit]:
 
 
 def count_lines(data: bytes | bytearray) -> int:
-    """Line breaks in ``data`` (``\\n``, ``\\r\\n`` or a lone ``\\r``, as Python and pyarrow
+    """Line breaks in `data` (`\\n`, `\\r\\n` or a lone `\\r`, as Python and pyarrow
     count them)."""
     v = np.frombuffer(data, np.uint8)
     n = int(np.count_nonzero(v == 10))
@@ -156,7 +156,7 @@ def count_lines(data: bytes | bytearray) -> int:
 
 
 class LineCounter:
-    """The line number of byte ``offset`` of a plain file, counted from the file's start only when
+    """The line number of byte `offset` of a plain file, counted from the file's start only when
     first asked (a malformed row in a share that starts mid-file); thread-safe."""
 
     def __init__(self, path: Path, offset: int, line: int | None = None) -> None:
@@ -182,8 +182,8 @@ class LineCounter:
 
 class LineChain:
     """Line numbers of consecutive blocks read from one place (a share of a file, a stream): each
-    block's task counts its own line breaks, in a worker thread; block ``i``'s first line is the
-    place's first line plus the breaks of blocks ``0..i-1``, waited for when asked. Tasks start
+    block's task counts its own line breaks, in a worker thread; block `i`'s first line is the
+    place's first line plus the breaks of blocks `0..i-1`, waited for when asked. Tasks start
     in order, so those are running or done (a task that fails first records None)."""
 
     def __init__(self, start: LineCounter) -> None:
@@ -206,8 +206,8 @@ class LineChain:
 
 
 def _row_end(buf: bytes | bytearray, start: int, quote: bytes | None) -> int:
-    """The index just after the first line break at or after ``start`` that ends a row (outside
-    quotes when ``quote`` is given; ``buf`` starts at a row's start); -1 when ``buf`` has none."""
+    """The index just after the first line break at or after `start` that ends a row (outside
+    quotes when `quote` is given; `buf` starts at a row's start); -1 when `buf` has none."""
     nl = buf.find(b"\n", start)
     if quote is None:
         return nl + 1 if nl >= 0 else -1
@@ -217,8 +217,8 @@ def _row_end(buf: bytes | bytearray, start: int, quote: bytes | None) -> int:
 
 
 def first_row(f: BinaryIO, quote: bytes | None, limit: int) -> bytes | None:
-    """The first row of ``f`` with its line break (all of ``f`` when it has none); None when it
-    is longer than ``limit`` bytes."""
+    """The first row of `f` with its line break (all of `f` when it has none); None when it
+    is longer than `limit` bytes."""
     buf = b""
     while (end := _row_end(buf, 0, quote)) < 0 and len(buf) <= limit:
         chunk = f.read(1 << 16)
@@ -229,8 +229,8 @@ def first_row(f: BinaryIO, quote: bytes | None, limit: int) -> bytes | None:
 
 
 def next_row(f: BinaryIO, offset: int) -> int:
-    """The first row start at or after byte ``offset`` of a plain file (its size when none): just
-    after the first ``\\n`` at or after ``offset - 1``."""
+    """The first row start at or after byte `offset` of a plain file (its size when none): just
+    after the first `\\n` at or after `offset - 1`."""
     if offset == 0:
         return 0
     pos = f.seek(offset - 1)
@@ -243,9 +243,9 @@ def next_row(f: BinaryIO, offset: int) -> int:
 
 
 def ranges(f: BinaryIO, offset: int, last: int) -> Iterator[tuple[int, int, int]]:
-    """``(k, start, end)``: the byte range of each block before block ``last`` of a plain file's
-    rows from ``offset`` (a row's start). Only a little is read past each grid line, to find the
-    row end there: the blocks' bytes are read by whoever parses them (``read_range``)."""
+    """`(k, start, end)`: the byte range of each block before block `last` of a plain file's
+    rows from `offset` (a row's start). Only a little is read past each grid line, to find the
+    row end there: the blocks' bytes are read by whoever parses them (`read_range`)."""
     size = os.fstat(f.fileno()).st_size
     while offset < size and (k := offset // GRID) < last:
         end = next_row(f, (k + 1) * GRID)
@@ -254,7 +254,7 @@ def ranges(f: BinaryIO, offset: int, last: int) -> Iterator[tuple[int, int, int]
 
 
 def read_range(path: Path, start: int, end: int) -> bytearray:
-    """Bytes ``[start, end)`` of a file."""
+    """Bytes `[start, end)` of a file."""
     buf = bytearray(end - start)
     with open(path, "rb") as f:
         f.seek(start)
@@ -265,7 +265,7 @@ def read_range(path: Path, start: int, end: int) -> bytearray:
 
 
 def _read_into(f: BinaryIO, view: memoryview) -> int:
-    """Fill ``view`` from ``f``; how many bytes were read (fewer only at the end of ``f``)."""
+    """Fill `view` from `f`; how many bytes were read (fewer only at the end of `f`)."""
     got = 0
     while got < len(view) and (n := f.readinto(view[got:])):
         got += n
@@ -273,9 +273,9 @@ def _read_into(f: BinaryIO, view: memoryview) -> int:
 
 
 def cut(f: BinaryIO, offset: int, last: int, quote: bytes | None) -> Iterator[tuple[int, int, bytearray]]:
-    """The blocks before block ``last`` of the rows read from ``f``, positioned at byte ``offset``
-    (a row's start): ``(k, offset, bytes)`` per block that starts a row, ``bytes`` ending at a
-    row's end. ``quote``: rows may hold line breaks inside such quotes (``f`` must then be
+    """The blocks before block `last` of the rows read from `f`, positioned at byte `offset`
+    (a row's start): `(k, offset, bytes)` per block that starts a row, `bytes` ending at a
+    row's end. `quote`: rows may hold line breaks inside such quotes (`f` must then be
     positioned at its first row, so that quotes pair up). Each block is read into its own buffer;
     only the few bytes read past its end are copied to the next."""
     rest, more = b"", True

@@ -1,18 +1,18 @@
 """The joiner: impressions and their labels (clicks) joined by key, in event time.
 
-One ``PartitionJoin`` per input partition (the impressions and labels topics are co-partitioned by
+One `PartitionJoin` per input partition (the impressions and labels topics are co-partitioned by
 the key, so an impression and its labels meet in the same one). The caller feeds events in arrival
 order and advances the watermark (the least event time over its input partitions, less the allowed
 lateness); the joiner decides what becomes a sample:
 
-- a label whose impression is open, at most ``window`` after it (event time): a **positive**;
+- a label whose impression is open, at most `window` after it (event time): a **positive**;
 - an impression whose window ends at or before the watermark: a **negative**;
 - a label for an impression already emitted negative, or outside the window: **late** (counted);
-  with ``late_labels: correct``, a positive **correction** sample of the same impression (up to a
+  with `late_labels: correct`, a positive **correction** sample of the same impression (up to a
   window of event time after the impression's closed; a label later still is counted unmatched);
 - a label before its impression: held until the impression comes, or the watermark passes it
   (then it is **unmatched**);
-- over ``max_open`` open impressions, the oldest closes early as a negative (counted).
+- over `max_open` open impressions, the oldest closes early as a negative (counted).
 
 A decided sample leaves when the watermark passes the event time of its decision (the click, or
 the window's end), in that order. Positives are decided as their clicks come and negatives only
@@ -23,7 +23,7 @@ event time gives the samples it decided, in the stream's own mix.
 
 Every impression is emitted exactly once as a positive or a negative (corrections come on top),
 and its state — open impressions, held labels, recently closed ones — is a plain value
-(``state``/``from_state``), checkpointed with the input offsets it matches.
+(`state`/`from_state`), checkpointed with the input offsets it matches.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Parquet files: row groups -> RowBlocks, streamed with ``pyarrow.parquet.ParquetFile.iter_batches``.
+"""Parquet files: row groups -> RowBlocks, streamed with `pyarrow.parquet.ParquetFile.iter_batches`.
 
 Why pyarrow's reader: it reads only the columns asked for, one record batch at a time (memory stays
 that of a batch, not of a file or a row group), and decodes in C++ with the GIL released. Columns
-keep their stored types; ``trillium.features`` reads a categorical column of any type as text (an
+keep their stored types; `trillium.features` reads a categorical column of any type as text (an
 integer ID hashes as its decimal digits, as in CSV) and a dense one as numbers. Loaders share a
 split's files by row groups; a malformed row is reported with its row number in the file as its
 "line" and the row (every column), as JSON, as its raw text.
@@ -57,7 +57,7 @@ def _block(
 
 
 class ParquetSource:
-    """A ``parquet`` job's files."""
+    """A `parquet` job's files."""
 
     def __init__(self, data: ParquetData) -> None:
         self._policy = data.split

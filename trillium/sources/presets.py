@@ -1,9 +1,9 @@
-"""The preset sources' layouts, beside the reader that reads them (``delimited.py``).
+"""The preset sources' layouts, beside the reader that reads them (`delimited.py`).
 
-Constants only: ``trillium.job`` validates the column names of preset jobs against these lists,
-and it imports nothing but configuration. ``adult`` and ``criteo`` are dialects of the generic
+Constants only: `trillium.job` validates the column names of preset jobs against these lists,
+and it imports nothing but configuration. `adult` and `criteo` are dialects of the generic
 delimited-text reader, kept bit for bit to the readers they replace (the golden digests in
-``tests/data/golden_batches.json``); ``synthetic`` rows are Criteo-format text read the same way.
+`tests/data/golden_batches.json`); `synthetic` rows are Criteo-format text read the same way.
 """
 
 from __future__ import annotations

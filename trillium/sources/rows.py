@@ -1,10 +1,10 @@
 """What every source yields: blocks of rows as Arrow columns, with where each row came from.
 
-A source turns its files into ``RowBlock``s of one split: the columns asked for (text as Arrow
+A source turns its files into `RowBlock`s of one split: the columns asked for (text as Arrow
 string arrays, Parquet columns in their stored types), only the rows of that split, in file order.
 Rows a source cannot take (a wrong field count, a split column that is no number) are not in the
-table: they come with the block as ``Malformed`` records. ``RowBlock.locate`` finds the file line
-and raw text of rows that ``trillium.features`` rejects later; it is only called for those, so a
+table: they come with the block as `Malformed` records. `RowBlock.locate` finds the file line
+and raw text of rows that `trillium.features` rejects later; it is only called for those, so a
 source may make it slow.
 """
 
@@ -40,7 +40,7 @@ FIELD_COUNT, DENSE_VALUE, LABEL, SPLIT_VALUE = "field_count", "dense_value", "la
 
 @dataclass(frozen=True)
 class Malformed:
-    """A row skipped, with where it is: quarantined as ``{"file", "line", "reason", "raw"}``."""
+    """A row skipped, with where it is: quarantined as `{"file", "line", "reason", "raw"}`."""
 
     file: str
     line: int  # 1-based; for Parquet, the row's number in its file
@@ -56,7 +56,7 @@ class RowBlock:
     file: str
     table: pa.Table  # the requested columns (and the split column), one row per row of the split
     rejected: tuple[Malformed, ...]  # rows of the block the source could not take, in line order
-    # Row indices of ``table`` -> (line, raw) of each; slow (called for malformed rows only).
+    # Row indices of `table` -> (line, raw) of each; slow (called for malformed rows only).
     locate: Callable[[np.ndarray], list[tuple[int, str]]]
 
     @property
@@ -77,11 +77,11 @@ class Source(Protocol):
         ...
 
     def check(self, job: JobConfig, *, missing_files_ok: bool = False) -> None:
-        """Fail (``ValueError``) naming a column the job uses that some file lacks, the file, and
-        the columns it has; or naming a missing file, unless ``missing_files_ok``."""
+        """Fail (`ValueError`) naming a column the job uses that some file lacks, the file, and
+        the columns it has; or naming a missing file, unless `missing_files_ok`."""
         ...
 
     def blocks(self, split: Split, columns: Sequence[str], *, part: int = 0, parts: int = 1) -> Iterator[BlockTask]:
-        """Tasks reading the rows of ``split`` (its ``columns``) in ``part`` of ``parts`` disjoint
-        shares of the input whose union is every row exactly once (see ``files.share``)."""
+        """Tasks reading the rows of `split` (its `columns`) in `part` of `parts` disjoint
+        shares of the input whose union is every row exactly once (see `files.share`)."""
         ...

@@ -1,14 +1,14 @@
 """Which rows of the train files are the test split, when a job gives a split policy instead of
-test files (``data.split``; the policies are ``FractionSplit`` and ``ColumnSplit`` in trillium.job).
+test files (`data.split`; the policies are `FractionSplit` and `ColumnSplit` in trillium.job).
 
-- ``{by: fraction, test_fraction: f, seed: s}``: a row is in the test split when a stable hash of
-  ``(s, its place)`` falls below ``f``; its place is ``(file, block, index in block)``, with blocks
-  as ``files.py`` cuts them (for Parquet, ``(file, row number)``). So the split is the same for
+- `{by: fraction, test_fraction: f, seed: s}`: a row is in the test split when a stable hash of
+  `(s, its place)` falls below `f`; its place is `(file, block, index in block)`, with blocks
+  as `files.py` cuts them (for Parquet, `(file, row number)`). So the split is the same for
   every epoch, every loader and every way of sharing the input, and a CSV file and its Parquet form
   split differently.
-- ``{by: <column>, test_from: v}``: a row is in the test split when its column is >= v (a cut in
+- `{by: <column>, test_from: v}`: a row is in the test split when its column is >= v (a cut in
   time): compared as numbers when v is one, else as text. A row whose value is missing or, for a
-  number, not numeric, is in neither split: it is reported (``split_value``) with the train split.
+  number, not numeric, is in neither split: it is reported (`split_value`) with the train split.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def policy_column(policy: SplitPolicy | None) -> str | None:
 def split_rows(
     policy: SplitPolicy | None, table: pa.Table, split: Split, first_key: int
 ) -> tuple[np.ndarray | None, dict[int, str]]:
-    """``(keep, problems)``: which rows of ``table`` belong to ``split`` (None: all of them), and
-    ``{row: reason}`` of rows in neither split (given for the train split only, so that each is
-    reported once). Row ``i``'s place is ``first_key + i``."""
+    """`(keep, problems)`: which rows of `table` belong to `split` (None: all of them), and
+    `{row: reason}` of rows in neither split (given for the train split only, so that each is
+    reported once). Row `i`'s place is `first_key + i`."""
     if policy is None:
         return None, {}
     n = table.num_rows

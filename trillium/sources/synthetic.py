@@ -1,8 +1,8 @@
-"""The ``synthetic`` source: Criteo-format rows drawn in process from trillium.datagen's planted
-model, read as the ``criteo`` preset reads a file (the same parser, the same line numbers), so that a
-job on them and one on the file ``trillium datagen`` writes see the same batches.
+"""The `synthetic` source: Criteo-format rows drawn in process from trillium.datagen's planted
+model, read as the `criteo` preset reads a file (the same parser, the same line numbers), so that a
+job on them and one on the file `trillium datagen` writes see the same batches.
 
-Loaders share the rows by the model's sample blocks (``datagen.SAMPLE_ROWS`` rows each); since the
+Loaders share the rows by the model's sample blocks (`datagen.SAMPLE_ROWS` rows each); since the
 model draws its blocks in sequence, a loader draws the blocks before its share too, and drops them.
 """
 
