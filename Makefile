@@ -8,7 +8,7 @@ KAFKA_LIBS := .cache/kafka/libs
 KUSTOMIZE := .cache/bin/kustomize
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/Cargo.lock native/pyproject.toml
 PROTOS := $(wildcard proto/*.proto)
-PB := $(patsubst proto/%.proto,trillium/pb/%_pb2.py,$(PROTOS))
+PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
 .PHONY: setup demo test lint test-python test-native test-compose images images-offline compose-env bench up down status clean
 .DEFAULT_GOAL := setup
@@ -29,8 +29,8 @@ $(VENV)/.native: $(VENV)/.installed $(NATIVE_SRC)
 	cd native && VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(VENV))/bin/maturin develop --release -q
 	touch $@
 
-trillium/pb/%_pb2.py: proto/%.proto $(VENV)/.installed
-	$(PY) -m grpc_tools.protoc -Itrillium/pb=proto --python_out=. --pyi_out=. --grpc_python_out=. trillium/pb/$*.proto
+trillium/wire/pb/%_pb2.py: proto/%.proto $(VENV)/.installed
+	$(PY) -m grpc_tools.protoc -Itrillium/wire/pb=proto --python_out=. --pyi_out=. --grpc_python_out=. trillium/wire/pb/$*.proto
 
 $(KAFKA_LIBS)/.complete: deps/kafka/pom.xml
 	@scripts/require.sh java mvn
@@ -104,4 +104,4 @@ down:
 	$(VENV)/bin/trillium down
 
 clean:
-	rm -rf $(VENV) .cache native/target trillium/pb/*_pb2*
+	rm -rf $(VENV) .cache native/target trillium/wire/pb/*_pb2*

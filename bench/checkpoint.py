@@ -38,14 +38,14 @@ import numpy as np
 import torch
 
 import trillium_native
-from trillium import launcher
-from trillium.checkpoint import DENSE, JobCheckpoints, Manifest, PartFile, ps_file
-from trillium.client import CoordinatorClient
-from trillium.config import Topology
+from trillium import stack
+from trillium.config import StackTopology
 from trillium.job import JobConfig
 from trillium.models import build_dense_optimizer, build_model
+from trillium.runtime.checkpoint import DENSE, JobCheckpoints, Manifest, PartFile, ps_file
+from trillium.stack.client import CoordinatorClient
 
-TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1)
+TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1)
 SLOTS = 8  # feature slots sharing the one big table
 
 
@@ -151,7 +151,7 @@ def train(run_dir: Path, config: JobConfig, kill_ps_after_checkpoint: bool = Fal
         if kill_ps_after_checkpoint:
             while client.job(job_id)["last_checkpoint"] is None:
                 time.sleep(0.2)
-            pid = next(p["pid"] for p in launcher.read_state(run_dir)["processes"] if p["name"] == "embedding_ps-1")
+            pid = next(p["pid"] for p in stack.read_state(run_dir)["processes"] if p["name"] == "embedding_ps-1")
             os.kill(pid, signal.SIGKILL)
             while (state := client.job(job_id)["job"]["state"]) != "recovering":
                 if state in ("finished", "failed"):  # it ended before the kill landed: nothing to time
@@ -218,7 +218,7 @@ def main() -> None:
         checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)},
     )
     run_dir = Path(tmp) / "stack"
-    launcher.up(run_dir, TOPOLOGY)
+    stack.up(run_dir, TOPOLOGY)
     try:
         print("training without checkpoints", file=sys.stderr)
         plain = train(run_dir, without)
@@ -227,7 +227,7 @@ def main() -> None:
         print("a recovery", file=sys.stderr)
         recovery = train(run_dir, recovered, kill_ps_after_checkpoint=True)
     finally:
-        launcher.down(run_dir)
+        stack.down(run_dir)
     shutil.rmtree(tmp)  # a failure above leaves it (and its path was said)
     taken = [c for c in durable["checkpoints"] if c["reason"] != "final"]
     if len(taken) < 3:  # the ratio would measure (almost) no checkpoint

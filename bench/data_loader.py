@@ -1,7 +1,7 @@
 """Data loader throughput: Criteo-format rows from a file to Batches ready to produce, in one process.
 
 A Criteo-format TSV (label, 13 dense counts, 26 hashed categoricals) from `trillium datagen` is
-read by the loader's streaming path (`trillium.features.epoch_batches`: pyarrow parsing, dense
+read by the loader's streaming path (`trillium.data.features.epoch_batches`: pyarrow parsing, dense
 checks and log1p, native hashing of every categorical, batches of 4096) and, side by side in the
 same run, by a plain `pyarrow.csv.read_csv` of the same file (type inference, all threads: the
 figure to read is the ratio). Each measurement runs in a fresh process, the file already in the
@@ -35,7 +35,7 @@ def _peak_rss_mb() -> float:
 
 
 def _loader(path: str) -> tuple[int, float, float]:
-    from trillium.features import epoch_batches
+    from trillium.data.features import epoch_batches
     from trillium.job import JobConfig
 
     job = JobConfig.model_validate(
@@ -59,7 +59,7 @@ def _loader(path: str) -> tuple[int, float, float]:
 def _read_csv(path: str) -> tuple[int, float, float]:
     import pyarrow.csv as pacsv
 
-    from trillium.sources.presets import CRITEO_COLUMNS
+    from trillium.job.data import CRITEO_COLUMNS
 
     start = time.perf_counter()
     table = pacsv.read_csv(
@@ -114,7 +114,7 @@ def main() -> None:
     if args.path is not None:
         result = measure(args.path, args.repeats)
     else:
-        from trillium.datagen import generate_criteo
+        from trillium.data.sources.datagen import generate_criteo
 
         with tempfile.TemporaryDirectory(prefix="trillium-bench-") as tmp:
             path = generate_criteo(Path(tmp) / "train.tsv", args.rows, seed=11).path

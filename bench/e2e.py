@@ -31,15 +31,16 @@ import httpx
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from trillium import launcher
+from trillium import stack
 from trillium.cli import summarize
-from trillium.client import CoordinatorClient
-from trillium.config import Topology
-from trillium.datagen import generate_criteo
-from trillium.job import JobConfig, load_job
-from trillium.reference import train_baseline
+from trillium.config import StackTopology
+from trillium.data import load_job
+from trillium.data.sources.datagen import generate_criteo
+from trillium.job import JobConfig
+from trillium.stack.client import CoordinatorClient
+from trillium.train.reference import train_baseline
 
-TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1)
+TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1)
 STAGE_METRICS = {
     "trillium_lookup_seconds_sum": "embedding_worker.lookup (staleness wait included)",
     "trillium_staleness_wait_seconds_sum": "embedding_worker.staleness_wait",
@@ -77,8 +78,8 @@ def synthetic_job(train: Path, test: Path, hybrid_k: int) -> JobConfig:
 
 def _scrape(run_dir: Path) -> dict[str, float]:
     totals: dict[str, float] = {}
-    auth = {"Authorization": f"Bearer {launcher.read_token(run_dir)}"}
-    for proc in launcher.read_state(run_dir)["processes"]:
+    auth = {"Authorization": f"Bearer {stack.read_token(run_dir)}"}
+    for proc in stack.read_state(run_dir)["processes"]:
         if proc["role"] not in ("embedding_worker", "embedding_ps"):
             continue
         text = httpx.get(f"{proc['http_url']}/metrics", headers=auth, timeout=10).raise_for_status().text
@@ -94,7 +95,7 @@ def _cpu_seconds(run_dir: Path) -> dict[str, float]:
     stack, Kafka's broker and Redis included, from /proc/<pid>/stat."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
-    for proc in launcher.read_state(run_dir)["processes"]:
+    for proc in stack.read_state(run_dir)["processes"]:
         if not proc.get("pid"):
             continue
         # Fields after the command's closing parenthesis: utime, stime, cutime, cstime are 12-15.
@@ -211,14 +212,14 @@ def main() -> None:
     workloads = set(args.workloads.split(","))
     if not workloads <= {"adult", "synthetic"}:
         parser.error(f"--workloads: adult and/or synthetic, got {args.workloads}")
-    adult = load_job(launcher.REPO_ROOT / "examples/adult/job.yaml")
+    adult = load_job(stack.REPO_ROOT / "examples/adult/job.yaml")
     hybrid_k = args.hybrid_k if args.hybrid_k is not None else adult.training.staleness_bound
     with tempfile.TemporaryDirectory(prefix="trillium-bench-") as tmp:
         tmp_path = Path(tmp)
         data = generate_criteo(tmp_path / "train.tsv", args.rows, seed=11)
         test = generate_criteo(tmp_path / "test.tsv", max(args.rows // 4, 1000), seed=11, split="test")
         run_dir = tmp_path / "stack"
-        launcher.up(run_dir, TOPOLOGY)
+        stack.up(run_dir, TOPOLOGY)
         try:
             result: dict[str, Any] = {
                 "machine_cores": os.cpu_count(),
@@ -235,7 +236,7 @@ def main() -> None:
                     **run_workload(run_dir, "synthetic", synthetic_job(data.path, test.path, hybrid_k), hybrid_k),
                 }
         finally:
-            launcher.down(run_dir)
+            stack.down(run_dir)
     ran = [w for w in ("adult", "synthetic_criteo") if w in result]
     result["targets"] = {
         "hybrid_vs_sync_samples_per_sec >= 2.0": {w: result[w]["hybrid_vs_sync_samples_per_sec"] >= 2.0 for w in ran},

@@ -41,9 +41,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium.batch import Batch, KeyedIds
 from trillium.models import DNN
 from trillium.services.nn_worker.step import Trainer
+from trillium.wire.batch import Batch, KeyedIds
 
 NUM_DENSE, SLOTS, DIM, HIDDEN, LR = 13, 26, 16, (512, 256), 0.1
 

@@ -29,20 +29,21 @@ from typing import Any
 
 import numpy as np
 
-from trillium import launcher
-from trillium.client import CoordinatorClient
-from trillium.config import KafkaConnection, Topology
-from trillium.datagen import generate_criteo
-from trillium.job import JobConfig, load_job
-from trillium.replay import replay
-from trillium.sources.events import EventReader
-from trillium.sources.joiner import PartitionJoin
+from trillium import stack
+from trillium.config import KafkaConnection, StackTopology
+from trillium.data import load_job
+from trillium.data.replay import replay
+from trillium.data.sources.datagen import generate_criteo
+from trillium.data.sources.events import EventReader
+from trillium.data.sources.joiner import PartitionJoin
+from trillium.job import JobConfig
+from trillium.stack.client import CoordinatorClient
 
-TOPOLOGY = Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1)
+TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1)
 
 
 def online_job(window: float) -> JobConfig:
-    raw = load_job(launcher.REPO_ROOT / "examples/online/job.yaml").model_dump(mode="json")
+    raw = load_job(stack.REPO_ROOT / "examples/online/job.yaml").model_dump(mode="json")
     raw["name"] = "bench-online"
     raw["data"]["join"] |= {
         "impressions": f"bench-imps-{time.time_ns()}",
@@ -163,13 +164,13 @@ def main() -> None:
         tmp_path = Path(tmp)
         data = generate_criteo(tmp_path / "stream.tsv", int(args.rate * args.seconds), seed=1, vocab_sizes=[1000] * 26)
         run_dir = tmp_path / "stack"
-        state = launcher.up(run_dir, TOPOLOGY)
+        state = stack.up(run_dir, TOPOLOGY)
         try:
             conn = KafkaConnection.from_env(state["kafka"]["bootstrap"])
             result["joined_and_trained"] = joined_and_trained(run_dir, job, data.path, args.rate, args.seconds, conn)
             result["joined_and_trained"]["planted_model_auc"] = round(data.auc, 4)
         finally:
-            launcher.down(run_dir)
+            stack.down(run_dir)
     trained = result["joined_and_trained"]
     result["joiner_alone_vs_sustained_events"] = round(
         result["joiner_alone"]["events_per_sec"] / max(trained["events_per_sec"], 1), 1

@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 import pooling_reference as ref  # noqa: E402
 
-from trillium.batch import KeyedIds  # noqa: E402
 from trillium.job import FeatureSlot, TableConfig  # noqa: E402
 from trillium.services.embedding_worker import pooling  # noqa: E402
+from trillium.wire.batch import KeyedIds  # noqa: E402
 
 
 def workload(name: str, batch: int, rng: np.random.Generator):

@@ -1,4 +1,4 @@
-"""Session fixtures: one real Kafka broker and one real Redis, started by the launcher."""
+"""Session fixtures: one real Kafka broker and one real Redis, started by the stack."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from trillium import launcher
+from trillium import stack
 from trillium.config import KafkaConnection
 
 
@@ -33,8 +33,8 @@ class Infra:
 @pytest.fixture(scope="session")
 def infra(tmp_path_factory: pytest.TempPathFactory) -> Infra:
     run_dir = tmp_path_factory.mktemp("infra")
-    st = launcher.up(run_dir, services=False)
+    st = stack.up(run_dir, services=False)
     try:
         yield Infra(run_dir, st["kafka"]["bootstrap"], st["redis"]["url"])
     finally:
-        launcher.down(run_dir)
+        stack.down(run_dir)

@@ -19,11 +19,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from trillium import kafka, launcher
-from trillium.client import ApiError, CoordinatorClient, CoordinatorUnavailable
-from trillium.config import ENV_RUN_DIR, KafkaConnection, Topology, default_run_dir, describe_validation_error
-from trillium.datagen import generate_criteo
-from trillium.job import JobConfig, KafkaData, load_job
+from trillium import stack
+from trillium.config import ENV_RUN_DIR, KafkaConnection, StackTopology, default_run_dir, describe_validation_error
+from trillium.data import load_job
+from trillium.data.sources.datagen import generate_criteo
+from trillium.job import JobConfig, KafkaData
+from trillium.stack.client import ApiError, CoordinatorClient, CoordinatorUnavailable
+from trillium.wire import kafka
 
 app = typer.Typer(
     help="Trillium: hybrid training of recommender models with huge embedding tables.",
@@ -65,13 +67,13 @@ def up(
     Set TRILLIUM_KAFKA_BOOTSTRAP / TRILLIUM_REDIS_URL to use external servers instead."""
     rd = _run_dir(run_dir)
     new_token = not (rd / "token").exists()
-    topology = Topology(
+    topology = StackTopology(
         ps_shards=ps_shards, embedding_workers=embedding_workers, nn_ranks=nn_ranks, data_loaders=data_loaders
     )
     with console.status("starting the stack…"):
         try:
-            st = launcher.up(rd, topology)
-        except launcher.LauncherError as err:
+            st = stack.up(rd, topology)
+        except stack.LauncherError as err:
             _fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
     console.print(
@@ -79,7 +81,7 @@ def up(
         f"  coordinator {st['coordinator_url']}"
     )
     if new_token:
-        console.print(f"  API token (written to {st['token_file']}, mode 600): {launcher.read_token(rd)}")
+        console.print(f"  API token (written to {st['token_file']}, mode 600): {stack.read_token(rd)}")
 
 
 @app.command()
@@ -87,7 +89,7 @@ def status(
     run_dir: RunDir = None, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
 ) -> None:
     """Show every endpoint and each part's health (exit code 1 unless all are healthy)."""
-    st = launcher.status(_run_dir(run_dir))
+    st = stack.status(_run_dir(run_dir))
     if as_json:
         print(json.dumps(st, indent=2))
         raise typer.Exit(0 if st["healthy"] else 1)
@@ -118,7 +120,7 @@ def down(run_dir: RunDir = None) -> None:
     """Stop the stack and everything it started."""
     rd = _run_dir(run_dir)
     with console.status("stopping the stack…"):
-        stopped = launcher.down(rd)
+        stopped = stack.down(rd)
     console.print("stack stopped" if stopped else f"no stack running in {rd}")
 
 
@@ -267,7 +269,7 @@ def _finish(outcome: Outcome, report: Path | None) -> None:
     result = outcome.report
     _print_summary(result)
     if report:
-        from trillium.report import plot  # matplotlib: loaded only when a report is written
+        from trillium.train.report import plot  # matplotlib: loaded only when a report is written
 
         result["plot"] = str(plot(outcome.view, outcome.series, report.with_suffix(".png")))
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -284,7 +286,7 @@ def demo(
     staleness: Annotated[
         Optional[int], typer.Option(min=0, help="the bound k in hybrid mode (default: the job's bound)")
     ] = None,
-    job_file: Annotated[Path, typer.Option("--job", help="job YAML")] = launcher.REPO_ROOT / "examples/adult/job.yaml",
+    job_file: Annotated[Path, typer.Option("--job", help="job YAML")] = stack.REPO_ROOT / "examples/adult/job.yaml",
     report: Annotated[Optional[Path], typer.Option(help="write the JSON report here")] = Path("reports/demo.json"),
     run_dir: RunDir = None,
 ) -> None:
@@ -324,7 +326,7 @@ def _coordinator(run_dir: Path | None) -> Iterator[CoordinatorClient]:
     """A client of the stack's coordinator; API errors end the command with one line."""
     try:
         client = CoordinatorClient.for_stack(_run_dir(run_dir))
-    except (launcher.LauncherError, OSError) as err:
+    except (stack.LauncherError, OSError) as err:
         _fail(str(err))
     try:
         yield client
@@ -545,7 +547,7 @@ def _input_kafka(config: JobConfig, run_dir: Path | None) -> KafkaConnection:
     """The Kafka a stream job reads: its data.bootstrap, else the stack's."""
     bootstrap = getattr(config.data, "bootstrap", None)
     if not bootstrap:
-        st = launcher.read_state(_run_dir(run_dir))
+        st = stack.read_state(_run_dir(run_dir))
         if not st:
             _fail(f"no stack in {_run_dir(run_dir)} and no data.bootstrap in the job: where is Kafka?")
         bootstrap = st["kafka"]["bootstrap"]
@@ -594,7 +596,7 @@ def replay(
 ) -> None:
     """Turn a data set into a live stream: timestamped impression events, and a click event 0..W
     seconds later for each positive row (W: the job's attribution window), on the job's topics."""
-    from trillium.replay import replay as run_replay
+    from trillium.data.replay import replay as run_replay
 
     config = _load_job(job_file)
     conn = _input_kafka(config, run_dir)

@@ -87,7 +87,7 @@ def _validate(cls: type[BaseModel], values: dict[str, object], env_names: dict[s
 
 
 class KafkaConnection(BaseModel):
-    """How every Kafka client of a process connects; `trillium.kafka` applies it to all of them.
+    """How every Kafka client of a process connects; `trillium.wire.kafka` applies it to all of them.
     PLAINTEXT suits the local stack on loopback; anywhere else, SASL (SCRAM) and optionally TLS."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -143,7 +143,7 @@ class GrpcTls(BaseModel):
 
 
 class GrpcCredentials(BaseModel):
-    """What `trillium.rpc` needs to serve and to call: the stack's token (always checked) and TLS."""
+    """What `trillium.wire.rpc` needs to serve and to call: the stack's token (always checked) and TLS."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -155,24 +155,37 @@ def default_run_dir() -> Path:
     return Path(os.environ.get(ENV_RUN_DIR, ".trillium/run")).absolute()
 
 
-class Topology(BaseModel):
+class RoleCounts:
+    """How many instances of each worker role: the one map from role to count, shared by the
+    stack's topology (its processes) and a job's (the workers it uses, indices 0..n-1)."""
+
+    COORDINATORS: ClassVar[int] = 0  # a job asks for none: every stack has its one
+
+    def count(self, role: Role) -> int:
+        counts = {
+            "coordinator": self.COORDINATORS,
+            "embedding_ps": self.ps_shards,  # type: ignore[attr-defined]
+            "embedding_worker": self.embedding_workers,
+            "nn_worker": self.nn_ranks,  # type: ignore[attr-defined]
+            "data_loader": self.data_loaders,
+        }  # type: ignore[attr-defined]
+        return counts[role]
+
+    def workers(self) -> dict[Role, int]:
+        """Role -> instances, for every role with any."""
+        return {role: n for role in ROLES if (n := self.count(role))}
+
+
+class StackTopology(RoleCounts, BaseModel):
     """How many instances of each service the local stack starts (one coordinator always)."""
 
     model_config = ConfigDict(extra="forbid")
+    COORDINATORS: ClassVar[int] = 1
 
     ps_shards: int = Field(2, ge=1, le=64)
     embedding_workers: int = Field(1, ge=1, le=64)
     nn_ranks: int = Field(2, ge=1, le=64)
     data_loaders: int = Field(1, ge=1, le=64)
-
-    def count(self, role: Role) -> int:
-        return {
-            "coordinator": 1,
-            "embedding_ps": self.ps_shards,
-            "embedding_worker": self.embedding_workers,
-            "nn_worker": self.nn_ranks,
-            "data_loader": self.data_loaders,
-        }[role]
 
 
 class ServiceSettings(BaseModel):

@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from trillium.job import JobConfig
-from trillium.jobrecord import ACTIVE, IllegalTransition, JobRecord
-from trillium.progress import JobProgress
+from trillium.job.record import ACTIVE, IllegalTransition, JobRecord
+from trillium.runtime.progress import JobProgress
 
 from .checkpoints import CheckpointInfo
 from .jobs import CheckpointRequested, JobNotFound, lost_workers

@@ -34,7 +34,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from trillium.checkpoint import (
+from trillium.config import Role
+from trillium.job.record import IllegalTransition, JobRecord
+from trillium.runtime.checkpoint import (
     DENSE,
     CaptureRequest,
     CaptureResult,
@@ -49,9 +51,8 @@ from trillium.checkpoint import (
     ps_file,
     rank_file,
 )
-from trillium.jobrecord import IllegalTransition, JobRecord
-from trillium.progress import JobProgress
-from trillium.state import aioredis
+from trillium.runtime.progress import JobProgress
+from trillium.wire.state import aioredis
 
 from .jobs import JobStore
 from .registry import Worker, WorkerRegistry
@@ -60,6 +61,10 @@ logger = logging.getLogger("trillium.coordinator.checkpoints")
 
 POLL_S = 0.02  # how often a driver looks at the workers' reports while the ranks hold
 APPLY_TIMEOUT_S = 120.0  # the PS shards apply what the ranks pushed before the cut well within this
+
+
+# The roles that hold part of a checkpoint (the embedding workers keep nothing across a cut).
+STATEFUL_ROLES: tuple[Role, ...] = ("nn_worker", "embedding_ps", "data_loader")
 
 
 class CheckpointAbandoned(RuntimeError):
@@ -192,11 +197,11 @@ class Checkpointer:
         return out
 
     async def _participants(self, job: JobRecord) -> dict[str, list[Worker]]:
-        topo = job.config.topology
-        counts = {"nn_worker": topo.nn_ranks, "embedding_ps": topo.ps_shards, "data_loader": topo.data_loaders}
+        topology = job.config.topology
         workers = {(w.role, w.index): w for w in await self.registry.workers()}
         out: dict[str, list[Worker]] = {}
-        for role, n in counts.items():
+        for role in STATEFUL_ROLES:
+            n = topology.count(role)
             missing = [f"{role}-{i}" for i in range(n) if (role, i) not in workers]
             if missing:
                 raise CheckpointAbandoned(f"{', '.join(missing)} not registered")

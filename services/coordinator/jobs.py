@@ -28,11 +28,9 @@ from pathlib import Path
 from pydantic import BaseModel
 from redis.exceptions import WatchError
 
-from trillium import kafka, state
-from trillium.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
 from trillium.config import KafkaConnection
 from trillium.job import JobConfig, KafkaData
-from trillium.jobrecord import (
+from trillium.job.record import (
     ACTIVE,
     TERMINAL,
     TRANSITIONS,
@@ -43,9 +41,10 @@ from trillium.jobrecord import (
     Recovery,
     Topics,
     extend_lineage,
-    participants,
 )
-from trillium.progress import JobProgress
+from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
+from trillium.runtime.progress import JobProgress
+from trillium.wire import kafka, state
 
 from .registry import Worker, WorkerRegistry
 
@@ -369,7 +368,7 @@ class JobStore:
 
 
 def needed(config: JobConfig) -> list[str]:
-    return [f"{role}-{i}" for role, n in participants(config).items() for i in range(n)]
+    return [f"{role}-{i}" for role, n in config.topology.workers().items() for i in range(n)]
 
 
 async def lost_workers(registry: WorkerRegistry, job: JobRecord) -> list[str]:

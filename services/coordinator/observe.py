@@ -17,13 +17,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import Gauge
 from pydantic import BaseModel, Field
 
-from trillium import kafka, progressive, rpc
 from trillium.config import GrpcCredentials, KafkaConnection
-from trillium.jobrecord import JobRecord
-from trillium.pb import embedding_pb2 as pb
-from trillium.pb import embedding_pb2_grpc as pb_grpc
-from trillium.progress import JobProgress
-from trillium.state import aioredis
+from trillium.job.record import JobRecord
+from trillium.runtime.progress import JobProgress
+from trillium.train import progressive_validation
+from trillium.wire import kafka, rpc
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
+from trillium.wire.state import aioredis
 
 from .registry import WorkerRegistry
 
@@ -137,7 +138,7 @@ class StreamView(BaseModel):
 
 async def progressive_view(redis: aioredis.Redis, job: JobRecord) -> ProgressiveView:
     summaries = await JobProgress(redis, job.id).progressive(job.config.topology.nn_ranks)
-    merged = progressive.merge(summaries)
+    merged = progressive_validation.merge(summaries)
     delays = np.concatenate([np.asarray(s.get("delays", []), np.float64) for s in summaries] or [np.zeros(0)])
     return ProgressiveView(
         samples=merged["samples"],

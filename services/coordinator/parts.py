@@ -7,7 +7,7 @@ from typing import Protocol
 
 from fastapi.security import HTTPAuthorizationCredentials
 
-from trillium.state import aioredis
+from trillium.wire.state import aioredis
 
 from .checkpoints import Checkpointer
 from .jobs import JobStore

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from trillium import state
 from trillium.config import Role
+from trillium.wire import state
 
 # A worker is lost after this many heartbeat intervals without one.
 LOST_AFTER_MISSED = 10
@@ -38,7 +38,7 @@ class Worker(WorkerRegistration):
     status: Literal["healthy", "starting", "lost"] = "starting"
 
     def job_report(self, job_id: str, attempt: int) -> dict[str, Any] | None:
-        """What the worker last reported about this attempt of a job (see trillium.service)."""
+        """What the worker last reported about this attempt of a job (see trillium.runtime.service)."""
         job = self.health.get("job")
         if isinstance(job, dict) and job.get("id") == job_id and job.get("attempt") == attempt:
             return job

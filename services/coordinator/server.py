@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
-from trillium import state
-from trillium.service import Service, run_service
+from trillium.runtime.service import Service, run_service
+from trillium.wire import state
 
 from .api import add_api
 from .checkpoints import Checkpointer

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trillium import codec
-from trillium.batch import Batch, KeyedIds
 from trillium.job import JobConfig
+from trillium.wire import codec
+from trillium.wire.batch import Batch, KeyedIds
 
 
 @dataclass(frozen=True)

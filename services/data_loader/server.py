@@ -1,9 +1,9 @@
 """The data_loader service: reads its share of the job's source, builds batches as it reads
-(trillium.features: bounded memory), and produces them to Kafka — test batches to the `eval`
+(trillium.data.features: bounded memory), and produces them to Kafka — test batches to the `eval`
 topic first, then train batches to `samples`, partition = the NN rank a batch is for — with an
-idempotent, acks=all producer. Every record carries the job's attempt (see trillium.jobrecord).
+idempotent, acks=all producer. Every record carries the job's attempt (see trillium.job.record).
 
-Several loaders: loader i of N reads share i of the input (`trillium.sources`: whole files,
+Several loaders: loader i of N reads share i of the input (`trillium.data.sources`: whole files,
 Parquet row groups or CSV byte ranges) and feeds NN ranks i, i + N, ... (round robin over its
 ranks), so each rank's partition has one writer and stays in step order. Batch ids are
 `step * nn_ranks + rank` everywhere, so a rank's step is `batch_id // nn_ranks`. All ranks
@@ -32,14 +32,14 @@ from typing import Any, Literal
 from aiokafka import TopicPartition
 from fastapi import HTTPException, status
 
-from trillium import codec, kafka, state
-from trillium.batch import Batch
-from trillium.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, PartFile, PartReport, loader_file
-from trillium.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
+from trillium.data.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
 from trillium.job import KafkaData
-from trillium.jobrecord import JobRecord
-from trillium.progress import JobProgress
-from trillium.service import Service, describe_error, run_service
+from trillium.job.record import JobRecord
+from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, PartFile, PartReport, loader_file
+from trillium.runtime.progress import JobProgress
+from trillium.runtime.service import Service, describe_error, run_service
+from trillium.wire import codec, kafka, state
+from trillium.wire.batch import Batch
 
 from .placement import Record, Share
 from .stream import StreamLoader

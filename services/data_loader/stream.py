@@ -2,9 +2,9 @@
 
 Loader i of N reads partitions i, i + N, ... of the input topics (the impressions and labels of
 a join are co-partitioned, so a partition of each meets in the same loader), decodes each
-message (trillium.sources.events: a message that cannot be a sample goes to the dead-letter
+message (trillium.data.sources.events: a message that cannot be a sample goes to the dead-letter
 topic `trillium.<job>.dlq` with the reason and its topic, partition and offset), joins
-impressions with labels in event time (trillium.sources.joiner; the watermark is the least
+impressions with labels in event time (trillium.data.sources.joiner; the watermark is the least
 event time over the loader's input partitions that are not caught up, less the allowed
 lateness), normalizes the dense values with statistics computed online, and cuts the samples
 into steps: a batch per rank it feeds, `batch_size` samples each, or fewer when the stream is
@@ -32,15 +32,15 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 import trillium_native
-from trillium import codec, kafka
-from trillium.checkpoint import Offsets
-from trillium.features import Encoder, OnlineStats, batch_of
+from trillium.data.features import Encoder, OnlineStats, batch_of
+from trillium.data.sources import RowBlock
+from trillium.data.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
+from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import KafkaData
-from trillium.jobrecord import JobRecord
-from trillium.progress import JobProgress
-from trillium.sources import RowBlock
-from trillium.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
-from trillium.sources.joiner import PartitionJoin
+from trillium.job.record import JobRecord
+from trillium.runtime.checkpoint import Offsets
+from trillium.runtime.progress import JobProgress
+from trillium.wire import codec, kafka
 
 from .placement import Share
 

@@ -30,14 +30,22 @@ from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge, Histogram
 
 import trillium_native
-from trillium import codec, kafka, rpc, state
-from trillium.batch import GradientUpdate
-from trillium.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, Manifest, PartFile, PartReport, ps_file
-from trillium.jobrecord import JobRecord
-from trillium.pb import embedding_pb2 as pb
-from trillium.pb import embedding_pb2_grpc as pb_grpc
-from trillium.progress import JobProgress
-from trillium.service import Service, describe_error, run_service
+from trillium.job.record import JobRecord
+from trillium.runtime.checkpoint import (
+    CaptureRequest,
+    CaptureResult,
+    CheckpointDir,
+    Manifest,
+    PartFile,
+    PartReport,
+    ps_file,
+)
+from trillium.runtime.progress import JobProgress
+from trillium.runtime.service import Service, describe_error, run_service
+from trillium.wire import codec, kafka, rpc, state
+from trillium.wire.batch import GradientUpdate
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 logger = logging.getLogger("trillium.embedding_ps")
 

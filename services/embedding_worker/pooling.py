@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import trillium_native
-from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot, TableConfig
+from trillium.wire.batch import KeyedIds
 
 
 class Layout:

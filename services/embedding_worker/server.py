@@ -20,13 +20,13 @@ import grpc
 import numpy as np
 from prometheus_client import Histogram
 
-from trillium import codec, kafka, rpc, state
-from trillium.batch import EmbeddingRef, GradientUpdate
-from trillium.jobrecord import JobRecord
-from trillium.pb import embedding_pb2 as pb
-from trillium.pb import embedding_pb2_grpc as pb_grpc
-from trillium.progress import JobProgress
-from trillium.service import Service, run_service
+from trillium.job.record import JobRecord
+from trillium.runtime.progress import JobProgress
+from trillium.runtime.service import Service, run_service
+from trillium.wire import codec, kafka, rpc, state
+from trillium.wire.batch import EmbeddingRef, GradientUpdate
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 from . import pooling
 

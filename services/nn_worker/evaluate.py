@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from trillium import codec, metrics
+from trillium import metrics
+from trillium.wire import codec
 
 from .feed import EpochEnd, Feed, embeddings_of
 

@@ -1,7 +1,7 @@
 """A rank's data path around its steps: batches in from Kafka, gradients out to the embedding worker.
 
 `Feed` reads one partition of a loader-written topic (samples or eval) in order from a given
-offset, counts only the records of the current attempt's lineage (trillium.jobrecord), and starts
+offset, counts only the records of the current attempt's lineage (trillium.job.record), and starts
 each batch's lookup as soon as the batch arrives, up to `ahead` of them (the embedding worker holds
 back any lookup that would exceed the staleness bound, so this only caps the memory in flight).
 `GradientPusher` hands each step's embedding gradients to the embedding worker, in step order,
@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from aiokafka import TopicPartition
 
-from trillium import codec, kafka
 from trillium.config import KafkaConnection
-from trillium.jobrecord import PartitionLineage
-from trillium.pb import embedding_pb2 as pb
+from trillium.job.record import PartitionLineage
+from trillium.wire import codec, kafka
+from trillium.wire.pb import embedding_pb2 as pb
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,15 @@ from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium import codec, progressive, rpc, state
-from trillium.checkpoint import DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest, rank_file
-from trillium.jobrecord import CheckpointRef, JobRecord, PartitionLineage
+from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
-from trillium.pb import embedding_pb2 as pb
-from trillium.pb import embedding_pb2_grpc as pb_grpc
-from trillium.progress import JobProgress
-from trillium.service import Service, describe_error, run_service
+from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest, rank_file
+from trillium.runtime.progress import JobProgress
+from trillium.runtime.service import Service, describe_error, run_service
+from trillium.train import progressive_validation
+from trillium.wire import codec, rpc, state
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 from . import evaluate
 from .feed import EpochEnd, Feed, GradientPusher, embeddings_of, gradients_request
@@ -96,7 +97,7 @@ class _Attempt:
     stub: pb_grpc.EmbeddingWorkerStub
     progress: JobProgress
     state: RankState
-    scores: progressive.Scores | None = None
+    scores: progressive_validation.Scores | None = None
     delays: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=DELAYS_REPORTED))
     next_scores: float = 0.0
     pusher: GradientPusher | None = None
@@ -232,7 +233,7 @@ class NNWorker(Service):
             trainer, rank_state = await self._setup(job, progress, thread)
             run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state)
             world = config.topology.nn_ranks
-            run.scores = progressive.Scores(
+            run.scores = progressive_validation.Scores(
                 max(config.training.progressive_samples // world, 1), config.training.progressive_window_seconds
             )
             self.trained = rank_state.trained

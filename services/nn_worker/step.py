@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trillium.batch import Batch
+from trillium.wire.batch import Batch
 
 logger = logging.getLogger("trillium.nn_worker")
 

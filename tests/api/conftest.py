@@ -11,10 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from trillium import launcher
-from trillium.client import TERMINAL
-from trillium.config import Topology
-from trillium.job import JobConfig, load_job
+from trillium import stack
+from trillium.config import StackTopology
+from trillium.data import load_job
+from trillium.job import JobConfig
+from trillium.stack.client import TERMINAL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -43,13 +44,13 @@ class ApiStack:
 def api_stack(infra, tmp_path_factory) -> ApiStack:
     run_dir = tmp_path_factory.mktemp("api-stack")
     redis_url = infra.redis_database(1)
-    st = launcher.up(
+    st = stack.up(
         run_dir,
-        Topology(nn_ranks=2, ps_shards=2, embedding_workers=1),
+        StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1),
         kafka_bootstrap=infra.kafka_bootstrap,
         redis_url=redis_url,
     )
-    token = launcher.read_token(run_dir)
+    token = stack.read_token(run_dir)
     http = httpx.Client(
         base_url=st["coordinator_url"] + "/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30.0
     )
@@ -57,7 +58,7 @@ def api_stack(infra, tmp_path_factory) -> ApiStack:
         yield ApiStack(run_dir, st["coordinator_url"], token, redis_url, http)
     finally:
         http.close()
-        launcher.down(run_dir)
+        stack.down(run_dir)
 
 
 @pytest.fixture(scope="session")

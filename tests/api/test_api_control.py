@@ -13,7 +13,7 @@ import redis
 import yaml
 from typer.testing import CliRunner
 
-from trillium import launcher
+from trillium import stack
 from trillium.cli import app
 from trillium.job import JobConfig
 
@@ -47,11 +47,11 @@ def _histogram(api_stack, job_id: str) -> list[int]:
 
 def _restart_coordinator(api_stack) -> None:
     """SIGKILL the coordinator and wait for the supervisor to bring it back."""
-    before = next(p for p in launcher.read_state(api_stack.run_dir)["processes"] if p["name"] == "coordinator-0")
+    before = next(p for p in stack.read_state(api_stack.run_dir)["processes"] if p["name"] == "coordinator-0")
     os.kill(before["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 60
     while True:
-        proc = next(p for p in launcher.read_state(api_stack.run_dir)["processes"] if p["name"] == "coordinator-0")
+        proc = next(p for p in stack.read_state(api_stack.run_dir)["processes"] if p["name"] == "coordinator-0")
         if proc["pid"] != before["pid"]:
             try:
                 if httpx.get(api_stack.url + "/readyz", timeout=2).status_code == 200:

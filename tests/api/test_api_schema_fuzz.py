@@ -16,7 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from trillium import launcher
+from trillium import stack
 from trillium.config import ServiceSettings
 from trillium.services.coordinator.server import Coordinator
 
@@ -62,7 +62,7 @@ def target(api_stack, tiny_job):
         if listed["state"] in ("submitted", "starting", "running", "paused"):
             api_stack.http.post(f"/jobs/{listed['id']}/stop")
             api_stack.wait_for(listed["id"], {"stopped", "failed"}, timeout_s=60)
-    ours = {p["name"] for p in launcher.read_state(api_stack.run_dir)["processes"]}
+    ours = {p["name"] for p in stack.read_state(api_stack.run_dir)["processes"]}
     for worker in api_stack.http.get("/workers").json():
         if worker["name"] not in ours:
             api_stack.http.delete(f"/workers/{worker['name']}")

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import yaml
 
-from trillium import launcher
 from trillium.cli import summarize
-from trillium.client import CoordinatorClient
+from trillium.stack.client import CoordinatorClient
+from trillium.stack.procs import free_port
 
 pytestmark = pytest.mark.compose
 
@@ -95,7 +95,7 @@ def stack(tmp_path_factory) -> Compose:
     project = os.environ.get("COMPOSE_PROJECT_NAME")
     assert project, "run by `make test-compose`, which names the compose project (COMPOSE_PROJECT_NAME)"
     env_file = tmp_path_factory.mktemp("compose") / ".env"
-    token, port = secrets.token_hex(24), launcher._free_port()
+    token, port = secrets.token_hex(24), free_port()
     env_file.write_text(
         "".join(
             f"{k}={v}\n"

@@ -9,24 +9,25 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import DATA
 
-from trillium import launcher
-from trillium.client import CoordinatorClient
-from trillium.config import Topology
-from trillium.job import JobConfig, load_job
-from trillium.jobrecord import ACTIVE
+from trillium import stack
+from trillium.config import StackTopology
+from trillium.data import load_job
+from trillium.job import JobConfig
+from trillium.job.record import ACTIVE
+from trillium.stack.client import CoordinatorClient
 
 
 @pytest.fixture(scope="session")
 def training_stack(infra, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("training-stack")
-    launcher.up(
+    stack.up(
         run_dir,
-        Topology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=2),
+        StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=2),
         kafka_bootstrap=infra.kafka_bootstrap,
         redis_url=infra.redis_database(2),
     )
     yield run_dir
-    launcher.down(run_dir)
+    stack.down(run_dir)
 
 
 @pytest.fixture(autouse=True)

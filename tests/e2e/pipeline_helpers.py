@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from trillium.cli import summarize
-from trillium.client import CoordinatorClient
 from trillium.job import JobConfig
+from trillium.stack.client import CoordinatorClient
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

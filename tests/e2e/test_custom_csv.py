@@ -11,8 +11,8 @@ import pytest
 import yaml
 from pipeline_helpers import run_to_end
 
-from trillium.features import BatchBuilder
-from trillium.job import load_job
+from trillium.data import load_job
+from trillium.data.features import BatchBuilder
 
 SITES = [f"site-{i}.example" for i in range(40)]
 TAGS = list("abcdefghij")

@@ -13,8 +13,8 @@ import httpx
 from pipeline_helpers import with_training
 from prometheus_client.parser import text_string_to_metric_families
 
-from trillium import launcher
-from trillium.client import CoordinatorClient
+from trillium import stack
+from trillium.stack.client import CoordinatorClient
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/trillium.json"
 METRIC = re.compile(r"\btrillium_[a-z0-9_]+")
@@ -29,7 +29,7 @@ def _queries() -> list[tuple[str, str]]:
 def _scrape(run_dir: Path, token: str) -> dict[str, set[str]]:
     """Every sample name exported by the stack's services now, with the label names it carries."""
     exported: dict[str, set[str]] = {}
-    for proc in launcher.read_state(run_dir)["processes"]:
+    for proc in stack.read_state(run_dir)["processes"]:
         if not proc.get("http_url"):
             continue
         r = httpx.get(f"{proc['http_url']}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -44,9 +44,9 @@ def test_the_dashboard_queries_only_exported_metrics(training_stack, tiny_job) -
     queries = _queries()
     wanted = {m for expr, _ in queries for m in METRIC.findall(expr)}
     assert len(wanted) >= 10, wanted  # the dashboard's panels: throughput, loss, staleness, latency, lag, PS
-    token = launcher.read_token(training_stack)
+    token = stack.read_token(training_stack)
     # /metrics needs the token, like everything but health.
-    coordinator = launcher.read_state(training_stack)["coordinator_url"]
+    coordinator = stack.read_state(training_stack)["coordinator_url"]
     assert httpx.get(f"{coordinator}/metrics").status_code == 401
     # Long enough for the coordinator's slower samples (Kafka lag, tables: every 5 s) to run mid-job.
     job = with_training(tiny_job, epochs=40)

@@ -17,13 +17,15 @@ import numpy as np
 from aiokafka import TopicPartition
 
 import trillium_native
-from trillium import codec, kafka, launcher
-from trillium.client import CoordinatorClient
+from trillium import stack
 from trillium.config import KafkaConnection
-from trillium.datagen import generate_criteo
-from trillium.job import JobConfig, load_job
-from trillium.jobrecord import PartitionLineage
-from trillium.replay import replay
+from trillium.data import load_job
+from trillium.data.replay import replay
+from trillium.data.sources.datagen import generate_criteo
+from trillium.job import JobConfig
+from trillium.job.record import PartitionLineage
+from trillium.stack.client import CoordinatorClient
+from trillium.wire import codec, kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,7 +234,7 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
         _wait(lambda: _state(client, job_id) == "running", "the job to run")
         feed = _replaying(tmp_path / "stream.tsv", job, infra.kafka, rate=6000, seed=5)
         _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a checkpoint")
-        loader = next(p for p in launcher.read_state(training_stack)["processes"] if p["name"] == "data_loader-0")
+        loader = next(p for p in stack.read_state(training_stack)["processes"] if p["name"] == "data_loader-0")
         os.kill(loader["pid"], signal.SIGKILL)
         feed.join()
         _wait(

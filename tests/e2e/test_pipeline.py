@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from pipeline_helpers import DATA, run_to_end, with_training
 
-from trillium import launcher
-from trillium.client import CoordinatorClient
-from trillium.features import BatchBuilder
-from trillium.job import load_job
-from trillium.reference import train_reference
+from trillium import stack
+from trillium.data import load_job
+from trillium.data.features import BatchBuilder
+from trillium.stack.client import CoordinatorClient
+from trillium.train.reference import train_reference
 
 
 def _train_split(job):
@@ -130,7 +130,7 @@ def test_bad_config_fails_before_any_service_starts(tmp_path) -> None:
     assert out.returncode == 2
     assert "slots[6] 'c7': unknown column 'C99'" in out.stdout
     assert "known columns: label, I1" in out.stdout
-    assert launcher.read_state(run_dir) is None  # nothing was started
+    assert stack.read_state(run_dir) is None  # nothing was started
     with pytest.raises(ValueError, match="C99"):
         load_job(bad)
 
@@ -146,7 +146,7 @@ def test_a_process_lost_before_the_first_checkpoint_fails_the_job_naming_it(trai
         while client.job(job_id)["progress"]["samples"] < 2000:
             assert time.monotonic() < deadline, "the job did not get going"
             time.sleep(0.2)
-        ps = next(p for p in launcher.read_state(training_stack)["processes"] if p["name"] == "embedding_ps-1")
+        ps = next(p for p in stack.read_state(training_stack)["processes"] if p["name"] == "embedding_ps-1")
         os.kill(ps["pid"], signal.SIGKILL)
         view = client.follow(job_id, timeout_s=120)
     finally:

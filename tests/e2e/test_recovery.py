@@ -15,13 +15,13 @@ import pytest
 from pipeline_helpers import run_to_end, with_training
 from typer.testing import CliRunner
 
-from trillium import launcher
-from trillium.checkpoint import CheckpointDir, ps_file
 from trillium.cli import app
-from trillium.client import CoordinatorClient
-from trillium.config import Topology
-from trillium.features import BatchBuilder
+from trillium.config import StackTopology
+from trillium.data.features import BatchBuilder
 from trillium.job import JobConfig
+from trillium.runtime.checkpoint import CheckpointDir, ps_file
+from trillium.stack import down, read_state, up
+from trillium.stack.client import CoordinatorClient
 
 EPOCHS = 40
 EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs
@@ -31,9 +31,9 @@ EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs
 def stack(tmp_path_factory) -> Path:
     """A stack of its own (Kafka and Redis included): the tests restart both."""
     run_dir = tmp_path_factory.mktemp("recovery-stack")
-    launcher.up(run_dir, Topology(nn_ranks=2, ps_shards=2, embedding_workers=1))
+    up(run_dir, StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1))
     yield run_dir
-    launcher.down(run_dir)
+    down(run_dir)
 
 
 def _durable(job: JobConfig, **checkpoint) -> JobConfig:
@@ -56,7 +56,7 @@ def baseline(stack, sync_job) -> dict:
 
 
 def _pid(run_dir: Path, name: str) -> int:
-    return next(p["pid"] for p in launcher.read_state(run_dir)["processes"] if p["name"] == name)
+    return next(p["pid"] for p in read_state(run_dir)["processes"] if p["name"] == name)
 
 
 def _wait(predicate, what: str, timeout_s: float = 300.0) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trillium.datagen import PlantedModel
+from trillium.data.sources.datagen import PlantedModel
 
 FILE_BYTES = 2 << 30
 GROWTH_LIMIT_MB = 200
@@ -17,7 +17,7 @@ GROWTH_LIMIT_MB = 200
 # batches to the end.
 MEASURE = """
 import json, sys
-from trillium.features import epoch_batches
+from trillium.data.features import epoch_batches
 from trillium.job import JobConfig
 
 def rss_mb():

@@ -8,8 +8,8 @@ import uuid
 
 import numpy as np
 
-from trillium import kafka, state
 from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL
+from trillium.wire import kafka, state
 
 
 async def test_kafka_produce_consume_round_trip(infra) -> None:

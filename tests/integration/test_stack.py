@@ -13,19 +13,20 @@ import time
 import httpx
 import pytest
 
-from trillium import launcher
-from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ROLES, Topology
+from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ROLES, StackTopology
+from trillium.stack import LauncherError, down, read_state, read_token, status, up
+from trillium.stack.procs import pid_alive
 
-TOPOLOGY = Topology()  # the default: 1 coordinator, 2 PS shards, 1 embedding worker, 2 NN ranks, 1 loader
+TOPOLOGY = StackTopology()  # the default: 1 coordinator, 2 PS shards, 1 embedding worker, 2 NN ranks, 1 loader
 
 
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("stack")
     # The session's broker and Redis are "external" to this stack: that path is tested too.
-    st = launcher.up(run_dir, TOPOLOGY, kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(3))
+    st = up(run_dir, TOPOLOGY, kafka_bootstrap=infra.kafka_bootstrap, redis_url=infra.redis_database(3))
     yield run_dir, st
-    launcher.down(run_dir)
+    down(run_dir)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -51,7 +52,7 @@ def test_services_registered_with_coordinator_behind_token(stack) -> None:
     url = st["coordinator_url"] + "/v1/workers"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong-token-wrong-token"}).status_code == 401
-    token = launcher.read_token(run_dir)
+    token = read_token(run_dir)
     assert oct((run_dir / "token").stat().st_mode & 0o777) == "0o600"
     deadline = time.monotonic() + 20
     while True:
@@ -67,11 +68,11 @@ def test_services_registered_with_coordinator_behind_token(stack) -> None:
 
 def test_crashed_service_is_restarted(stack) -> None:
     run_dir, _ = stack
-    before = {p["name"]: p for p in launcher.read_state(run_dir)["processes"]}
+    before = {p["name"]: p for p in read_state(run_dir)["processes"]}
     os.kill(before["embedding_worker-0"]["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        st = launcher.status(run_dir)
+        st = status(run_dir)
         proc = next(p for p in st["processes"] if p["name"] == "embedding_worker-0")
         if proc["restarts"] == 1 and proc["health"]["ok"]:
             break
@@ -82,8 +83,8 @@ def test_crashed_service_is_restarted(stack) -> None:
 
 def test_second_up_in_same_run_dir_is_refused(stack) -> None:
     run_dir, _ = stack
-    with pytest.raises(launcher.LauncherError, match="already running"):
-        launcher.up(run_dir)
+    with pytest.raises(LauncherError, match="already running"):
+        up(run_dir)
 
 
 def test_down_leaves_no_process_behind(infra, tmp_path) -> None:
@@ -96,10 +97,10 @@ def test_down_leaves_no_process_behind(infra, tmp_path) -> None:
         timeout=240,
     )
     assert up.returncode == 0, up.stdout + up.stderr
-    st = launcher.read_state(tmp_path)
+    st = read_state(tmp_path)
     pids = [st["supervisor_pid"], *(p["pid"] for p in st["processes"])]
-    assert all(launcher._pid_alive(pid) for pid in pids)
+    assert all(pid_alive(pid) for pid in pids)
     down = _cli("down", "--run-dir", str(tmp_path))
     assert down.returncode == 0 and "stack stopped" in down.stdout
-    assert not any(launcher._pid_alive(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
     assert _cli("status", "--run-dir", str(tmp_path)).returncode == 1

@@ -13,7 +13,6 @@ import grpc
 import httpx
 import pytest
 
-from trillium import launcher, rpc
 from trillium.config import (
     ENV_COORDINATOR_URL,
     ENV_GRPC_TLS_CA,
@@ -26,8 +25,10 @@ from trillium.config import (
     GrpcCredentials,
     GrpcTls,
 )
-from trillium.pb import embedding_pb2 as pb
-from trillium.pb import embedding_pb2_grpc as pb_grpc
+from trillium.stack.procs import free_port
+from trillium.wire import rpc
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 TOKEN = "the-stack-token-0123456789"
 
@@ -88,11 +89,11 @@ def _tls_files(directory: Path) -> GrpcTls:
 
 def _start_ps(infra, run_dir: Path, tls: GrpcTls | None) -> tuple[subprocess.Popen, int]:
     """A real embedding_ps process (no coordinator needed to serve Stats)."""
-    http_port, grpc_port = launcher._free_port(), launcher._free_port()
+    http_port, grpc_port = free_port(), free_port()
     env = os.environ | {
         ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap,
         ENV_REDIS_URL: infra.redis_database(5),
-        ENV_COORDINATOR_URL: f"http://127.0.0.1:{launcher._free_port()}",
+        ENV_COORDINATOR_URL: f"http://127.0.0.1:{free_port()}",
         ENV_TOKEN: TOKEN,
         ENV_RUN_DIR: str(run_dir),
     }

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 import trillium_native
-from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot
+from trillium.wire.batch import KeyedIds
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trillium.batch import Batch, EmbeddingRef, GradientUpdate, KeyedIds
+from trillium.wire.batch import Batch, EmbeddingRef, GradientUpdate, KeyedIds
 
 
 def u64(*values: int) -> np.ndarray:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trillium.checkpoint import DENSE, CorruptCheckpoint, JobCheckpoints, Manifest, PartFile, ps_file, rank_file
-from trillium.job import load_job
+from trillium.data import load_job
+from trillium.runtime.checkpoint import DENSE, CorruptCheckpoint, JobCheckpoints, Manifest, PartFile, ps_file, rank_file
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from trillium import codec
-from trillium.batch import Batch, GradientUpdate, KeyedIds
-from trillium.codec import (
+from trillium.wire import codec
+from trillium.wire.batch import Batch, GradientUpdate, KeyedIds
+from trillium.wire.codec import (
     CodecError,
     decode_batch,
     decode_gradients,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from trillium.datagen import PlantedModel, SyntheticRows, generate_criteo
+from trillium.data.sources.datagen import PlantedModel, SyntheticRows, generate_criteo
 
 VOCAB = [50, 1000, 20_000] * 8 + [10, 10]
 

@@ -10,11 +10,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from trillium import codec
-from trillium.batch import Batch, KeyedIds
+from trillium.data.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
 from trillium.job import JobConfig
 from trillium.services.data_loader.stream import due_steps
-from trillium.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
+from trillium.wire import codec
+from trillium.wire.batch import Batch, KeyedIds
 
 
 def _job(**data) -> JobConfig:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trillium.datagen import generate_criteo
-from trillium.features import BatchBuilder
-from trillium.job import load_job
-from trillium.reference import train_baseline
+from trillium.data import load_job
+from trillium.data.features import BatchBuilder
+from trillium.data.sources.datagen import generate_criteo
+from trillium.train.reference import train_baseline
 
 ROOT = Path(__file__).resolve().parents[2]
 AVAZU_HEADER = (

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import trillium_native
-from trillium.datagen import generate_criteo
-from trillium.features import (
+from trillium.data import load_job
+from trillium.data.features import (
     _STATS_CHUNK,
     BatchBuilder,
     EncodedBlock,
@@ -21,8 +21,9 @@ from trillium.features import (
     dense_stats,
     epoch_batches,
 )
-from trillium.job import JobConfig, load_job
-from trillium.sources import open_source
+from trillium.data.sources import open_source
+from trillium.data.sources.datagen import generate_criteo
+from trillium.job import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +109,7 @@ def test_malformed_rows_are_counted_logged_and_quarantined(tmp_path: Path, caplo
     quarantine.parent.mkdir()
     quarantine.write_text('{"earlier": "record"}\n')
     builder = BatchBuilder(adult_job(train), quarantine=quarantine)
-    with caplog.at_level(logging.WARNING, logger="trillium.features"):
+    with caplog.at_level(logging.WARNING, logger="trillium.data.features"):
         split = builder.split("train")
     assert split.rows == 2
     np.testing.assert_array_equal(split.labels, [0.0, 1.0])

@@ -11,8 +11,9 @@ import yaml
 from pydantic import ValidationError
 
 import trillium_native
-from trillium.job import JobConfig, TableConfig, load_job
-from trillium.sources.presets import ADULT_COLUMNS
+from trillium.data import load_job
+from trillium.job import JobConfig, TableConfig
+from trillium.job.data import ADULT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_JOB = ROOT / "examples" / "adult" / "job.yaml"

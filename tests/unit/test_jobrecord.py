@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trillium.jobrecord import TRANSITIONS, PartitionLineage, extend_lineage
+from trillium.job.record import TRANSITIONS, PartitionLineage, extend_lineage
 
 
 def test_a_first_attempt_counts_its_own_records_only() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from trillium.data.sources.events import Event
+from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JoinConfig
-from trillium.sources.events import Event
-from trillium.sources.joiner import PartitionJoin
 
 
 def _config(**changes) -> JoinConfig:

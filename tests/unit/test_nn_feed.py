@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from trillium.pb import embedding_pb2 as pb
 from trillium.services.nn_worker.evaluate import score
 from trillium.services.nn_worker.feed import EpochEnd, GradientPusher
+from trillium.wire.pb import embedding_pb2 as pb
 
 
 async def test_a_dead_push_loop_fails_the_wait_for_pushes_at_once() -> None:

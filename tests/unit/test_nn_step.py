@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium.batch import Batch, KeyedIds
 from trillium.models import DNN
 from trillium.services.nn_worker.step import Control, Trainer
+from trillium.wire.batch import Batch, KeyedIds
 
 NUM_DENSE = 3
 SHAPES = [(4,), (4,), (3, 4)]  # two pooled slots and a sequence slot of max_len 3

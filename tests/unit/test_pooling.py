@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trillium_native
-from trillium import codec
-from trillium.batch import KeyedIds
 from trillium.job import FeatureSlot, TableConfig
-from trillium.pb import embedding_pb2 as pb
 from trillium.services.embedding_worker import pooling
 from trillium.services.nn_worker.feed import embeddings_of, gradients_request
+from trillium.wire import codec
+from trillium.wire.batch import KeyedIds
+from trillium.wire.pb import embedding_pb2 as pb
 
 
 @st.composite

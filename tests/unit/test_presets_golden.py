@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from trillium.batch import Batch
-from trillium.features import BatchBuilder
-from trillium.job import JobConfig, load_job
+from trillium.data import load_job
+from trillium.data.features import BatchBuilder
+from trillium.job import JobConfig
+from trillium.wire.batch import Batch
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((ROOT / "tests" / "data" / "golden_batches.json").read_text())["cases"]

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import trillium_native
-from trillium.job import FeatureSlot, JobConfig, TableConfig, load_job
-from trillium.reference import _pool, _Table, train_baseline, train_reference
+from trillium.data import load_job
+from trillium.job import FeatureSlot, JobConfig, TableConfig
+from trillium.train.reference import _pool, _Table, train_baseline, train_reference
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 

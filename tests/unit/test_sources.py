@@ -21,11 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trillium_native
-from trillium.features import BatchBuilder, dense_stats, epoch_batches
-from trillium.job import JobConfig, load_job
-from trillium.sources import open_source
-from trillium.sources.cells import as_numbers
-from trillium.sources.files import GRID, LineChain, LineCounter, cut, next_row, ranges, read_range
+from trillium.data import load_job
+from trillium.data.features import BatchBuilder, dense_stats, epoch_batches
+from trillium.data.sources import open_source
+from trillium.data.sources.cells import as_numbers
+from trillium.data.sources.files import GRID, LineChain, LineCounter, cut, next_row, ranges, read_range
+from trillium.job import JobConfig
 
 HEADER = ["id", "click", "hour", "site", "C14", "tags", "price", "note"]
 # A layout no preset knows: string, numeric-looking and multi-valued categoricals, missing values,
@@ -363,7 +364,7 @@ def test_line_numbers_of_a_share_that_starts_mid_file(tmp_path: Path) -> None:
     job = csv_job(path)
     stats = {"price": {"mean": 0.0, "std": 1.0}}
     quarantine = tmp_path / "q.jsonl"
-    from trillium.features import Quarantine
+    from trillium.data.features import Quarantine
 
     report = Quarantine("train", quarantine)
     counts = [

@@ -4,7 +4,7 @@ A source turns its files into `RowBlock`s of one split: the columns asked for (t
 string arrays, Parquet columns in their stored types), only the rows of that split, in file order.
 Rows a source cannot take (a wrong field count, a split column that is no number) are not in the
 table: they come with the block as `Malformed` records. `RowBlock.locate` finds the file line
-and raw text of rows that `trillium.features` rejects later; it is only called for those, so a
+and raw text of rows that `trillium.data.features` rejects later; it is only called for those, so a
 source may make it slow.
 """
 

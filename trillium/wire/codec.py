@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from trillium.batch import Batch, GradientUpdate, KeyedIds
+from trillium.wire.batch import Batch, GradientUpdate, KeyedIds
 
 __all__ = [
     "FORMAT_VERSION",

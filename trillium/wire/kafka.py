@@ -115,7 +115,7 @@ def consumer(conn: KafkaConnection, *, group_id: str | None, **overrides: object
     return AIOKafkaConsumer(**options)
 
 
-# Every record a worker writes says which attempt of the job wrote it (see trillium.jobrecord): a
+# Every record a worker writes says which attempt of the job wrote it (see trillium.job.record): a
 # reader restored from a checkpoint counts only the records of its own attempt's lineage.
 ATTEMPT_HEADER = "trillium-attempt"
 # The end of an epoch's batches on a partition is a record with an empty value and this header

@@ -25,8 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 import trillium_native
-from trillium.batch import Batch
-from trillium.features import BatchBuilder
+from trillium.data.features import BatchBuilder
 from trillium.job import (
     AdagradConfig,
     AdamConfig,
@@ -38,6 +37,7 @@ from trillium.job import (
 )
 from trillium.metrics import auc, logloss
 from trillium.models import build_dense_optimizer, build_model
+from trillium.wire.batch import Batch
 
 __all__ = ["TrainResult", "train_baseline", "train_reference"]
 

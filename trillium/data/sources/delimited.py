@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from trillium.sources.files import (
+from trillium.data.sources.files import (
     GRID,
     LineChain,
     LineCounter,
@@ -43,9 +43,9 @@ from trillium.sources.files import (
     read_range,
     share,
 )
-from trillium.sources.presets import ADULT, CRITEO, Dialect
-from trillium.sources.rows import FIELD_COUNT, SPLIT_VALUE, BlockTask, Malformed, RowBlock, Split
-from trillium.sources.split import BLOCK_SHIFT, FILE_SHIFT, policy_column, split_rows
+from trillium.data.sources.presets import ADULT, CRITEO, Dialect
+from trillium.data.sources.rows import FIELD_COUNT, SPLIT_VALUE, BlockTask, Malformed, RowBlock, Split
+from trillium.data.sources.split import BLOCK_SHIFT, FILE_SHIFT, policy_column, split_rows
 
 if TYPE_CHECKING:
     from trillium.job import AdultData, CriteoData, CsvData, JobConfig, SplitPolicy

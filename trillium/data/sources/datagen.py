@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trillium.sources.rows import Split
+from trillium.data.sources.rows import Split
 
 __all__ = [
     "DEFAULT_VOCAB_SIZES",

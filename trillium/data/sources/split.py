@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import trillium_native
-from trillium.sources.cells import as_numbers, as_text, present
-from trillium.sources.rows import Split
+from trillium.data.sources.cells import as_numbers, as_text, present
+from trillium.data.sources.rows import Split
 
 if TYPE_CHECKING:
     from trillium.job import SplitPolicy

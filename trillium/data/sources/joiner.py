@@ -33,7 +33,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from trillium.sources.events import Event
+from trillium.data.sources.events import Event
 
 if TYPE_CHECKING:
     from trillium.job import JoinConfig

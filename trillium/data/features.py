@@ -1,4 +1,4 @@
-"""Features: blocks of rows (`trillium.sources`) -> `Batch`es.
+"""Features: blocks of rows (`trillium.data.sources`) -> `Batch`es.
 
 For each block, in worker threads: the dense columns are parsed as numbers and the label checked
 (`Encoder.check`); the well-formed rows are then encoded (`Encoder.encode`): each slot's cells
@@ -48,9 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import trillium_native
-from trillium.batch import Batch, KeyedIds
-from trillium.job import FeatureSlot, JobConfig
-from trillium.sources import (
+from trillium.data.sources import (
     DENSE_VALUE,
     LABEL,
     BlockTask,
@@ -60,7 +58,9 @@ from trillium.sources import (
     check_columns,
     open_source,
 )
-from trillium.sources.cells import as_numbers, as_text, present, text_buffers
+from trillium.data.sources.cells import as_numbers, as_text, present, text_buffers
+from trillium.job import FeatureSlot, JobConfig
+from trillium.wire.batch import Batch, KeyedIds
 
 __all__ = [
     "BatchBuilder",
@@ -76,7 +76,7 @@ __all__ = [
     "stats_from_data",
 ]
 
-logger = logging.getLogger("trillium.features")
+logger = logging.getLogger("trillium.data.features")
 
 DenseStats = dict[str, dict[str, float]]  # {column: {"mean", "std"} | {"min", "max"}}
 

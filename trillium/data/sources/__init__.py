@@ -4,11 +4,11 @@ came from), split by split, in file order, in disjoint shares for several loader
 - `delimited.py`: CSV/TSV files (`csv`; the `adult` and `criteo` presets, whose layouts
   are in `presets.py`), plain or compressed, parsed by pyarrow's CSV reader block by block.
 - `parquet.py`: Parquet files, record batch by record batch.
-- `synthetic.py`: rows drawn from trillium.datagen's planted model.
+- `synthetic.py`: rows drawn from trillium.data.sources.datagen's planted model.
 - `files.py`: globs, compression, blocks on a byte grid, shares; `split.py`: split policies;
   `cells.py`: Arrow columns read as text or numbers; `rows.py`: the vocabulary.
 
-`trillium.features` turns the blocks into batches. `trillium.job` imports `presets` (to
+`trillium.data.features` turns the blocks into batches. `trillium.job` imports `presets` (to
 validate preset column names), so nothing in this package imports `trillium.job` at run time
 (the config classes appear in annotations only, and a source tells kinds apart by their tags,
 `data.source` and `split.by`), and importing the package loads no reader: `open_source`
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trillium.sources.rows import (
+from trillium.data.sources.rows import (
     DENSE_VALUE,
     FIELD_COUNT,
     LABEL,
@@ -54,14 +54,14 @@ def open_source(data: DataConfig) -> Source:
     """The source of a job's `data` section."""
     # The readers are imported here, not above (see the module docstring).
     if data.source == "parquet":
-        from trillium.sources.parquet import ParquetSource
+        from trillium.data.sources.parquet import ParquetSource
 
         return ParquetSource(data)
     if data.source == "synthetic":
-        from trillium.sources.synthetic import SyntheticSource
+        from trillium.data.sources.synthetic import SyntheticSource
 
         return SyntheticSource(data)
-    from trillium.sources.delimited import DelimitedSource
+    from trillium.data.sources.delimited import DelimitedSource
 
     return DelimitedSource(data)
 

@@ -47,11 +47,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trillium import log
-from trillium.checkpoint import CaptureRequest, CaptureResult, CutReport, PartReport, ReleaseRequest
 from trillium.config import EXIT_RESTART, ConfigError, Role, ServiceSettings
-from trillium.jobrecord import TERMINAL, JobRecord, participants
+from trillium.job.record import TERMINAL, JobRecord
+from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CutReport, PartReport, ReleaseRequest
 
-logger = logging.getLogger("trillium.service")
+logger = logging.getLogger("trillium.runtime.service")
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -211,7 +211,7 @@ class Service:
         if job.state in TERMINAL or job.state == "stopping":
             await self._cancel_job_task()
             return
-        if self.settings.index >= participants(job.config).get(self.role, 0) or self._job_attempt == attempt:
+        if self.settings.index >= job.config.topology.count(self.role) or self._job_attempt == attempt:
             return
         await self._cancel_job_task()  # an older attempt, or another job: abandoned
         self._job_attempt = attempt

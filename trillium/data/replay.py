@@ -32,12 +32,12 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from trillium import kafka
 from trillium.config import KafkaConnection
+from trillium.data.sources import open_source
+from trillium.data.sources.cells import as_text
 from trillium.job import AdultData, CriteoData, JobConfig, KafkaData
-from trillium.sources import open_source
-from trillium.sources.cells import as_text
-from trillium.sources.presets import PRESET_COLUMNS
+from trillium.job.data import PRESET_COLUMNS
+from trillium.wire import kafka
 
 # The label column and its positive value of the formats replay reads.
 LABELS = {"criteo": ("label", "1"), "adult": ("income_bracket", ">50K")}

@@ -1,4 +1,4 @@
-"""The `synthetic` source: Criteo-format rows drawn in process from trillium.datagen's planted
+"""The `synthetic` source: Criteo-format rows drawn in process from trillium.data.sources.datagen's planted
 model, read as the `criteo` preset reads a file (the same parser, the same line numbers), so that a
 job on them and one on the file `trillium datagen` writes see the same batches.
 
@@ -14,11 +14,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trillium.datagen import SAMPLE_ROWS, PlantedModel
-from trillium.sources.delimited import Spec, block_task
-from trillium.sources.files import LineChain, LineCounter, Unit, cut, share
-from trillium.sources.presets import CRITEO, CRITEO_COLUMNS
-from trillium.sources.rows import BlockTask, Split
+from trillium.data.sources.datagen import SAMPLE_ROWS, PlantedModel
+from trillium.data.sources.delimited import Spec, block_task
+from trillium.data.sources.files import LineChain, LineCounter, Unit, cut, share
+from trillium.data.sources.presets import CRITEO
+from trillium.data.sources.rows import BlockTask, Split
+from trillium.job.data import CRITEO_COLUMNS
 
 if TYPE_CHECKING:
     from trillium.job import JobConfig, SyntheticData

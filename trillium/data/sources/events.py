@@ -11,7 +11,7 @@ and key name fields by dotted path (`user.recent_items`). What is checked, per m
 - a dense value is a finite number; the event time a finite number of seconds; the label a
   string, number or boolean.
 
-`EventRows` gathers accepted events as the text columns `trillium.features` encodes (a list
+`EventRows` gathers accepted events as the text columns `trillium.data.features` encodes (a list
 value is joined with `MULTI_SEP`, which slots of a kafka job split on), with each event's key and
 event time.
 """
@@ -135,7 +135,7 @@ class EventReader:
 
 
 class EventRows:
-    """Accepted events, as the columns of a block of rows for `trillium.features`."""
+    """Accepted events, as the columns of a block of rows for `trillium.data.features`."""
 
     def __init__(self, job: JobConfig) -> None:
         self.slots = [s.column for s in job.slots]

@@ -24,9 +24,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from trillium import state
+from trillium.wire import state
 
-logger = logging.getLogger("trillium.progress")
+logger = logging.getLogger("trillium.runtime.progress")
 
 # Staleness histogram buckets: 0, 1, ..., 15, and "16+" (unbounded async can go far).
 STALENESS_BUCKETS = 17
@@ -149,7 +149,7 @@ class JobProgress:
         await self.redis.hset(self._samples, mapping=fields)
 
     async def set_progressive(self, rank: int, summary: dict[str, Any]) -> None:
-        """A rank's progressive validation (trillium.progressive.Scores.summary) and recent delays."""
+        """A rank's progressive validation (trillium.train.progressive_validation.Scores.summary) and recent delays."""
         await self.redis.hset(self._progressive, str(rank), json.dumps(summary))
 
     async def progressive(self, ranks: int) -> list[dict[str, Any]]:

@@ -1,7 +1,5 @@
-"""The preset sources' layouts, beside the reader that reads them (`delimited.py`).
-
-Constants only: `trillium.job` validates the column names of preset jobs against these lists,
-and it imports nothing but configuration. `adult` and `criteo` are dialects of the generic
+"""The preset sources' layouts, beside the reader that reads them (`delimited.py`); their column
+names are the job schema's (`trillium.job.data`), which validates preset jobs against them. `adult` and `criteo` are dialects of the generic
 delimited-text reader, kept bit for bit to the readers they replace (the golden digests in
 `tests/data/golden_batches.json`); `synthetic` rows are Criteo-format text read the same way.
 """
@@ -10,25 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ADULT", "ADULT_COLUMNS", "CRITEO", "CRITEO_COLUMNS", "PRESET_COLUMNS", "Dialect"]
+from trillium.job.data import ADULT_COLUMNS, CRITEO_COLUMNS
 
-# adult.names order; the label column is named as in the data set's SOURCE.md.
-ADULT_COLUMNS: tuple[str, ...] = (
-    "age", "workclass", "fnlwgt", "education", "education_num", "marital_status", "occupation",
-    "relationship", "race", "sex", "capital_gain", "capital_loss", "hours_per_week",
-    "native_country", "income_bracket",
-)  # fmt: skip
-CRITEO_COLUMNS: tuple[str, ...] = (
-    "label",
-    *(f"I{i}" for i in range(1, 14)),
-    *(f"C{i}" for i in range(1, 27)),
-)
-# The synthetic source generates Criteo-format rows in process (see trillium.datagen).
-PRESET_COLUMNS: dict[str, tuple[str, ...]] = {
-    "adult": ADULT_COLUMNS,
-    "criteo": CRITEO_COLUMNS,
-    "synthetic": CRITEO_COLUMNS,
-}
+__all__ = ["ADULT", "CRITEO", "Dialect"]
 
 
 @dataclass(frozen=True)

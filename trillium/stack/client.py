@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import httpx
 
-from trillium import launcher
+from trillium import stack
 from trillium.job import JobConfig
 
 TERMINAL = ("finished", "failed", "stopped")
@@ -48,10 +48,10 @@ class CoordinatorClient:
 
     @classmethod
     def for_stack(cls, run_dir: Path) -> "CoordinatorClient":
-        st = launcher.read_state(run_dir)
+        st = stack.read_state(run_dir)
         if not st or not st.get("coordinator_url"):
-            raise launcher.LauncherError(f"no stack with a coordinator in {run_dir}: run `trillium up` first")
-        return cls(st["coordinator_url"], launcher.read_token(run_dir))
+            raise stack.LauncherError(f"no stack with a coordinator in {run_dir}: run `trillium up` first")
+        return cls(st["coordinator_url"], stack.read_token(run_dir))
 
     def close(self) -> None:
         self.http.close()

@@ -8,7 +8,7 @@
 
 They are frozen and validated on construction (a `ValueError` naming the problem), so a value that
 exists is well formed. Arrays are referenced, not copied: they may be read-only views into a decoded
-message (see `trillium.codec`).
+message (see `trillium.wire.codec`).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 @dataclass(frozen=True)
 class EmbeddingRef:
     """Which embedding worker looked up batch `(epoch, batch_id)` for NN rank `rank`, in which
-    attempt of the job (see `trillium.jobrecord`)."""
+    attempt of the job (see `trillium.job.record`)."""
 
     worker: str
     rank: int

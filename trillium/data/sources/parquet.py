@@ -2,7 +2,7 @@
 
 Why pyarrow's reader: it reads only the columns asked for, one record batch at a time (memory stays
 that of a batch, not of a file or a row group), and decodes in C++ with the GIL released. Columns
-keep their stored types; `trillium.features` reads a categorical column of any type as text (an
+keep their stored types; `trillium.data.features` reads a categorical column of any type as text (an
 integer ID hashes as its decimal digits, as in CSV) and a dense one as numbers. Loaders share a
 split's files by row groups; a malformed row is reported with its row number in the file as its
 "line" and the row (every column), as JSON, as its raw text.
@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from trillium.sources.files import SplitFiles, Unit, share
-from trillium.sources.rows import SPLIT_VALUE, BlockTask, Malformed, RowBlock, Split
-from trillium.sources.split import FILE_SHIFT, policy_column, split_rows
+from trillium.data.sources.files import SplitFiles, Unit, share
+from trillium.data.sources.rows import SPLIT_VALUE, BlockTask, Malformed, RowBlock, Split
+from trillium.data.sources.split import FILE_SHIFT, policy_column, split_rows
 
 if TYPE_CHECKING:
     from trillium.job import JobConfig, ParquetData, SplitPolicy

@@ -97,17 +97,6 @@ class JobRecord(BaseModel):
     )
 
 
-def participants(config: JobConfig) -> dict[str, int]:
-    """How many instances of each role a job uses (indices 0..n-1)."""
-    topo = config.topology
-    return {
-        "embedding_ps": topo.ps_shards,
-        "embedding_worker": topo.embedding_workers,
-        "nn_worker": topo.nn_ranks,
-        "data_loader": topo.data_loaders,
-    }
-
-
 class PartitionLineage:
     """Which records of one partition belong to the current attempt (see the module docstring)."""
 

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 
 from trillium.config import Role
 from trillium.job import JobConfig
-from trillium.jobrecord import Lineage
+from trillium.job.record import Lineage
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -1,0 +1,67 @@
+"""The job: what a user asks for, and what the coordinator records of it. Configuration only:
+pydantic and yaml, nothing that reads data or talks to a server; every other package imports it.
+
+- `schema.py`: `JobConfig`, the YAML/JSON document (`read_job`), and its parts in `data.py`
+  (where the data comes from) and `tables.py` (embedding tables). Every model forbids unknown
+  keys, so a misspelt key fails naming the field; enumerations are `Literal`s, so a bad value
+  fails listing the allowed ones; cross-field checks name the slot or field at fault.
+- `record.py`: a submitted job as the coordinator keeps it: state machine, attempts, lineage.
+
+Imports run one way: `trillium.config` (the role names) <- `base` <- `data`, `tables` <- `schema`
+<- `record`. Checking a job's columns against its files is the data package's
+(`trillium.data.load_job`).
+"""
+
+from .data import (
+    ADULT_COLUMNS,
+    CRITEO_COLUMNS,
+    PRESET_COLUMNS,
+    AdultData,
+    ColumnSplit,
+    CriteoData,
+    CsvData,
+    DataConfig,
+    FractionSplit,
+    JoinConfig,
+    KafkaData,
+    ParquetData,
+    SplitPolicy,
+    SyntheticData,
+)
+from .schema import (
+    CheckpointConfig,
+    DenseAdagrad,
+    DenseAdam,
+    DenseColumn,
+    DenseOptimizerConfig,
+    DenseSgd,
+    FeatureSlot,
+    InitFrom,
+    JobConfig,
+    LabelConfig,
+    ModelSpec,
+    TopologyConfig,
+    TrainingConfig,
+    read_job,
+)
+from .tables import (
+    AdagradConfig,
+    AdamConfig,
+    AdmissionConfig,
+    AdmissionOff,
+    AdmissionProbability,
+    AdmissionThreshold,
+    EmbeddingOptimizerConfig,
+    FtrlConfig,
+    SgdConfig,
+    TableConfig,
+)
+
+__all__ = [
+    "ADULT_COLUMNS", "CRITEO_COLUMNS", "PRESET_COLUMNS", "AdagradConfig", "AdamConfig", "AdmissionConfig",
+    "AdmissionOff", "AdmissionProbability", "AdmissionThreshold", "AdultData", "CheckpointConfig", "ColumnSplit",
+    "CriteoData", "CsvData", "DataConfig", "DenseAdagrad", "DenseAdam", "DenseColumn", "DenseOptimizerConfig",
+    "DenseSgd", "EmbeddingOptimizerConfig", "FeatureSlot", "FractionSplit", "FtrlConfig", "InitFrom", "JobConfig",
+    "JoinConfig", "KafkaData", "LabelConfig", "ModelSpec", "ParquetData", "SgdConfig", "SplitPolicy",
+    "SyntheticData", "TableConfig", "TopologyConfig", "TrainingConfig", "read_job",
+]  # fmt: skip

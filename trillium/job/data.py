@@ -1,0 +1,237 @@
+"""Where a job's data comes from: files per split (CSV/TSV, Parquet, the `adult` and `criteo`
+presets), rows drawn from a planted model (`synthetic`), or Kafka events (`kafka`, with a join of
+impressions and labels). The column names of the presets are part of the schema: a preset job's
+columns are checked against them when it is validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+
+from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Strict
+
+# adult.names order; the label column is named as in the data set's SOURCE.md.
+ADULT_COLUMNS: tuple[str, ...] = (
+    "age", "workclass", "fnlwgt", "education", "education_num", "marital_status", "occupation",
+    "relationship", "race", "sex", "capital_gain", "capital_loss", "hours_per_week",
+    "native_country", "income_bracket",
+)  # fmt: skip
+CRITEO_COLUMNS: tuple[str, ...] = (
+    "label",
+    *(f"I{i}" for i in range(1, 14)),
+    *(f"C{i}" for i in range(1, 27)),
+)
+# The synthetic source generates Criteo-format rows in process (see trillium.data.sources.datagen).
+PRESET_COLUMNS: dict[str, tuple[str, ...]] = {
+    "adult": ADULT_COLUMNS,
+    "criteo": CRITEO_COLUMNS,
+    "synthetic": CRITEO_COLUMNS,
+}
+
+
+class FractionSplit(Strict):
+    """The test split is a stable pseudo-random `test_fraction` of the rows, drawn per row from
+    `seed` and the row's place in its file (see `trillium.data.sources.split`); the rest is train."""
+
+    by: Literal["fraction"]
+    test_fraction: Annotated[float, Field(gt=0, lt=1)]
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
+
+
+class ColumnSplit(Strict):
+    """A cut on a column, e.g. time: rows whose `by` column is >= `test_from` are the test
+    split, the others train. A number compares numerically (the column must hold numbers), a
+    string as text (ISO dates sort as text)."""
+
+    by: Annotated[str, Field(min_length=1)]  # the column's name
+    test_from: int | float | str
+
+
+def _split_kind(value: Any) -> str:
+    by = value.get("by") if isinstance(value, dict) else getattr(value, "by", None)
+    return "fraction" if by == "fraction" else "column"
+
+
+# `by` is "fraction" or the name of the column to cut on (the issue's `{by: hour, ...}`).
+SplitPolicy = Annotated[
+    Annotated[FractionSplit, Tag("fraction")] | Annotated[ColumnSplit, Tag("column")],
+    Discriminator(_split_kind),
+]
+# One file, or several; a path may be a glob (`data/day_*.csv.gz`), expanded in sorted order.
+Paths = Path | Annotated[list[Path], Field(min_length=1)]
+
+
+class _FileData(Strict):
+    """Files per split: `test` files, or a `split` policy cutting the `train` files in two,
+    or neither (no test split)."""
+
+    source: str  # each kind narrows it to its Literal
+    train: Paths
+    test: Paths | None = None
+    split: SplitPolicy | None = None
+
+    @field_validator("train", "test")
+    @classmethod
+    def _resolve(cls, paths: Path | list[Path] | None, info: ValidationInfo) -> Path | list[Path] | None:
+        base = (info.context or {}).get("base_dir")
+        if paths is None or base is None:
+            return paths
+        if isinstance(paths, list):
+            return [p if p.is_absolute() else Path(base) / p for p in paths]
+        return paths if paths.is_absolute() else Path(base) / paths
+
+    @model_validator(mode="after")
+    def _one_test_split(self) -> _FileData:
+        if self.test is not None and self.split is not None:
+            raise ValueError("data: give test files or a split policy, not both")
+        return self
+
+    def schema_columns(self) -> tuple[str, ...] | None:
+        """The columns a job may name when the job file alone tells (None: the files' headers
+        do, and `load_job` checks them there)."""
+        return PRESET_COLUMNS.get(self.source)
+
+
+class AdultData(_FileData):
+    """UCI Adult CSV (`adult.data` / `adult.test`), a preset of the CSV reader."""
+
+    source: Literal["adult"]
+
+
+class CriteoData(_FileData):
+    """Criteo-format TSV: label, I1..I13, C1..C26, tab-separated; a preset of the CSV reader."""
+
+    source: Literal["criteo"]
+
+
+class CsvData(_FileData):
+    """Delimited text (CSV, TSV, ...), each file plain or compressed (`.gz`, `.zst`: by its
+    extension). Every cell is read as text; an empty cell is a missing value."""
+
+    source: Literal["csv"]
+    delimiter: Annotated[str, Field(min_length=1, max_length=1)] = ","
+    quote: Annotated[str, Field(min_length=1, max_length=1)] | None = '"'  # None: no quoting
+    header: bool = True  # the first line of every file names its columns
+    # The column names in file order: needed without a header; with one, they replace its names.
+    columns: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    # Quoted values may contain line breaks (a quote then only opens or closes a quoted cell, as
+    # RFC 4180 writes them). Such files are read whole by one loader: a byte range cannot tell a
+    # line break inside quotes from a row's end.
+    quoted_newlines: bool = False
+
+    @model_validator(mode="after")
+    def _dialect(self) -> CsvData:
+        if not self.header and self.columns is None:
+            raise ValueError("data: without a header line (header: false), list the columns")
+        if self.delimiter in "\r\n" or self.delimiter == self.quote:
+            raise ValueError(f"data.delimiter {self.delimiter!r} cannot be a line break or the quote")
+        if self.quote is not None and self.quote in "\r\n":
+            raise ValueError(f"data.quote {self.quote!r} cannot be a line break")
+        if self.quoted_newlines and self.quote is None:
+            raise ValueError("data.quoted_newlines needs a quote character")
+        if self.columns is not None and len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"data.columns: names must be unique, got {self.columns}")
+        return self
+
+    def schema_columns(self) -> tuple[str, ...] | None:
+        return tuple(self.columns) if self.columns is not None else None
+
+
+class ParquetData(_FileData):
+    """Parquet files; categorical columns of any type are read as text (an integer ID as its
+    decimal digits, as in a CSV file)."""
+
+    source: Literal["parquet"]
+
+
+class SyntheticData(Strict):
+    """Criteo-format rows drawn in process from a planted logistic model (trillium.data.sources.datagen)."""
+
+    source: Literal["synthetic"]
+    rows: PositiveInt
+    test_rows: Annotated[int, Field(ge=0)] = 0
+    seed: int = 0
+    vocab_sizes: Annotated[list[PositiveInt], Field(min_length=26, max_length=26)] | None = None
+
+    def schema_columns(self) -> tuple[str, ...]:
+        return PRESET_COLUMNS["synthetic"]
+
+
+FieldPath = Annotated[str, Field(min_length=1, pattern=r"^[^.]+(\.[^.]+)*$")]  # dotted: "user.id"
+TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+class JoinConfig(Strict):
+    """Impressions joined with their labels (clicks) by key, in event time.
+
+    An impression waits up to `window_seconds` (event time) for a label with its key: a label
+    inside the window makes it a positive sample; the window closing (the watermark, the least
+    event time over the loader's input partitions less `allowed_lateness_seconds`, passing its
+    end) makes it a negative. Samples leave in event-time order of these decisions, each once the
+    watermark passes it. A label later than that is counted as late and, with
+    `late_labels: correct`, sent as a positive correction sample. Open impressions per input
+    partition are capped: over the cap the oldest close early (counted). The two topics must be
+    co-partitioned by the key (same partition count, keyed producers), as Kafka Streams requires.
+    """
+
+    impressions: TopicName
+    labels: TopicName
+    key: FieldPath
+    window_seconds: PositiveFloat
+    allowed_lateness_seconds: NonNegativeFloat = 0.0
+    late_labels: Literal["count", "correct"] = "count"
+    max_open_per_partition: PositiveInt = 1_000_000
+
+
+class KafkaData(Strict):
+    """Events from Kafka, trained continuously (`training.epochs: null`). An event is a JSON
+    object or a msgpack map per message; the slots, dense columns and the label name its fields by
+    dotted path (`user.recent_items`); a list value is a multi-valued slot. Events either carry
+    their label (`topics`) or are impressions joined with label events (`join`; the joiner
+    sets the label field to "1" or "0"). A message that cannot be a sample goes to the dead-letter
+    topic `trillium.<job>.dlq` with the reason and where it came from."""
+
+    source: Literal["kafka"]
+    bootstrap: Annotated[str, Field(min_length=1)] | None = None  # default: the stack's cluster
+    topics: Annotated[list[TopicName], Field(min_length=1)] | None = None
+    join: JoinConfig | None = None
+    format: Literal["json", "msgpack"] = "json"
+    key: FieldPath | None = None  # the event's identity (its sample id); with a join, the join key
+    # The consumer group the loaders commit the input offsets to, for outside lag monitors (a
+    # restart resumes from the job's checkpoint, not from these): default trillium.<job>.input.
+    group: Annotated[str, Field(min_length=1)] | None = None
+    event_time: FieldPath  # seconds since the UNIX epoch, a number
+    start: Literal["earliest", "latest"] = "earliest"  # where a new job starts reading
+    max_message_bytes: Annotated[int, Field(ge=64, le=1 << 26)] = 1 << 20
+    # A partial step goes out after this long without enough events to fill it: the delay from an
+    # event to its training stays bounded when the stream is slow.
+    batch_timeout_seconds: PositiveFloat = 1.0
+    # Steps the loaders may produce ahead of training: beyond it they stop reading and the input's
+    # lag grows (nothing is buffered without bound).
+    max_steps_ahead: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _topics_or_join(self) -> KafkaData:
+        if (self.topics is None) == (self.join is None):
+            raise ValueError("data: give `topics` (events with their label) or `join` (impressions and labels)")
+        if self.join is not None and self.key is not None and self.key != self.join.key:
+            raise ValueError("data.key: with a join, the event's key is join.key")
+        return self
+
+    def schema_columns(self) -> None:
+        return None  # any field of the events
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [self.join.impressions, self.join.labels] if self.join is not None else list(self.topics or [])
+
+    @property
+    def event_key(self) -> str | None:
+        return self.join.key if self.join is not None else self.key
+
+
+DataConfig = Annotated[
+    AdultData | CriteoData | CsvData | ParquetData | SyntheticData | KafkaData, Field(discriminator="source")
+]

@@ -1,0 +1,170 @@
+"""The local stack: Kafka (KRaft), Redis and the services as supervised processes.
+
+`up()` starts a detached supervisor process for a run directory (`supervisor.py`) and waits
+until the stack is ready; `status()` probes every endpoint with its real protocol; `down()`
+stops the supervisor, which stops everything in reverse order. `procs.py` holds a process's
+spec, ports, pids and the run directory's files; `broker.py` the local Kafka node's
+configuration and command line; `client.py` the coordinator's REST client.
+
+Kafka and Redis are started only when no external server is configured
+(TRILLIUM_KAFKA_BOOTSTRAP / TRILLIUM_REDIS_URL). Ports are free ones chosen per run
+directory, so several stacks (tests and a demo, say) run side by side.
+
+Imports run one way: `trillium.config`, `trillium.wire` <- `procs` <- `broker` <- `supervisor`
+and this front; `client` <- this front. The CLI (`trillium.cli`) is the only entry point users
+call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, StackTopology
+from trillium.wire.kafka import wait_for_kafka
+from trillium.wire.state import wait_for_redis
+
+from .broker import kafka_connection
+from .procs import REPO_ROOT, STATE_FILE, LauncherError, pid_alive, read_state, read_token
+
+__all__ = ["REPO_ROOT", "LauncherError", "down", "read_state", "read_token", "status", "up"]
+
+
+def up(
+    run_dir: Path,
+    topology: StackTopology | None = None,
+    *,
+    services: bool = True,
+    kafka_bootstrap: str | None = None,
+    redis_url: str | None = None,
+    timeout_s: float = 240.0,
+) -> dict[str, Any]:
+    """Start the stack in `run_dir` (or find it running) and return its state."""
+    run_dir = run_dir.absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    current = read_state(run_dir)
+    if current and pid_alive(current.get("supervisor_pid")) and current["phase"] in ("starting", "running"):
+        raise LauncherError(
+            f"a stack is already running in {run_dir} (supervisor pid {current['supervisor_pid']}); "
+            "use `trillium status` or `trillium down`"
+        )
+    (run_dir / STATE_FILE).unlink(missing_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "trillium.stack.supervisor",
+        "--run-dir",
+        str(run_dir),
+        "--topology",
+        (topology or StackTopology()).model_dump_json(),
+    ]
+    if not services:
+        argv.append("--no-services")
+    env = dict(os.environ)
+    env.pop(ENV_KAFKA_BOOTSTRAP, None)
+    env.pop(ENV_REDIS_URL, None)
+    kafka_bootstrap = kafka_bootstrap or os.environ.get(ENV_KAFKA_BOOTSTRAP)
+    redis_url = redis_url or os.environ.get(ENV_REDIS_URL)
+    if kafka_bootstrap:
+        env[ENV_KAFKA_BOOTSTRAP] = kafka_bootstrap
+    if redis_url:
+        env[ENV_REDIS_URL] = redis_url
+    (run_dir / "logs").mkdir(exist_ok=True)
+    with open(run_dir / "logs" / "supervisor.log", "ab") as logfile:
+        sup = subprocess.Popen(
+            argv, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = read_state(run_dir)
+        if st and st.get("supervisor_pid") == sup.pid and st["phase"] == "running":
+            return st
+        if sup.poll() is not None:
+            st = read_state(run_dir) or {}
+            raise LauncherError(
+                f"the stack failed to start: {st.get('error') or 'supervisor exited'} (logs in {run_dir / 'logs'})"
+            )
+        time.sleep(0.2)
+    down(run_dir)
+    raise LauncherError(f"the stack was not ready in {timeout_s:.0f}s (logs in {run_dir / 'logs'})")
+
+
+async def _probe(st: dict[str, Any]) -> dict[str, Any]:
+    async def kafka() -> dict[str, Any]:
+        try:
+            conn = kafka_connection(st["kafka"]["bootstrap"], st["kafka"]["external"])
+            return {"ok": True, "brokers": await wait_for_kafka(conn, timeout_s=5)}
+        except Exception as exc:
+            return {"ok": False, "error": str(exc)}
+
+    async def redis() -> dict[str, Any]:
+        try:
+            await wait_for_redis(st["redis"]["url"], timeout_s=3)
+            return {"ok": True}
+        except Exception as exc:
+            return {"ok": False, "error": str(exc)}
+
+    async def health(client: httpx.AsyncClient, proc: dict[str, Any]) -> dict[str, Any]:
+        try:
+            r = await client.get(f"{proc['http_url']}/healthz")
+            return {"ok": r.status_code == 200 and r.json().get("status") == "ok", **r.json()}
+        except (httpx.HTTPError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+
+    services = [p for p in st["processes"] if p.get("http_port")]
+    async with httpx.AsyncClient(timeout=3.0) as client:
+        k, r, *h = await asyncio.gather(kafka(), redis(), *(health(client, p) for p in services))
+    return {"kafka": k, "redis": r, "services": dict(zip((p["name"] for p in services), h, strict=True))}
+
+
+def status(run_dir: Path) -> dict[str, Any]:
+    """The stack's endpoints and each part's health, probed now with its own protocol."""
+    run_dir = run_dir.absolute()
+    st = read_state(run_dir)
+    if st is None:
+        return {"run_dir": str(run_dir), "phase": "not running", "healthy": False}
+    if not pid_alive(st.get("supervisor_pid")):
+        st["phase"] = "not running" if st["phase"] in ("stopped", "failed") else "dead"
+        st["healthy"] = False
+        return st
+    probes = asyncio.run(_probe(st))
+    st["kafka"].update(probes["kafka"])
+    st["redis"].update(probes["redis"])
+    for proc in st["processes"]:
+        if proc["name"] in probes["services"]:
+            proc["health"] = probes["services"][proc["name"]]
+    st["healthy"] = (
+        st["phase"] == "running"
+        and probes["kafka"]["ok"]
+        and probes["redis"]["ok"]
+        and all(h["ok"] for h in probes["services"].values())
+    )
+    return st
+
+
+def down(run_dir: Path, timeout_s: float = 90.0) -> bool:
+    """Stop the stack in `run_dir`; returns False if none was running."""
+    run_dir = run_dir.absolute()
+    st = read_state(run_dir)
+    pid = st.get("supervisor_pid") if st else None
+    if not pid_alive(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pid_alive(pid):
+        # Last resort: the supervisor hung; take down everything it recorded.
+        for proc in (read_state(run_dir) or st)["processes"]:
+            if pid_alive(proc.get("pid")):
+                os.kill(proc["pid"], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+    return True

@@ -1,0 +1,100 @@
+"""The local Kafka broker: a single KRaft node (broker and controller) on loopback, its
+configuration files and the `java` command line that runs it from the Maven-resolved jars."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from trillium.config import ENV_KAFKA_BOOTSTRAP, KafkaConnection
+
+from .procs import REPO_ROOT, LauncherError
+
+KAFKA_LIBS = Path(os.environ.get("TRILLIUM_KAFKA_LIBS", REPO_ROOT / ".cache" / "kafka" / "libs"))
+# A 2-core machine: keep the broker small and predictable.
+KAFKA_HEAP = os.environ.get("TRILLIUM_KAFKA_HEAP", "768m")
+
+
+def kafka_connection(bootstrap: str, external: bool) -> KafkaConnection:
+    """Our own broker listens in plaintext on loopback; an external one is reached as the environment says."""
+    return KafkaConnection.from_env(bootstrap) if external else KafkaConnection(bootstrap=bootstrap)
+
+
+def kafka_config(run_dir: Path, port: int, controller_port: int) -> Path:
+    kdir = run_dir / "kafka"
+    kdir.mkdir(parents=True, exist_ok=True)
+    props = kdir / "server.properties"
+    props.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={kdir / 'data'}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=8",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+                # Batches of embeddings/gradients are large; 16 MiB messages.
+                "message.max.bytes=16777216",
+                "replica.fetch.max.bytes=16777216",
+                "log.retention.hours=24",
+                "num.network.threads=2",
+                "num.io.threads=2",
+                "",
+            ]
+        )
+    )
+    (kdir / "log4j.properties").write_text(
+        "\n".join(
+            [
+                "log4j.rootLogger=INFO, stdout",
+                "log4j.appender.stdout=org.apache.log4j.ConsoleAppender",
+                "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout",
+                "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n",
+                "log4j.logger.kafka=INFO",
+                "log4j.logger.org.apache.kafka=WARN",
+                "",
+            ]
+        )
+    )
+    return props
+
+
+def java_argv(run_dir: Path, main: list[str]) -> list[str]:
+    java = shutil.which("java")
+    if java is None:
+        raise LauncherError(
+            "'java' not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jre-headless), "
+            f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
+        )
+    if not (KAFKA_LIBS / ".complete").exists():
+        raise LauncherError(
+            f"Kafka jars not found in {KAFKA_LIBS}: run `make setup`, "
+            f"or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
+        )
+    # A single dev node serves one machine's traffic: the serial collector and the C1 compiler
+    # alone cost a fraction of G1's GC threads and C2's compilations (measured per sample in
+    # bench/e2e.py; see docs/performance.md), at no cost a local job can see.
+    return [
+        java,
+        "-Xms256m",
+        f"-Xmx{KAFKA_HEAP}",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-XX:-UsePerfData",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j.configuration=file:{run_dir / 'kafka' / 'log4j.properties'}",
+        "-cp",
+        str(KAFKA_LIBS / "*"),
+        *main,
+    ]

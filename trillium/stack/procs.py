@@ -1,0 +1,100 @@
+"""The local stack's processes and files: a process's spec and state (`Proc`), free ports, live
+pids, and the run directory's state file (`stack.json`) and token that clients read."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STATE_FILE = "stack.json"
+
+
+class LauncherError(RuntimeError):
+    """The stack could not be started or stopped; the message says why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def die_with_parent() -> None:
+    """In a child: get SIGTERM if the supervisor dies, so nothing is left behind."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_token(run_dir: Path) -> str:
+    return (run_dir / "token").read_text().strip()
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str  # "kafka", "redis" or a service role
+    argv: list[str]
+    log: str
+    index: int = 0
+    http_port: int | None = None
+    grpc_port: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    pid: int | None = None
+    restarts: int = 0
+    state: str = "pending"  # pending, starting, running, restarting, failed, stopped
+    crash_times: list[float] = field(default_factory=list)
+
+    def public(self) -> dict[str, Any]:
+        d = asdict(self)
+        for private in ("argv", "env", "crash_times"):
+            d.pop(private)
+        if self.http_port:
+            d["http_url"] = f"http://127.0.0.1:{self.http_port}"
+        d["grpc_address"] = f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
+        return d
