@@ -10,17 +10,9 @@ import pytest
 
 import trillium_native
 from trillium.data import load_job
-from trillium.data.features import (
-    _STATS_CHUNK,
-    BatchBuilder,
-    EncodedBlock,
-    Encoder,
-    _encoded,
-    _Moments,
-    _shuffle,
-    dense_stats,
-    epoch_batches,
-)
+from trillium.data.features import BatchBuilder, EncodedBlock, Encoder, dense_stats, epoch_batches
+from trillium.data.features.epochs import _encoded, _shuffle
+from trillium.data.features.stats import _STATS_CHUNK, _Moments
 from trillium.data.sources import open_source
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import JobConfig

@@ -1,0 +1,260 @@
+"""A block of rows -> encoded rows: dense columns parsed and normalized, labels checked, each
+slot's cells hashed to u64 IDs (`Encoder`); encoded rows (`EncodedBlock`) -> one `Batch`
+(`batch_of`); and the worker threads blocks are encoded on (`in_order`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import trillium_native
+from trillium.data.sources import DENSE_VALUE, LABEL, BlockTask, Malformed, RowBlock
+from trillium.data.sources.cells import as_numbers, as_text, present, text_buffers
+from trillium.job import FeatureSlot, JobConfig
+from trillium.wire.batch import Batch, KeyedIds
+
+DenseStats = dict[str, dict[str, float]]  # {column: {"mean", "std"} | {"min", "max"}}
+
+# Blocks are parsed and encoded in parallel (pyarrow, numpy and the native hasher release the GIL).
+_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedBlock:
+    """Encoded rows: slot `k`'s IDs of row `i` are `values[k][offsets[k, i]:offsets[k, i + 1]]`
+    (offsets rather than lengths: a shuffle buffer holds many of these, and slicing needs them).
+    Not validated on construction: only the encoder and these methods build one, on the hot path;
+    the `Batch` cut from them is validated."""
+
+    offsets: np.ndarray  # int32 (int64 past 2**31 IDs)[slots, rows + 1], from 0
+    values: tuple[np.ndarray, ...]  # uint64[offsets[k, -1]] per slot
+    dense: np.ndarray  # float32[rows, num_dense], normalized, missing = 0
+    labels: np.ndarray  # float32[rows]
+
+    @staticmethod
+    def from_lengths(
+        lengths: np.ndarray, values: tuple[np.ndarray, ...], dense: np.ndarray, labels: np.ndarray
+    ) -> EncodedBlock:
+        """From int[slots, rows] lengths."""
+        wide = lengths.shape[1] and int(lengths.sum(axis=1, dtype=np.int64).max()) >= 1 << 31
+        offsets = np.zeros((lengths.shape[0], lengths.shape[1] + 1), np.int64 if wide else np.int32)
+        np.cumsum(lengths, axis=1, out=offsets[:, 1:])
+        return EncodedBlock(offsets, values, dense, labels)
+
+    @property
+    def rows(self) -> int:
+        return len(self.labels)
+
+    def lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """int32[slots, rows] of rows `start:stop`."""
+        stop = self.rows if stop is None else stop
+        return np.diff(self.offsets[:, start : stop + 1], axis=1).astype(np.int32, copy=False)
+
+    def take(self, rows: np.ndarray) -> EncodedBlock:
+        """These rows, in this order."""
+        values = []
+        lengths = self.offsets[:, rows + 1] - self.offsets[:, rows]
+        for k, slot_values in enumerate(self.values):
+            starts = self.offsets[k, rows]
+            # Output j comes from starts[row of j] + (j - the first output position of that row).
+            shift = np.repeat(starts - (np.cumsum(lengths[k]) - lengths[k]), lengths[k])
+            values.append(slot_values[shift + np.arange(len(shift))])
+        return EncodedBlock.from_lengths(lengths, tuple(values), self.dense[rows], self.labels[rows])
+
+    @staticmethod
+    def empty(slots: int, dense: int) -> EncodedBlock:
+        return EncodedBlock(
+            np.zeros((slots, 1), np.int32),
+            tuple(np.zeros(0, np.uint64) for _ in range(slots)),
+            np.zeros((0, dense), np.float32),
+            np.zeros(0, np.float32),
+        )
+
+    @staticmethod
+    def concat(blocks: Sequence[EncodedBlock]) -> EncodedBlock:
+        return EncodedBlock.from_lengths(
+            np.concatenate([b.lengths() for b in blocks], axis=1),
+            tuple(np.concatenate(v) for v in zip(*(b.values for b in blocks), strict=True)),
+            np.concatenate([b.dense for b in blocks]),
+            np.concatenate([b.labels for b in blocks]),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class _Checked:
+    """A block's rows after the dense and label checks."""
+
+    keep: np.ndarray  # bool[rows]: well formed
+    dense: np.ndarray  # float64[rows, num_dense], raw; NaN where missing
+    labels: np.ndarray  # bool[rows]: positive
+    bad: tuple[Malformed, ...]  # the block's malformed rows, in line order
+
+
+class Encoder:
+    """A job's features: which columns to read, and a block's rows -> `EncodedBlock`.
+
+    `stats` are the normalization statistics of the job's `standard` and `minmax` columns
+    (see `dense_stats`), needed to encode, not to check; a column without them fails naming it
+    (they may come from a checkpoint)."""
+
+    def __init__(self, job: JobConfig, stats: DenseStats | None) -> None:
+        if stats is not None:
+            _check_stats(job, stats)
+        self.job, self.stats = job, stats
+        slots = [s.column for s in job.slots]
+        self.columns = tuple(dict.fromkeys([*slots, *(d.column for d in job.dense), job.label.column]))
+        self.checked_columns = tuple(dict.fromkeys([*(d.column for d in job.dense), job.label.column]))
+        label = job.label
+        self._positive = pa.array(label.positive, pa.string())
+        self._negative = pa.array(label.negative, pa.string()) if label.negative is not None else None
+
+    def check(self, block: RowBlock) -> _Checked:
+        """Parse the dense columns and the labels; find the malformed rows (a row's first problem,
+        in order: dense columns, label) and where they are."""
+        job, table = self.job, block.table
+        problems: dict[int, tuple[str, str]] = {}  # row -> (kind, reason)
+        dense = np.empty((block.rows, len(job.dense)))
+        for j, d in enumerate(job.dense):
+            dense[:, j], bad = as_numbers(table.column(d.column), d.column)
+            for row, reason in bad.items():
+                problems.setdefault(row, (DENSE_VALUE, reason))
+        text = as_text(table.column(job.label.column))
+        positive = self._member(text, self._positive)
+        # Without negative values, any other value is 0 (but an empty cell is no value).
+        negative = present(text) & ~positive if self._negative is None else self._member(text, self._negative)
+        unknown = np.flatnonzero(~positive & ~negative)
+        if len(unknown):
+            cells = text.take(pa.array(unknown))
+            cells = cells.view(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())
+            for row, cell in zip(unknown, cells.to_pylist(), strict=True):
+                shown = (cell or b"").decode("utf-8", "replace")
+                problems.setdefault(int(row), (LABEL, f"{job.label.column}: unknown label {shown!r}"))
+        keep = np.ones(block.rows, bool)
+        bad = list(block.rejected)
+        if problems:
+            rows = np.array(sorted(problems), np.int64)
+            keep[rows] = False
+            for row, (line, raw) in zip(rows, block.locate(rows), strict=True):
+                kind, reason = problems[int(row)]
+                bad.append(Malformed(block.file, line, raw, kind, reason))
+            bad.sort(key=lambda m: m.line)
+        return _Checked(keep, dense, positive, tuple(bad))
+
+    @staticmethod
+    def _member(text: pa.Array, values: pa.Array) -> np.ndarray:
+        return pc.is_in(text, value_set=values.cast(text.type)).to_numpy(zero_copy_only=False)
+
+    def encode(self, block: RowBlock, checked: _Checked, *, skip: int = 0) -> EncodedBlock:
+        """The well-formed rows of a block but the first `skip` of them, encoded."""
+        keep = checked.keep
+        if skip:
+            keep = keep.copy()
+            keep[np.flatnonzero(keep)[:skip]] = False
+        lengths = np.empty((len(self.job.slots), int(keep.sum())), np.int32)
+        values = []
+        for k, slot in enumerate(self.job.slots):
+            ids, lengths[k] = _slot_ids(slot, as_text(block.table.column(slot.column)), keep)
+            values.append(ids)
+        dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)
+        return EncodedBlock.from_lengths(lengths, tuple(values), dense, labels)
+
+    def _normalize(self, raw: np.ndarray) -> np.ndarray:
+        if self.stats is None:
+            raise ValueError("the encoder was made without dense statistics: it can check rows, not encode them")
+        out = np.empty(raw.shape, np.float32)
+        for j, d in enumerate(self.job.dense):
+            x, s = raw[:, j], self.stats.get(d.column, {})
+            if d.normalization == "standard":
+                x = (x - s["mean"]) / s["std"]
+            elif d.normalization == "minmax":
+                x = (x - s["min"]) / (s["max"] - s["min"])
+            elif d.normalization == "log1p":
+                x = np.sign(x) * np.log1p(np.abs(x))
+            out[:, j] = np.nan_to_num(x, nan=0.0)
+        return out
+
+
+def _check_stats(job: JobConfig, stats: DenseStats) -> None:
+    for d in job.dense:
+        if d.normalization not in ("standard", "minmax"):
+            continue
+        low, high = ("mean", "std") if d.normalization == "standard" else ("min", "max")
+        given = stats.get(d.column)
+        values = [given.get(key) for key in (low, high)] if isinstance(given, dict) else [None, None]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values) or (
+            values[1] <= (0 if d.normalization == "standard" else values[0])
+        ):
+            need = "a mean and a std > 0" if d.normalization == "standard" else "a min and a max > min"
+            raise ValueError(f"dense column {d.column!r} ({d.normalization}): stats need {need}, got {given!r}")
+
+
+def _slot_ids(slot: FeatureSlot, text: pa.Array, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(IDs uint64, lengths int32[keep.sum()]) of one slot over the rows `keep`."""
+    if slot.separator is None:  # one ID per non-empty cell
+        ok = present(text) & keep
+        data, offsets = text_buffers(text)
+        return trillium_native.hash_strings(slot.name, data, offsets)[ok], ok[keep].astype(np.int32)
+    parts = pc.split_pattern(text, pattern=slot.separator)
+    row = pc.list_parent_indices(parts).to_numpy()
+    data, offsets = text_buffers(parts.flatten())
+    ok = (np.diff(offsets) > 0) & keep[row]  # non-empty values of kept rows
+    if slot.max_len is not None and ok.any():  # keep the first max_len of each row
+        rows = row[ok]
+        first = np.maximum.accumulate(np.where(np.r_[True, rows[1:] != rows[:-1]], np.arange(len(rows)), 0))
+        ok[np.flatnonzero(ok)[np.arange(len(rows)) - first >= slot.max_len]] = False
+    ids = trillium_native.hash_strings(slot.name, data, offsets)[ok]
+    return ids, np.bincount(row[ok], minlength=len(keep))[keep].astype(np.int32)
+
+
+def in_order(tasks: Iterable[BlockTask], work: Callable[[RowBlock], T]) -> Iterator[T]:
+    """`work(task())` of each task on worker threads, in task order, a few tasks ahead."""
+    with ThreadPoolExecutor(_THREADS, thread_name_prefix="trillium-features") as pool:
+        pending: deque[Future[T]] = deque()
+        try:
+            for task in tasks:  # reads the next block's bytes in this thread
+                pending.append(pool.submit(lambda t=task: work(t())))
+                if len(pending) > 2 * _THREADS:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def batch_of(
+    job: JobConfig,
+    block: EncodedBlock,
+    *,
+    batch_id: int,
+    rank: int,
+    epoch: int = 0,
+    sample_ids: np.ndarray | None = None,
+    event_times: np.ndarray | None = None,
+) -> Batch:
+    """Every row of `block`, in order, as one batch."""
+    return Batch(
+        batch_id=batch_id,
+        epoch=epoch,
+        rank=rank,
+        ids=KeyedIds(
+            keys=tuple(s.name for s in job.slots),
+            values=np.concatenate(block.values) if block.values else np.zeros(0, np.uint64),
+            lengths=block.lengths().ravel(),
+        ),
+        dense=block.dense,
+        labels=block.labels,
+        sample_ids=sample_ids,
+        event_times=event_times,
+    )
