@@ -1,0 +1,75 @@
+"""The command line's app, its console and what its commands share: the run directory, one-line
+failures, loading a job file, a client of the stack's coordinator."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.text import Text
+
+from trillium import stack
+from trillium.config import ENV_RUN_DIR, default_run_dir, describe_validation_error
+from trillium.data import load_job
+from trillium.job import JobConfig
+from trillium.stack.client import ApiError, CoordinatorClient, CoordinatorUnavailable
+
+app = typer.Typer(
+    help="Trillium: hybrid training of recommender models with huge embedding tables.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+# No markup in what we print: job errors, paths and server messages are remote or user text
+# ("[/__w/...]" in an error once crashed the CLI). Our own emphasis is explicit styles.
+console = Console(markup=False, highlight=False)
+
+RunDir = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--run-dir", help=f"stack directory (default: ${ENV_RUN_DIR} or .trillium/run; the demo's own: .trillium/demo)"
+    ),
+]
+
+
+def run_dir_of(run_dir: Path | None) -> Path:
+    return (run_dir or default_run_dir()).absolute()
+
+
+def fail(message: str) -> None:
+    console.print(Text.assemble(("error: ", "red"), " ".join(message.split())), soft_wrap=True)  # one line
+    raise typer.Exit(1)
+
+
+def load_job_or_exit(path: Path) -> JobConfig:
+    try:
+        return load_job(path)
+    except ValidationError as err:
+        console.print(Text.assemble((f"invalid job {path}:", "red"), "\n" + describe_validation_error(err)))
+    except (OSError, ValueError) as err:
+        console.print(Text.assemble((f"invalid job {path}:", "red"), f" {err}"))
+    raise typer.Exit(2)
+
+
+JobId = Annotated[str, typer.Argument(help="the job's id (see `trillium jobs`)")]
+JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+@contextlib.contextmanager
+def coordinator(run_dir: Path | None) -> Iterator[CoordinatorClient]:
+    """A client of the stack's coordinator; API errors end the command with one line."""
+    try:
+        client = CoordinatorClient.for_stack(run_dir_of(run_dir))
+    except (stack.LauncherError, OSError) as err:
+        fail(str(err))
+    try:
+        yield client
+    except (ApiError, CoordinatorUnavailable) as err:
+        fail(str(err))
+    finally:
+        client.close()

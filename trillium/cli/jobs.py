@@ -1,0 +1,224 @@
+"""Job control: clients of the coordinator's REST API (`jobs`, `job`, `pause`, `resume`,
+`checkpoints`, `stop`, `staleness`)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from trillium.stack.client import CoordinatorClient
+
+from .app import JobId, JsonOut, RunDir, app, console, coordinator, fail
+
+
+def _when(ts: float | None) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else ""
+
+
+def _bound(bound: int | None) -> str:
+    return "unbounded" if bound is None else str(bound)
+
+
+@app.command("jobs")
+def list_jobs(run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+    """List the stack's jobs, oldest first."""
+    with coordinator(run_dir) as client:
+        jobs = client.jobs()
+    if as_json:
+        print(json.dumps(jobs, indent=2))
+        return
+    table = Table()
+    table.add_column("id", no_wrap=True)  # whole, to be copied
+    for column in ("state", "created", "finished", "error"):
+        table.add_column(column)
+    for job in jobs:
+        table.add_row(
+            job["id"], job["state"], _when(job["created_at"]), _when(job["finished_at"]), job.get("error") or ""
+        )
+    console.print(table if jobs else "no jobs")
+
+
+@app.command("job")
+def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) -> None:
+    """Show a job: state, progress, staleness per rank, lost workers, evaluation."""
+    with coordinator(run_dir) as client:
+        view = client.job(job_id)
+    if as_json:
+        print(json.dumps(view, indent=2))
+        return
+    job, prog = view["job"], view["progress"]
+    recent = prog["recent_samples_per_sec"]
+    rows: list[tuple[str, Any]] = [
+        ("id", job["id"]),
+        ("state", job["state"]),
+        ("samples", f"{prog['samples']:,} (epoch {prog['epoch']}, {prog['steps']} steps)"),
+        ("samples/s", f"{prog['samples_per_sec']:,.0f} mean" + (f", {recent:,.0f} now" if recent is not None else "")),
+        ("loss", "" if prog["last_loss"] is None else f"{prog['last_loss']:.4f} last, {prog['mean_loss']:.4f} mean"),
+    ]
+    for rank, s in view["staleness"].items():
+        rows.append(
+            (
+                f"staleness rank {rank}",
+                f"max {s['max']}, mean {s['mean']:.2f} over {s['count']} lookups (bound {_bound(s['bound'])})",
+            )
+        )
+    if view["lost_workers"]:
+        rows.append(("lost workers", ", ".join(view["lost_workers"])))
+    rows += _stream_rows(view)
+    if job.get("metrics"):
+        rows.append(
+            (
+                "eval",
+                ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in job["metrics"].items()),
+            )
+        )
+    if job.get("error"):
+        rows.append(("error", job["error"]))
+    if job.get("attempt"):
+        rows.append(("attempt", str(job["attempt"])))
+    for r in job.get("recoveries", []):
+        rows.append((r["kind"], f"{_when(r['at'])} from step {r['checkpoint_step']}: {r['cause']}"))
+    if view.get("last_checkpoint"):
+        c = view["last_checkpoint"]
+        rows.append(
+            (
+                "last checkpoint",
+                f"step {c['step']} (epoch {c['epoch']}), {_when(c['created_at'])}, {c['bytes'] / 1e6:,.1f} MB",
+            )
+        )
+    table = Table("", "", show_header=False, box=None)
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def _stream_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """Progressive validation, the input's lag and the joiner's counts (a stream's job)."""
+    rows = []
+    p = view.get("progressive")
+    if p and p["samples"]:
+        rows.append(
+            (
+                "progressive",
+                f"AUC {p['auc']:.4f}, log loss {p['logloss']:.4f} over the last "
+                f"{p['samples']:,} of {p['scored']:,} samples scored before training",
+            )
+        )
+        if p.get("delay_seconds"):
+            rows.append(
+                ("click to trained", f"p50 {p['delay_seconds']['p50']:.1f} s, p99 {p['delay_seconds']['p99']:.1f} s")
+            )
+    stream = view.get("stream")
+    if stream:
+        for i in stream["inputs"]:
+            behind = "" if i["lag_seconds"] is None else f", {i['lag_seconds']:.1f} s behind"
+            rows.append((f"lag {i['topic']}/{i['partition']}", f"{i['lag_messages']:,} messages{behind}"))
+        for field in ("joined", "dead_letters"):
+            if stream[field]:
+                rows.append((field.replace("_", " "), ", ".join(f"{k} {v:,}" for k, v in stream[field].items())))
+    return rows
+
+
+def _control(run_dir: Path | None, act: Callable[[CoordinatorClient], dict]) -> None:
+    with coordinator(run_dir) as client:
+        job = act(client)
+    console.print(f"job {job['id']}: {job['state']}")
+
+
+@app.command()
+def pause(job_id: JobId, run_dir: RunDir = None) -> None:
+    """Pause a running job: its NN ranks hold before their next step."""
+    _control(run_dir, lambda client: client.pause(job_id))
+
+
+@app.command()
+def resume(
+    job_id: JobId,
+    checkpoint: Annotated[
+        Optional[int], typer.Option(min=0, help="the checkpoint's step (default: the newest)")
+    ] = None,
+    run_dir: RunDir = None,
+) -> None:
+    """Resume a paused job; or a stopped or failed one from a checkpoint (the job recovers from it
+    in a new attempt and goes on)."""
+    _control(run_dir, lambda client: client.resume(job_id, checkpoint))
+
+
+@app.command()
+def checkpoints(
+    job_id: JobId,
+    take: Annotated[bool, typer.Option("--take", help="ask for a checkpoint of the running job now")] = False,
+    delete: Annotated[Optional[int], typer.Option(min=0, help="delete the checkpoint at this step")] = None,
+    run_dir: RunDir = None,
+    as_json: JsonOut = False,
+) -> None:
+    """List a job's complete checkpoints; --take asks for one now, --delete STEP removes one."""
+    with coordinator(run_dir) as client:
+        if take:
+            asked = client.request_checkpoint(job_id)
+            console.print(f"job {job_id}: checkpoint {asked['seq']} requested")
+            return
+        if delete is not None:
+            client.delete_checkpoint(job_id, delete)
+            console.print(f"job {job_id}: checkpoint at step {delete} deleted")
+            return
+        listing = client.checkpoints(job_id)
+    if as_json:
+        print(json.dumps(listing, indent=2))
+        return
+    table = Table("step", "epoch", "attempt", "reason", "tables", "written", "MB", "s to write", "pause s", "eval auc")
+    for c in listing:
+        auc = (c.get("eval") or {}).get("auc")
+        bases = sorted({f["delta_of"] for f in c["files"] if f.get("delta_of") is not None})
+        tables = f"delta of {', '.join(map(str, bases))}" if bases else "full"
+        table.add_row(
+            str(c["step"]),
+            str(c["epoch"]),
+            str(c["attempt"]),
+            c["reason"],
+            tables,
+            _when(c["created_at"]),
+            f"{c['bytes'] / 1e6:,.1f}",
+            f"{c['seconds_to_write']:.2f}",
+            f"{c['pause_seconds']:.3f}",
+            "" if auc is None else f"{auc:.4f}",
+        )
+    console.print(table if listing else f"job {job_id} has no complete checkpoint")
+
+
+@app.command()
+def stop(job_id: JobId, run_dir: RunDir = None) -> None:
+    """Stop a job (it is `stopping` until its workers have ended their part)."""
+    _control(run_dir, lambda client: client.stop(job_id))
+
+
+@app.command()
+def staleness(
+    job_id: JobId,
+    set_bound: Annotated[Optional[int], typer.Option("--set", min=0, help="the new bound K")] = None,
+    unbounded: Annotated[bool, typer.Option("--unbounded", help="remove the bound, live")] = False,
+    run_dir: RunDir = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Show a job's staleness bound and the staleness observed per NN rank; change the bound
+    of a running job with --set K or --unbounded."""
+    if set_bound is not None and unbounded:
+        fail("give --set K or --unbounded, not both")
+    with coordinator(run_dir) as client:
+        report = (
+            client.set_staleness(job_id, set_bound) if set_bound is not None or unbounded else client.staleness(job_id)
+        )
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(f"job {report['job_id']}: staleness bound {_bound(report['bound'])}")
+    table = Table("rank", "lookups", "max", "mean", "histogram (0, 1, ..., 16+)")
+    for rank, s in report["ranks"].items():
+        table.add_row(rank, str(s["count"]), str(s["max"]), f"{s['mean']:.2f}", " ".join(map(str, s["histogram"])))
+    console.print(table)

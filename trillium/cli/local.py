@@ -1,0 +1,85 @@
+"""`trillium up`, `status`, `down`: the local stack."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from trillium import stack
+from trillium.config import StackTopology
+
+from .app import RunDir, app, console, fail, run_dir_of
+
+
+@app.command()
+def up(
+    run_dir: RunDir = None,
+    ps_shards: Annotated[int, typer.Option(min=1, help="embedding PS shards")] = 2,
+    embedding_workers: Annotated[int, typer.Option(min=1)] = 1,
+    nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
+    data_loaders: Annotated[int, typer.Option(min=1)] = 1,
+) -> None:
+    """Start Kafka, Redis and the services in the background; returns once all are healthy.
+
+    Set TRILLIUM_KAFKA_BOOTSTRAP / TRILLIUM_REDIS_URL to use external servers instead."""
+    rd = run_dir_of(run_dir)
+    new_token = not (rd / "token").exists()
+    topology = StackTopology(
+        ps_shards=ps_shards, embedding_workers=embedding_workers, nn_ranks=nn_ranks, data_loaders=data_loaders
+    )
+    with console.status("starting the stack…"):
+        try:
+            st = stack.up(rd, topology)
+        except stack.LauncherError as err:
+            fail(str(err))
+    console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
+    console.print(
+        f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
+        f"  coordinator {st['coordinator_url']}"
+    )
+    if new_token:
+        console.print(f"  API token (written to {st['token_file']}, mode 600): {stack.read_token(rd)}")
+
+
+@app.command()
+def status(
+    run_dir: RunDir = None, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
+) -> None:
+    """Show every endpoint and each part's health (exit code 1 unless all are healthy)."""
+    st = stack.status(run_dir_of(run_dir))
+    if as_json:
+        print(json.dumps(st, indent=2))
+        raise typer.Exit(0 if st["healthy"] else 1)
+    if st["phase"] in ("not running", "dead"):
+        console.print(f"no stack running in {st['run_dir']} ({st['phase']})")
+        raise typer.Exit(1)
+    console.print(
+        Text.assemble(
+            f"stack in {st['run_dir']}: ", (st["phase"], "bold"), f" — {st['error']}" if st.get("error") else ""
+        )
+    )
+    table = Table("part", "endpoint", "pid", "restarts", "health")
+    ok = lambda good: Text("ok", "green") if good else Text("down", "red")  # noqa: E731
+    table.add_row(
+        "kafka", st["kafka"]["bootstrap"], "external" if st["kafka"]["external"] else "", "", ok(st["kafka"]["ok"])
+    )
+    table.add_row("redis", st["redis"]["url"], "external" if st["redis"]["external"] else "", "", ok(st["redis"]["ok"]))
+    for proc in st["processes"]:
+        if proc.get("http_url"):
+            endpoint = proc["http_url"] + (f"  grpc {proc['grpc_address']}" if proc.get("grpc_address") else "")
+            table.add_row(proc["name"], endpoint, str(proc["pid"]), str(proc["restarts"]), ok(proc["health"]["ok"]))
+    console.print(table)
+    raise typer.Exit(0 if st["healthy"] else 1)
+
+
+@app.command()
+def down(run_dir: RunDir = None) -> None:
+    """Stop the stack and everything it started."""
+    rd = run_dir_of(run_dir)
+    with console.status("stopping the stack…"):
+        stopped = stack.down(rd)
+    console.print("stack stopped" if stopped else f"no stack running in {rd}")
