@@ -10,7 +10,8 @@ import numpy as np
 from trillium import metrics
 from trillium.wire import codec
 
-from .feed import EpochEnd, Feed, embeddings_of
+from .embeddings import embeddings_of
+from .feed import EpochEnd, Feed
 
 
 async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -49,7 +49,8 @@ from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 from . import evaluate
-from .feed import EpochEnd, Feed, GradientPusher, embeddings_of, gradients_request
+from .embeddings import embeddings_of, gradients_request
+from .feed import EpochEnd, Feed, GradientPusher
 from .step import Control, Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import trillium_native
 from trillium.job import FeatureSlot, TableConfig
 from trillium.services.embedding_worker import pooling
-from trillium.services.nn_worker.feed import embeddings_of, gradients_request
+from trillium.services.nn_worker.embeddings import embeddings_of, gradients_request
 from trillium.wire import codec
 from trillium.wire.batch import KeyedIds
 from trillium.wire.pb import embedding_pb2 as pb
