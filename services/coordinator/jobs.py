@@ -84,12 +84,12 @@ class JobStore:
         self.redis = redis
         self.run_dir = run_dir
         self.kafka = kafka_conn
-        self._current = state.key("current_job")
-        self._ids = state.key("jobs")
+        self._current = state.CURRENT_JOB
+        self._ids = state.JOBS
 
     @staticmethod
     def _key(job_id: str) -> str:
-        return state.key("job", job_id, "record")
+        return state.job_key(job_id, "record")
 
     def checkpoints(self, job: JobRecord) -> JobCheckpoints | None:
         return JobCheckpoints.of(job.config, job.id, self.run_dir)

@@ -61,7 +61,7 @@ class WorkerRegistry:
         # Heartbeats can only arrive while this process runs: silence during a coordinator
         # restart is not the workers' fault.
         self.listening_since = time.time()
-        self._key = state.key("workers")
+        self._key = state.WORKERS
 
     async def register(self, reg: WorkerRegistration) -> Worker:
         now = time.time()

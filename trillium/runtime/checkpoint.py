@@ -380,7 +380,3 @@ class JobCheckpoints:
         manifests = self.complete()
         by_step = {m.step: m for m in manifests}
         return [m.step for m in manifests if m.step != step and step in self.needed([m], by_step)]
-
-    def remove_all(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self.root, recursive=True)

@@ -1,4 +1,4 @@
-"""A running job's shared state in Redis: the one place that names its keys.
+"""A running job's shared state in Redis (its keys are named in `trillium.wire.state`).
 
 Writers: the PS shards record how far they have applied each rank's gradients; the
 embedding workers record the staleness they observed; the NN workers record samples and
@@ -59,27 +59,21 @@ class JobProgress:
         self.redis = redis
         self.job_id = job_id
         self.attempt = attempt
-        self.applied_key = state.key("job", job_id, "applied", attempt)  # a hash, and the pub/sub channel
-        self._bound = state.key("job", job_id, "staleness_bound")
-        self._staleness = state.key("job", job_id, "staleness")
-        self._samples = state.key("job", job_id, "samples")
-        self._progressive = state.key("job", job_id, "progressive")
-        self._series = state.key("job", job_id, "series")
-        self._ranks = state.key("job", job_id, "ranks")
-        self._rendezvous = state.key("job", job_id, "rendezvous", attempt)
+        self.applied_key = state.job_key(job_id, "applied", attempt)  # a hash, and the pub/sub channel
+        self._bound = state.job_key(job_id, "staleness_bound")
+        self._staleness = state.job_key(job_id, "staleness")
+        self._samples = state.job_key(job_id, "samples")
+        self._progressive = state.job_key(job_id, "progressive")
+        self._series = state.job_key(job_id, "series")
+        self._ranks = state.job_key(job_id, "ranks")
+        self._rendezvous = state.job_key(job_id, "rendezvous", attempt)
         # Not per attempt: a loader's step count of an epoch is the same in every attempt.
-        self._loader_steps = state.key("job", job_id, "loader_steps")
+        self._loader_steps = state.job_key(job_id, "loader_steps")
 
     # ---- applied watermarks (PS) -----------------------------------------------------
-    async def set_applied(self, shard: int, rank: int, step: int) -> None:
-        """Record and announce (pub/sub) that `shard` applied `rank`'s gradients of `step`."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(self.applied_key, f"{shard}:{rank}", step)
-        pipe.publish(self.applied_key, f"{shard}:{rank}:{step}")
-        await pipe.execute()
-
     async def set_applied_all(self, shard: int, ranks: int, step: int) -> None:
-        """A restored shard: every rank's gradients are applied up to `step` (-1: none yet)."""
+        """Record and announce (pub/sub) that `shard` has applied every rank's gradients up to `step` (-1:
+        none yet, as a shard restored from no checkpoint says)."""
         pipe = self.redis.pipeline(transaction=False)
         for rank in range(ranks):
             pipe.hset(self.applied_key, f"{shard}:{rank}", step)
@@ -208,7 +202,7 @@ class JobProgress:
         return await self.redis.get(self._rendezvous)
 
     async def delete(self) -> None:
-        keys = [k async for k in self.redis.scan_iter(match=state.key("job", self.job_id, "*"))]
+        keys = [k async for k in self.redis.scan_iter(match=state.job_keys_pattern(self.job_id))]
         if keys:
             await self.redis.delete(*keys)
 

@@ -12,7 +12,6 @@ the coordinator needs no scikit-learn for it.
 from __future__ import annotations
 
 import collections
-import math
 from typing import Any
 
 import numpy as np
@@ -142,7 +141,3 @@ def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             for start, w in sorted(windows.items())
         ],
     }
-
-
-def finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None

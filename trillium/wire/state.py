@@ -1,4 +1,5 @@
-"""Redis helpers: the shared state store (coordinator registry, jobs, progress)."""
+"""Redis: the shared state store (the coordinator's worker registry and jobs, a running job's
+progress) and its key schema, named here and nowhere else."""
 
 from __future__ import annotations
 
@@ -14,12 +15,43 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 # callers ride that out instead of failing the work in hand. About 30 s of retries.
 _RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=40)
 
+# ---- the key schema: every key lives under one prefix, so a shared Redis can host other data too ----
 KEY_PREFIX = "trillium:"
 
 
 def key(*parts: object) -> str:
-    """All keys live under one prefix so a shared Redis can host other data too."""
     return KEY_PREFIX + ":".join(str(p) for p in parts)
+
+
+WORKERS = key("workers")  # hash: worker name -> its registration and last health (coordinator)
+JOBS = key("jobs")  # sorted set: every job id, by creation time
+CURRENT_JOB = key("current_job")  # string: the id of the stack's current (or last) job
+
+# A job's keys: JOB_KEYS[name] says what each holds; `applied` and `rendezvous` are per attempt.
+JOB_KEYS = {
+    "record": "string: the JobRecord (config, state, attempt, lineage)",
+    "applied": "hash per attempt, and its pub/sub channel: 'shard:rank' -> last step applied",
+    "staleness_bound": "string: the live bound, 'inf' when unbounded",
+    "staleness": "hash per rank (suffix ':<rank>'): the histogram, count, sum and max observed",
+    "samples": "hash: each rank's samples, loss sum, steps, epoch, last loss",
+    "progressive": "hash: rank -> its progressive validation summary (JSON)",
+    "series": "list: the job's curve, (time, samples, rolling AUC, loss) points (JSON)",
+    "ranks": "hash: rank -> its result once it has finished (JSON)",
+    "rendezvous": "string per attempt: host:port of rank 0's torch.distributed store",
+    "loader_steps": "hash: 'epoch:loader' -> the steps that loader's share of the epoch takes",
+}
+
+
+def job_key(job_id: str, name: str, attempt: int | None = None) -> str:
+    """The key `name` (one of `JOB_KEYS`) of a job, or of one attempt of it."""
+    if name not in JOB_KEYS:
+        raise KeyError(f"no job key {name!r}; the schema has {sorted(JOB_KEYS)}")
+    return key("job", job_id, name) if attempt is None else key("job", job_id, name, attempt)
+
+
+def job_keys_pattern(job_id: str) -> str:
+    """A SCAN pattern matching every key of a job."""
+    return key("job", job_id, "*")
 
 
 def connect(url: str) -> aioredis.Redis:
