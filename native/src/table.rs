@@ -27,7 +27,7 @@ use crate::hash::{
     admission_draw, internal_hash, internal_shard, mix64, row_stream_seed, unit_f64, SplitMix64, SKETCH_SALT,
 };
 use crate::index::{Index, EMPTY};
-use crate::mem::{Arena, RawBuf};
+use crate::mem::{prefetch, Arena, RawBuf, SendPtr};
 use crate::optim::{self, OptParams, RowScalars};
 
 /// Rows per shard above which eviction samples instead of scanning.
@@ -36,32 +36,6 @@ pub const EXACT_LRU_MAX_ROWS: usize = 64;
 pub const EVICTION_SAMPLES: usize = 16;
 /// Maximum slots per internal shard.
 const MAX_SLOTS: usize = (1 << 31) - 16;
-
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint; it never faults, even on invalid addresses.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Raw pointer that may be shared between rayon tasks writing disjoint ranges.
-#[derive(Clone, Copy)]
-pub struct SendPtr<T>(pub *mut T);
-// SAFETY: users only write disjoint regions (each batch position belongs to one shard).
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    /// The raw pointer (a method, so closures capture the whole Sync wrapper).
-    #[inline(always)]
-    pub fn get(self) -> *mut T {
-        self.0
-    }
-}
 
 /// Derived per-table layout constants.
 #[derive(Clone, Debug)]
