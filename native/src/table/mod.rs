@@ -269,6 +269,10 @@ impl Table {
     }
 
     /// Batched lookup into `out` (len = ids.len() * dim). Run inside a rayon pool.
+    ///
+    /// **Locking behaviour:** tables with a capacity or a TTL: one task per internal shard
+    /// with ids in the batch, each under that shard's *write* lock. Other tables: see
+    /// `lookup_in_order` (every shard's lock at once, read or, single-threaded, write).
     pub fn lookup<O: OutElem>(&self, ctx: &Ctx, ids: &[u64], out: &mut [O], create: bool) {
         debug_assert_eq!(out.len(), ids.len() * self.layout.dim);
         let ns = self.num_shards();
@@ -361,6 +365,11 @@ impl Table {
     /// contiguous ranges of positions are scanned in parallel under shared read
     /// locks, then the misses are admitted/inserted per shard under its write
     /// lock (re-checking for rows inserted concurrently in between).
+    ///
+    /// **Locking behaviour:** `ctx.sequential`: the write locks of all the table's shards,
+    /// taken in shard order and held for the whole call. Otherwise each range task holds the
+    /// *read* locks of all shards (taken in shard order) while it scans; then one task per
+    /// shard with missing ids takes that shard's write lock (even when `!create`).
     fn lookup_in_order<W: Elem, O: OutElem>(
         &self,
         ctx: &Ctx,
@@ -414,6 +423,9 @@ impl Table {
     }
 
     /// Batched update; returns the number of rows updated.
+    ///
+    /// **Locking behaviour:** one task per internal shard with ids in the batch, each under
+    /// that shard's *write* lock (never two shard locks on one thread).
     pub fn update(&self, ctx: &Ctx, ids: &[u64], grads: &[f32]) -> u64 {
         let ns = self.num_shards();
         let plan = Plan::new(ids, ns, ctx.sequential);
@@ -431,12 +443,18 @@ impl Table {
         total.updated
     }
 
+    /// An owned copy of the row of `id`, if it has one.
+    ///
+    /// **Locking behaviour:** the *read* lock of `id`'s internal shard.
     pub fn get_state(&self, id: u64) -> Option<RowState> {
         let h = internal_hash(id);
         let s = internal_shard(h, self.num_shards());
         with_shards!(&self.shards, shards => shards[s].read().get_state(&self.layout, id))
     }
 
+    /// Overwrite (or create, bypassing admission) the weights of `id`.
+    ///
+    /// **Locking behaviour:** the *write* lock of `id`'s internal shard.
     pub fn set_row(&self, ctx: &Ctx, id: u64, values: &[f32]) -> Result<()> {
         let h = internal_hash(id);
         let s = internal_shard(h, self.num_shards());
@@ -446,6 +464,9 @@ impl Table {
         r
     }
 
+    /// The ids and rows (as f32) of the rows whose version is above `since`.
+    ///
+    /// **Locking behaviour:** every internal shard's *read* lock, one pool task per shard.
     pub fn export_delta(&self, since: u64) -> (Vec<u64>, Vec<f32>) {
         let l = &self.layout;
         let parts: Vec<(Vec<u64>, Vec<f32>)> = with_shards!(&self.shards, shards => {
@@ -465,6 +486,10 @@ impl Table {
         (ids, rows)
     }
 
+    /// Remove every row past its TTL; returns how many. No-op for tables without a TTL.
+    ///
+    /// **Locking behaviour:** every internal shard's *write* lock, one pool task per shard
+    /// (none when the table has no TTL).
     pub fn expire(&self, ctx: &Ctx) -> u64 {
         if !ctx.ttl_enabled() {
             return 0;
@@ -482,17 +507,23 @@ impl Table {
 
     /// Add `d` to every row's last-update batch (see `Shard::shift_update_batches`).
     ///
-    /// **Locking behaviour:** each internal shard's write lock in turn.
+    /// **Locking behaviour:** each internal shard's *write* lock in turn.
     pub fn shift_update_batches(&self, d: u32) {
         if self.layout.has_utick && d != 0 {
             with_shards!(&self.shards, shards => shards.iter().for_each(|s| s.write().shift_update_batches(d)))
         }
     }
 
+    /// Rows in the table.
+    ///
+    /// **Locking behaviour:** each internal shard's *read* lock in turn.
     pub fn rows(&self) -> usize {
         with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().rows).sum())
     }
 
+    /// Bytes allocated for the table (chunks, indexes, free lists, sketch).
+    ///
+    /// **Locking behaviour:** each internal shard's *read* lock in turn.
     pub fn memory_bytes(&self) -> usize {
         let shards =
             with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().memory_bytes()).sum::<usize>());
