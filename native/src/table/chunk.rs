@@ -1,6 +1,7 @@
 //! Row storage: the per-table `Layout` (record size, which optional columns exist, rows
 //! per chunk), the slab `Chunk` holding up to `chunk_rows` rows column by column, views
-//! and copies of one row, and `RowBlock`, the columns of some rows as snapshots use them.
+//! and copies of one row, and `RowColumns`, the columns of some rows as snapshots read and
+//! write them.
 
 use crate::config::TableConfig;
 use crate::elem::Elem;
@@ -198,10 +199,9 @@ impl<W: Elem> Chunk<W> {
         }
     }
 
-    /// Gather the live rows into `blk` (the snapshot writer's row block); versions are
-    /// offsets from the owning shard's `vbase`.
-    /// The live rows whose version is at least `since` (0: every row) into `blk`.
-    pub fn gather(&self, l: &Layout, vbase: u64, since: u64, blk: &mut RowBlock<W>) {
+    /// Gather the live rows whose version is at least `since` (0: every row) into `blk`
+    /// (cleared first). The chunk's versions are offsets from `vbase`, its shard's base.
+    pub fn gather(&self, l: &Layout, vbase: u64, since: u64, blk: &mut RowColumns<W>) {
         blk.clear();
         let sd = l.state_dim;
         for o in 0..self.len() {
@@ -255,9 +255,10 @@ pub struct RowState {
     pub utick: Option<u32>,
 }
 
-/// Columns of a batch of rows, as stored in snapshots.
+/// The columns of some rows of a shard, as snapshots read and write them: one ROWS block
+/// of the file. An optional column is empty when the table does not keep it.
 #[derive(Default)]
-pub struct RowBlock<W> {
+pub struct RowColumns<W> {
     pub ids: Vec<u64>,
     pub versions: Vec<u64>,
     pub weights: Vec<W>,
@@ -268,7 +269,7 @@ pub struct RowBlock<W> {
     pub utick: Vec<u32>,
 }
 
-impl<W> RowBlock<W> {
+impl<W> RowColumns<W> {
     pub fn clear(&mut self) {
         self.ids.clear();
         self.versions.clear();

@@ -5,7 +5,7 @@
 use crate::elem::Elem;
 use crate::mem::Arena;
 
-use super::{Chunk, Ctx, Layout, Local, RowBlock, Shard};
+use super::{Chunk, Ctx, Layout, Local, RowColumns, Shard};
 
 /// A point-in-time copy of one internal shard's rows (see `Shard::copy`).
 pub struct ShardCopy<W: Copy> {
@@ -30,10 +30,10 @@ impl<W: Elem> Shard<W> {
 
     /// The rows whose version is at least `since` (created or updated since then), one
     /// block per chunk that has any: what a delta capture copies.
-    pub fn copy_since(&self, l: &Layout, since: u64) -> Vec<RowBlock<W>> {
+    pub fn copy_since(&self, l: &Layout, since: u64) -> Vec<RowColumns<W>> {
         let mut out = Vec::new();
         for ch in &self.chunks {
-            let mut blk = RowBlock::default();
+            let mut blk = RowColumns::default();
             ch.gather(l, self.vbase, since, &mut blk);
             if !blk.is_empty() {
                 out.push(blk);
@@ -52,8 +52,8 @@ impl<W: Elem> Shard<W> {
         }
     }
 
-    /// Insert/overwrite rows `which` of a decoded snapshot block.
-    pub fn load_rows(&mut self, ctx: &Ctx, blk: &RowBlock<W>, which: &[u32], hashes: &[u64], local: &mut Local) {
+    /// Insert/overwrite rows `which` of decoded snapshot columns.
+    pub fn load_rows(&mut self, ctx: &Ctx, blk: &RowColumns<W>, which: &[u32], hashes: &[u64], local: &mut Local) {
         let l = ctx.layout;
         let (dim, sd) = (l.dim, l.state_dim);
         for &k in which {

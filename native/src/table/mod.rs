@@ -50,7 +50,7 @@ mod update;
 #[cfg(test)]
 mod tests;
 
-pub use chunk::{Chunk, Layout, RowBlock, RowMut, RowState};
+pub use chunk::{Chunk, Layout, RowColumns, RowMut, RowState};
 pub use copy::ShardCopy;
 pub use counters::{Counters, Local, COUNTER_NAMES};
 pub use evict::{EVICTION_SAMPLES, EXACT_LRU_MAX_ROWS};
