@@ -302,7 +302,6 @@ impl Table {
     /// found rows are copied to `out` (written sequentially), missing positions
     /// are appended to `missing[shard]`. Index buckets are prefetched 2*D
     /// positions ahead and row records D ahead.
-    #[allow(clippy::too_many_arguments)]
     fn scan_range<W: Elem, O: OutElem, G: std::ops::Deref<Target = Shard<W>>>(
         &self,
         guards: &[G],

@@ -5,7 +5,6 @@ fn table(cfg: TableConfig) -> Table {
 }
 
 #[test]
-#[allow(clippy::needless_range_loop)]
 fn lookup_creates_deterministically_and_update_applies() {
     let mut cfg = TableConfig::new("t", 4);
     cfg.lr = 0.5;
@@ -29,8 +28,9 @@ fn lookup_creates_deterministically_and_update_applies() {
     let n = t.update(&t.ctx(2, 0, 1), &ids, &g);
     assert_eq!(n, 3);
     let st = t.get_state(5).unwrap();
-    for i in 0..4 {
-        assert!((st.weights[i] - (out[i] - 0.5 * 2.0)).abs() < 1e-6);
+    assert_eq!(st.weights.len(), 4);
+    for (w, o) in st.weights.iter().zip(&out[0..4]) {
+        assert!((w - (o - 0.5 * 2.0)).abs() < 1e-6);
     }
     assert_eq!(st.version, 2);
 }
