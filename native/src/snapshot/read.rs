@@ -75,8 +75,11 @@ fn read_block_typed<W: Elem, R: Read>(
     cols: u32,
     n: usize,
 ) -> Result<RowColumns<W>> {
-    let mut b =
-        RowColumns::<W> { ids: rd.col(h, n, "row ids")?, versions: rd.col(h, n, "row versions")?, ..Default::default() };
+    let mut b = RowColumns::<W> {
+        ids: rd.col(h, n, "row ids")?,
+        versions: rd.col(h, n, "row versions")?,
+        ..Default::default()
+    };
     let mut w = vec![W::default(); n * cfg.dim];
     let bytes = W::as_bytes_mut(&mut w);
     rd.exact(bytes, "row weights")?;

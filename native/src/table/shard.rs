@@ -198,7 +198,13 @@ impl<W: Elem> Shard<W> {
     /// k in order (slot = EMPTY if absent). Index buckets are prefetched 2*D
     /// ahead, row records D ahead, so the misses of many rows overlap.
     #[inline(always)]
-    pub(super) fn pipeline(&self, l: &Layout, g: &Group, mut pre: impl FnMut(usize), mut f: impl FnMut(&Self, usize, u32)) {
+    pub(super) fn pipeline(
+        &self,
+        l: &Layout,
+        g: &Group,
+        mut pre: impl FnMut(usize),
+        mut f: impl FnMut(&Self, usize, u32),
+    ) {
         const D: usize = 12;
         const R: usize = 16; // ring size > D
         let n = g.len();
