@@ -77,6 +77,7 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
     #[inline(always)]
+    // An RNG step, not Iterator::next: the stream never ends (an Option would be noise).
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.state = self.state.wrapping_add(GOLDEN_GAMMA);

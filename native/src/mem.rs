@@ -1,4 +1,5 @@
-//! Memory primitives: a huge-page slab arena and a fixed-capacity raw buffer.
+//! Memory primitives: a huge-page slab arena, a fixed-capacity raw buffer, and the
+//! unsafe helpers of the hot paths (`prefetch`, `SendPtr` for disjoint parallel writes).
 //!
 //! Full-size slab chunks are bump-allocated from large 2 MiB-aligned anonymous
 //! mappings advised with `MADV_HUGEPAGE` (transparent huge pages), so random row
@@ -325,6 +326,35 @@ impl<T: Copy> DerefMut for RawBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as above, and we own the memory exclusively.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Hint the CPU to bring the cache line at `p` into L1 (a no-op off x86_64).
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint; it never faults, even on invalid addresses.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Raw pointer that may be shared between rayon tasks writing disjoint ranges.
+#[derive(Clone, Copy)]
+pub struct SendPtr<T>(pub *mut T);
+// SAFETY: users only write disjoint regions through it (in `table`, each batch position
+// belongs to one shard, and one task writes that shard's positions).
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as for Send: shared references only lead to writes of disjoint regions.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The raw pointer (a method, so closures capture the whole Sync wrapper).
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
+        self.0
     }
 }
 

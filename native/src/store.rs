@@ -122,6 +122,7 @@ impl Store {
         })
     }
 
+    /// **Locking behaviour:** the table registry's write lock (no shard lock).
     pub fn create_table(&self, cfg: TableConfig) -> Result<()> {
         cfg.validate()?;
         let mut reg = self.tables.write();
@@ -135,6 +136,8 @@ impl Store {
         Ok(())
     }
 
+    /// **Locking behaviour:** the table registry's write lock (no shard lock); a capture or
+    /// dump that listed the table keeps its `Arc` and finishes with it.
     pub fn drop_table(&self, name: &str) -> Result<()> {
         let mut reg = self.tables.write();
         if reg.map.remove(name).is_none() {
@@ -173,12 +176,14 @@ impl Store {
         ctx
     }
 
+    /// **Locking behaviour:** as `Table::lookup` (see `run` for where it runs); no registry lock.
     pub fn lookup<O: OutElem>(&self, t: &Table, ids: &[u64], out: &mut [O], create: bool) {
         let batch = t.counters.update_batches.load(Ordering::Relaxed) as u32;
         let ctx = self.ctx_for(t, self.clock.pending(), batch);
         self.run(|| t.lookup(&ctx, ids, out, create));
     }
 
+    /// **Locking behaviour:** as `Table::update` (see `run` for where it runs); no registry lock.
     pub fn update(&self, t: &Table, ids: &[u64], grads: &[f32]) -> u64 {
         let v = self.clock.begin();
         let _g = VersionGuard { clock: &self.clock, v };
@@ -187,6 +192,7 @@ impl Store {
         self.run(|| t.update(&ctx, ids, grads))
     }
 
+    /// **Locking behaviour:** as `Table::set_row`, on the calling thread.
     pub fn set_row(&self, t: &Table, id: u64, values: &[f32]) -> Result<()> {
         let v = self.clock.begin();
         let _g = VersionGuard { clock: &self.clock, v };
@@ -195,11 +201,14 @@ impl Store {
         t.set_row(&ctx, id, values)
     }
 
+    /// **Locking behaviour:** as `Table::get_state`, on the calling thread.
     pub fn get_state(&self, t: &Table, id: u64) -> Option<RowState> {
         t.get_state(id)
     }
 
     /// Rows of `t` changed after `since`; returns (ids, rows, current_version).
+    ///
+    /// **Locking behaviour:** as `Table::export_delta`, on the store's pool.
     pub fn export_delta(&self, t: &Table, since: u64) -> (Vec<u64>, Vec<f32>, u64) {
         // Read the committed version *before* scanning: every change with a
         // version <= current is then guaranteed to be visible in the scan.
@@ -208,6 +217,9 @@ impl Store {
         (ids, rows, current)
     }
 
+    /// Remove `t`'s rows past their TTL as of `now` (default: the clock); returns how many.
+    ///
+    /// **Locking behaviour:** as `Table::expire`, on the store's pool.
     pub fn expire(&self, t: &Table, now: Option<u32>) -> u64 {
         let batch = t.counters.update_batches.load(Ordering::Relaxed) as u32;
         let ctx = t.ctx(self.clock.pending(), now.unwrap_or_else(now_secs), batch);

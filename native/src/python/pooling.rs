@@ -129,6 +129,7 @@ impl PyPlan {
         self.plan.offsets[t][self.layout.num_shards as usize]
     }
 
+    // The Python-visible (pooled, [(values, mask)]) of `pool`, spelled out as the stub has it.
     #[allow(clippy::type_complexity)]
     fn pool_f32<'py>(
         &self,

@@ -57,6 +57,7 @@ impl PyStore {
         admission_probability=1.0, admission_threshold=0, admission_sketch_width=1048576,
         admission_sketch_depth=4, capacity=None, ttl_seconds=None, ttl_updates=None
     ))]
+    // One argument per keyword of the Python signature above (create_table's options).
     #[allow(clippy::too_many_arguments)]
     fn create_table(
         &self,
@@ -396,6 +397,7 @@ impl PyStore {
         py.detach(|| guard(|| snapshot::load_snapshot(store, &path, filter)))
     }
 
+    // The Python-visible (ids, rows, version) tuple, spelled out as the stub has it.
     #[allow(clippy::type_complexity)]
     fn export_delta<'py>(
         &self,

@@ -23,12 +23,12 @@ use crate::config::TableConfig;
 use crate::elem::Elem;
 use crate::mem::Arena;
 use crate::store::{now_secs, Store};
-use crate::table::{Layout, RowBlock, Shard, ShardCopy, Shards, Table};
+use crate::table::{Layout, RowColumns, Shard, ShardCopy, Shards, Table};
 
 /// A table's copied rows: every shard whole, or only the rows changed since a mark.
 enum Copied<W: Elem> {
     Whole(Vec<ShardCopy<W>>),
-    Changed(Vec<RowBlock<W>>),
+    Changed(Vec<RowColumns<W>>),
 }
 
 impl<W: Elem> Copied<W> {
@@ -126,7 +126,7 @@ fn copy_changed<W: Elem>(
     l: &Layout,
     since: u64,
     sequential: bool,
-) -> Vec<RowBlock<W>> {
+) -> Vec<RowColumns<W>> {
     if sequential {
         shards.iter().flat_map(|s| s.read().copy_since(l, since)).collect()
     } else {
@@ -164,7 +164,7 @@ impl TableCapture {
 fn write_copies<W: Elem>(w: &mut SnapWriter, t: &TableCapture, copied: &Copied<W>) -> std::io::Result<()> {
     match copied {
         Copied::Whole(copies) => {
-            let mut blk = RowBlock::default();
+            let mut blk = RowColumns::default();
             for c in copies {
                 w.chunks(&t.cfg, &t.layout, &c.chunks, c.vbase, &mut blk)?;
             }

@@ -17,7 +17,7 @@ use crate::config::DType;
 use crate::elem::Elem;
 use crate::hash::{internal_hash, internal_shard, shard_of};
 use crate::store::{now_secs, Store};
-use crate::table::{Local, RowBlock, Shard, Shards, Table};
+use crate::table::{Local, RowColumns, Shard, Shards, Table};
 
 struct Rd<R: Read> {
     r: R,
@@ -52,11 +52,11 @@ impl<R: Read> Rd<R> {
     }
 }
 
-/// A decoded row block, by storage type.
+/// The columns of a decoded ROWS block, by storage type.
 pub enum AnyBlock {
-    F32(RowBlock<f32>),
-    F16(RowBlock<f16>),
-    BF16(RowBlock<bf16>),
+    F32(RowColumns<f32>),
+    F16(RowColumns<f16>),
+    BF16(RowColumns<bf16>),
 }
 
 pub trait Visitor {
@@ -74,9 +74,12 @@ fn read_block_typed<W: Elem, R: Read>(
     cfg: &TableConfig,
     cols: u32,
     n: usize,
-) -> Result<RowBlock<W>> {
-    let mut b =
-        RowBlock::<W> { ids: rd.col(h, n, "row ids")?, versions: rd.col(h, n, "row versions")?, ..Default::default() };
+) -> Result<RowColumns<W>> {
+    let mut b = RowColumns::<W> {
+        ids: rd.col(h, n, "row ids")?,
+        versions: rd.col(h, n, "row versions")?,
+        ..Default::default()
+    };
     let mut w = vec![W::default(); n * cfg.dim];
     let bytes = W::as_bytes_mut(&mut w);
     rd.exact(bytes, "row weights")?;
@@ -296,7 +299,7 @@ fn apply_block<W: Elem>(
     store: &Store,
     t: &Table,
     shards: &[RwLock<Shard<W>>],
-    blk: &RowBlock<W>,
+    blk: &RowColumns<W>,
     filter: Option<(u32, u32)>,
 ) -> u64 {
     let n = blk.len();

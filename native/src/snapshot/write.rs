@@ -17,7 +17,7 @@ use super::meta::encode_meta;
 use super::*;
 use crate::elem::Elem;
 use crate::store::{now_secs, Store};
-use crate::table::{Chunk, Layout, RowBlock, Table};
+use crate::table::{Chunk, Layout, RowColumns, Table};
 use crate::with_shards;
 
 /// Bytes written and the SHA-256 of the file.
@@ -108,7 +108,7 @@ impl SnapWriter {
         self.raw(&h.finalize().to_le_bytes())
     }
 
-    pub(super) fn rows_block<W: Elem>(&mut self, cfg: &TableConfig, blk: &RowBlock<W>) -> std::io::Result<()> {
+    pub(super) fn rows_block<W: Elem>(&mut self, cfg: &TableConfig, blk: &RowColumns<W>) -> std::io::Result<()> {
         let cols = columns_of(cfg);
         let n = blk.len() as u64;
         let plen = payload_len(cfg, cols, n);
@@ -143,7 +143,7 @@ impl SnapWriter {
         l: &Layout,
         chunks: &[Chunk<W>],
         vbase: u64,
-        blk: &mut RowBlock<W>,
+        blk: &mut RowColumns<W>,
     ) -> std::io::Result<()> {
         for ch in chunks {
             ch.gather(l, vbase, 0, blk);
@@ -246,7 +246,7 @@ impl TableSource for Table {
     }
     fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()> {
         with_shards!(&self.shards, shards => {
-            let mut blk = RowBlock::default();
+            let mut blk = RowColumns::default();
             for sh in shards {
                 // The shard's read lock is held while its rows are streamed: each internal
                 // shard is written as of one instant.
