@@ -56,6 +56,7 @@ test: setup lint test-native test-python
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd native && cargo fmt --check && cargo clippy --release --all-targets -q -- -D warnings
 
 test-python:
 	$(PY) -m pytest -q; rc=$$?; \
