@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Micro-benchmark of the embedding worker's per-batch CPU work around the PS lookups:
-the native pooling (services/embedding_worker/pooling.py over trillium_native) against the
+the native pooling (trillium/pooling.py over trillium_native) against the
 numpy + torch implementation it replaced (tests/unit/pooling_reference.py), side by side
 on the same batches in one process.
 
@@ -36,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 import pooling_reference as ref  # noqa: E402
 
+from trillium import pooling  # noqa: E402
 from trillium.job import FeatureSlot, TableConfig  # noqa: E402
-from trillium.services.embedding_worker import pooling  # noqa: E402
 from trillium.wire.batch import KeyedIds  # noqa: E402
 
 

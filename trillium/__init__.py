@@ -6,7 +6,8 @@ Packages, each opening with what it owns, in layers (each imports only those abo
 - `config`, `log`, `metrics`: runtime settings from TRILLIUM_* variables, JSON logs, AUC and log loss.
 - `job/`: the job schema and the coordinator's record of a job (configuration only).
 - `wire/`: the batch, the one codec, and the Kafka, gRPC and Redis clients.
-- `models`: the model contract and the default DNN (job files name models here).
+- `models`: the model contract and the default DNN (job files name models here); `pooling`: a
+  batch's embedding work (dedup, routing, pooling, gradient scatter) in the native core.
 - `data/`: sources (files, streams, planted data), features (rows -> batches), replay.
 - `train/`: the single-process reference trainer, progressive validation, reports.
 - `runtime/`: what every service process shares (the service skeleton, progress, checkpoints).

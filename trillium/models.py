@@ -27,7 +27,7 @@ from trillium.job import (
     ModelSpec,
 )
 
-__all__ = ["DNN", "build_dense_optimizer", "build_model", "load_model"]
+__all__ = ["DNN", "build_dense_optimizer", "build_model", "load_model", "logits"]
 
 
 class DNN(nn.Module):
@@ -74,6 +74,14 @@ class DNN(nn.Module):
             pooled = [e.sum(dim=1) if e.dim() == 3 else e for e in embeddings]
             parts.append(self.sparse_proj(torch.cat(pooled, dim=1)))
         return self.mlp(torch.cat(parts, dim=1)).squeeze(-1)
+
+
+def logits(model: nn.Module, dense: Tensor, embeddings: list[Tensor], bf16: bool = False) -> Tensor:
+    """The model's logits [B] in fp32, as training, evaluation and serving all compute them: with
+    `bf16` (`training.precision`) the forward runs under autocast, on the tensors' device type."""
+    with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = model(dense, embeddings)
+    return out.float()
 
 
 def load_model(spec: ModelSpec) -> nn.Module:

@@ -27,14 +27,13 @@ from typing import Any
 
 import msgpack
 import numpy as np
-import pyarrow as pa
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 import trillium_native
 from trillium.data.features import Encoder, OnlineStats, batch_of
 from trillium.data.sources import RowBlock
-from trillium.data.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
+from trillium.data.sources.events import BadEvent, Event, EventReader, EventRows, stream_encoder_config
 from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import KafkaData
 from trillium.job.record import JobRecord
@@ -93,9 +92,7 @@ class StreamLoader:
         self.data: KafkaData = job.config.data  # type: ignore[assignment]
         self.share = share
         self.reader = EventReader(self.config)
-        # The encoder splits every slot on MULTI_SEP: a list value's items were joined with it.
-        slots = [s.model_copy(update={"separator": MULTI_SEP}) for s in self.config.slots]
-        self.encoder_config = self.config.model_copy(update={"slots": slots})
+        self.encoder_config = stream_encoder_config(self.config)
         state = state or {}
         self.stats = OnlineStats(self.config, state.get("stats"))
         self.encoder = Encoder(self.encoder_config, self.stats.stats())
@@ -223,6 +220,8 @@ class StreamLoader:
                 if loop.time() >= next_bookkeeping:  # lag metrics and the group's offsets, once a second
                     trained = (await progress.training(self.config.topology.nn_ranks))["steps"]
                     await self._bookkeeping(consumer, tps)
+                    # What a model version published now normalizes with (services/coordinator/publish.py).
+                    await progress.set_dense_stats(self.service.settings.index, self.encoder.stats)
                     next_bookkeeping = loop.time() + 1.0
         finally:
             await consumer.stop()
@@ -301,12 +300,10 @@ class StreamLoader:
 
     async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""
-        table = pa.table({path: pa.array(values, pa.string()) for path, values in rows.columns().items()})
-        block = RowBlock(
-            file="kafka",
-            table=table,
-            rejected=(),
-            locate=lambda idx: [(int(i), msgpack.packb(rows.events[int(i)].values).hex()) for i in idx],
+        block = RowBlock.of_text(
+            "kafka",
+            rows.columns(),
+            lambda idx: [(int(i), msgpack.packb(rows.events[int(i)].values).hex()) for i in idx],
         )
         checked = self.encoder.check(block)
         self.stats.update(checked.dense[checked.keep])

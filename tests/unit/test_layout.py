@@ -17,6 +17,7 @@ LAYERS = {
     "trillium.job": {"trillium.config"},
     "trillium.wire": {"trillium.config"},
     "trillium.models": {"trillium.job"},
+    "trillium.pooling": {"trillium.job", "trillium.wire"},
     "trillium.data": {"trillium.config", "trillium.job", "trillium.wire", "trillium.metrics"},
     "trillium.train": {"trillium.job", "trillium.wire", "trillium.data", "trillium.models", "trillium.metrics"},
     "trillium.runtime": {"trillium.config", "trillium.log", "trillium.job", "trillium.wire"},

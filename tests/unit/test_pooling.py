@@ -1,5 +1,5 @@
 """The embedding worker's pooling (native plan, pool, scatter behind
-services/embedding_worker/pooling.py) against the numpy + torch implementation it replaced
+trillium/pooling.py) against the numpy + torch implementation it replaced
 (pooling_reference.py): random batches, sum / mean / sequence slots, tables shared by
 slots, empty batches and samples, one to four PS shards."""
 
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trillium_native
+from trillium import pooling
 from trillium.job import FeatureSlot, TableConfig
-from trillium.services.embedding_worker import pooling
 from trillium.services.nn_worker.embeddings import embeddings_of, gradients_request
 from trillium.wire import codec
 from trillium.wire.batch import KeyedIds

@@ -119,9 +119,10 @@ class Encoder:
         self._positive = pa.array(label.positive, pa.string())
         self._negative = pa.array(label.negative, pa.string()) if label.negative is not None else None
 
-    def check(self, block: RowBlock) -> _Checked:
+    def check(self, block: RowBlock, *, labelled: bool = True) -> _Checked:
         """Parse the dense columns and the labels; find the malformed rows (a row's first problem,
-        in order: dense columns, label) and where they are."""
+        in order: dense columns, label) and where they are. Rows to predict (`labelled=False`) have
+        no label to check: every label reads 0."""
         job, table = self.job, block.table
         problems: dict[int, tuple[str, str]] = {}  # row -> (kind, reason)
         dense = np.empty((block.rows, len(job.dense)))
@@ -130,10 +131,10 @@ class Encoder:
             for row, reason in bad.items():
                 problems.setdefault(row, (DENSE_VALUE, reason))
         text = as_text(table.column(job.label.column))
-        positive = self._member(text, self._positive)
+        positive = self._member(text, self._positive) if labelled else np.zeros(block.rows, bool)
         # Without negative values, any other value is 0 (but an empty cell is no value).
         negative = present(text) & ~positive if self._negative is None else self._member(text, self._negative)
-        unknown = np.flatnonzero(~positive & ~negative)
+        unknown = np.flatnonzero(~positive & ~negative) if labelled else np.zeros(0, np.int64)
         if len(unknown):
             cells = text.take(pa.array(unknown))
             cells = cells.view(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())

@@ -30,7 +30,16 @@ import msgpack
 if TYPE_CHECKING:
     from trillium.job import JobConfig, KafkaData
 
-__all__ = ["MAX_VALUE_BYTES", "MULTI_SEP", "BadEvent", "Event", "EventReader", "EventRows"]
+__all__ = [
+    "MAX_VALUE_BYTES",
+    "MULTI_SEP",
+    "BadEvent",
+    "Event",
+    "EventReader",
+    "EventRows",
+    "scalar_text",
+    "stream_encoder_config",
+]
 
 MULTI_SEP = "\x1f"  # the ASCII unit separator: joins a list value's items into one cell
 MAX_VALUE_BYTES = 1 << 16  # a string value longer than this is no ID: the event is refused
@@ -58,7 +67,8 @@ def _at(event: Mapping[str, Any], path: str) -> Any:
     return node
 
 
-def _scalar_text(path: str, value: Any) -> str:
+def scalar_text(path: str, value: Any) -> str:
+    """A scalar field value as the text cell training hashes and parses (`BadEvent` if it cannot be one)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -74,6 +84,13 @@ def _scalar_text(path: str, value: Any) -> str:
             raise BadEvent(f"field {path!r}: the control character \\x1f in a value")
         return value
     raise BadEvent(f"field {path!r}: expected a string, number or boolean, got {type(value).__name__}")
+
+
+def stream_encoder_config(job: JobConfig) -> JobConfig:
+    """The job as its stream's encoder takes it: every slot split on `MULTI_SEP`, which joins a
+    list value's items (a string value is one ID, whatever the slot's own separator)."""
+    slots = [s.model_copy(update={"separator": MULTI_SEP}) for s in job.slots]
+    return job.model_copy(update={"slots": slots})
 
 
 class EventReader:
@@ -105,7 +122,7 @@ class EventReader:
         if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
             raise BadEvent(f"field {self.data.event_time!r} (event time): expected seconds, got {time!r}")
         path = self.data.event_key
-        key = _scalar_text(path, _at(event, path)) if path is not None else None
+        key = scalar_text(path, _at(event, path)) if path is not None else None
         return float(time), key
 
     def event(self, raw: bytes | None, *, impression: bool = True) -> Event:
@@ -118,19 +135,19 @@ class EventReader:
         for path in self.slots:
             value = _at(event, path)
             if isinstance(value, list):
-                values[path] = MULTI_SEP.join(_scalar_text(path, v) for v in value if v is not None)
+                values[path] = MULTI_SEP.join(scalar_text(path, v) for v in value if v is not None)
             else:
-                values[path] = None if value is None else _scalar_text(path, value)
+                values[path] = None if value is None else scalar_text(path, value)
         for path in self.dense:
             value = _at(event, path)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
             ):
                 raise BadEvent(f"field {path!r} (dense): expected a finite number, got {value!r}")
-            values[path] = None if value is None else _scalar_text(path, value)
+            values[path] = None if value is None else scalar_text(path, value)
         if not self.joined:
             value = _at(event, self.label)
-            values[self.label] = None if value is None else _scalar_text(self.label, value)
+            values[self.label] = None if value is None else scalar_text(self.label, value)
         return Event(values, key, time)
 
 

@@ -1,4 +1,4 @@
-"""Request body size limit for the coordinator's HTTP server."""
+"""Request body size limit for the HTTP servers of the coordinator (its API) and the serving replicas."""
 
 from __future__ import annotations
 

@@ -1,0 +1,127 @@
+"""Where checkpoints and published models are written: a directory, local or remote (any fsspec
+URL such as `s3://bucket/prefix`), whose files are written atomically (temp file, fsync,
+rename; a single put on object stores) and read back checked against the size and sha256 a
+manifest recorded for them."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+def _local(fs: Any) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def write_json_atomically(fs: Any, path: str, value: Any) -> None:
+    """A JSON document at `path` of the filesystem `fs`, all or nothing."""
+    data = json.dumps(value, indent=1).encode()
+    if _local(fs):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(Path(path), data)
+    else:
+        fs.pipe_file(path, data)  # one PUT: an object store shows all of it or nothing
+
+
+def read_json(fs: Any, path: str) -> Any | None:
+    """The JSON document at `path`, or None when there is none (ValueError if it is no JSON)."""
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    return json.loads(raw)
+
+
+class StorageDir:
+    """A directory of files, local or remote (fsspec)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.fs, self.path = fsspec.core.url_to_fs(location)
+        self.local = _local(self.fs)
+
+    def _join(self, name: str) -> str:
+        return posixpath.join(self.path, name)
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[Path]:
+        """A local path to write `name` to (atomically, by the caller); uploaded on exit when remote."""
+        if self.local:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            yield Path(self.path) / name
+            return
+        with tempfile.TemporaryDirectory(prefix="trillium-") as tmp:
+            yield Path(tmp) / name
+            self.fs.put(str(Path(tmp) / name), self._join(name))
+
+    @contextlib.contextmanager
+    def reading(self, name: str) -> Iterator[Path]:
+        """A local path holding `name` (downloaded first when remote)."""
+        if self.local:
+            yield Path(self.path) / name
+            return
+        with tempfile.TemporaryDirectory(prefix="trillium-") as tmp:
+            self.fs.get(self._join(name), str(Path(tmp) / name))
+            yield Path(tmp) / name
+
+    def write_bytes(self, name: str, data: bytes) -> tuple[int, str]:
+        """Write a small file atomically; returns its size and sha256."""
+        with self.writing(name) as path:
+            write_atomically(path, data)
+        return len(data), hashlib.sha256(data).hexdigest()
+
+    def read_checked(self, name: str, size: int, sha256: str, error: type[Exception]) -> bytes:
+        """A small file, checked against the size and sha256 recorded for it (`error` if it differs)."""
+        with self.reading(name) as path:
+            data = path.read_bytes()
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            raise error(f"{self.location}/{name}: size or sha256 differs from the manifest")
+        return data
+
+    def verify(self, name: str, size: int, sha256: str, error: type[Exception]) -> None:
+        """The file present with the recorded size and sha256 (`error` naming what differs if not)."""
+        where = f"{self.location}/{name}"
+        try:
+            found = self.fs.size(self._join(name))
+        except FileNotFoundError:
+            raise error(f"{where} is missing") from None
+        if found != size:
+            raise error(f"{where} has {found} bytes, the manifest says {size}")
+        with self.reading(name) as path:
+            if sha256_file(path) != sha256:
+                raise error(f"{where}: sha256 differs from the manifest (corrupt)")
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path, recursive=True)
