@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from trillium.cli import summarize
+from trillium.job import ADULT_COLUMNS
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.procs import free_port
 
@@ -35,8 +36,10 @@ SERVICES = [
     "nn-worker-0",
     "nn-worker-1",
     "data-loader-0",
+    "serving",
 ]
 ADULT_TRAIN_ROWS = 32_561  # examples/adult/data/adult.data
+ADULT_ROW = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States"
 # The data loader sees the repository's examples/ at /data/examples (docker-compose.yml).
 ADULT_JOB = (REPO / "examples/adult/job.yaml").read_text().replace(": data/", ": /data/examples/adult/data/")
 
@@ -47,6 +50,8 @@ class Compose:
     env_file: Path
     url: str
     token: str
+    serving_url: str
+    serving_grpc: str
 
     def run(self, *args: str, timeout_s: float = 600) -> str:
         out = subprocess.run(
@@ -95,7 +100,7 @@ def stack(tmp_path_factory) -> Compose:
     project = os.environ.get("COMPOSE_PROJECT_NAME")
     assert project, "run by `make test-compose`, which names the compose project (COMPOSE_PROJECT_NAME)"
     env_file = tmp_path_factory.mktemp("compose") / ".env"
-    token, port = secrets.token_hex(24), free_port()
+    token, port, serving_port, serving_grpc = secrets.token_hex(24), free_port(), free_port(), free_port()
     env_file.write_text(
         "".join(
             f"{k}={v}\n"
@@ -105,10 +110,19 @@ def stack(tmp_path_factory) -> Compose:
                 "TRILLIUM_KAFKA_PASSWORD": secrets.token_hex(24),
                 "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(24),
                 "TRILLIUM_API_PORT": port,
+                "TRILLIUM_SERVING_PORT": serving_port,
+                "TRILLIUM_SERVING_GRPC_PORT": serving_grpc,
             }.items()
         )
     )
-    stack = Compose(project, env_file, f"http://127.0.0.1:{port}", token)
+    stack = Compose(
+        project,
+        env_file,
+        f"http://127.0.0.1:{port}",
+        token,
+        f"http://127.0.0.1:{serving_port}",
+        f"127.0.0.1:{serving_grpc}",
+    )
     # Nothing may be pulled (this machine reaches no registry of images): every image must be here.
     config = yaml.safe_load(stack.run("config"))
     images = {s["image"] for s in config["services"].values() if not s.get("profiles")}
@@ -174,9 +188,13 @@ def test_security_is_on(stack) -> None:
         timeout=120,
     )
     assert wrong.returncode != 0 and "Authentication failed" in wrong.stderr, wrong.stderr[-2000:]
-    # Only the API is published, and only on loopback.
-    ports = {s: _docker("port", stack.container(s)).split() for s in SERVICES}
-    assert {s: p for s, p in ports.items() if p} == {"coordinator": ["8080/tcp", "->", stack.url[len("http://") :]]}
+    # Only the API and the serving replica are published, and only on loopback.
+    ports = {s: sorted(_docker("port", stack.container(s)).splitlines()) for s in SERVICES}
+    assert {s: p for s, p in ports.items() if p} == {
+        "coordinator": [f"8080/tcp -> {stack.url[len('http://') :]}"],
+        "serving": [f"50051/tcp -> {stack.serving_grpc}", f"8080/tcp -> {stack.serving_url[len('http://') :]}"],
+    }
+    assert httpx.get(f"{stack.serving_url}/v1/models").status_code == 401
 
 
 def test_adult_trains_to_the_demos_quality_through_a_crashed_ps_shard(stack) -> None:
@@ -217,6 +235,17 @@ def test_adult_trains_to_the_demos_quality_through_a_crashed_ps_shard(stack) -> 
         w["name"] == "embedding_ps-1" and w["status"] == "healthy" and w["registered_at"] > crashed_at
         for w in client.workers()
     )
+    # The model answers predictions from the serving replica, at the job's final version.
+    row = dict(zip(ADULT_COLUMNS[:-1], [c.strip() for c in ADULT_ROW.split(",")], strict=True))  # no label
+    deadline = time.monotonic() + 120
+    while True:
+        r = httpx.post(f"{stack.serving_url}/v1/models/adult-income:predict", json={"instances": [row]}, headers=auth,
+                       timeout=30)  # fmt: skip
+        if r.status_code == 200 and r.json()["version"] >= 1:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(1)
+    assert 0.0 < r.json()["predictions"][0] < 1.0
 
 
 def _crash(container: str) -> None:

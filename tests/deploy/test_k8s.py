@@ -59,11 +59,14 @@ def test_the_topology_and_its_kinds(objects) -> None:
         "embedding-worker": "Deployment",
         "nn-worker": "StatefulSet",
         "data-loader": "Deployment",
+        "serving": "Deployment",
     }
     ps = _workloads(objects)["embedding-ps"]
     assert [c["metadata"]["name"] for c in ps["spec"]["volumeClaimTemplates"]] == ["checkpoints"]
     services = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Service"}
     assert services["coordinator"]["ports"][0]["port"] == 8080
+    assert {p["name"]: p["port"] for p in services["serving"]["ports"]} == {"http": 8080, "grpc": 50051}
+    assert _workloads(objects)["serving"]["spec"]["replicas"] >= 2
     assert services["kafka"]["type"] == services["redis"]["type"] == "ExternalName"
 
 
