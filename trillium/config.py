@@ -41,14 +41,21 @@ ENV_GRPC_TLS_CA = "TRILLIUM_GRPC_TLS_CA"
 # The address peers reach this service at, when its host name is not it (a Kubernetes pod: its IP).
 ENV_ADVERTISE_HOST = "TRILLIUM_ADVERTISE_HOST"
 ENV_THREADS = "TRILLIUM_THREADS"
+# A serving replica: the one model it serves (default: every model the stack publishes), the
+# version it is pinned to at start, and what one request may ask.
+ENV_SERVING_MODEL = "TRILLIUM_SERVING_MODEL"
+ENV_SERVING_VERSION = "TRILLIUM_SERVING_VERSION"
+ENV_SERVING_MAX_BATCH = "TRILLIUM_SERVING_MAX_BATCH"
+ENV_SERVING_MAX_BODY_BYTES = "TRILLIUM_SERVING_MAX_BODY_BYTES"
 
 # A service exits with this code (EX_TEMPFAIL) to be started afresh, e.g. an NN rank leaving an
 # abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
 # and do not count it as a crash.
 EXIT_RESTART = 75
 
-Role = Literal["coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader"]
-ROLES: tuple[Role, ...] = ("coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader")
+Role = Literal["coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader", "serving"]
+# In the order a stack starts them: the coordinator first (the others register with it).
+ROLES: tuple[Role, ...] = ("coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader", "serving")
 
 
 class ConfigError(ValueError):
@@ -155,6 +162,16 @@ def default_run_dir() -> Path:
     return Path(os.environ.get(ENV_RUN_DIR, ".trillium/run")).absolute()
 
 
+# The field of a topology that counts each role's instances.
+_COUNTED_BY: dict[str, str] = {
+    "embedding_ps": "ps_shards",
+    "embedding_worker": "embedding_workers",
+    "nn_worker": "nn_ranks",
+    "data_loader": "data_loaders",
+    "serving": "serving_replicas",
+}
+
+
 class RoleCounts:
     """How many instances of each worker role: the one map from role to count, shared by the
     stack's topology (its processes) and a job's (the workers it uses, indices 0..n-1)."""
@@ -162,14 +179,9 @@ class RoleCounts:
     COORDINATORS: ClassVar[int] = 0  # a job asks for none: every stack has its one
 
     def count(self, role: Role) -> int:
-        counts = {
-            "coordinator": self.COORDINATORS,
-            "embedding_ps": self.ps_shards,  # type: ignore[attr-defined]
-            "embedding_worker": self.embedding_workers,
-            "nn_worker": self.nn_ranks,  # type: ignore[attr-defined]
-            "data_loader": self.data_loaders,
-        }  # type: ignore[attr-defined]
-        return counts[role]
+        if role == "coordinator":
+            return self.COORDINATORS
+        return getattr(self, _COUNTED_BY[role], 0)  # a job's topology has no serving replicas
 
     def workers(self) -> dict[Role, int]:
         """Role -> instances, for every role with any."""
@@ -186,6 +198,7 @@ class StackTopology(RoleCounts, BaseModel):
     embedding_workers: int = Field(1, ge=1, le=64)
     nn_ranks: int = Field(2, ge=1, le=64)
     data_loaders: int = Field(1, ge=1, le=64)
+    serving_replicas: int = Field(1, ge=0, le=16)
 
 
 class ServiceSettings(BaseModel):
@@ -219,6 +232,10 @@ class ServiceSettings(BaseModel):
         "pool (default: every core), an NN rank's torch intra-op threads (default: 1)",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    serving_model: str | None = Field(None, min_length=1, description="a serving replica's one model")
+    serving_version: int | None = Field(None, ge=1, description="the version a serving replica is pinned to")
+    serving_max_batch: int = Field(1024, ge=1, le=1 << 20, description="instances one prediction request may hold")
+    serving_max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="a prediction request's body")
 
     @field_validator("redis_url")
     @classmethod
@@ -263,6 +280,10 @@ class ServiceSettings(BaseModel):
         "run_dir": ENV_RUN_DIR,
         "advertise_host": ENV_ADVERTISE_HOST,
         "threads": ENV_THREADS,
+        "serving_model": ENV_SERVING_MODEL,
+        "serving_version": ENV_SERVING_VERSION,
+        "serving_max_batch": ENV_SERVING_MAX_BATCH,
+        "serving_max_body_bytes": ENV_SERVING_MAX_BODY_BYTES,
     }
     TLS_ENV: ClassVar[dict[str, str]] = {
         "cert_file": ENV_GRPC_TLS_CERT,

@@ -3,6 +3,7 @@ staleness, embedding tables and checkpoints. Every route needs the bearer token.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from trillium.job import JobConfig
 from trillium.job.record import ACTIVE, IllegalTransition, JobRecord
 from trillium.runtime.progress import JobProgress
+from trillium.wire import state
 
 from .checkpoints import CheckpointInfo
 from .jobs import CheckpointRequested, JobNotFound, lost_workers
@@ -81,10 +83,25 @@ class JobView(BaseModel):
     lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
     last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
     checkpoint_in_progress: bool
+    publish_failures: list[str] = Field(
+        default_factory=list,
+        description="model versions abandoned (the latest), and why; `job.published` is the newest",
+    )
     progressive: ProgressiveView
     stream: StreamView | None = Field(
         description="a stream's input (data.source: kafka): lag per partition, dead letters, the joiner's counts"
     )
+
+
+class ModelEntry(BaseModel):
+    """A published model, as the registry has it: serving replicas find its versions there."""
+
+    model: str
+    dir: str = Field(description="the model store its versions are in")
+    topic: str = Field(description="where its versions are announced")
+    version: int = Field(description="the newest version")
+    job_id: str = Field(description="the job that published it")
+    updated_at: float
 
 
 class SeriesPoint(BaseModel):
@@ -209,6 +226,14 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         """Forget a worker (it registers again with its next heartbeat if it still runs)."""
         if not await coord.registry.deregister(name):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered")
+
+    # ---- models
+    @v1.get("/models", response_model=list[ModelEntry], tags=["models"])
+    async def list_models() -> list[ModelEntry]:
+        """Every model the stack's jobs have published: where its versions are, the newest, its job.
+        Predictions come from the serving replicas (`trillium status` lists them)."""
+        entries = await coord.redis.hgetall(state.MODELS)
+        return [ModelEntry(model=name, **json.loads(entry)) for name, entry in sorted(entries.items())]
 
     # ---- jobs
     @v1.post(
@@ -408,6 +433,7 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
         lost_workers=await lost_workers(coord.registry, job),
         last_checkpoint=await coord.checkpointer.latest(job),
         checkpoint_in_progress=coord.checkpointer.busy(job.id),
+        publish_failures=coord.publisher.failures(job),
         progressive=await progressive_view(coord.redis, job),
         stream=await stream_view(coord.registry, job),
     )

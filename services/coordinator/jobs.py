@@ -43,6 +43,7 @@ from trillium.job.record import (
     extend_lineage,
 )
 from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
+from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.runtime.progress import JobProgress
 from trillium.wire import kafka, state
 
@@ -324,6 +325,11 @@ class JobStore:
         if job.topics.dlq is not None:
             topics[job.topics.dlq] = 1
         await kafka.ensure_topics(self.kafka, topics, {"retention.ms": "-1"})
+        models = ModelStore.of(job.config, self.run_dir)
+        if models is not None:  # the model's notices: they only say what the store holds, a day of them
+            await kafka.ensure_topics(
+                self.kafka, {model_topic(models.model): 1}, {"retention.ms": str(24 * 3600 * 1000)}
+            )
 
     async def delete(self, job_id: str) -> JobRecord:
         """Forget a finished, failed or stopped job: every key it has in Redis and its Kafka
@@ -352,6 +358,15 @@ class JobStore:
         await JobProgress(self.redis, job_id).delete()
         await kafka.delete_topics(self.kafka, [t for t in job.topics.model_dump().values() if t is not None])
         return job
+
+    async def request_publish(self, job_id: str) -> None:
+        """Ask a running job for a model version (the ranks cut at the step after they agree on it)."""
+
+        def ask(job: JobRecord) -> None:
+            if job.state == "running" and job.config.publish is not None:
+                job.publish_seq += 1
+
+        await self.update(job_id, ask)
 
     async def request_checkpoint(self, job_id: str) -> CheckpointRequested:
         def ask(job: JobRecord) -> None:

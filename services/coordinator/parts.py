@@ -12,6 +12,7 @@ from trillium.wire.state import aioredis
 from .checkpoints import Checkpointer
 from .jobs import JobStore
 from .observe import Observer
+from .publish import Publisher
 from .registry import WorkerRegistry
 
 
@@ -21,5 +22,6 @@ class CoordinatorParts(Protocol):
     jobs: JobStore
     observer: Observer
     checkpointer: Checkpointer
+    publisher: Publisher
 
     def require_token(self, creds: HTTPAuthorizationCredentials | None) -> None: ...

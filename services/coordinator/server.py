@@ -12,14 +12,15 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
+from trillium.runtime.limits import BodyLimit
 from trillium.runtime.service import Service, run_service
 from trillium.wire import state
 
 from .api import add_api
 from .checkpoints import Checkpointer
 from .jobs import JobStore, advance
-from .limits import BodyLimit
 from .observe import Observer
+from .publish import Publisher
 from .registry import WorkerRegistry
 
 logger = logging.getLogger("trillium.coordinator")
@@ -53,6 +54,8 @@ class Coordinator(Service):
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
         self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
         self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.settings.token)
+        self.publisher = Publisher(self.jobs, self.registry, self.settings.kafka, self.settings.run_dir,
+                                   self.settings.token)  # fmt: skip
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [
             asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
@@ -60,8 +63,12 @@ class Coordinator(Service):
         ]
 
     async def _advance(self) -> None:
-        await advance(self.jobs, self.registry, self.checkpointer.busy)
-        await self.checkpointer.tick(await self.jobs.current())
+        # A job finishes once its last checkpoint and its last model version are written.
+        await advance(self.jobs, self.registry, lambda job_id: self.checkpointer.busy(job_id) or
+                      self.publisher.busy(job_id))  # fmt: skip
+        job = await self.jobs.current()
+        await self.checkpointer.tick(job)
+        await self.publisher.tick(job)
 
     async def _observe(self) -> None:
         await self.observer.tick(await self.jobs.current())
@@ -74,6 +81,7 @@ class Coordinator(Service):
         if hasattr(self, "observer"):
             await self.observer.close()
             await self.checkpointer.close()
+            await self.publisher.close()
         if hasattr(self, "redis"):
             await self.redis.aclose()
 

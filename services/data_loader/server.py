@@ -143,8 +143,9 @@ class DataLoader(Service):
             reporter = Quarantine("train", quarantine_path) if self.settings.index == 0 else None
             self._position.stats = await asyncio.to_thread(dense_stats, config, quarantine=reporter)
         self.counts = {"train_batches": 0, "train_samples": 0, "eval_batches": 0, "eval_samples": 0}
-        self.set_job_phase("ready")
         progress = JobProgress(self.redis, job.id)
+        await progress.set_dense_stats(self.settings.index, self._position.stats)  # what a model version takes
+        self.set_job_phase("ready")
         if self._position.phase == "eval":
             await self._produce(self._eval_records(job, share, quarantine_path), "eval")
             self._position = LoaderPosition(

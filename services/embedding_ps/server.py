@@ -40,12 +40,15 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ps_file,
 )
+from trillium.runtime.model_store import ExportRequest, ModelStore
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, describe_error, run_service
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import GradientUpdate
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
+
+from .export import Exporter
 
 logger = logging.getLogger("trillium.embedding_ps")
 
@@ -74,7 +77,9 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
                 )
             rows, start = [], 0
             for table, n in zip(request.tables, request.counts, strict=True):
-                rows.append(store.lookup(table, ids[start : start + n], out_dtype=out_dtype))
+                rows.append(
+                    store.lookup(table, ids[start : start + n], create=not request.read_only, out_dtype=out_dtype)
+                )
                 start += n
             flat = np.concatenate([r.ravel() for r in rows]) if rows else np.zeros(0, out_dtype)
             return flat, [r.shape[1] for r in rows]
@@ -114,6 +119,7 @@ class EmbeddingPS(Service):
         self._applied: dict[int, int] = {}  # rank -> last step applied
         self._position = 0  # the gradients record to apply next
         self._captures: dict[int, CaptureResult] = {}  # this attempt's, by step
+        self._exporter: Exporter | None = None  # this attempt's model exports, when the job publishes
         # Where the latest captures stood, by (attempt, step): a delta's starting points.
         self._marks: dict[tuple[int, int], trillium_native.CaptureMark] = {}
 
@@ -197,6 +203,8 @@ class EmbeddingPS(Service):
         self._applied = {rank: last_step for rank in range(ranks)}
         self._captures = {}
         self._marks = {}
+        models = ModelStore.of(config, self.settings.run_dir)
+        self._exporter = Exporter(shard, models, self.report_model_part) if models is not None else None
         self.store = store
         progress = JobProgress(self.redis, job.id, job.attempt)
         await progress.set_applied_all(shard, ranks, last_step)
@@ -206,7 +214,7 @@ class EmbeddingPS(Service):
         await consumer.start()
         consumer.seek(partition, self._position)
         # A step's updates, by rank, until every rank's has arrived (see _apply_step).
-        pending: dict[int, dict[int, tuple[GradientUpdate, int]]] = {}
+        pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
         self.set_job_phase("ready")
         lag = GRADIENT_LAG.labels(str(shard))
         loop = asyncio.get_running_loop()
@@ -220,7 +228,8 @@ class EmbeddingPS(Service):
                     update = codec.decode_gradients(record.value)
                     # Ranks step in lock-step, so a rank's batch_id // nn_ranks is its step.
                     step = update.batch_id // ranks
-                    pending.setdefault(step, {})[update.rank] = (update, record.offset)
+                    publish = kafka.publishes(record.headers)
+                    pending.setdefault(step, {})[update.rank] = (update, record.offset, publish)
                     while (first := min(pending, default=None)) is not None and len(pending[first]) == ranks:
                         await self._apply_step(store, first, pending.pop(first), progress)
                 # Offsets and lag are bookkeeping, not on the training path: twice a second.
@@ -232,6 +241,26 @@ class EmbeddingPS(Service):
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    async def export(self, request: ExportRequest) -> None:
+        job, store = self.job, self.store
+        assert job is not None and store is not None
+        if self._exporter is None:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} publishes nothing")
+        async with self._apply_lock:
+            off = {rank: step for rank, step in self._applied.items() if step != request.step}
+            if off:
+                raise HTTPException(status.HTTP_409_CONFLICT,
+                                    f"{self.name} is not at step {request.step}: last applied {off}")  # fmt: skip
+            await self._export(store, request.step)
+
+    async def _export(self, store: trillium_native.EmbeddingStore, step: int) -> None:
+        """Capture the cut after `step` (the caller holds gradient application) and write it meanwhile."""
+        job, exporter = self.job, self._exporter
+        assert job is not None and exporter is not None
+        captured = await asyncio.to_thread(exporter.capture, store, job, step)
+        if captured is not None:
+            exporter.write(job, step, captured)
 
     async def capture(self, request: CaptureRequest) -> CaptureResult:
         if request.step in self._captures:
@@ -299,19 +328,22 @@ class EmbeddingPS(Service):
         self,
         store: trillium_native.EmbeddingStore,
         step: int,
-        updates: dict[int, tuple[GradientUpdate, int]],
+        updates: dict[int, tuple[GradientUpdate, int, bool]],
         progress: JobProgress,
     ) -> None:
         """Apply one step's gradients of every rank as one optimizer update per table, their
         sum taken in rank order: a synchronous step is one update with the step's whole gradient
         (as one process training the ranks' batches together would), and it is the same update
-        however the ranks' messages interleaved — synchronous training is repeatable."""
+        however the ranks' messages interleaved — synchronous training is repeatable. A step the
+        ranks flagged as a publish cut is exported right after it, before the next is applied."""
         ordered = [updates[rank][0] for rank in sorted(updates)]
         async with self._apply_lock:
             rows = await asyncio.to_thread(self._apply, store, ordered)
             for rank in updates:
                 self._applied[rank] = step
-            self._position = max(offset for _, offset in updates.values()) + 1
+            self._position = max(offset for _, offset, _ in updates.values()) + 1
+            if self._exporter is not None and any(publish for _, _, publish in updates.values()):
+                await self._export(store, step)
         ROWS_APPLIED.labels(str(self.settings.index)).inc(rows)
         self.applied_messages += len(updates)
         await progress.set_applied_all(self.settings.index, len(updates), step)

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 from prometheus_client import Histogram
 
+from trillium import pooling
 from trillium.job.record import JobRecord
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
@@ -27,8 +28,6 @@ from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import EmbeddingRef, GradientUpdate
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
-
-from . import pooling
 
 logger = logging.getLogger("trillium.embedding_worker")
 
@@ -86,10 +85,14 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         except codec.CodecError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         config = ctx.job.config
-        staleness = await self.worker.wait_for_staleness(ctx, batch.batch_id) if request.training else 0
+        if request.training:
+            staleness = await self.worker.wait_for_staleness(ctx, batch.batch_id)
+        else:  # evaluation reads the tables as the steps before it left them, and changes nothing
+            staleness = 0
+            await ctx.watermark.wait_applied(request.applied)
         plan = pooling.plan(ctx.layout, batch.ids)
         try:
-            rows = await self.worker.lookup_rows(ctx, plan)
+            rows = await self.worker.lookup_rows(ctx, plan, evaluation=not request.training)
         except ShardUnavailable as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         pooled = pooling.pool(plan, rows, fp16=request.fp16)
@@ -144,7 +147,7 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
                 )
             except (ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
-            sent = await self.worker.produce_gradients(ctx, ref, plan, grads)
+            sent = await self.worker.produce_gradients(ctx, ref, plan, grads, publish=request.publish)
         return pb.PushGradientsResponse(messages=sent)
 
 
@@ -202,8 +205,15 @@ class EmbeddingWorker(Service):
         await ctx.progress.record_staleness(batch_id % topo.nn_ranks, staleness)
         return staleness
 
-    async def lookup_rows(self, ctx: _JobContext, plan: pooling.BatchPlan) -> dict[str, np.ndarray]:
-        """Each table's rows for its unique IDs, fetched from all owning shards in parallel."""
+    async def lookup_rows(
+        self, ctx: _JobContext, plan: pooling.BatchPlan, *, evaluation: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Each table's rows for its unique IDs, fetched from all owning shards in parallel. An
+        evaluation's lookups are read-only (an unknown ID reads as zeros, as a not-yet-admitted one
+        does in training, and no row is created) and their rows come as a model version serves them
+        (`publish.dtype`): the job's evaluation measures what replicas answer."""
+        publish = ctx.job.config.publish
+        row_dtype = "float16" if evaluation and publish is not None and publish.dtype == "fp16" else "float32"
         dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
         rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
         requests, asked = [], {}
@@ -212,6 +222,8 @@ class EmbeddingWorker(Service):
             asked[shard] = [(t, len(i)) for t, i in ids.items() if len(i)]
             if asked[shard]:
                 request = pb.ShardLookupRequest(
+                    read_only=evaluation,
+                    row_dtype=row_dtype,
                     tables=[t for t, _ in asked[shard]],
                     counts=[n for _, n in asked[shard]],
                     ids=pb.Array(data=codec.pack_array(np.concatenate([ids[t] for t, _ in asked[shard]]))),
@@ -243,9 +255,15 @@ class EmbeddingWorker(Service):
         return rows
 
     async def produce_gradients(
-        self, ctx: _JobContext, ref: EmbeddingRef, plan: pooling.BatchPlan, grads: dict[str, np.ndarray]
+        self,
+        ctx: _JobContext,
+        ref: EmbeddingRef,
+        plan: pooling.BatchPlan,
+        grads: dict[str, np.ndarray],
+        publish: bool = False,
     ) -> int:
-        """One message per shard — empty ones too: they advance that shard's watermark."""
+        """One message per shard — empty ones too: they advance that shard's watermark (and, at a
+        publish cut, carry the cut to it in step order)."""
         topic = ctx.job.topics.gradients
         deliveries = []
         for shard in range(len(ctx.ps)):
@@ -257,7 +275,7 @@ class EmbeddingWorker(Service):
                     codec.encode_gradients(update),
                     partition=shard,
                     key=str(ref.rank).encode(),
-                    headers=kafka.headers(ref.attempt),
+                    headers=kafka.headers(ref.attempt, publish=publish),
                 )
             )
         await asyncio.gather(*deliveries)  # acks=all: the updates are durable before we answer

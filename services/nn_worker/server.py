@@ -41,8 +41,11 @@ from torch.nn.parallel import DistributedDataParallel
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest, rank_file
+from trillium.runtime.model_store import DENSE as MODEL_DENSE
+from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, describe_error, run_service
+from trillium.runtime.storage import StorageDir
 from trillium.train import progressive_validation
 from trillium.wire import codec, rpc, state
 from trillium.wire.pb import embedding_pb2 as pb
@@ -74,6 +77,8 @@ class RankState:
     epoch: int = 0  # the epoch in progress (== epochs once every epoch is trained)
     position: int = 0  # the next samples record to read
     seq: int = 0  # the last checkpoint request served
+    publish_seq: int = 0  # the last model version request served
+    event_time: float | None = None  # the newest event time of a sample trained (streams)
     last_cut: int = -1  # the step of the last cut
     trained: int = 0
     loss_sum: float = 0.0
@@ -103,6 +108,7 @@ class _Attempt:
     next_scores: float = 0.0
     pusher: GradientPusher | None = None
     writes: list[asyncio.Task[None]] = field(default_factory=list)
+    published: set[int] = field(default_factory=set)  # steps whose dense weights rank 0 wrote for a version
     timing: dict[str, float] = field(default_factory=lambda: {"lookup_wait": 0.0, "step": 0.0, "cut": 0.0})
 
 
@@ -242,8 +248,9 @@ class NNWorker(Service):
             self.set_job_phase("ready")
             await self.wait_until_running()
             await self._train(run)
-            labels, probs = await evaluate.score(self._eval_feed(run), self._scorer(run))
-            gathered = await self._gather(run, (labels, probs))
+            gathered = await self._gather(run, await evaluate.score(self._eval_feed(run), self._scorer(run)))
+            if rank == 0 and run.state.step > 0:
+                await self._save_predictions(run, run.state.step - 1, gathered)
             await asyncio.gather(*run.writes)
             s = run.state
             result: dict[str, Any] = {
@@ -284,6 +291,7 @@ class NNWorker(Service):
                 batch=raw,
                 training=False,  # noqa: E731
                 attempt=job.attempt,
+                applied=run.state.step,  # the tables as every step trained left them
             )
         )
         return Feed(
@@ -318,7 +326,7 @@ class NNWorker(Service):
         """Train the epochs left; cut for checkpoints on the way and after the last step."""
         job, s = run.job, run.state
         rank = self.settings.index
-        checkpoint = job.config.checkpoint
+        checkpoint, publish = job.config.checkpoint, job.config.publish
         lookup = lambda raw: run.stub.LookupBatch(
             pb.BatchLookupRequest(
                 batch=raw,
@@ -352,37 +360,40 @@ class NNWorker(Service):
                     continue
                 batch = codec.decode_batch(item.raw)
                 if control is None:
-                    control = await self._torch(
-                        run, run.trainer.control, self.job_is("paused"), self.job.checkpoint_seq
-                    )
+                    control = await self._torch(run, run.trainer.control, *self._heard())
                 if control.paused:
                     await self._report_progress(run)  # the job view shows where it holds
                 while control.paused:
                     if control.seq > s.seq and s.step > 0:
                         await self._cut(run, "request", control.seq)
                     await asyncio.sleep(0.2)
-                    control = await self._torch(
-                        run, run.trainer.control, self.job_is("paused"), self.job.checkpoint_seq
-                    )
+                    control = await self._torch(run, run.trainer.control, *self._heard())
                 t0 = clock()
                 response = await item.lookup
                 t1 = clock()
                 STALENESS.labels(str(rank)).set(response.staleness)
-                result = await self._torch(
-                    run,
-                    run.trainer.step,
-                    batch,
-                    embeddings_of(response),
-                    self.job_is("paused"),
-                    self.job.checkpoint_seq,
-                )
+                result = await self._torch(run, run.trainer.step, batch, embeddings_of(response), *self._heard())
                 loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
                 run.scores.add(batch.labels, probs, batch.event_times)
-                if batch.event_times is not None:  # how long after its event a sample is trained
+                if batch.event_times is not None and len(batch.event_times):  # how long after its event
                     run.delays.extend(time.time() - batch.event_times[batch.labels > 0.5])
+                    s.event_time = max(s.event_time or 0.0, float(batch.event_times.max()))
                 run.timing["lookup_wait"] += t1 - t0
                 run.timing["step"] += clock() - t1
-                run.pusher.put(gradients_request(response, grads))
+                # Cuts after this step, decided before its gradients leave: a publish cut rides on them.
+                cut = None
+                if checkpoint is not None and control.seq > s.seq:
+                    cut = ("request", control.seq)
+                elif checkpoint is not None and checkpoint.every_steps and (s.step + 1) % checkpoint.every_steps == 0:
+                    cut = ("schedule", s.seq)
+                published = None
+                if publish is not None and control.publish > s.publish_seq:
+                    published = "schedule"
+                elif publish is not None and cut is not None and publish.at_checkpoints:
+                    published = "checkpoint"
+                push = gradients_request(response, grads)
+                push.publish = published is not None
+                run.pusher.put(push)
                 s.step += 1
                 s.position = item.offset + 1
                 s.trained += batch.batch_size
@@ -398,19 +409,64 @@ class NNWorker(Service):
                 if loop.time() >= next_report:
                     await self._report_progress(run)
                     next_report = loop.time() + PROGRESS_EVERY_S
-                if checkpoint is not None:
-                    if control.seq > s.seq:
-                        await self._cut(run, "request", control.seq)
-                    elif checkpoint.every_steps and s.step % checkpoint.every_steps == 0:
-                        await self._cut(run, "schedule", s.seq)
+                if published is not None:
+                    s.publish_seq = max(s.publish_seq, control.publish)
+                    await self._publish_cut(run, published)
+                if cut is not None:
+                    await self._cut(run, *cut)
             if checkpoint is not None and s.step > 0 and s.last_cut != s.step - 1:
                 await self._cut(run, "final", s.seq)
             await run.pusher.join()  # every gradient handed over before evaluation reads the tables
+            if publish is not None and s.step > 0:
+                await self._publish_cut(run, "final")
         finally:
             s.train_seconds += clock() - started
             await feed.stop()
             await run.pusher.stop()
         await self._report_progress(run)
+
+    def _heard(self) -> tuple[bool, int, int]:
+        """What this rank tells the others in its control words: paused, and the newest checkpoint
+        and model version requests."""
+        job = self.job
+        assert job is not None
+        return self.job_is("paused"), job.checkpoint_seq, job.publish_seq
+
+    async def _publish_cut(self, run: _Attempt, reason: str) -> None:
+        """Say that this rank has passed a publish cut after the last step trained (without holding:
+        services/coordinator/publish.py); rank 0 writes the dense weights of the version meanwhile."""
+        job, s = run.job, run.state
+        step = s.step - 1
+        self.report_publish_cut(PublishCut(attempt=job.attempt, step=step, epoch=s.epoch, at=time.time(),
+                                           reason=reason, event_time=s.event_time))  # fmt: skip
+        if self.settings.index == 0 and step not in run.published:
+            run.published.add(step)
+            weights = await self._torch(run, run.trainer.dense_weights)
+            run.writes.append(asyncio.create_task(self._write_dense(step, weights)))
+
+    def _model_parts(self, step: int) -> StorageDir:
+        job = self.job
+        assert job is not None
+        store = ModelStore.of(job.config, self.settings.run_dir)
+        assert store is not None
+        return store.parts(parts_name(job.id, job.attempt, step))
+
+    async def _write_dense(self, step: int, weights: bytes) -> None:
+        try:
+            size, sha = await asyncio.to_thread(self._model_parts(step).write_bytes, MODEL_DENSE, weights)
+            self.report_model_part(ModelPart(step=step, files=[VersionFile(name=MODEL_DENSE, bytes=size, sha256=sha)]))
+        except Exception as err:  # noqa: BLE001 (the version is abandoned, not the job)
+            logger.exception("writing the dense weights failed", extra={"step": step})
+            self.report_model_part(ModelPart(step=step, error=describe_error(err)))
+
+    async def _save_predictions(self, run: _Attempt, step: int, gathered: list[evaluate.Scored]) -> None:
+        """The job's predictions for its test split at this cut, beside the cut's model files (rank 0)."""
+        if run.job.config.publish is None:
+            return
+        try:
+            await asyncio.to_thread(self._model_parts(step).write_bytes, EVAL, evaluate.in_batch_order(gathered))
+        except Exception:  # noqa: BLE001 (the evaluation stands; only its saved predictions are missing)
+            logger.exception("saving the predictions failed", extra={"step": step})
 
     async def _cut(self, run: _Attempt, reason: str, seq: int) -> None:
         """Hold at a checkpoint cut after the last step trained, until the coordinator releases us."""
@@ -452,7 +508,9 @@ class NNWorker(Service):
         if release.evaluate:
             scores = await evaluate.score(self._eval_feed(run), self._scorer(run))
             gathered = await self._gather(run, scores)
-            metrics = evaluate.summarize(gathered) if rank == 0 else None
+            if rank == 0:
+                metrics = evaluate.summarize(gathered)
+                await self._save_predictions(run, step, gathered)
         run.writes.append(asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics)))
 
     async def _write_part(

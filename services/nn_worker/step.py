@@ -11,9 +11,9 @@ mean loss over the whole step. The embedding gradients are divided by the same S
 this is plain mean-loss SGD, which the golden test compares against a single-process reference.
 
 Control words ride on that all-reduce: each rank's batch size, whether it has heard the job is
-paused, and the newest checkpoint request it has heard of. Every rank reads the same sums after
-the step, so all agree, at no collective of their own, on the step's sample count and on holding
-or cutting before the next step. Only while holding do the ranks all-reduce control words alone.
+paused, and the newest checkpoint and model version requests it has heard of. Every rank reads
+the same sums after the step, so all agree, at no collective of their own, on the step's sample
+count, on holding or cutting before the next step, and on publishing a version cut after it. Only while holding do the ranks all-reduce control words alone.
 
 Every call into torch runs on the rank's one torch thread (`Trainer.thread`): collectives are
 issued in one order, and the thread's current CUDA device is this rank's.
@@ -35,11 +35,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trillium.models import logits
 from trillium.wire.batch import Batch
 
 logger = logging.getLogger("trillium.nn_worker")
 
 ENV_DEVICE = "TRILLIUM_DEVICE"  # cpu, cuda or cuda:N: overrides the automatic choice
+# A rank's control words: its batch size, paused, the checkpoint and the model version requests
+# it has heard of. They travel in the gradients' dtype: exact integers below 2**24 in float32.
+WORDS = 4
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,14 @@ class Control:
     samples: int  # in the step, over all ranks (0 outside a step)
     paused: bool  # some rank has heard the job is paused
     seq: int  # the highest checkpoint request any rank has heard of
+    publish: int  # the highest model version request any rank has heard of
 
     @classmethod
     def of(cls, table: torch.Tensor) -> Control:
-        """From the all-reduced [R, 3] table whose row r was rank r's words (the others' zeros)."""
+        """From the all-reduced [R, WORDS] table whose row r was rank r's words (the others' zeros)."""
         words = table.to(torch.int64)
-        return cls(samples=int(words[:, 0].sum()), paused=bool(words[:, 1].any()), seq=int(words[:, 2].max()))
+        return cls(samples=int(words[:, 0].sum()), paused=bool(words[:, 1].any()), seq=int(words[:, 2].max()),
+                   publish=int(words[:, 3].max()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -162,27 +168,30 @@ class Trainer:
         odd = {p.dtype for p in self.model.parameters() if p.requires_grad} - {torch.float32, torch.float64}
         if odd:  # the control words travel in the gradients' dtype, and must stay exact integers
             raise ValueError(f"the model's trained parameters must be float32 or float64, not {sorted(map(str, odd))}")
-        self._words: torch.Tensor | None = None  # this step's [R * 3] control words (row `rank` ours)
-        self._agreed: torch.Tensor | None = None  # their all-reduced [R, 3] table
+        self._words: torch.Tensor | None = None  # this step's [R * WORDS] control words (row `rank` ours)
+        self._agreed: torch.Tensor | None = None  # their all-reduced [R, WORDS] table
         self._samples: torch.Tensor | None = None  # the step's sample count (at least 1), on the device
         ddp.register_comm_hook(self, Trainer._reduce)
 
-    def control(self, paused: bool, seq: int) -> Control:
+    def control(self, paused: bool, seq: int, publish: int = 0) -> Control:
         """The ranks' agreement outside a step (before the first, and while they hold): row r of a
-        [R, 3] table is rank r's words; a sum all-reduce gives every rank all of them."""
-        table = torch.zeros((self.world, 3), dtype=torch.int64)
-        table[self.rank] = torch.tensor([0, int(paused), seq])
+        [R, WORDS] table is rank r's words; a sum all-reduce gives every rank all of them."""
+        table = torch.zeros((self.world, WORDS), dtype=torch.int64)
+        table[self.rank] = torch.tensor([0, int(paused), seq, publish])
         dist.all_reduce(table, group=self.control_group)
         return Control.of(table)
 
-    def step(self, batch: Batch, embeddings: list[np.ndarray], paused: bool = False, seq: int = 0) -> StepResult:
-        """One synchronous step, telling the other ranks what this one has heard (`paused`, `seq`).
+    def step(
+        self, batch: Batch, embeddings: list[np.ndarray], paused: bool = False, seq: int = 0, publish: int = 0
+    ) -> StepResult:
+        """One synchronous step, telling the other ranks what this one has heard (`paused`, the
+        checkpoint request `seq`, the model version request `publish`).
 
         The loss comes back with the gradients, which the caller needs every step anyway: reading
         it costs no synchronization of its own.
         """
         dense, labels, leaves, embs = self._inputs(
-            batch.dense, batch.labels, embeddings, grad=True, words=(batch.batch_size, int(paused), seq)
+            batch.dense, batch.labels, embeddings, grad=True, words=(batch.batch_size, int(paused), seq, publish)
         )
         logits = self._forward(self.ddp, dense, embs)
         loss_sum = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
@@ -212,7 +221,7 @@ class Trainer:
 
         def finish(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out = done.value()[0]
-            self._agreed = out[grads.numel() :].view(self.world, 3)
+            self._agreed = out[grads.numel() :].view(self.world, WORDS)
             self._samples = self._agreed[:, 0].sum().clamp(min=1)
             return out[: grads.numel()].div_(self._samples)
 
@@ -256,12 +265,12 @@ class Trainer:
         labels: np.ndarray,
         embeddings: list[np.ndarray],
         grad: bool,
-        words: tuple[int, int, int] | None = None,
+        words: tuple[int, int, int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """On the device: dense [B, num_dense], labels [B], the leaves whose `.grad` are the
         embedding gradients, and embeddings[f] as the model takes them; `words` (this rank's
         control words) become `self._words`, in the same copy on CUDA."""
-        table = np.zeros((self.world, 3), np.float32)
+        table = np.zeros((self.world, WORDS), np.float32)
         if words is not None:
             table[self.rank] = words
         if self.staging is None:  # the CPU: tensors share the arrays' memory
@@ -283,10 +292,7 @@ class Trainer:
         return flat[: dense.size].view(dense.shape), flat[dense.size : head], [leaf], embs
 
     def _forward(self, model: torch.nn.Module, dense: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:
-        """Logits [B] in fp32: with bf16 the model runs under autocast, the loss outside it."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits = model(dense, embs)
-        return logits.float()
+        return logits(model, dense, embs, self.bf16)
 
     def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors on the host: from CUDA one non-blocking copy each into pinned memory (from
@@ -306,6 +312,13 @@ class Trainer:
         }
         buffer = io.BytesIO()
         torch.save(state, buffer)
+        return buffer.getvalue()
+
+    def dense_weights(self) -> bytes:
+        """The model's weights alone as `torch.save` bytes of its state_dict (a model version's
+        `dense.pt`: serving needs no optimizer state)."""
+        buffer = io.BytesIO()
+        torch.save({"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}}, buffer)
         return buffer.getvalue()
 
     def load_dense(self, data: bytes) -> None:

@@ -72,6 +72,6 @@ async def test_scoring_stops_its_feed_however_it_ends(fail: bool) -> None:
         with pytest.raises(RuntimeError, match="feed died"):
             await score(feed, scores)  # type: ignore[arg-type]
     else:
-        labels, probs = await score(feed, scores)  # type: ignore[arg-type]
-        assert len(labels) == len(probs) == 0
+        scored = await score(feed, scores)  # type: ignore[arg-type]
+        assert len(scored.labels) == len(scored.probs) == len(scored.batch_ids) == 0
     assert feed.stopped

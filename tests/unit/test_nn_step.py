@@ -87,9 +87,9 @@ def test_a_step_gives_the_plain_computations_bits(staged: bool) -> None:
     rng = np.random.default_rng(7)
     for size in (16, 40, 9):  # the staging buffer grows, then a smaller batch reuses it
         batch, embeddings = make_batch(rng, size)
-        result = trainer.step(batch, [e.copy() for e in embeddings], paused=size == 40, seq=size)
+        result = trainer.step(batch, [e.copy() for e in embeddings], paused=size == 40, seq=size, publish=size + 1)
         loss, grads, probs = result.loss_sum, result.grads, result.probs
-        assert result.control == Control(samples=size, paused=size == 40, seq=size)
+        assert result.control == Control(samples=size, paused=size == 40, seq=size, publish=size + 1)
         want_loss, want_grads, want_probs = plain_step(plain, optimizer, batch, embeddings)
         assert loss == want_loss
         assert all(g.shape == w.shape and np.array_equal(g, w) for g, w in zip(grads, want_grads, strict=True))
@@ -138,8 +138,8 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         trainer, _, _ = make_trainer(world=2, rank=rank)  # both ranks start from the same seed's weights
-        result = trainer.step(batches[rank], embeddings[rank], paused=rank == 1, seq=3 + rank)
-        held = trainer.control(paused=rank == 0, seq=rank)  # outside a step: a collective of its own
+        result = trainer.step(batches[rank], embeddings[rank], paused=rank == 1, seq=3 + rank, publish=7 - rank)
+        held = trainer.control(paused=rank == 0, seq=rank, publish=2 * rank)  # outside a step: its own collective
         results.put(
             (
                 rank,
@@ -178,8 +178,8 @@ def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_contro
     assert got[0][0] + got[1][0] == pytest.approx(want_loss, rel=1e-6)
     for rank, rows in ((0, slice(0, 24)), (1, slice(24, 64))):
         loss, grads, control, held, params = got[rank]
-        assert control == Control(samples=64, paused=True, seq=4)  # a sum, any, a max over the ranks
-        assert held == Control(samples=0, paused=True, seq=1)
+        assert control == Control(samples=64, paused=True, seq=4, publish=7)  # a sum, any, maxima over the ranks
+        assert held == Control(samples=0, paused=True, seq=1, publish=2)
         for g, w in zip(grads, want_grads, strict=True):
             np.testing.assert_allclose(g, w[rows], rtol=1e-5, atol=1e-7)
         for mine, theirs in zip(params, plain.parameters(), strict=True):

@@ -22,6 +22,7 @@ def up(
     embedding_workers: Annotated[int, typer.Option(min=1)] = 1,
     nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
     data_loaders: Annotated[int, typer.Option(min=1)] = 1,
+    serving_replicas: Annotated[int, typer.Option(min=0, help="replicas serving the published models")] = 1,
 ) -> None:
     """Start Kafka, Redis and the services in the background; returns once all are healthy.
 
@@ -29,7 +30,11 @@ def up(
     rd = run_dir_of(run_dir)
     new_token = not (rd / "token").exists()
     topology = StackTopology(
-        ps_shards=ps_shards, embedding_workers=embedding_workers, nn_ranks=nn_ranks, data_loaders=data_loaders
+        ps_shards=ps_shards,
+        embedding_workers=embedding_workers,
+        nn_ranks=nn_ranks,
+        data_loaders=data_loaders,
+        serving_replicas=serving_replicas,
     )
     with console.status("starting the stack…"):
         try:
@@ -41,6 +46,8 @@ def up(
         f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
         f"  coordinator {st['coordinator_url']}"
     )
+    for replica in stack.status(rd).get("serving", []):
+        console.print(f"  serving   {replica['url']}  grpc {replica['grpc']}")
     if new_token:
         console.print(f"  API token (written to {st['token_file']}, mode 600): {stack.read_token(rd)}")
 

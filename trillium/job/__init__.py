@@ -40,6 +40,7 @@ from .schema import (
     JobConfig,
     LabelConfig,
     ModelSpec,
+    PublishConfig,
     TopologyConfig,
     TrainingConfig,
     read_job,
@@ -62,6 +63,6 @@ __all__ = [
     "AdmissionOff", "AdmissionProbability", "AdmissionThreshold", "AdultData", "CheckpointConfig", "ColumnSplit",
     "CriteoData", "CsvData", "DataConfig", "DenseAdagrad", "DenseAdam", "DenseColumn", "DenseOptimizerConfig",
     "DenseSgd", "EmbeddingOptimizerConfig", "FeatureSlot", "FractionSplit", "FtrlConfig", "InitFrom", "JobConfig",
-    "JoinConfig", "KafkaData", "LabelConfig", "ModelSpec", "ParquetData", "SgdConfig", "SplitPolicy",
+    "JoinConfig", "KafkaData", "LabelConfig", "ModelSpec", "ParquetData", "PublishConfig", "SgdConfig", "SplitPolicy",
     "SyntheticData", "TableConfig", "TopologyConfig", "TrainingConfig", "read_job",
 ]  # fmt: skip

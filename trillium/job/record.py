@@ -65,6 +65,14 @@ class CheckpointRef(BaseModel):
     step: int
 
 
+class Published(BaseModel):
+    """The newest model version a job has published: the PS shards' next deltas diff from its cut."""
+
+    version: int
+    attempt: int
+    step: int
+
+
 class Recovery(BaseModel):
     at: float
     attempt: int = Field(description="the attempt this recovery started")
@@ -95,6 +103,12 @@ class JobRecord(BaseModel):
         description="checkpoints requested so far (API, every_seconds); the NN "
         "ranks cut at the first step after they agree on a new one",
     )
+    publish_seq: int = Field(
+        0,
+        description="model versions requested so far (every_seconds); the NN ranks "
+        "cut at the first step after they agree on a new one",
+    )
+    published: Published | None = Field(None, description="the newest model version published")
 
 
 class PartitionLineage:

@@ -177,6 +177,28 @@ class TopologyConfig(RoleCounts, Strict):
         return self
 
 
+class PublishConfig(Strict):
+    """Where and how often a job publishes its model for serving (services/coordinator/publish.py).
+
+    A running job publishes a version every `every_seconds` (at a step cut, without holding
+    training), at its checkpoints when `at_checkpoints`, and after its last step: whole every
+    `full_every`-th version, else the rows changed since the version before plus the dense
+    weights. Replicas serve the newest; `keep_last` versions stay to roll back to.
+    """
+
+    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)] | None = None  # default: name
+    every_seconds: PositiveFloat | None = 5.0
+    at_checkpoints: bool = False
+    full_every: PositiveInt = 100
+    # The values as served: fp16 (2 bytes a value), or fp32. The job's own evaluation reads its rows
+    # in this dtype too, so that what it measures is what replicas answer.
+    dtype: Literal["fp16", "fp32"] = "fp16"
+    # A directory or an fsspec URL (s3://bucket/prefix): default <run-dir>/models. A model's versions
+    # are <dir>/<model>/versions/<n>.json, their files beside them (trillium.runtime.model_store).
+    dir: Annotated[str, Field(min_length=1)] | None = None
+    keep_last: PositiveInt = 20  # and every version a kept one is loaded on top of
+
+
 class CheckpointConfig(Strict):
     """When a running job is checkpointed, where to, and how many checkpoints are kept.
 
@@ -218,6 +240,7 @@ class JobConfig(Strict):
     training: TrainingConfig
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)  # null: no checkpoints
+    publish: PublishConfig | None = Field(default_factory=PublishConfig)  # null: serves nothing
     init_from: InitFrom | None = None
 
     @model_validator(mode="after")

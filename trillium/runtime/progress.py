@@ -69,6 +69,7 @@ class JobProgress:
         self._rendezvous = state.job_key(job_id, "rendezvous", attempt)
         # Not per attempt: a loader's step count of an epoch is the same in every attempt.
         self._loader_steps = state.job_key(job_id, "loader_steps")
+        self._dense_stats = state.job_key(job_id, "dense_stats")
 
     # ---- applied watermarks (PS) -----------------------------------------------------
     async def set_applied_all(self, shard: int, ranks: int, step: int) -> None:
@@ -194,6 +195,14 @@ class JobProgress:
         raw = await self.redis.hmget(self._loader_steps, [f"{epoch}:{i}" for i in range(loaders)])
         return None if any(v is None for v in raw) else [int(v) for v in raw]
 
+    async def set_dense_stats(self, loader: int, stats: dict[str, dict[str, float]]) -> None:
+        """The normalization statistics a loader encodes with now (a model version takes loader 0's)."""
+        await self.redis.hset(self._dense_stats, str(loader), json.dumps(stats))
+
+    async def dense_stats(self) -> dict[str, dict[str, float]]:
+        raw = await self.redis.hget(self._dense_stats, "0")
+        return json.loads(raw) if raw else {}
+
     # ---- torch.distributed rendezvous -----------------------------------------------------
     async def set_rendezvous(self, address: str) -> None:
         await self.redis.set(self._rendezvous, address)
@@ -273,3 +282,9 @@ class AppliedWatermark:
                 lambda: self.loaded and (self.bound is None or step - self.steps <= self.bound)
             )
             return max(step - self.steps, 0)
+
+    async def wait_applied(self, steps: int) -> None:
+        """Wait until the first `steps` steps are applied on every shard for every rank (an
+        evaluation after training reads the tables as the last step left them)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.steps >= steps)

@@ -50,6 +50,7 @@ from trillium import log
 from trillium.config import EXIT_RESTART, ConfigError, Role, ServiceSettings
 from trillium.job.record import TERMINAL, JobRecord
 from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CutReport, PartReport, ReleaseRequest
+from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
 
@@ -71,6 +72,8 @@ class _Server(uvicorn.Server):
 
 class Service:
     role: ClassVar[Role]
+    # False: a process that takes part in no job (a serving replica) neither registers nor heartbeats.
+    registers: ClassVar[bool] = True
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
@@ -85,6 +88,8 @@ class Service:
         self._job_attempt: tuple[str, int] | None = None  # (job id, attempt) of _job_task
         self._job_report: dict[str, Any] = {}
         self._parts: dict[int, dict[str, Any]] = {}  # checkpoint step -> PartReport, this attempt's
+        self._publish_cuts: dict[int, dict[str, Any]] = {}  # step -> PublishCut, this attempt's latest
+        self._model_parts: dict[int, dict[str, Any]] = {}  # step -> ModelPart, this attempt's latest
         # OpenAPI and docs are served below, behind the token like everything but health.
         self.app = FastAPI(title=f"Trillium {self.role}", version="1", openapi_url=None, docs_url=None, redoc_url=None)
         self._add_admin_routes()
@@ -111,6 +116,10 @@ class Service:
     async def capture(self, request: CaptureRequest) -> CaptureResult:
         """Capture this worker's state at a checkpoint cut (PS shards and data loaders)."""
         raise HTTPException(status.HTTP_409_CONFLICT, f"a {self.role} has no state to capture")
+
+    async def export(self, request: ExportRequest) -> None:
+        """Export this worker's part of a version at the last step of a job (PS shards)."""
+        raise HTTPException(status.HTTP_409_CONFLICT, f"a {self.role} has no rows to export")
 
     async def release(self, request: ReleaseRequest) -> None:
         """Go on after a checkpoint cut (NN ranks)."""
@@ -151,9 +160,17 @@ class Service:
 
     def report_part(self, part: PartReport) -> None:
         """Say that this worker's part of the checkpoint at `part.step` is written (or failed)."""
-        self._parts[part.step] = part.model_dump(mode="json")
-        for step in sorted(self._parts)[:-4]:  # the coordinator reads them within seconds
-            del self._parts[step]
+        _keep(self._parts, part.step, part, 4)  # the coordinator reads them within seconds
+        self._heartbeat_now.set()
+
+    def report_publish_cut(self, cut: PublishCut) -> None:
+        """Say that this NN rank has passed a publish cut (services/coordinator/publish.py)."""
+        _keep(self._publish_cuts, cut.step, cut, 8)  # cuts come every few seconds at most
+        self._heartbeat_now.set()
+
+    def report_model_part(self, part: ModelPart) -> None:
+        """Say that this worker's files of the version cut at `part.step` are written (or failed)."""
+        _keep(self._model_parts, part.step, part, 8)
         self._heartbeat_now.set()
 
     def job_is(self, *states: str) -> bool:
@@ -215,7 +232,7 @@ class Service:
             return
         await self._cancel_job_task()  # an older attempt, or another job: abandoned
         self._job_attempt = attempt
-        self._parts = {}
+        self._parts, self._publish_cuts, self._model_parts = {}, {}, {}
         if job.state in ("submitted", "starting", "recovering"):
             self._report(job.id, job.attempt, "setting_up")
             self._job_task = asyncio.create_task(self._run_job_task(job), name=f"job-{job.id}-{job.attempt}")
@@ -271,6 +288,13 @@ class Service:
             self._require_attempt(request.job_id, request.attempt)
             return await self.capture(request)
 
+        @app.post("/job/export", tags=["publishing"], dependencies=authorized)
+        async def export(request: ExportRequest) -> dict[str, bool]:
+            """Export this PS shard's rows at a job's last step, as part of a model version."""
+            self._require_attempt(request.job_id, request.attempt)
+            await self.export(request)
+            return {"exported": True}
+
         @app.post("/job/release", tags=["checkpoints"], dependencies=authorized)
         async def release(request: ReleaseRequest) -> dict[str, bool]:
             """Release this NN rank from a checkpoint cut."""
@@ -303,7 +327,10 @@ class Service:
             "name": self.name,
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 3),
-            "job": (self._job_report | {"parts": self._parts}) if self._job_report else None,
+            "job": self._job_report
+            | {"parts": self._parts, "publish_cuts": self._publish_cuts, "model_parts": self._model_parts}
+            if self._job_report
+            else None,
             **self.health(),
         }
 
@@ -371,7 +398,9 @@ class Service:
             await self.start()
             self.ready = True
             logger.info("service ready", extra={"http_port": self.settings.http_port, "grpc": self.grpc_address})
-            heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+            heartbeat = asyncio.create_task(
+                self._heartbeat_loop() if self.registers else self._stopping.wait(), name="heartbeat"
+            )
             stop_wait = asyncio.create_task(self._stopping.wait())
             # A dead HTTP server (e.g. port taken) is fatal, like a signal.
             await asyncio.wait({stop_wait, http_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -385,6 +414,13 @@ class Service:
             server.should_exit = True
             await http_task
             logger.info("stopped")
+
+
+def _keep(reports: dict[int, dict[str, Any]], step: int, report: Any, latest: int) -> None:
+    """Record a report by step, keeping the `latest` steps' (the health stays small)."""
+    reports[step] = report.model_dump(mode="json")
+    for old in sorted(reports)[:-latest]:
+        del reports[old]
 
 
 def describe_error(exc: BaseException, limit: int = 1000) -> str:

@@ -141,6 +141,12 @@ def status(run_dir: Path) -> dict[str, Any]:
     for proc in st["processes"]:
         if proc["name"] in probes["services"]:
             proc["health"] = probes["services"][proc["name"]]
+    # The serving replicas, where clients ask for predictions (REST and gRPC; the stack's token).
+    st["serving"] = [
+        {"name": p["name"], "url": p["http_url"], "grpc": p["grpc_address"]}
+        for p in st["processes"]
+        if p["role"] == "serving"
+    ]
     st["healthy"] = (
         st["phase"] == "running"
         and probes["kafka"]["ok"]

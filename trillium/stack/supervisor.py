@@ -241,7 +241,7 @@ class Supervisor:
     def service_proc(self, role: str, index: int) -> Proc:
         name = f"{role}-{index}"
         http_port = self.port(f"{name}.http")
-        grpc_port = self.port(f"{name}.grpc") if role in ("embedding_ps", "embedding_worker") else None
+        grpc_port = self.port(f"{name}.grpc") if role in ("embedding_ps", "embedding_worker", "serving") else None
         argv = [sys.executable, "-m", f"trillium.services.{role}", "--index", str(index), "--http-port", str(http_port)]
         if grpc_port:
             argv += ["--grpc-port", str(grpc_port)]

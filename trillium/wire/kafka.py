@@ -121,12 +121,16 @@ ATTEMPT_HEADER = "trillium-attempt"
 # The end of an epoch's batches on a partition is a record with an empty value and this header
 # (value: the epoch number), so consumers know when an epoch is over without counting.
 EPOCH_END_HEADER = "trillium-epoch-end"
+# A gradient message of a step that is a publish cut: the PS shards export after applying it.
+PUBLISH_HEADER = "trillium-publish"
 
 
-def headers(attempt: int, *, epoch_end: int | None = None) -> list[tuple[str, bytes]]:
+def headers(attempt: int, *, epoch_end: int | None = None, publish: bool = False) -> list[tuple[str, bytes]]:
     out = [(ATTEMPT_HEADER, str(attempt).encode())]
     if epoch_end is not None:
         out.append((EPOCH_END_HEADER, str(epoch_end).encode()))
+    if publish:
+        out.append((PUBLISH_HEADER, b"1"))
     return out
 
 
@@ -140,6 +144,11 @@ def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> int | Non
 def epoch_end(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
     """The epoch a marker record ends, or None for a data record."""
     return _header(headers, EPOCH_END_HEADER)
+
+
+def publishes(headers: Sequence[tuple[str, bytes]] | None) -> bool:
+    """Whether a gradient message's step is a publish cut."""
+    return _header(headers, PUBLISH_HEADER) == 1
 
 
 def attempt_of(headers: Sequence[tuple[str, bytes]] | None) -> int:

@@ -26,6 +26,7 @@ def key(*parts: object) -> str:
 WORKERS = key("workers")  # hash: worker name -> its registration and last health (coordinator)
 JOBS = key("jobs")  # sorted set: every job id, by creation time
 CURRENT_JOB = key("current_job")  # string: the id of the stack's current (or last) job
+MODELS = key("models")  # hash: model -> where its versions are (dir, topic), the newest, its job (JSON)
 
 # A job's keys: JOB_KEYS[name] says what each holds; `applied` and `rendezvous` are per attempt.
 JOB_KEYS = {
@@ -39,6 +40,7 @@ JOB_KEYS = {
     "ranks": "hash: rank -> its result once it has finished (JSON)",
     "rendezvous": "string per attempt: host:port of rank 0's torch.distributed store",
     "loader_steps": "hash: 'epoch:loader' -> the steps that loader's share of the epoch takes",
+    "dense_stats": "hash: loader -> the dense normalization statistics it encodes with now (JSON)",
 }
 
 

@@ -1,0 +1,286 @@
+"""Serving benchmark: a trained model answering predictions, measured side by side in one run.
+
+1. A stack (2 PS shards, 2 NN ranks, a serving replica) trains a synthetic Criteo-layout file job
+   (26 slots in 2 tables of dim 64, served in fp16) to its end; its final version is the model.
+2. **Latency** at a fixed offered load (open loop: `--rate` requests a second, for `--seconds`),
+   p50 and p99, at batch 1 and batch 64, over REST and over gRPC.
+3. **Saturation**: `--clients` requesters in a closed loop, batch 1 and batch 64, gRPC and REST:
+   requests and instances a second.
+4. **The same model as a plain torch module**: the version's dense weights and its rows in
+   `nn.EmbeddingBag` tables (the rows the requests need), the same transform, answering the same
+   request bodies (JSON in, JSON out) in this process, one at a time: instances a second, and the
+   replica's saturation over it.
+5. **Bytes per value** of the served tables (the replica's memory over rows × dim).
+6. **Click-to-served freshness**: an online job (examples/online, a version every
+   `publish.every_seconds`) on a replayed stream; a probe asks the replica for a prediction every
+   20 ms. A click at event time t is served once a version whose newest trained event time is at
+   least t answers a probe: freshness = that answer's time - t, over click times every 0.1 s of
+   the run (a steady click stream), p50 and p99.
+
+    python bench/serving.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+import trillium_native
+from trillium import stack
+from trillium.config import GrpcCredentials, KafkaConnection, StackTopology
+from trillium.data import load_job
+from trillium.data.instances import InstanceEncoder
+from trillium.data.replay import replay
+from trillium.data.sources.datagen import generate_criteo
+from trillium.job import CRITEO_COLUMNS, JobConfig
+from trillium.models import load_model, logits
+from trillium.runtime.model_store import DENSE, ModelStore
+from trillium.stack.client import CoordinatorClient
+from trillium.wire import rpc
+from trillium.wire.pb import serving_pb2 as pb
+from trillium.wire.pb import serving_pb2_grpc as pb_grpc
+
+TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1, serving_replicas=1)
+VOCAB = 40_000  # IDs a slot: ~1M rows materialized over the 26 slots
+
+
+def file_job(rows: int) -> JobConfig:
+    raw = load_job(stack.REPO_ROOT / "tests/data/tiny_job.yaml").model_dump(mode="json")
+    raw["name"] = "bench-serving"
+    raw["data"] = {"source": "synthetic", "rows": rows, "test_rows": 2000, "seed": 3, "vocab_sizes": [VOCAB] * 26}
+    raw["tables"] = {t: {"dim": 64, "optimizer": {"name": "adagrad", "lr": 0.05}} for t in ("a", "b")}
+    raw["model"]["kwargs"] |= {"embedding_dims": [64] * 26, "hidden": [128, 64]}
+    raw["training"] |= {"batch_size": 512, "epochs": 1, "staleness_bound": 4, "eval_batch_size": 2048}
+    raw["checkpoint"] = None
+    return JobConfig.model_validate(raw)
+
+
+def instances(job: JobConfig, n: int) -> list[dict[str, str]]:
+    """Requests' instances: rows of the job's planted data, as a CSV row of the file would be."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rows.tsv"
+        generate_criteo(path, n, seed=11, vocab_sizes=[VOCAB] * 26)
+        lines = path.read_text().splitlines()
+    return [dict(zip(CRITEO_COLUMNS[1:], line.split("\t")[1:], strict=True)) for line in lines]
+
+
+class Client:
+    def __init__(self, run_dir: Path, model: str) -> None:
+        st = stack.read_state(run_dir)
+        replica = next(p for p in st["processes"] if p["role"] == "serving")
+        self.token = stack.read_token(run_dir)
+        self.url, self.grpc_address, self.model = replica["http_url"], replica["grpc_address"], model
+
+    async def run(self, protocol: str, bodies: list[bytes], *, rate: float | None, seconds: float,
+                  clients: int) -> dict[str, Any]:  # fmt: skip
+        """Requests for `seconds`: open loop at `rate` a second, or `clients` closed loops."""
+        latencies: list[float] = []
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30) as http:
+            channel = rpc.channel(self.grpc_address, GrpcCredentials(token=self.token))
+            stub = pb_grpc.ServingStub(channel)
+
+            async def one(body: bytes) -> None:
+                started = time.perf_counter()
+                if protocol == "rest":
+                    r = await http.post(f"/v1/models/{self.model}:predict", content=b'{"instances": ' + body + b"}")
+                    r.raise_for_status()
+                else:
+                    await stub.Predict(pb.PredictRequest(model=self.model, instances=body))
+                latencies.append(time.perf_counter() - started)
+
+            for body in bodies[:20]:  # warm both ends
+                await one(body)
+            latencies.clear()
+            start = time.perf_counter()
+            if rate is not None:
+                pending = []
+                for i in range(int(rate * seconds)):
+                    await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+                    pending.append(asyncio.create_task(one(bodies[i % len(bodies)])))
+                await asyncio.gather(*pending)
+            else:
+
+                async def loop(k: int) -> None:
+                    i = k
+                    while time.perf_counter() - start < seconds:
+                        await one(bodies[i % len(bodies)])
+                        i += clients
+
+                await asyncio.gather(*(loop(k) for k in range(clients)))
+            elapsed = time.perf_counter() - start
+            await channel.close()
+        ms = np.asarray(latencies) * 1000
+        return {"requests": len(ms), "requests_per_sec": round(len(ms) / elapsed, 1),
+                "p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3)}  # fmt: skip
+
+
+def plain_torch(run_dir: Path, job: JobConfig, bodies: list[bytes], seconds: float) -> dict[str, Any]:
+    """The model as a plain torch module in this process, answering the same request bodies."""
+    store = ModelStore.of(job, run_dir)
+    manifest = store.manifest(store.versions()[-1])
+    tables = trillium_native.ServingTables({t: c.dim for t, c in job.tables.items()}, job.topology.ps_shards, "fp16")
+    with store.parts(manifest.parts).reading(DENSE) as dense:
+        state = torch.load(dense, weights_only=True)["model"]
+    for m in store.chain(manifest.version):
+        tables.apply([(f.shard, str(Path(store.parts(m.parts).path) / f.name)) for f in m.values], m.version)
+    encoder = InstanceEncoder(job, manifest.dense_stats)
+    # Every ID the requests hold, and its row, in an nn.EmbeddingBag per table: plain torch tables.
+    every = encoder.batch([x for body in bodies for x in json.loads(body)])
+    bags, index = {}, {}
+    for table in job.tables:
+        ids = np.unique(np.concatenate([every.ids.slot(s.name)[0] for s in job.slots if s.table == table]))
+        (rows,), _, _ = tables.lookup([(table, ids)])
+        index[table] = ids
+        bags[table] = {mode: torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows), mode=mode, freeze=True)
+                       for mode in ("sum", "mean")}  # fmt: skip
+    model = load_model(job.model)
+    model.load_state_dict(state)
+    model.eval()
+
+    def answer(body: bytes) -> bytes:
+        batch = encoder.batch(json.loads(body))
+        embeddings = []
+        for slot in job.slots:
+            values, lengths = batch.ids.slot(slot.name)
+            rows = torch.from_numpy(np.searchsorted(index[slot.table], values).astype(np.int64))
+            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+            embeddings.append(bags[slot.table][slot.pooling](rows, offsets))
+        with torch.no_grad():
+            probs = torch.sigmoid(logits(model, torch.from_numpy(np.array(batch.dense)), embeddings))
+        return json.dumps({"predictions": probs.tolist()}).encode()
+
+    for body in bodies[:20]:
+        answer(body)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        answer(bodies[done % len(bodies)])
+        done += 1
+    elapsed = time.perf_counter() - start
+    return {"requests_per_sec": round(done / elapsed, 1)}
+
+
+def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float) -> dict[str, Any]:
+    raw = load_job(stack.REPO_ROOT / "examples/online/job.yaml").model_dump(mode="json")
+    raw["name"] = "bench-fresh"
+    topic = f"bench-imps-{time.time_ns()}"
+    raw["data"]["join"] |= {"impressions": topic, "labels": topic.replace("imps", "clicks"), "window_seconds": 5.0,
+                            "allowed_lateness_seconds": 0.5}  # fmt: skip
+    raw["checkpoint"] = None
+    job = JobConfig.model_validate(raw)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "stream.tsv"
+        generate_criteo(data, int(rate * seconds) + 1000, seed=5)
+        feed = threading.Thread(target=lambda: asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate,
+                                                                  limit=int(rate * seconds), seed=2)), daemon=True)  # fmt: skip
+        feed.start()
+        time.sleep(2)
+        client = CoordinatorClient.for_stack(run_dir)
+        job_id = client.submit(job)["id"]
+        probe = Client(run_dir, job.name)
+        answers: list[tuple[float, int]] = []  # (time answered, version)
+        event_times: dict[int, float] = {}
+        http = httpx.Client(base_url=probe.url, headers={"Authorization": f"Bearer {probe.token}"}, timeout=10)
+        instance = {s.column: "x" for s in job.slots} | {d.column: 1.0 for d in job.dense}
+        started = time.time()
+        try:
+            while feed.is_alive():
+                r = http.post(f"/v1/models/{job.name}:predict", json={"instances": [instance]})
+                if r.status_code == 200:
+                    version = r.json()["version"]
+                    answers.append((time.time(), version))
+                    if version not in event_times:
+                        event_times[version] = http.get(f"/v1/models/{job.name}").json()["event_time"]
+                time.sleep(0.02)
+        finally:
+            client.stop(job_id)
+            client.close()
+            http.close()
+    first = {}
+    for at, version in answers:
+        first.setdefault(version, at)
+    served = sorted((event_times[v], at) for v, at in first.items() if event_times.get(v))
+    lags = []
+    for t in np.arange(started + 5, served[-1][0] if served else started, 0.1):
+        at = next((at for et, at in served if et >= t), None)
+        if at is not None:
+            lags.append(at - t)
+    return {"versions_served": len(first), "clicks_measured": len(lags),
+            "click_to_served_p50_s": round(float(np.percentile(lags, 50)), 2) if lags else None,
+            "click_to_served_p99_s": round(float(np.percentile(lags, 99)), 2) if lags else None}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+    parser.add_argument("--rows", type=int, default=200_000, help="training rows of the file job")
+    parser.add_argument("--rate", type=float, default=100.0, help="offered requests a second (latency)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="each latency and saturation run")
+    parser.add_argument("--clients", type=int, default=8, help="closed-loop requesters (saturation)")
+    parser.add_argument("--stream-seconds", type=float, default=60.0, help="the freshness run")
+    args = parser.parse_args()
+    log = (lambda *a: None) if args.json else print
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="trillium-bench-serving-") as tmp:
+        run_dir = Path(tmp) / "run"
+        st = stack.up(run_dir, TOPOLOGY)
+        try:
+            job = file_job(args.rows)
+            log("training the model ...")
+            client = CoordinatorClient.for_stack(run_dir)
+            view = client.follow(client.submit(job)["id"], timeout_s=1800)
+            assert view["job"]["state"] == "finished", view["job"]["error"]
+            replica = Client(run_dir, job.name)
+            http = httpx.Client(base_url=replica.url, headers={"Authorization": f"Bearer {replica.token}"}, timeout=30)
+            while (model := http.get(f"/v1/models/{job.name}")).status_code != 200 or model.json()["version"] is None:
+                time.sleep(0.5)
+            model = model.json()
+            rows = sum(t["rows"] for t in model["tables"].values())
+            result["model"] = {"rows": rows, "dim": 64, "bytes": model["bytes"], "version": model["version"]}
+            result["bytes_per_value"] = round(model["bytes"] / (rows * 64), 4)
+            pool = instances(job, 2000)
+            bodies = {
+                b: [json.dumps(pool[i : i + b]).encode() for i in range(0, len(pool) - b + 1, b)] for b in (1, 64)
+            }
+            latency, saturation = {}, {}
+            for protocol in ("grpc", "rest"):
+                for b in (1, 64):
+                    log(f"latency {protocol} batch {b} ...")
+                    latency[f"{protocol}_batch{b}"] = asyncio.run(replica.run(protocol, bodies[b], rate=args.rate,
+                                                                              seconds=args.seconds, clients=1))  # fmt: skip
+                    log(f"saturation {protocol} batch {b} ...")
+                    run = asyncio.run(replica.run(protocol, bodies[b], rate=None, seconds=args.seconds,
+                                                  clients=args.clients))  # fmt: skip
+                    saturation[f"{protocol}_batch{b}"] = run | {"instances_per_sec": round(run["requests_per_sec"] * b)}
+            result["offered_requests_per_sec"] = args.rate
+            result["latency"] = latency
+            result["saturation"] = saturation
+            log("the plain torch module ...")
+            plain = {f"batch{b}": plain_torch(run_dir, job, bodies[b], args.seconds) for b in (1, 64)}
+            result["plain_torch"] = plain
+            result["serving_vs_plain_torch_qps"] = {
+                f"{p}_batch{b}": round(saturation[f"{p}_batch{b}"]["requests_per_sec"] / plain[f"batch{b}"]["requests_per_sec"], 3)
+                for p in ("grpc", "rest") for b in (1, 64)
+            }  # fmt: skip
+            log("freshness ...")
+            conn = KafkaConnection(bootstrap=st["kafka"]["bootstrap"])
+            result["freshness"] = freshness(run_dir, conn, args.stream_seconds, rate=2000.0)
+            result["cores"] = len(os.sched_getaffinity(0))
+        finally:
+            stack.down(run_dir)
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""The coordinator's side of publishing a model: request → cut → parts → version → notice.
+
+1. A version is asked for every `publish.every_seconds` of a running job, by raising its
+   `publish_seq`; the NN ranks agree on it in their step's control words and cut after the same
+   step s, **without holding**. A checkpoint cut (with `publish.at_checkpoints`) is a publish cut
+   too, and so is the last step of a job: every rank knows those.
+2. At the cut each rank flags its gradients of step s; the embedding worker carries the flag into
+   the gradient messages, so every PS shard learns of the cut in-band, in step order: after
+   applying step s, before s+1, it captures the rows changed since the version the job's
+   `published` names (or all of them) and writes them as its values file. The last step has no
+   step after it to wait for: once every shard has applied it, the coordinator asks each shard to
+   export (`POST /job/export`). Rank 0 writes the dense weights; every rank reports the cut in its
+   health. (The job's own evaluation at a cut — after the last step, at an evaluated checkpoint —
+   leaves its predictions beside the cut's files, `eval.npy`, whatever became of the version.)
+3. Once every rank has reported the cut at s, and every PS shard and rank 0 their files, the
+   version's manifest is written, numbered next for the model: the version exists.
+4. It is announced on `trillium.<model>.model`, recorded in the model registry (Redis) and in
+   the job's record (`published`: the base the shards diff from next), and retention runs.
+
+A version that fails on the way (a part not written, a cut not finished in `CUT_TIMEOUT_S`) is
+abandoned: its files are removed, the job goes on, the next version diffs from the same base.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import Counter, Gauge, Histogram
+
+from trillium.config import KafkaConnection
+from trillium.job.record import JobRecord, Published
+from trillium.runtime.model_store import (
+    DENSE,
+    ExportRequest,
+    ModelPart,
+    ModelStore,
+    PublishCut,
+    VersionManifest,
+    model_topic,
+    parts_name,
+    ps_values,
+)
+from trillium.runtime.progress import JobProgress
+from trillium.wire import kafka, state
+
+from .jobs import JobStore
+from .registry import Worker, WorkerRegistry
+
+logger = logging.getLogger("trillium.coordinator.publish")
+
+CUT_TIMEOUT_S = 300.0  # a cut whose files are not all reported by then is abandoned
+
+VERSIONS = Gauge("trillium_job_model_version", "the newest version the job published", ["job"])
+PUBLISH_SECONDS = Histogram("trillium_job_publish_seconds", "from a cut to its version's commit", ["job"],
+                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))  # fmt: skip
+ABANDONED = Counter("trillium_job_versions_abandoned_total", "publish cuts abandoned", ["job"])
+
+
+@dataclass
+class _Job:
+    """What the publisher keeps of the current attempt of a job."""
+
+    due: float
+    done: set[int] = field(default_factory=set)  # steps committed or abandoned
+    pending: set[int] = field(default_factory=set)  # steps cut, their versions not yet committed
+    exports: set[int] = field(default_factory=set)  # final steps the PS shards were asked to export
+    failures: list[str] = field(default_factory=list)
+
+
+class Publisher:
+    def __init__(self, jobs: JobStore, registry: WorkerRegistry, kafka_conn: KafkaConnection, run_dir: Path,
+                 token: str) -> None:  # fmt: skip
+        self.jobs = jobs
+        self.registry = registry
+        self.kafka = kafka_conn
+        self.run_dir = run_dir
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0),
+                                      headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        self._producer = None
+        self._attempts: dict[tuple[str, int], _Job] = {}
+        self._next_version: dict[str, int] = {}  # model -> the number its next version takes
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+        await self.http.aclose()
+
+    def busy(self, job_id: str) -> bool:
+        """Whether a cut of the job waits for its version (the job finishes after it)."""
+        return any(held.pending for (held_job, _), held in self._attempts.items() if held_job == job_id)
+
+    def failures(self, job: JobRecord) -> list[str]:
+        held = self._attempts.get((job.id, job.attempt))
+        return list(held.failures) if held is not None else []
+
+    # ---- the loop --------------------------------------------------------------------------------
+    async def tick(self, job: JobRecord | None) -> None:
+        if job is None or job.config.publish is None or job.state not in ("running", "paused", "stopping"):
+            return
+        store = ModelStore.of(job.config, self.run_dir)
+        assert store is not None
+        held = self._attempts.setdefault((job.id, job.attempt), _Job(due=time.monotonic()))
+        every = job.config.publish.every_seconds
+        if every is not None and job.state == "running" and time.monotonic() >= held.due:
+            held.due = time.monotonic() + every
+            await self.jobs.request_publish(job.id)
+        workers = await self._workers(job)
+        cuts = _reports(workers["nn_worker"], job, "publish_cuts", PublishCut)
+        parts = {
+            w.name: _reports([w], job, "model_parts", ModelPart)
+            for w in workers["embedding_ps"] + workers["nn_worker"][:1]
+        }
+        held.pending = {step for step in cuts if step not in held.done}
+        for step in sorted(held.pending):
+            ranks = cuts[step]
+            if len(ranks) < job.config.topology.nn_ranks:
+                continue  # the other ranks report this step's cut within a step
+            cut = next(iter(ranks.values()))
+            if cut.reason == "final" and step not in held.exports:
+                if await self._applied(job, step):
+                    await self._export(job, workers["embedding_ps"], step)
+                    held.exports.add(step)
+                continue
+            mine = {name: by_step.get(step) for name, by_step in parts.items()}
+            failed = [f"{name}: {part.error}" for name, part in mine.items() if part is not None and part.error]
+            missing = [name for name, part in mine.items() if part is None]
+            if failed or (missing and time.time() - cut.at > CUT_TIMEOUT_S):
+                await self._abandon(job, store, held, step, "; ".join(failed) or f"no files from {', '.join(missing)}")
+            elif not missing:
+                await self._commit(job, store, held, ranks, mine)
+
+    async def _workers(self, job: JobRecord) -> dict[str, list[Worker]]:
+        by_name = {w.name: w for w in await self.registry.workers()}
+        out: dict[str, list[Worker]] = {}
+        for role in ("nn_worker", "embedding_ps"):
+            out[role] = [
+                by_name[f"{role}-{i}"] for i in range(job.config.topology.count(role)) if f"{role}-{i}" in by_name
+            ]
+        return out
+
+    async def _applied(self, job: JobRecord, step: int) -> bool:
+        applied = await JobProgress(self.jobs.redis, job.id, job.attempt).applied()
+        topo = job.config.topology
+        return all(applied.get((s, r), -1) >= step for s in range(topo.ps_shards) for r in range(topo.nn_ranks))
+
+    async def _export(self, job: JobRecord, shards: list[Worker], step: int) -> None:
+        request = ExportRequest(job_id=job.id, attempt=job.attempt, step=step)
+        for shard in shards:
+            try:
+                r = await self.http.post(shard.http_url + "/job/export", json=request.model_dump(mode="json"))
+                r.raise_for_status()
+            except httpx.HTTPError as err:
+                logger.warning("export request failed", extra={"job": job.id, "shard": shard.name, "error": str(err)})
+
+    # ---- one version -----------------------------------------------------------------------------
+    async def _commit(self, job: JobRecord, store: ModelStore, held: _Job, ranks: dict[int, PublishCut],
+                      parts: dict[str, ModelPart | None]) -> None:  # fmt: skip
+        cut = ranks[0]
+        files = [f for part in parts.values() if part is not None for f in part.files]
+        values = [f for f in files if f.shard is not None]
+        expected = {DENSE, *(ps_values(s) for s in range(job.config.topology.ps_shards))}
+        if {f.name for f in files} != expected:
+            await self._abandon(
+                job, store, held, cut.step, f"files {sorted(f.name for f in files)}, expected {sorted(expected)}"
+            )
+            return
+        bases = {f.base for f in values if not f.full}
+        published = job.published if job.published is not None and job.published.attempt == job.attempt else None
+        if bases and (published is None or any(b is None or b > published.version for b in bases)):
+            await self._abandon(job, store, held, cut.step, f"deltas of versions {sorted(bases)} not committed")
+            return
+        version = await self._number(store)
+        loader_stats = await JobProgress(self.jobs.redis, job.id).dense_stats()
+        manifest = VersionManifest(
+            model=store.model, version=version, job_id=job.id, attempt=job.attempt, step=cut.step, epoch=cut.epoch,
+            cut_at=max(c.at for c in ranks.values()), created_at=time.time(),
+            event_time=max((c.event_time for c in ranks.values() if c.event_time is not None), default=None),
+            kind="delta" if bases else "full", base=max(bases) if bases else None,
+            parts=parts_name(job.id, job.attempt, cut.step), files=files, dtype=job.config.publish.dtype,
+            config=job.config, dense_stats=loader_stats,
+        )  # fmt: skip
+        await asyncio.to_thread(store.commit, manifest)
+        self._next_version[store.model] = version + 1
+        held.done.add(cut.step)
+        await self.jobs.update(
+            job.id,
+            lambda record: setattr(record, "published", Published(version=version, attempt=job.attempt, step=cut.step)),
+        )
+        await self._announce(store, manifest)
+        writing = {parts_name(job.id, job.attempt, step) for step in held.pending}
+        deleted = await asyncio.to_thread(store.retain, job.config.publish.keep_last, writing)
+        VERSIONS.labels(job.id).set(version)
+        PUBLISH_SECONDS.labels(job.id).observe(manifest.created_at - manifest.cut_at)
+        logger.info(
+            "version published",
+            extra={
+                "model": store.model,
+                "version": version,
+                "step": cut.step,
+                "kind": manifest.kind,
+                "bytes": manifest.bytes,
+                "deleted": deleted,
+            },
+        )
+
+    async def _number(self, store: ModelStore) -> int:
+        """The next version of the model: one past the store's newest (the coordinator is its one writer)."""
+        if store.model not in self._next_version:
+            versions = await asyncio.to_thread(store.versions)
+            self._next_version[store.model] = (versions[-1] if versions else 0) + 1
+        return self._next_version[store.model]
+
+    async def _announce(self, store: ModelStore, manifest: VersionManifest) -> None:
+        """The notice on the model's topic and the registry entry replicas find the model by."""
+        entry = {"dir": store.base, "topic": model_topic(store.model), "version": manifest.version,
+                 "job_id": manifest.job_id, "updated_at": manifest.created_at}  # fmt: skip
+        await self.jobs.redis.hset(state.MODELS, store.model, json.dumps(entry))
+        try:
+            if self._producer is None:
+                self._producer = kafka.producer(self.kafka)
+                await self._producer.start()
+            await self._producer.send_and_wait(model_topic(store.model), json.dumps(manifest.summary()).encode())
+        except Exception as err:  # noqa: BLE001 (replicas also poll the store: the version is not lost)
+            logger.warning("version notice not sent", extra={"model": store.model, "error": str(err)})
+
+    async def _abandon(self, job: JobRecord, store: ModelStore, held: _Job, step: int, why: str) -> None:
+        held.done.add(step)
+        held.failures = [*held.failures[-9:], f"step {step}: {why}"]
+        ABANDONED.labels(job.id).inc()
+        logger.error("version abandoned", extra={"job": job.id, "step": step, "error": why})
+        await asyncio.to_thread(store.parts(parts_name(job.id, job.attempt, step)).remove)
+
+
+def _reports(workers: list[Worker], job: JobRecord, key: str, kind: type[Any]) -> dict[int, Any]:
+    """step -> (rank -> report) for the cuts, or step -> report for one worker's parts."""
+    out: dict[int, Any] = {}
+    for w in workers:
+        report = w.job_report(job.id, job.attempt) or {}
+        for step, raw in (report.get(key) or {}).items():
+            if kind is PublishCut:
+                out.setdefault(int(step), {})[w.index] = PublishCut.model_validate(raw)
+            else:
+                out[int(step)] = ModelPart.model_validate(raw)
+    return out

@@ -1,0 +1,155 @@
+"""A serving replica's REST API: predictions, the models it serves, rollback and unpin.
+
+    POST /v1/models/{model}:predict    {"instances": [event, ...]} -> {"predictions", "model", "version"}
+    GET  /v1/models                    every model the replica serves, as `ModelView`s
+    GET  /v1/models/{model}            one model: its version, step, freshness, tables
+    POST /v1/models/{model}/rollback   {"version": N}: serve version N, restored from the model store
+    POST /v1/models/{model}/unpin      follow the newest version again
+
+Every route needs the stack's token (the app adds the dependency). An instance that cannot be a
+sample answers 422 in FastAPI's own error shape, its `loc` naming the instance and the field:
+`["body", "instances", 3, "age"]`; more instances than `max_batch` answer 413.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Protocol
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from pydantic import BaseModel, Field
+
+from trillium.data.instances import BadInstance
+from trillium.runtime.model_store import CorruptVersion
+
+from .follower import ModelFollower
+
+
+class PredictRequest(BaseModel):
+    """Events (a Kafka job's) or rows (a file job's) with the job's own field names."""
+
+    instances: list[Any] = Field(description="JSON objects: a missing field is a missing value")
+
+
+class PredictResponse(BaseModel):
+    predictions: list[float] = Field(description="the probability of a positive label, per instance")
+    model: str
+    version: int
+
+
+class TableView(BaseModel):
+    rows: int
+    memory_bytes: int
+    lookups: int = Field(description="IDs looked up since the replica started")
+    misses: int = Field(description="of those, IDs the model has never trained (they read as zeros)")
+
+
+class RefusalView(BaseModel):
+    version: int
+    at: float
+    reason: str
+
+
+class ModelView(BaseModel):
+    model: str
+    version: int | None = Field(description="the version served (null: none loads yet)")
+    step: int | None = None
+    job_id: str | None = None
+    attempt: int | None = None
+    kind: str | None = None
+    created_at: float | None = Field(None, description="when the version was published")
+    event_time: float | None = Field(None, description="the newest event time of a sample trained into it")
+    freshness_lag_seconds: float | None = Field(None, description="now less event_time (stream jobs)")
+    version_age_seconds: float | None = Field(None, description="now less created_at")
+    dtype: str | None = None
+    pinned: int | None = Field(None, description="the version a rollback pinned (null: following the newest)")
+    tables: dict[str, TableView] = Field(default_factory=dict)
+    bytes: int = Field(0, description="the tables' memory")
+    refused: list[RefusalView] = Field(default_factory=list, description="versions refused, the latest")
+    error: str | None = None
+
+
+class RollbackRequest(BaseModel):
+    version: int = Field(ge=1)
+
+
+class ServingParts(Protocol):
+    """What the API needs of the replica (it never imports server.py)."""
+
+    followers: dict[str, ModelFollower]
+    max_batch: int
+
+    def predict(self, model: str, instances: list[Any], protocol: str) -> PredictResponse: ...
+
+
+def model_view(follower: ModelFollower) -> ModelView:
+    state, served = follower.state, follower.served
+    refused = [RefusalView(version=r.version, at=r.at, reason=r.reason) for r in state.refused]
+    manifest = served.manifest if served is not None else None
+    if manifest is None:
+        return ModelView(model=follower.name, version=None, refused=refused, error=state.error)
+    now = time.time()
+    tables = {
+        name: TableView(**{k: stats[k] for k in TableView.model_fields})
+        for name, stats in served.tables.stats().items()
+    }
+    return ModelView(
+        model=follower.name, version=manifest.version, step=manifest.step, job_id=manifest.job_id,
+        attempt=manifest.attempt, kind=manifest.kind, created_at=manifest.created_at, event_time=manifest.event_time,
+        freshness_lag_seconds=now - manifest.event_time if manifest.event_time is not None else None,
+        version_age_seconds=now - manifest.created_at, dtype=manifest.dtype, pinned=state.pinned, tables=tables,
+        bytes=served.tables.memory_bytes(), refused=refused, error=state.error,
+    )  # fmt: skip
+
+
+def bad_instance(err: BadInstance) -> HTTPException:
+    loc: list[Any] = ["body", "instances", err.index] + ([err.field] if err.field else [])
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, [{"loc": loc, "msg": str(err), "type": "value_error"}])
+
+
+def router(parts: ServingParts) -> APIRouter:
+    api = APIRouter(prefix="/v1", tags=["serving"])
+
+    def follower(model: str) -> ModelFollower:
+        found = parts.followers.get(model)
+        if found is None:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"no model {model!r} here; models: {sorted(parts.followers)}"
+            )
+        return found
+
+    Follower = Annotated[ModelFollower, Depends(follower)]
+
+    @api.post("/models/{model}:predict", response_model=PredictResponse)
+    def predict(model: str, body: PredictRequest) -> PredictResponse:
+        """The model's predictions for the instances, all from one version (a thread of the pool:
+        the event loop stays free for other requests meanwhile)."""
+        return parts.predict(model, body.instances, "rest")
+
+    @api.get("/models", response_model=list[ModelView])
+    async def list_models() -> list[ModelView]:
+        return [model_view(f) for _, f in sorted(parts.followers.items())]
+
+    @api.get("/models/{model}", response_model=ModelView)
+    async def get_model(found: Follower) -> ModelView:
+        return model_view(found)
+
+    @api.post("/models/{model}/rollback", response_model=ModelView)
+    async def rollback(found: Follower, body: RollbackRequest) -> ModelView:
+        """Serve version N (restored from the model store) until unpinned; 404 no such version,
+        409 it does not load (the version served stays)."""
+        try:
+            await found.pin(body.version)
+        except LookupError as err:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from None
+        except (CorruptVersion, OSError, ValueError) as err:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"version {body.version} does not load: {err}") from None
+        return model_view(found)
+
+    @api.post("/models/{model}/unpin", response_model=ModelView)
+    async def unpin(found: Follower) -> ModelView:
+        """Follow the newest version again (it loads within seconds)."""
+        await found.unpin()
+        return model_view(found)
+
+    return api

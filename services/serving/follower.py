@@ -1,0 +1,202 @@
+"""A replica's copy of one model, kept at the newest committed version, or pinned to one.
+
+1. **Start.** Load the newest version whose chain loads (its full version, then each delta after
+   it) from the model store; a version whose files fail their checks is refused, said so in the
+   model's view and metrics, and the newest older one is tried.
+2. **Follow.** Each committed version is announced on the model's topic (`trillium.<model>.model`).
+   On a notice, or every `POLL_S` should one be lost, the versions the store holds past the one
+   served are applied in order: on top of the tables when the version fits (a delta on a base they
+   have reached in the same attempt), else its chain is loaded into a new `ServedModel` that
+   replaces the old one whole, as a replica that slept past the retention horizon does.
+3. **Pin.** `pin(N)` loads version N's chain into a new `ServedModel` and stops following;
+   `unpin()` loads the newest and follows again.
+
+A version refused on the way (a checksum, a row on the wrong shard, a chain that no longer loads)
+leaves the previous one serving; the follower goes on with the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+
+from trillium.config import KafkaConnection
+from trillium.runtime.model_store import CorruptVersion, ModelStore, VersionManifest
+from trillium.wire import kafka
+
+from .served import ServedModel
+
+logger = logging.getLogger("trillium.serving")
+
+POLL_S = 5.0  # the store is read at least this often, should a notice be lost
+REFUSALS_KEPT = 20
+SERVED_KEPT = 100  # versions whose first serving time the view keeps (freshness measurements)
+
+
+@dataclass
+class Refusal:
+    version: int
+    at: float
+    reason: str
+
+
+@dataclass
+class FollowerState:
+    """What the model view says of the follower."""
+
+    pinned: int | None = None
+    refused: list[Refusal] = field(default_factory=list)
+    applied: int = 0  # versions applied since the replica started
+    first_served_at: dict[int, float] = field(default_factory=dict)  # version -> when it began serving (latest few)
+    error: str | None = None  # why nothing is served, while nothing is
+
+
+class ModelFollower:
+    def __init__(self, store: ModelStore, topic: str, conn: KafkaConnection, threads: int | None) -> None:
+        self.store = store
+        self.topic = topic
+        self.conn = conn
+        self.threads = threads
+        self.served: ServedModel | None = None
+        self.state = FollowerState()
+        self.loaded = asyncio.Event()  # set once a version serves (or the store holds none yet: see `ready`)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._on_change: Callable[[ModelFollower, VersionManifest | None, float], None] = lambda *_: None
+
+    @property
+    def name(self) -> str:
+        return self.store.model
+
+    def start(self, on_change: Callable[[ModelFollower, VersionManifest | None, float], None]) -> ModelFollower:
+        """`on_change(follower, manifest, seconds)` is called when a version begins to serve (after
+        `seconds` of applying it), and with None when one is refused."""
+        self._on_change = on_change
+        self._task = asyncio.create_task(self._run(), name=f"follow {self.name}")
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # ---- pinning -------------------------------------------------------------------------------
+    async def pin(self, version: int) -> VersionManifest:
+        """Serve version `version` (its chain from the store) and stop following; CorruptVersion
+        (or LookupError when there is no such version) leaves things as they were."""
+        if version not in await asyncio.to_thread(self.store.versions):
+            raise LookupError(f"model {self.name} has no version {version}")
+        served = await self._load_chain(version)
+        self.state.pinned = version
+        self._serve(served)
+        return served.manifest
+
+    async def unpin(self) -> None:
+        self.state.pinned = None
+        self._wake.set()
+
+    # ---- following -----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        notices = asyncio.create_task(self._notices(), name=f"notices {self.name}")
+        try:
+            while True:
+                if self.state.pinned is None:
+                    await self._catch_up()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+        finally:
+            notices.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await notices
+
+    async def _notices(self) -> None:
+        """Wake the follower for every notice on the topic (from its end: the store says the rest)."""
+        while True:
+            consumer = kafka.consumer(self.conn, group_id=None)
+            try:
+                partition = TopicPartition(self.topic, 0)
+                consumer.assign([partition])
+                await consumer.start()
+                await consumer.seek_to_end(partition)
+                while True:
+                    records = await consumer.getmany(partition, timeout_ms=1000)
+                    if records.get(partition):
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 (the poll covers for the notices meanwhile)
+                logger.warning("model notices unavailable", extra={"model": self.name, "error": str(err)})
+                await asyncio.sleep(POLL_S)
+            finally:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+
+    async def _catch_up(self) -> None:
+        versions = [v for v in await asyncio.to_thread(self.store.versions) if not self._refused(v)]
+        if self.served is None:
+            # A replica starts at the newest version that loads: its chain brings the rest.
+            for version in reversed(versions):
+                try:
+                    self._serve(await self._load_chain(version))
+                    break
+                except (CorruptVersion, OSError, ValueError) as err:
+                    self._refuse(version, err)
+            else:
+                self.state.error = f"no version of {self.name} loads" if versions else "no version published yet"
+        for version in [v for v in versions if self.served is not None and v > self.served.version]:
+            if self.state.pinned is not None:
+                break
+            try:
+                manifest = await asyncio.to_thread(self.store.manifest, version)
+                if self.served.fits(manifest):
+                    seconds = await asyncio.to_thread(self.served.apply, manifest)
+                    self._served_version(manifest, seconds)
+                else:  # a new lineage, other tables, a base these tables never reached
+                    self._serve(await self._load_chain(version))
+            except (CorruptVersion, OSError, ValueError) as err:
+                self._refuse(version, err)
+        self.loaded.set()
+
+    def _refused(self, version: int) -> bool:
+        return any(r.version == version for r in self.state.refused)
+
+    async def _load_chain(self, version: int) -> ServedModel:
+        """A new ServedModel holding `version`, loaded from its full version on."""
+        started = time.monotonic()
+        chain = await asyncio.to_thread(self.store.chain, version)
+        served = ServedModel(self.store, chain[0], self.threads)
+        for manifest in chain:
+            await asyncio.to_thread(served.apply, manifest)
+        logger.info(
+            "model loaded",
+            extra={"model": self.name, "version": version, "chain": [m.version for m in chain],
+                   "seconds": round(time.monotonic() - started, 3)},
+        )  # fmt: skip
+        return served
+
+    def _serve(self, served: ServedModel) -> None:
+        self.served = served  # one assignment: a request holds the old one or the new one
+        self.state.error = None
+        manifest = served.manifest
+        assert manifest is not None
+        self._served_version(manifest, 0.0)
+
+    def _served_version(self, manifest: VersionManifest, seconds: float) -> None:
+        self.state.applied += 1
+        self.state.first_served_at[manifest.version] = time.time()
+        for old in sorted(self.state.first_served_at)[:-SERVED_KEPT]:
+            del self.state.first_served_at[old]
+        self._on_change(self, manifest, seconds)
+
+    def _refuse(self, version: int, err: Exception) -> None:
+        logger.error("version refused", extra={"model": self.name, "version": version, "error": str(err)})
+        self.state.refused = [*self.state.refused[-(REFUSALS_KEPT - 1) :], Refusal(version, time.time(), str(err))]
+        self._on_change(self, None, 0.0)

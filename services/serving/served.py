@@ -1,0 +1,146 @@
+"""One model as a replica serves it: its embedding tables (values only, `trillium_native.ServingTables`),
+the dense network of each version they may be read at, and its job's transform.
+
+A request reads the tables' version first and encodes its instances with that version's dense
+statistics, then looks up every table under one read lock; the lookup says the version it read,
+and the request runs that version's dense network. A version applied in between (the lookup then
+says another) makes the request encode again: a prediction is always one version's, never half
+of two. Versions are applied in a worker thread: the files are read and checked, the dense network
+built, and only then are the tables swapped or upserted under their write lock, briefly.
+
+Shapes: B instances, F slots; `pooled` [B, sum of the pooled slots' dims]; the model's inputs
+as the NN ranks give them (`trillium.models`): dense [B, num_dense], one tensor per slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import trillium_native
+from trillium import pooling
+from trillium.data.instances import InstanceEncoder
+from trillium.models import load_model, logits
+from trillium.runtime.model_store import DENSE, CorruptVersion, ModelStore, VersionManifest
+from trillium.runtime.storage import StorageDir
+
+RETRIES = 3  # versions applied under one request before it gives up (a version takes seconds to come)
+
+
+@dataclass(frozen=True)
+class _Version:
+    manifest: VersionManifest
+    module: torch.nn.Module
+    encoder: InstanceEncoder
+
+
+@dataclass(frozen=True)
+class Prediction:
+    probabilities: np.ndarray  # float32[B]
+    version: int
+    misses: dict[str, int]  # table -> IDs of the request the model has never trained
+
+
+class ServedModel:
+    """The tables of a model at one version (and, while a newer one is applied, the one before)."""
+
+    def __init__(self, store: ModelStore, first: VersionManifest, threads: int | None = None) -> None:
+        config = first.config
+        self.store = store
+        self.name = first.model
+        self.config = config  # its tables and shards; a version of other ones is served by a new ServedModel
+        self.shards = config.topology.ps_shards
+        self.tables = trillium_native.ServingTables(
+            {name: t.dim for name, t in config.tables.items()}, self.shards, first.dtype, threads
+        )
+        self.layout = pooling.Layout(config.slots, config.tables, 1)
+        self.bf16 = config.training.precision == "bf16"
+        self._versions: dict[int, _Version] = {}
+        self._lock = threading.Lock()  # one applier at a time
+
+    @property
+    def version(self) -> int:
+        return self.tables.version
+
+    @property
+    def manifest(self) -> VersionManifest | None:
+        held = self._versions.get(self.tables.version)
+        return held.manifest if held is not None else None
+
+    def fits(self, manifest: VersionManifest) -> bool:
+        """Whether `manifest` can be applied on top of what these tables hold: a full version (of
+        the same tables), or a delta whose base this one has reached in the same attempt."""
+        if manifest.config.tables != self.config.tables or manifest.config.topology.ps_shards != self.shards:
+            return False
+        if manifest.kind == "full":
+            return True
+        held = self.manifest
+        return (
+            held is not None
+            and (held.job_id, held.attempt) == (manifest.job_id, manifest.attempt)
+            and held.version >= (manifest.base or 0)
+        )
+
+    def apply(self, manifest: VersionManifest) -> float:
+        """Read, check and apply one version (blocking: a worker thread's); returns the seconds it
+        took. `CorruptVersion` (a file missing or altered, a row on the wrong shard) leaves the
+        tables as they were."""
+        started = time.monotonic()
+        with self._lock:
+            self.store.verify(manifest)
+            parts = self.store.parts(manifest.parts)
+            dense = parts.read_checked(DENSE, manifest.file(DENSE).bytes, manifest.file(DENSE).sha256, CorruptVersion)
+            module = load_model(manifest.config.model)
+            module.load_state_dict(torch.load(io.BytesIO(dense), map_location="cpu", weights_only=True)["model"])
+            module.eval()
+            encoder = InstanceEncoder(manifest.config, manifest.dense_stats)
+            self._versions[manifest.version] = _Version(manifest, module, encoder)
+            try:
+                with _local_paths(parts, manifest) as paths:
+                    self.tables.apply(paths, manifest.version)
+            except ValueError as err:
+                del self._versions[manifest.version]
+                raise CorruptVersion(f"version {manifest.version} of {self.name}: {err}") from None
+            # Keep the version the tables are at and the one before: a request that read it a moment ago.
+            for old in sorted(self._versions)[:-2]:
+                del self._versions[old]
+        return time.monotonic() - started
+
+    def predict(self, instances: Sequence[Any]) -> Prediction:
+        """Probabilities of the instances at one version (BadInstance for one that cannot be a sample)."""
+        for _ in range(RETRIES):
+            version = self._versions.get(self.tables.version)
+            if version is None:
+                continue
+            batch = version.encoder.batch(instances)
+            plan = pooling.plan(self.layout, batch.ids)
+            names = list(plan.tables)
+            rows, read_at, misses = self.tables.lookup([(t, plan.tables[t].ids) for t in names])
+            if read_at == version.manifest.version:
+                break
+        else:
+            raise RuntimeError(f"{self.name}: versions changed under {RETRIES} tries of one request")
+        pooled = pooling.pool(plan, dict(zip(names, rows, strict=True)))
+        with torch.no_grad():
+            out = logits(
+                version.module,
+                torch.from_numpy(np.array(batch.dense, dtype=np.float32)),
+                [torch.from_numpy(values) for values, _ in pooled.slots()],
+                self.bf16,
+            )
+        return Prediction(torch.sigmoid(out).numpy(), read_at, dict(zip(names, misses, strict=True)))
+
+
+@contextlib.contextmanager
+def _local_paths(parts: StorageDir, manifest: VersionManifest) -> Iterator[list[tuple[int, str]]]:
+    """(training shard, a local path) of each values file of a version (downloaded when remote)."""
+    with contextlib.ExitStack() as stack:
+        yield [(f.shard, str(stack.enter_context(parts.reading(f.name)))) for f in manifest.values]

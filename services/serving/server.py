@@ -1,0 +1,213 @@
+"""The serving service: a replica that answers predictions from the models the stack's jobs publish,
+and follows each to its newest version within seconds of its commit.
+
+Models are found in the stack's model registry (Redis, written by the coordinator when it commits
+a version: `trillium.wire.state.MODELS`); a replica started for one model (`trillium serve MODEL`,
+`TRILLIUM_SERVING_MODEL`) serves that one only, pinned to `TRILLIUM_SERVING_VERSION` if set. Each
+model has a follower (follower.py) that keeps a `ServedModel` (served.py) at its newest version.
+Requests come over REST (api.py) and gRPC (`Predict`, proto/serving.proto), both behind the
+stack's token; both run the same `predict`.
+
+The replica is ready (`/readyz`, a Kubernetes readiness probe) once every model the registry
+names has tried its first load: a replica never takes traffic it would answer with 503s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import grpc
+import msgpack
+import torch
+from fastapi import Depends, FastAPI, HTTPException, status
+from prometheus_client import Counter, Gauge, Histogram
+
+from trillium.data.instances import BadInstance
+from trillium.runtime.limits import BodyLimit
+from trillium.runtime.model_store import ModelStore, VersionManifest
+from trillium.runtime.service import Service, run_service
+from trillium.wire import rpc, state
+from trillium.wire.pb import serving_pb2 as pb
+from trillium.wire.pb import serving_pb2_grpc as pb_grpc
+
+from .api import PredictResponse, bad_instance, router
+from .follower import ModelFollower
+
+logger = logging.getLogger("trillium.serving")
+
+DISCOVER_S = 1.0  # how often the model registry is read for models new to the replica
+FIRST_LOAD_S = 300.0  # readiness waits this long for the first loads, then goes ready anyway
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+REQUESTS = Counter("trillium_serving_requests_total", "prediction requests", ["model", "protocol", "code"])
+LATENCY = Histogram("trillium_serving_request_seconds", "prediction latency", ["model", "protocol"],
+                    buckets=LATENCY_BUCKETS)  # fmt: skip
+INSTANCES = Counter("trillium_serving_instances_total", "instances predicted", ["model"])
+UNSEEN = Counter("trillium_serving_unseen_ids_total", "IDs the model has never trained (read as zeros)",
+                 ["model", "table"])  # fmt: skip
+VERSION = Gauge("trillium_serving_model_version", "the version served", ["model"])
+FRESHNESS = Gauge("trillium_serving_freshness_lag_seconds", "now less the newest event time trained", ["model"])
+REFUSED = Counter("trillium_serving_versions_refused_total", "versions refused (checksum, consistency)", ["model"])
+APPLY = Histogram("trillium_serving_version_apply_seconds", "time to apply a version", ["model"])
+
+
+class _Servicer(pb_grpc.ServingServicer):
+    def __init__(self, replica: ServingReplica) -> None:
+        self.replica = replica
+
+    async def Predict(self, request: pb.PredictRequest, context: grpc.aio.ServicerContext) -> pb.PredictResponse:
+        try:
+            if request.format in ("", "json"):
+                instances = json.loads(request.instances)
+            elif request.format == "msgpack":
+                instances = msgpack.unpackb(request.instances, raw=False)
+            else:
+                raise ValueError(f"format {request.format!r}: expected 'json' or 'msgpack'")
+            if not isinstance(instances, list):
+                raise ValueError(f"instances: expected an array, got {type(instances).__name__}")
+        except (ValueError, msgpack.UnpackException) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"instances: {err}")
+        try:
+            answer = await asyncio.to_thread(self.replica.predict, request.model, instances, "grpc")
+        except HTTPException as err:
+            await context.abort(_GRPC_CODES.get(err.status_code, grpc.StatusCode.INTERNAL), _detail(err.detail))
+        return pb.PredictResponse(predictions=answer.predictions, model=answer.model, version=answer.version)
+
+
+_GRPC_CODES = {
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def _detail(detail: Any) -> str:
+    if isinstance(detail, list):
+        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
+    return str(detail)
+
+
+class ServingReplica(Service):
+    role = "serving"
+    registers = False  # a replica takes part in no job; clients and `trillium status` find it
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        # A replica answers small batches on few cores: torch's pool would only spin.
+        torch.set_num_threads(self.settings.threads or 1)
+        self.followers: dict[str, ModelFollower] = {}
+        self.max_batch = self.settings.serving_max_batch
+        self._first_load = asyncio.Event()
+
+    def add_routes(self, app: FastAPI) -> None:
+        app.description = (
+            "Predictions from the models a Trillium stack trains. Every /v1 route needs "
+            "`Authorization: Bearer <token>`; /healthz and /readyz do not."
+        )
+        app.add_middleware(BodyLimit, limit=self.settings.serving_max_body_bytes)
+        app.include_router(router(self), dependencies=[Depends(self.require_token)])
+
+    async def start(self) -> None:
+        self.redis = state.connect(self.settings.redis_url)
+        self.grpc_server = await rpc.serve(
+            self.settings.host, self.settings.grpc_port, self.settings.grpc,
+            lambda server: pb_grpc.add_ServingServicer_to_server(_Servicer(self), server),
+        )  # fmt: skip
+        self._discovery = asyncio.create_task(self._discover(), name="model discovery")
+        # Ready once every model known now has tried its first load (bounded: a huge model
+        # still loading does not keep the replica out of its readiness forever).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._first_load.wait(), FIRST_LOAD_S)
+
+    async def stop(self) -> None:
+        self._discovery.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._discovery
+        for follower in self.followers.values():
+            await follower.stop()
+        await self.grpc_server.stop(grace=2)
+        await self.redis.aclose()
+
+    def health(self) -> dict[str, Any]:
+        return {"models": {name: f.served.version if f.served else None for name, f in self.followers.items()}}
+
+    # ---- models ------------------------------------------------------------------------------
+    async def _discover(self) -> None:
+        only = self.settings.serving_model
+        while True:
+            try:
+                registry = {name: json.loads(entry) for name, entry in (await self.redis.hgetall(state.MODELS)).items()}
+                for name, entry in registry.items():
+                    if name not in self.followers and (only is None or name == only):
+                        await self._follow(name, entry)
+                loading = [f.loaded.wait() for f in self.followers.values()]
+                if only is not None and only not in registry:
+                    logger.warning("model not published yet", extra={"model": only})
+                await asyncio.gather(*loading)
+                self._first_load.set()
+            except Exception as err:  # noqa: BLE001 (Redis away: the models served go on)
+                logger.warning("model registry unavailable", extra={"error": str(err)})
+            await asyncio.sleep(DISCOVER_S)
+
+    async def _follow(self, name: str, entry: dict[str, Any]) -> None:
+        follower = ModelFollower(ModelStore(entry["dir"], name), entry["topic"], self.settings.kafka,
+                                 self.settings.threads)  # fmt: skip
+        self.followers[name] = follower
+        follower.start(self._changed)
+        if self.settings.serving_version is not None and name == self.settings.serving_model:
+            await follower.loaded.wait()
+            await follower.pin(self.settings.serving_version)
+        logger.info("following model", extra={"model": name, "dir": entry["dir"]})
+
+    def _changed(self, follower: ModelFollower, manifest: VersionManifest | None, seconds: float) -> None:
+        if manifest is None:
+            REFUSED.labels(follower.name).inc()
+            return
+        VERSION.labels(follower.name).set(manifest.version)
+        APPLY.labels(follower.name).observe(seconds)
+        if manifest.event_time is not None:
+            FRESHNESS.labels(follower.name).set_function(lambda at=manifest.event_time: time.time() - at)
+
+    # ---- predictions -------------------------------------------------------------------------
+    def predict(self, model: str, instances: list[Any], protocol: str) -> PredictResponse:
+        """One request's predictions (on a worker thread); HTTPException says why not."""
+        started = time.perf_counter()
+        code = "200"
+        label = model if model in self.followers else "_unknown"  # a client's names are no metric labels
+        try:
+            follower = self.followers.get(model)
+            if follower is None:
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {model!r}; models: {sorted(self.followers)}")
+            served = follower.served
+            if served is None:
+                raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                    f"model {model!r} has no version loaded: {follower.state.error}")  # fmt: skip
+            if len(instances) > self.max_batch:
+                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                                    f"{len(instances)} instances; at most {self.max_batch} a request")  # fmt: skip
+            try:
+                prediction = served.predict(instances)
+            except BadInstance as err:
+                raise bad_instance(err) from None
+            INSTANCES.labels(model).inc(len(instances))
+            for table, misses in prediction.misses.items():
+                if misses:
+                    UNSEEN.labels(model, table).inc(misses)
+            return PredictResponse(predictions=prediction.probabilities.tolist(), model=model,
+                                   version=prediction.version)  # fmt: skip
+        except HTTPException as err:
+            code = str(err.status_code)
+            raise
+        finally:
+            REQUESTS.labels(label, protocol, code).inc()
+            LATENCY.labels(label, protocol).observe(time.perf_counter() - started)
+
+
+def main() -> None:
+    run_service(ServingReplica)

@@ -1,0 +1,182 @@
+"""Serving on a real stack: a job's model answers predictions from the stack's serving replica,
+with zero skew against the job's own evaluation of the same version (the Adult example, and a job
+of multi-valued, mean-pooled and sequence slots), pinned to an older version and back."""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, run_to_end
+
+from trillium import stack
+from trillium.data import load_job
+from trillium.data.sources.presets import ADULT
+from trillium.job import ADULT_COLUMNS, CRITEO_COLUMNS, JobConfig
+from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest
+
+ROOT = Path(__file__).resolve().parents[2]
+SKEW = 1e-5  # serving's predictions against the job's evaluation of the same version
+
+
+class Replica:
+    """The stack's serving replica, over REST with the stack's token."""
+
+    def __init__(self, run_dir: Path) -> None:
+        st = stack.read_state(run_dir)
+        self.url = next(p["http_url"] for p in st["processes"] if p["role"] == "serving")
+        self.http = httpx.Client(base_url=self.url, timeout=60.0,
+                                 headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"})  # fmt: skip
+
+    def view(self, model: str) -> dict:
+        r = self.http.get(f"/v1/models/{model}")
+        return r.json() if r.status_code == 200 else {"version": None}
+
+    def wait_for(self, model: str, version: int, timeout_s: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while (view := self.view(model))["version"] != version:
+            assert time.monotonic() < deadline, f"the replica serves {view} of {model}, not version {version}"
+            time.sleep(0.2)
+        return view
+
+    def predict(self, model: str, instances: list[dict], batch: int = 500) -> tuple[np.ndarray, set[int]]:
+        """Predictions of every instance, in chunks; and the versions that answered."""
+        out, versions = [], set()
+        for start in range(0, len(instances), batch):
+            r = self.http.post(f"/v1/models/{model}:predict", json={"instances": instances[start : start + batch]})
+            assert r.status_code == 200, r.text
+            out += r.json()["predictions"]
+            versions.add(r.json()["version"])
+        return np.asarray(out, np.float32), versions
+
+
+def _newest(run_dir: Path, job: JobConfig) -> VersionManifest:
+    store = ModelStore.of(job, run_dir)
+    assert store is not None
+    return store.manifest(store.versions()[-1])
+
+
+def _evaluation(run_dir: Path, job: JobConfig, manifest: VersionManifest) -> np.ndarray:
+    store = ModelStore.of(job, run_dir)
+    with store.parts(manifest.parts).reading(EVAL) as path:
+        return np.load(path)
+
+
+def _delimited_rows(path: Path, columns: tuple[str, ...], delimiter: str, strip: bool = False) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        cells = [c.strip() if strip else c for c in line.split(delimiter)]
+        if len(cells) == len(columns):
+            rows.append(dict(zip(columns, cells, strict=True)))
+    return rows
+
+
+def test_the_adult_example_is_served_as_it_evaluates(training_stack) -> None:
+    """`trillium train examples/adult/job.yaml`, then predictions, with no other step: the replica
+    finds the model, serves its final version, and answers the test split as the job's own
+    evaluation of that version scored it."""
+    job = load_job(ROOT / "examples/adult/job.yaml")
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    final = _newest(training_stack, job)
+    assert final.job_id == view["job"]["id"] and final.step == report["steps"] - 1
+    expected = _evaluation(training_stack, job, final)
+    instances = _delimited_rows(ROOT / "examples/adult/data/adult.test", ADULT_COLUMNS, ADULT.delimiter, strip=True)
+    assert len(expected) == len(instances) == report["eval_samples"]
+    replica = Replica(training_stack)
+    replica.wait_for(job.name, final.version)
+    got, versions = replica.predict(job.name, instances)
+    assert versions == {final.version}
+    assert np.abs(got - expected).max() <= SKEW
+
+
+def _pooled_job(tmp_path: Path) -> JobConfig:
+    """tests/data/tiny as CSV with a multi-valued column: mean- and sum-pooled and sequence slots of it."""
+    for split in ("train", "test"):
+        rows = _delimited_rows(DATA / "tiny" / f"{split}.tsv", CRITEO_COLUMNS, "\t")
+        with (tmp_path / f"{split}.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow([*CRITEO_COLUMNS, "tags"])
+            for row in rows:
+                tags = "|".join(v for v in (row["C1"], row["C2"], row["C3"], row["C1"]) if v)
+                writer.writerow([*row.values(), tags])
+    raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    raw["name"] = "pooled"
+    raw["data"] = {"source": "csv", "train": str(tmp_path / "train.csv"), "test": str(tmp_path / "test.csv")}
+    raw["slots"] += [
+        {"name": "tags_mean", "column": "tags", "table": "a", "separator": "|", "pooling": "mean", "max_len": 3},
+        {"name": "tags_seq", "column": "tags", "table": "b", "separator": "|", "pooling": "none", "max_len": 4},
+    ]
+    raw["model"]["kwargs"]["embedding_dims"] += [4, 8]
+    return JobConfig.model_validate(raw)
+
+
+def test_multi_valued_mean_pooled_and_sequence_slots_are_served_as_they_evaluate(training_stack, tmp_path) -> None:
+    job = _pooled_job(tmp_path)
+    view, _ = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    final = _newest(training_stack, job)
+    expected = _evaluation(training_stack, job, final)
+    instances = [dict(row) for row in csv.DictReader((tmp_path / "test.csv").open())]
+    replica = Replica(training_stack)
+    replica.wait_for(job.name, final.version)
+    got, versions = replica.predict(job.name, instances)
+    assert versions == {final.version} and len(got) == len(expected)
+    assert np.abs(got - expected).max() <= SKEW
+
+
+def test_a_replica_pinned_to_an_older_version_answers_as_that_version_evaluated(training_stack, tmp_path) -> None:
+    """Versions at every checkpoint (evaluated there); pinned to the first, a replica answers as the
+    job's evaluation at that checkpoint; unpinned, it serves the newest again."""
+    raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    raw["name"] = "pinned"
+    raw["checkpoint"] = {"every_steps": 10, "every_seconds": None, "evaluate": True}
+    raw["publish"] = {"at_checkpoints": True, "every_seconds": None}
+    job = JobConfig.model_validate(raw, context={"base_dir": DATA})
+    view, _ = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    store = ModelStore.of(job, training_stack)
+    mine = [store.manifest(v) for v in store.versions()]
+    mine = [m for m in mine if m.job_id == view["job"]["id"]]
+    assert len(mine) >= 3 and [m.kind for m in mine[:2]] == ["full", "delta"]
+    old, newest = mine[0], mine[-1]
+    instances = _delimited_rows(DATA / "tiny" / "test.tsv", CRITEO_COLUMNS, "\t")
+    replica = Replica(training_stack)
+    replica.wait_for(job.name, newest.version)
+    r = replica.http.post(f"/v1/models/{job.name}/rollback", json={"version": old.version})
+    assert r.status_code == 200 and r.json()["pinned"] == old.version, r.text
+    got, versions = replica.predict(job.name, instances)
+    assert versions == {old.version}
+    assert np.abs(got - _evaluation(training_stack, job, old)).max() <= SKEW
+    assert replica.http.post(f"/v1/models/{job.name}/rollback", json={"version": 10**6}).status_code == 404
+    assert replica.http.post(f"/v1/models/{job.name}/unpin").status_code == 200
+    replica.wait_for(job.name, newest.version)
+    got, _ = replica.predict(job.name, instances)
+    assert np.abs(got - _evaluation(training_stack, job, newest)).max() <= SKEW
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "names"),
+    [
+        ({"instances": [{"age": "39"}, {"age": {"x": 1}}]}, 422, ["instances", 1, "age"]),
+        ({"instances": [{}, "a row"]}, 422, ["instances", 1]),
+        ({"instances": "not a list"}, 422, ["instances"]),
+        ({"instances": [{}] * 2000}, 413, None),
+    ],
+)
+def test_bad_requests_name_the_instance_and_the_field(training_stack, body, status, names) -> None:
+    job = load_job(ROOT / "examples/adult/job.yaml")
+    replica = Replica(training_stack)
+    if replica.view(job.name)["version"] is None:
+        run_to_end(training_stack, job)
+        replica.wait_for(job.name, _newest(training_stack, job).version)
+    r = replica.http.post(f"/v1/models/{job.name}:predict", json=body)
+    assert r.status_code == status, r.text
+    if names is not None:
+        assert r.json()["detail"][0]["loc"][1:] == names
+    assert replica.http.post("/v1/models/no-such-model:predict", json={"instances": []}).status_code == 404
+    assert httpx.post(f"{replica.url}/v1/models/{job.name}:predict", json={"instances": []}).status_code == 401

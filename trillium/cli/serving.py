@@ -1,0 +1,117 @@
+"""Serving: a replica in the foreground for one model (`serve`), and the stack's replicas' view of
+the models they serve, with pinning and unpinning (`models`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Annotated, Any, Optional
+
+import httpx
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from trillium import stack
+from trillium.config import (
+    ENV_COORDINATOR_URL,
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_REDIS_URL,
+    ENV_RUN_DIR,
+    ENV_SERVING_MODEL,
+    ENV_SERVING_VERSION,
+    ENV_TOKEN,
+)
+from trillium.stack.procs import free_port
+
+from .app import JsonOut, RunDir, app, console, fail, run_dir_of
+
+
+def _stack(run_dir: RunDir) -> tuple[dict[str, Any], str]:
+    rd = run_dir_of(run_dir)
+    st = stack.read_state(rd)
+    if not st or st.get("phase") != "running":
+        fail(f"no stack running in {rd}: run `trillium up` first")
+    return st, stack.read_token(rd)
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Argument(help="the model: its job's name, or its publish.model")],
+    version: Annotated[
+        Optional[int], typer.Option(min=1, help="pin to this version (default: follow the newest)")
+    ] = None,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="REST port (0: a free one)")] = 0,
+    grpc_port: Annotated[int, typer.Option(min=0, max=65535, help="gRPC port (0: a free one)")] = 0,
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    run_dir: RunDir = None,
+) -> None:
+    """Serve MODEL in the foreground (Ctrl-C stops it), from the versions the stack's jobs publish:
+    REST `POST /v1/models/MODEL:predict` and gRPC `Predict`, both with the stack's token."""
+    st, token = _stack(run_dir)
+    port, grpc_port = port or free_port(), grpc_port or free_port()
+    env = dict(os.environ) | {
+        ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"], ENV_REDIS_URL: st["redis"]["url"],
+        ENV_COORDINATOR_URL: st["coordinator_url"], ENV_TOKEN: token, ENV_RUN_DIR: st["run_dir"],
+        ENV_SERVING_MODEL: model,
+    }  # fmt: skip
+    if version is not None:
+        env[ENV_SERVING_VERSION] = str(version)
+    console.print(f"serving {model} at http://{host}:{port} (grpc {host}:{grpc_port}); Ctrl-C stops it")
+    argv = [sys.executable, "-m", "trillium.services.serving", "--index", str(port), "--host", host,
+            "--http-port", str(port), "--grpc-port", str(grpc_port)]  # fmt: skip
+    os.execvpe(argv[0], argv, env)
+
+
+def _replicas(st: dict[str, Any]) -> list[str]:
+    urls = [p["http_url"] for p in st["processes"] if p["role"] == "serving"]
+    if not urls:
+        fail("the stack runs no serving replica: start it with `trillium up --serving-replicas N`")
+    return urls
+
+
+def _ago(ts: float | None) -> str:
+    return f"{time.time() - ts:.1f}s" if ts else ""
+
+
+@app.command()
+def models(
+    model: Annotated[Optional[str], typer.Argument(help="one model (default: all)")] = None,
+    pin: Annotated[Optional[int], typer.Option(min=1, help="pin MODEL to this version on every replica")] = None,
+    unpin: Annotated[bool, typer.Option("--unpin", help="make MODEL follow its newest version again")] = False,
+    run_dir: RunDir = None,
+    as_json: JsonOut = False,
+) -> None:
+    """The models the stack's serving replicas serve: version, step, freshness, tables; with
+    MODEL, --pin N rolls every replica back (or forward) to version N, --unpin follows the newest."""
+    st, token = _stack(run_dir)
+    if (pin is not None or unpin) and model is None:
+        fail("--pin and --unpin need a MODEL")
+    views = []
+    with httpx.Client(timeout=120.0, headers={"Authorization": f"Bearer {token}"}) as client:
+        for url in _replicas(st):
+            if pin is not None:
+                r = client.post(f"{url}/v1/models/{model}/rollback", json={"version": pin})
+            elif unpin:
+                r = client.post(f"{url}/v1/models/{model}/unpin")
+            else:
+                r = client.get(f"{url}/v1/models" + (f"/{model}" if model else ""))
+            if r.status_code != 200:
+                fail(f"{url}: HTTP {r.status_code}: {r.json().get('detail', r.text) if r.content else ''}")
+            found = r.json()
+            views += [dict(v, replica=url) for v in (found if isinstance(found, list) else [found])]
+    if as_json:
+        print(json.dumps(views, indent=2))
+        return
+    table = Table("replica", "model", "version", "step", "kind", "pinned", "age", "freshness lag", "rows", "bytes")
+    for v in views:
+        rows = sum(t["rows"] for t in v["tables"].values())
+        lag = f"{v['freshness_lag_seconds']:.1f}s" if v.get("freshness_lag_seconds") is not None else ""
+        table.add_row(v["replica"], v["model"], str(v["version"] or v.get("error") or ""), str(v["step"] or ""),
+                      v["kind"] or "", str(v["pinned"] or ""), _ago(v["created_at"]), lag, f"{rows:,}",
+                      f"{v['bytes']:,}")  # fmt: skip
+        for refusal in v["refused"][-3:]:
+            console.print(Text.assemble(("refused ", "red"), f"version {refusal['version']}: {refusal['reason']}"))
+    console.print(table)
