@@ -161,7 +161,7 @@ impl TableCapture {
     }
 }
 
-fn write_copies<W: Elem>(w: &mut SnapWriter, t: &TableCapture, copied: &Copied<W>) -> std::io::Result<()> {
+fn write_copies<W: Elem>(w: &mut SnapWriter<'_>, t: &TableCapture, copied: &Copied<W>) -> std::io::Result<()> {
     match copied {
         Copied::Whole(copies) => {
             let mut blk = RowColumns::default();
@@ -185,13 +185,13 @@ impl TableSource for TableCapture {
     fn counters(&self) -> [u64; 9] {
         self.counters
     }
-    fn write_sketch(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+    fn write_sketch(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()> {
         match &self.sketch {
             Some(sk) => w.sketch(sk.width, sk.depth, sk.cells.iter().copied()),
             None => Ok(()),
         }
     }
-    fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+    fn write_rows(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()> {
         with_copied!(&self.shards, c => write_copies(w, self, c))
     }
 }
