@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 __version__: str
 SNAPSHOT_FORMAT_VERSION: int
+VALUES_FORMAT_VERSION: int
 
 DType = Literal["fp32", "fp16", "bf16"]
 Optimizer = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
@@ -110,6 +111,17 @@ class StoreCapture:
         fsync of the directory), GIL released. Returns ``(bytes written, sha256 hex digest of
         the file)``, the digest computed over the bytes as they are written. The same capture
         always writes the same bytes. Raises ValueError once released, OSError on I/O errors.
+        """
+    def write_values(self, path: str | os.PathLike[str], dtype: Literal["fp16", "fp32"] = "fp16") -> tuple[int, str]:
+        """Write a *values file* for serving (`ServingTables.apply`): every captured table's
+        IDs and weights only (no optimizer state, versions or TTL stamps), rows sorted by ID,
+        weights converted to `dtype` exactly as `EmbeddingStore.lookup(..., out_dtype=...)`
+        converts them (so a served value equals a read-only lookup's, bit for bit), full or
+        delta as the capture is (`delta`). Format: native/README.md ("Values file format");
+        the trailer's CRC-32 lets a reader detect truncation and corruption on its own.
+        Atomic like `write` (temp file + fsync + rename + fsync of the directory), GIL
+        released. Returns ``(bytes written, sha256 hex digest of the file)``. Raises
+        ValueError for another `dtype` or once released, OSError on I/O errors.
         """
     @property
     def delta(self) -> bool:

@@ -1,7 +1,8 @@
 //! trillium_native: native embedding parameter store for Trillium.
 //!
-//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, and the
-//! embedding worker's `pooling`) is independent of Python; `python` holds the PyO3 bindings.
+//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, the embedding
+//! worker's `pooling`, and the `values` file format that publishes a model for serving) is
+//! independent of Python; `python` holds the PyO3 bindings.
 
 pub mod config;
 pub mod elem;
@@ -13,5 +14,6 @@ pub mod pooling;
 pub mod snapshot;
 pub mod store;
 pub mod table;
+pub mod values;
 
 mod python;

@@ -136,5 +136,6 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash::hash_strings, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
+    m.add("VALUES_FORMAT_VERSION", crate::values::VALUES_FORMAT_VERSION)?;
     Ok(())
 }
