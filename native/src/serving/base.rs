@@ -21,12 +21,13 @@
 //! are served correctly, only with longer buckets.
 //!
 //! A lookup computes the bucket, reads its two starts and searches its keys (binary
-//! search down to 8 keys, then a scan). The base never changes shape once built: apply
+//! search down to 8 keys, then a scan); batched lookups prefetch each step for a block of
+//! IDs before taking it (`serving/lookup.rs`). The base never changes shape once built: apply
 //! overwrites values in place (under the store's write lock) and builds a new base to
 //! add rows (outside it); see `serving/apply.rs`.
 
 use crate::elem::Elem;
-use crate::mem::{Pod, RawBuf};
+use crate::mem::{prefetch, Pod, RawBuf};
 
 /// Parts with at least this many rows get 6-byte keys (and at least 16 bucket bits).
 const SHORT_KEYS_MIN_ROWS: usize = 1 << 16;
@@ -175,6 +176,27 @@ impl<W: Elem + Pod> Base<W> {
     #[inline]
     pub fn find(&self, id: u64) -> Option<usize> {
         self.search(self.range(self.bucket(id)), id)
+    }
+
+    /// Hint: bucket `k`'s starts will be read (see `serving/lookup.rs`).
+    #[inline(always)]
+    pub fn prefetch_starts(&self, k: usize) {
+        match &self.starts {
+            Starts::Narrow { groups, rel } => {
+                prefetch(groups.as_ptr().wrapping_add(k >> GROUP_SHIFT));
+                prefetch(rel.as_ptr().wrapping_add(k));
+            }
+            Starts::Wide(s) => prefetch(s.as_ptr().wrapping_add(k)),
+        }
+    }
+
+    /// Hint: the keys at positions `[lo, hi)` will be read (their first and last lines).
+    #[inline(always)]
+    pub fn prefetch_keys(&self, (lo, hi): (usize, usize)) {
+        if lo < hi {
+            prefetch(self.keys.as_ptr().wrapping_add(lo * self.kw));
+            prefetch(self.keys.as_ptr().wrapping_add(hi * self.kw - 1));
+        }
     }
 
     #[inline(always)]
