@@ -8,15 +8,17 @@
 //! * `keys`: each ID's low 48 bits in 6 bytes when `b >= 16` (the bucket then supplies the
 //!   top 16 bits), else the whole ID in 8 bytes; read as one unaligned 8-byte load, so
 //!   `keys` ends with `8 - key width` bytes of padding;
-//! * `start` is kept in two levels: a u32 per group of 256 buckets and a u16 per bucket
-//!   relative to its group (about 2 bytes per bucket), or a u32 per bucket when some group
-//!   holds 65,536 rows or more (only with IDs far from uniform);
+//! * `start` is kept in two levels, a u32 per group of buckets and a start relative to its
+//!   group per bucket, as narrow as the groups allow: a u8 per bucket in groups of 16
+//!   (1.25 bytes per bucket) when no group holds 256 rows or more, else a u16 in groups of
+//!   256 (~2 bytes), else (IDs far from uniform) a u32 per bucket;
 //! * `values`: `n * dim` values, row `p` belonging to the ID at position `p`.
 //!
 //! Parts of at least 2^16 rows use `b = max(16, floor(log2 n) - 4)` and 6-byte keys:
-//! 6 + 2 * B / n bytes per row, i.e. 6.125 to 6.25 from 2^20 rows on (16 to 32 rows per
-//! bucket; 6.1 at 10M rows) and 6 + 2^17 / n below (6.26 at 500k rows, 8 at 2^16).
-//! Smaller parts use `b = floor(log2 n) - 4` and 8-byte keys (8.25 bytes per row).
+//! from 2^20 rows on, 16 to 32 rows per bucket and u16 starts, 6.06 to 6.13 bytes per row
+//! (6.1 at 5M rows); below, 2^16 buckets of u8 starts, 6 + 81920 / n (6.16 at 500k rows,
+//! 7.25 at 2^16). Smaller parts use `b = floor(log2 n) - 4` and 8-byte keys (8.1 to 8.3
+//! bytes per row).
 //! Feature IDs are xxh3 hashes, so their top bits are uniform and buckets even; other IDs
 //! are served correctly, only with longer buckets.
 //!
@@ -33,19 +35,36 @@ use crate::mem::{prefetch, Pod, RawBuf};
 const SHORT_KEYS_MIN_ROWS: usize = 1 << 16;
 /// With 6-byte keys the top 16 bits of an ID come from its bucket.
 const SHORT_KEYS_MIN_BITS: u32 = 16;
-/// Buckets per group of the two-level starts: 2^8.
+/// Buckets per group of the two-level starts: 2^4 with u8 starts, 2^8 with u16 ones.
+const BYTE_GROUP_SHIFT: u32 = 4;
 const GROUP_SHIFT: u32 = 8;
 /// Aim for 2^4 to 2^5 rows per bucket.
 const ROWS_PER_BUCKET_LOG2: u32 = 4;
 
 /// Where each bucket starts (see the module doc).
 enum Starts {
+    /// `start(k) = groups[k >> BYTE_GROUP_SHIFT] + rel[k]`.
+    Byte {
+        groups: Vec<u32>,
+        rel: Vec<u8>,
+    },
     /// `start(k) = groups[k >> GROUP_SHIFT] + rel[k]`.
-    Narrow {
+    Half {
         groups: Vec<u32>,
         rel: Vec<u16>,
     },
     Wide(Vec<u32>),
+}
+
+/// `start` as a u32 per group of `2^shift` buckets and a `T` per bucket relative to its
+/// group, if every relative start fits a `T`.
+fn relative<T: TryFrom<u32>>(start: &[u32], shift: u32) -> Option<(Vec<u32>, Vec<T>)> {
+    let groups: Vec<u32> = (0..=((start.len() - 1) >> shift)).map(|g| start[g << shift]).collect();
+    let mut rel = Vec::with_capacity(start.len());
+    for (k, &s) in start.iter().enumerate() {
+        rel.push(T::try_from(s - groups[k >> shift]).ok()?);
+    }
+    Some((groups, rel))
 }
 
 /// A sorted base (see the module doc). Positions are u32: at most 2^32 - 1 rows per part.
@@ -95,11 +114,10 @@ impl<W: Elem + Pod> Base<W> {
             }
             start.push(p as u32);
         }
-        let groups: Vec<u32> = (0..=(nb >> GROUP_SHIFT)).map(|g| start[g << GROUP_SHIFT]).collect();
-        let narrow = (0..=nb).all(|k| start[k] - groups[k >> GROUP_SHIFT] <= u16::MAX as u32);
-        let starts = if narrow {
-            let rel = (0..=nb).map(|k| (start[k] - groups[k >> GROUP_SHIFT]) as u16).collect();
-            Starts::Narrow { groups, rel }
+        let starts = if let Some((groups, rel)) = relative::<u8>(&start, BYTE_GROUP_SHIFT) {
+            Starts::Byte { groups, rel }
+        } else if let Some((groups, rel)) = relative::<u16>(&start, GROUP_SHIFT) {
+            Starts::Half { groups, rel }
         } else {
             Starts::Wide(start)
         };
@@ -128,7 +146,11 @@ impl<W: Elem + Pod> Base<W> {
     #[inline(always)]
     pub fn range(&self, k: usize) -> (usize, usize) {
         match &self.starts {
-            Starts::Narrow { groups, rel } => (
+            Starts::Byte { groups, rel } => (
+                (groups[k >> BYTE_GROUP_SHIFT] + rel[k] as u32) as usize,
+                (groups[(k + 1) >> BYTE_GROUP_SHIFT] + rel[k + 1] as u32) as usize,
+            ),
+            Starts::Half { groups, rel } => (
                 (groups[k >> GROUP_SHIFT] + rel[k] as u32) as usize,
                 (groups[(k + 1) >> GROUP_SHIFT] + rel[k + 1] as u32) as usize,
             ),
@@ -182,7 +204,11 @@ impl<W: Elem + Pod> Base<W> {
     #[inline(always)]
     pub fn prefetch_starts(&self, k: usize) {
         match &self.starts {
-            Starts::Narrow { groups, rel } => {
+            Starts::Byte { groups, rel } => {
+                prefetch(groups.as_ptr().wrapping_add(k >> BYTE_GROUP_SHIFT));
+                prefetch(rel.as_ptr().wrapping_add(k));
+            }
+            Starts::Half { groups, rel } => {
                 prefetch(groups.as_ptr().wrapping_add(k >> GROUP_SHIFT));
                 prefetch(rel.as_ptr().wrapping_add(k));
             }
@@ -223,7 +249,8 @@ impl<W: Elem + Pod> Base<W> {
     /// Bytes allocated (capacities).
     pub fn memory_bytes(&self) -> usize {
         let starts = match &self.starts {
-            Starts::Narrow { groups, rel } => groups.capacity() * 4 + rel.capacity() * 2,
+            Starts::Byte { groups, rel } => groups.capacity() * 4 + rel.capacity(),
+            Starts::Half { groups, rel } => groups.capacity() * 4 + rel.capacity() * 2,
             Starts::Wide(s) => s.capacity() * 4,
         };
         self.keys.capacity() + starts + self.values.capacity() * std::mem::size_of::<W>() + std::mem::size_of::<Self>()
