@@ -1,9 +1,10 @@
-"""Native embedding parameter store of Trillium (Rust, PyO3), and the embedding worker's
-per-batch dedup, routing, pooling and gradient scatter (`PoolingLayout`).
+"""Native embedding parameter store of Trillium (Rust, PyO3), the embedding worker's
+per-batch dedup, routing, pooling and gradient scatter (`PoolingLayout`), and a model
+replica's serving store (`ServingTables`, fed by `StoreCapture.write_values`).
 
 Everything batched releases the GIL and runs on the store's own thread pool.
 Ids are `numpy.uint64` arrays; rows are `float32` (or `float16`) arrays.
-See `native/README.md` for semantics and the snapshot binary format.
+See `native/README.md` for semantics, the snapshot and the values-file formats.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy.typing as npt
 
 __version__: str
 SNAPSHOT_FORMAT_VERSION: int
+VALUES_FORMAT_VERSION: int
 
 DType = Literal["fp32", "fp16", "bf16"]
 Optimizer = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
@@ -110,6 +112,17 @@ class StoreCapture:
         fsync of the directory), GIL released. Returns ``(bytes written, sha256 hex digest of
         the file)``, the digest computed over the bytes as they are written. The same capture
         always writes the same bytes. Raises ValueError once released, OSError on I/O errors.
+        """
+    def write_values(self, path: str | os.PathLike[str], dtype: Literal["fp16", "fp32"] = "fp16") -> tuple[int, str]:
+        """Write a *values file* for serving (`ServingTables.apply`): every captured table's
+        IDs and weights only (no optimizer state, versions or TTL stamps), rows sorted by ID,
+        weights converted to `dtype` exactly as `EmbeddingStore.lookup(..., out_dtype=...)`
+        converts them (so a served value equals a read-only lookup's, bit for bit), full or
+        delta as the capture is (`delta`). Format: native/README.md ("Values file format");
+        the trailer's CRC-32 lets a reader detect truncation and corruption on its own.
+        Atomic like `write` (temp file + fsync + rename + fsync of the directory), GIL
+        released. Returns ``(bytes written, sha256 hex digest of the file)``. Raises
+        ValueError for another `dtype` or once released, OSError on I/O errors.
         """
     @property
     def delta(self) -> bool:
@@ -411,3 +424,88 @@ class PoolingPlan:
         gradient divided by the sample's ID count first); positions past a sample's IDs are
         ignored. GIL released. Raises ValueError (shapes), TypeError (dtypes).
         """
+
+class ServingTableStats(TypedDict):
+    rows: int
+    overlay_rows: int
+    memory_bytes: int
+    lookups: int
+    misses: int
+
+class ApplyReport(TypedDict):
+    version: int
+    files: int
+    bytes: int
+    rows: int
+    parts_replaced: int
+    parts_merged: int
+    rows_updated: int
+    rows_inserted: int
+    read_s: float
+    build_s: float
+    lock_wait_s: float
+    lock_hold_s: float
+    total_s: float
+
+class ServingTables:
+    """A model replica's embedding tables: values only (no optimizer state), fp16 by
+    default, applied version by version from the values files training publishes
+    (`StoreCapture.write_values`) while lookups go on.
+
+    Each table is kept as one part per training PS shard (`shards`): a file written by
+    shard `i` holds only IDs with `shard_of(id, shards) == i`. A **full** file replaces
+    every row shard `i` owns in each table it lists; a **delta** file upserts its rows.
+    Memory: about 2.1 bytes per value at dim 64 in fp16, index included (see
+    native/README.md, "Serving store"). Safe to share between threads: any number of
+    lookups at once, one apply at a time (others wait).
+    """
+
+    def __init__(
+        self,
+        tables: dict[str, int],
+        shards: int,
+        dtype: Literal["fp16", "fp32"] = "fp16",
+        threads: int | None = None,
+    ) -> None:
+        """`tables`: name -> dim. `shards`: the training job's PS shard count. `dtype`: the
+        values as stored, which every applied file must hold. `threads`: the pool applies use
+        to read files and build indexes (default `RAYON_NUM_THREADS`, else all cores; 1 runs
+        them on the calling thread). Raises ValueError (dim < 1, shards < 1, a dtype other
+        than fp16/fp32), TypeError."""
+    def apply(self, parts: Sequence[tuple[int, str | os.PathLike[str]]], version: int) -> ApplyReport:
+        """Apply `[(training shard, values-file path)]` as `version` (greater than the current
+        one), all at once: a concurrent `lookup` sees every table before or after, never in
+        between. Every file is read and checked first (format and CRC, dtype, every table
+        served with the same dim, IDs sorted and owned by the file's shard); a failure raises
+        ValueError naming the file and the problem (OSError for I/O errors) and changes
+        nothing: the previous version goes on serving. Files of one shard apply in list order
+        (a full one replaces what came before it). The write lock is held only to swap new
+        structures in and copy updated rows (`lock_hold_s` in the returned report; a
+        100k-row delta ~1.5 ms). GIL released."""
+    def lookup(
+        self, requests: Sequence[tuple[str, npt.NDArray[np.uint64]]]
+    ) -> tuple[list[npt.NDArray[np.float32]], int, list[int]]:
+        """`[(table, uint64 ids)]` -> `(float32 [len(ids), dim] per request, the version they
+        were read at, misses per request)`. Every request of the call is read under one read
+        lock, at one version. An ID not present reads as zeros (as an ID never admitted in
+        training does) and counts as a miss. Runs on the calling thread, keeping the GIL
+        (the work is microseconds) unless the call has 16384 IDs or more. Raises KeyError
+        (unknown table), TypeError (ids not a uint64 array), ValueError (not 1-D)."""
+    @property
+    def version(self) -> int:
+        """The last applied version (0 before any)."""
+    @property
+    def shards(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def tables(self) -> dict[str, int]:
+        """Table name -> dim, in the order given."""
+    def stats(self) -> dict[str, ServingTableStats]:
+        """Per table: `rows`, `overlay_rows` (rows new since their part's base was built),
+        `memory_bytes` (capacities of the actual allocations), and the lifetime counters
+        `lookups` (IDs looked up) and `misses`."""
+    def memory_bytes(self) -> int:
+        """Bytes allocated by every table, index included (capacities of the allocations)."""

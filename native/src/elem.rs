@@ -57,7 +57,7 @@ impl Elem for f16 {
     }
     #[inline(always)]
     fn load_row(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst)
+        widen_f16(src, dst)
     }
     #[inline(always)]
     fn store_row(src: &[f32], dst: &mut [Self]) {
@@ -86,6 +86,43 @@ impl Elem for bf16 {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = bf16::from_f32(*s);
         }
+    }
+}
+
+/// Widen f16 values to f32 (exact; `dst` as long as `src`). With F16C, one call converts
+/// the whole slice, 8 values per instruction: `half`'s slice conversion makes a call per 8
+/// values, which took a sixth of a served lookup's time (serving/lookup.rs).
+#[inline]
+pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "slices of different lengths");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has F16C (checked just above; AVX comes with it).
+        unsafe { widen_f16_f16c(src, dst) };
+        return;
+    }
+    src.convert_to_f32_slice(dst)
+}
+
+/// # Safety
+/// The CPU must support F16C and AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c,avx")]
+unsafe fn widen_f16_f16c(src: &[f16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n: 16 bytes read from `src` and 32 written to `dst`, in bounds;
+        // both intrinsics take unaligned pointers.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for k in i..n {
+        dst[k] = src[k].to_f32();
     }
 }
 
@@ -118,6 +155,24 @@ impl OutElem for f16 {
                     dc.convert_from_f32_slice(t);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widen_f16_is_exact() {
+        // Every f16 bit pattern (NaNs compared by bits: both paths quiet them alike).
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        for len in [all.len(), 13, 7] {
+            let mut fast = vec![0f32; len];
+            let mut slow = vec![0f32; len];
+            widen_f16(&all[..len], &mut fast);
+            all[..len].convert_to_f32_slice(&mut slow);
+            assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 }

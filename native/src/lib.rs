@@ -1,7 +1,8 @@
 //! trillium_native: native embedding parameter store for Trillium.
 //!
-//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, and the
-//! embedding worker's `pooling`) is independent of Python; `python` holds the PyO3 bindings.
+//! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, the embedding
+//! worker's `pooling`, and for model replicas the `values` file format and the read-only
+//! `serving` store) is independent of Python; `python` holds the PyO3 bindings.
 
 pub mod config;
 pub mod elem;
@@ -10,8 +11,10 @@ pub mod index;
 pub mod mem;
 pub mod optim;
 pub mod pooling;
+pub mod serving;
 pub mod snapshot;
 pub mod store;
 pub mod table;
+pub mod values;
 
 mod python;

@@ -10,7 +10,7 @@
 //! of each internal shard) live on the ordinary heap. Large hash indexes get
 //! their own huge-page mappings.
 
-use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
@@ -32,6 +32,7 @@ fn map_huge(len: usize) -> *mut u8 {
 }
 
 /// Map `len` bytes (a multiple of 4 KiB), 2 MiB aligned, advised for huge pages if `huge`.
+/// The memory reads as zeros (fresh anonymous pages).
 fn map_aligned(len: usize, huge: bool) -> *mut u8 {
     #[cfg(unix)]
     // SAFETY: plain anonymous mapping; we only unmap ranges we mapped.
@@ -67,7 +68,7 @@ fn map_aligned(len: usize, huge: bool) -> *mut u8 {
     // SAFETY: valid non-zero layout.
     unsafe {
         let _ = huge;
-        alloc(Layout::from_size_align(len, HUGE).expect("layout"))
+        alloc_zeroed(Layout::from_size_align(len, HUGE).expect("layout"))
     }
 }
 
@@ -180,6 +181,16 @@ enum Kind {
     Mmap(usize),
 }
 
+/// Plain numbers: every bit pattern, all-zero included, is a valid value (see `RawBuf::zeroed`).
+pub trait Pod: Copy {}
+impl Pod for u8 {}
+impl Pod for u16 {}
+impl Pod for u32 {}
+impl Pod for u64 {}
+impl Pod for f32 {}
+impl Pod for half::f16 {}
+impl Pod for half::bf16 {}
+
 /// A fixed-capacity buffer of plain numbers (no per-element drop).
 pub struct RawBuf<T: Copy> {
     ptr: NonNull<T>,
@@ -277,6 +288,35 @@ impl<T: Copy> RawBuf<T> {
         let mut b = RawBuf { ptr: p, len: 0, cap, kind };
         b.extend_fill(cap, v);
         b
+    }
+
+    /// A buffer of `n` zeros from memory handed out zeroed (no fill pass: the kernel's fresh
+    /// pages, or `alloc_zeroed`); with `huge`, one of >= 2 MiB is a dedicated 2 MiB-aligned
+    /// `MADV_HUGEPAGE` mapping (as in `filled`), whose pages are faulted in as they are
+    /// first written.
+    pub fn zeroed(n: usize, huge: bool) -> Self
+    where
+        T: Pod,
+    {
+        let elem = std::mem::size_of::<T>().max(1);
+        if n == 0 {
+            return RawBuf::default();
+        }
+        if huge && n * elem >= MMAP_MIN {
+            let len = round_up(n * elem, 4096);
+            return match NonNull::new(map_huge(len) as *mut T) {
+                // The mapping reads as zeros, a valid `T` (Pod).
+                Some(p) => RawBuf { ptr: p, len: n, cap: len / elem, kind: Kind::Mmap(len) },
+                None => handle_alloc_error(Layout::from_size_align(n * elem, 64).unwrap_or(Layout::new::<u64>())),
+            };
+        }
+        let layout = Layout::array::<T>(n).unwrap_or_else(|_| handle_alloc_error(Layout::new::<u64>()));
+        // SAFETY: non-zero size; zeroed memory is a valid `T` (Pod).
+        let p = unsafe { alloc_zeroed(layout) } as *mut T;
+        match NonNull::new(p) {
+            Some(p) => RawBuf { ptr: p, len: n, cap: n, kind: Kind::Heap },
+            None => handle_alloc_error(layout),
+        }
     }
 
     /// A copy of `src` with capacity `src.len()` (from `arena` if given).
@@ -380,5 +420,15 @@ mod tests {
         assert!(big.iter().all(|&x| x == u32::MAX));
         let small: RawBuf<u32> = RawBuf::filled(10, 1, true);
         assert_eq!(small.len(), 10);
+        for (n, huge) in [(0, true), (7, true), (3 << 20, true), (3 << 20, false)] {
+            let mut z: RawBuf<u16> = RawBuf::zeroed(n, huge);
+            assert_eq!(z.len(), n);
+            assert!(z.capacity() >= n);
+            assert!(z.iter().all(|&x| x == 0));
+            if n > 0 {
+                z[n - 1] = 5;
+                assert_eq!(z[n - 1], 5);
+            }
+        }
     }
 }

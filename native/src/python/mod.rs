@@ -1,4 +1,4 @@
-//! PyO3 bindings, one module per area (store, captures, hashing, pooling); this one registers them and holds
+//! PyO3 bindings, one module per area (store, captures, hashing, pooling, serving); this one registers them and holds
 //! the helpers they share. Every batched call releases the GIL and runs on the store's
 //! own rayon pool; every entry point catches panics and maps errors to
 //! ValueError / TypeError / KeyError / OSError.
@@ -15,6 +15,7 @@ use crate::snapshot::FORMAT_VERSION;
 
 mod hash;
 mod pooling;
+mod serving;
 mod snapshot;
 mod store;
 
@@ -130,11 +131,13 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<snapshot::PyCaptureMark>()?;
     m.add_class::<pooling::PyLayout>()?;
     m.add_class::<pooling::PyPlan>()?;
+    m.add_class::<serving::PyServing>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_strings, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
+    m.add("VALUES_FORMAT_VERSION", crate::values::VALUES_FORMAT_VERSION)?;
     Ok(())
 }

@@ -8,7 +8,16 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::guard;
+use crate::config::DType;
 use crate::snapshot::{Capture, CaptureMark, Written};
+
+/// "fp16" / "fp32" (and their numpy spellings) as a values dtype.
+pub(crate) fn values_dtype(s: &str) -> PyResult<DType> {
+    match DType::parse(s) {
+        Ok(d @ (DType::F16 | DType::F32)) => Ok(d),
+        _ => Err(PyValueError::new_err(format!("unknown dtype {s:?}: expected 'fp16' or 'fp32'"))),
+    }
+}
 
 /// `(bytes written, sha256 hex digest of the file)`, as returned by `dump` and `write`.
 pub(crate) fn written(w: Written) -> (u64, String) {
@@ -50,6 +59,15 @@ impl PyCapture {
     fn write(&self, py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
         let c = self.get()?;
         py.detach(|| guard(|| c.write(&path))).map(written)
+    }
+
+    /// Write the captured tables' IDs and weights only, as `dtype` ("fp16" or "fp32"), to
+    /// `path` as a values file (for serving) atomically; returns (bytes, sha256 hex).
+    #[pyo3(signature = (path, dtype="fp16"))]
+    fn write_values(&self, py: Python<'_>, path: PathBuf, dtype: &str) -> PyResult<(u64, String)> {
+        let dtype = values_dtype(dtype)?;
+        let c = self.get()?;
+        py.detach(|| guard(|| c.write_values(&path, dtype))).map(written)
     }
 
     /// True when only the rows changed since the `since` mark were copied (load the file

@@ -26,13 +26,13 @@ use crate::store::{now_secs, Store};
 use crate::table::{Layout, RowColumns, Shard, ShardCopy, Shards, Table};
 
 /// A table's copied rows: every shard whole, or only the rows changed since a mark.
-enum Copied<W: Elem> {
+pub(super) enum Copied<W: Elem> {
     Whole(Vec<ShardCopy<W>>),
     Changed(Vec<RowColumns<W>>),
 }
 
 impl<W: Elem> Copied<W> {
-    fn rows(&self) -> u64 {
+    pub(super) fn rows(&self) -> u64 {
         match self {
             Copied::Whole(s) => s.iter().map(|c| c.rows as u64).sum(),
             Copied::Changed(b) => b.iter().map(|b| b.len() as u64).sum(),
@@ -47,7 +47,7 @@ impl<W: Elem> Copied<W> {
 }
 
 /// Copied rows of a table, by storage type.
-enum ShardCopies {
+pub(super) enum ShardCopies {
     F32(Copied<f32>),
     F16(Copied<half::f16>),
     BF16(Copied<half::bf16>),
@@ -83,14 +83,14 @@ struct SketchCopy {
 }
 
 /// One table of a capture.
-struct TableCapture {
-    cfg: TableConfig,
-    layout: Layout,
+pub(super) struct TableCapture {
+    pub(super) cfg: TableConfig,
+    pub(super) layout: Layout,
     /// As written: the table's counters, or for a delta their increments since the mark
     /// (the update-batch count, a clock, stays whole).
     counters: [u64; 9],
     sketch: Option<SketchCopy>,
-    shards: ShardCopies,
+    pub(super) shards: ShardCopies,
     /// Holds the copied chunks; declared after `shards` so that they drop first.
     _arena: Arena,
 }
@@ -99,11 +99,11 @@ struct TableCapture {
 /// admission sketch and rows (weights, optimizer state, versions, TTL stamps), and the
 /// store's version clock.
 pub struct Capture {
-    next_version: u64,
+    pub(super) next_version: u64,
     created_secs: u64,
-    tables: Vec<TableCapture>,
+    pub(super) tables: Vec<TableCapture>,
     /// Whether only the rows changed since a mark were copied.
-    delta: bool,
+    pub(super) delta: bool,
     mark: CaptureMark,
 }
 
@@ -161,7 +161,7 @@ impl TableCapture {
     }
 }
 
-fn write_copies<W: Elem>(w: &mut SnapWriter, t: &TableCapture, copied: &Copied<W>) -> std::io::Result<()> {
+fn write_copies<W: Elem>(w: &mut SnapWriter<'_>, t: &TableCapture, copied: &Copied<W>) -> std::io::Result<()> {
     match copied {
         Copied::Whole(copies) => {
             let mut blk = RowColumns::default();
@@ -185,13 +185,13 @@ impl TableSource for TableCapture {
     fn counters(&self) -> [u64; 9] {
         self.counters
     }
-    fn write_sketch(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+    fn write_sketch(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()> {
         match &self.sketch {
             Some(sk) => w.sketch(sk.width, sk.depth, sk.cells.iter().copied()),
             None => Ok(()),
         }
     }
-    fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+    fn write_rows(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()> {
         with_copied!(&self.shards, c => write_copies(w, self, c))
     }
 }

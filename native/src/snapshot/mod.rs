@@ -9,13 +9,15 @@
 //! corrupted file leaves the store untouched.
 //!
 //! `meta` encodes the table metadata block, `write` the writer (shared by `dump` and
-//! captures), `read` the verifying reader and the loader, `capture` point-in-time copies.
+//! captures), `read` the verifying reader and the loader, `capture` point-in-time copies,
+//! `values` a capture's export of weights only for serving (the format of `crate::values`).
 
 use crate::config::{Result, StoreError, TableConfig};
 
 mod capture;
 mod meta;
 mod read;
+mod values;
 mod write;
 
 pub use capture::{Capture, CaptureMark};

@@ -2,9 +2,9 @@
 //! (a point-in-time copy): both describe their tables through `TableSource`.
 //!
 //! The file is written to `path.tmp-<pid>`, fsynced, renamed to `path`, and the directory
-//! is fsynced so that the rename survives a crash. The SHA-256 of the file is computed
-//! over the bytes on their way to it, so checking a checkpoint's manifest needs no
-//! second read.
+//! is fsynced so that the rename survives a crash (`write_atomically`, which values files
+//! share). The SHA-256 of the file is computed over the bytes on their way to it, so
+//! checking a checkpoint's manifest needs no second read.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -24,7 +24,7 @@ use crate::with_shards;
 pub type Written = (u64, [u8; 32]);
 
 /// Counts and hashes every byte on its way to the file.
-struct HashingWriter<F: Write> {
+pub(super) struct HashingWriter<F: Write> {
     inner: F,
     sha: Sha256,
     bytes: u64,
@@ -44,14 +44,14 @@ impl<F: Write> Write for HashingWriter<F> {
 
 /// Writes the blocks of the format (see native/README.md) and counts tables and rows
 /// for the trailer.
-pub(super) struct SnapWriter {
-    w: BufWriter<HashingWriter<File>>,
+pub(super) struct SnapWriter<'a> {
+    w: &'a mut FileOut,
     tables: u32,
     rows: u64,
     blk_rows: u64,
 }
 
-impl SnapWriter {
+impl SnapWriter<'_> {
     /// Write `b` and feed it to the block checksum `h`.
     fn put(&mut self, h: &mut crc32fast::Hasher, b: &[u8]) -> std::io::Result<()> {
         h.update(b);
@@ -181,40 +181,27 @@ pub(super) trait TableSource {
     fn config(&self) -> &TableConfig;
     fn counters(&self) -> [u64; 9];
     /// Write the SKCH block, if the table has an admission sketch.
-    fn write_sketch(&self, w: &mut SnapWriter) -> std::io::Result<()>;
+    fn write_sketch(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()>;
     /// Write the table's ROWS blocks.
-    fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()>;
+    fn write_rows(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()>;
 }
 
-/// Write a snapshot of `tables` atomically. `next_version` is read for the header and
-/// again for the trailer (the loader takes the larger). `flags`: the header's (`FLAG_DELTA`).
-pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
-    path: &Path,
-    created_secs: u64,
-    flags: u32,
-    next_version: impl Fn() -> u64,
-    tables: &[T],
-) -> Result<Written> {
+/// The buffered, hashing writer of a file being written atomically.
+pub(super) type FileOut = BufWriter<HashingWriter<File>>;
+
+/// Write a file atomically: `body` writes it to `path.tmp-<pid>` (through a 4 MiB buffer,
+/// counting and hashing every byte), which is fsynced and renamed to `path`; then the
+/// directory is fsynced so that the rename survives a crash. On an error the temporary
+/// file is removed and `path` is untouched. Shared by snapshots and values files.
+pub(super) fn write_atomically(path: &Path, body: impl FnOnce(&mut FileOut) -> std::io::Result<()>) -> Result<Written> {
     let file_name =
-        path.file_name().ok_or_else(|| StoreError::Value(format!("invalid snapshot path {}", path.display())))?;
+        path.file_name().ok_or_else(|| StoreError::Value(format!("invalid file path {}", path.display())))?;
     let tmp = path.with_file_name(format!("{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
     let res = (|| -> Result<Written> {
         let f = File::create(&tmp)?;
-        let mut w = SnapWriter {
-            w: BufWriter::with_capacity(4 << 20, HashingWriter { inner: f, sha: Sha256::new(), bytes: 0 }),
-            tables: 0,
-            rows: 0,
-            blk_rows: 0,
-        };
-        w.header(next_version(), tables.len() as u32, created_secs, flags)?;
-        for t in tables {
-            w.meta(t.config(), &t.counters())?;
-            t.write_sketch(&mut w)?;
-            t.write_rows(&mut w)?;
-            w.table_end()?;
-        }
-        w.trailer(next_version())?;
-        let hw = w.w.into_inner().map_err(|e| StoreError::Io(e.into_error()))?;
+        let mut w = BufWriter::with_capacity(4 << 20, HashingWriter { inner: f, sha: Sha256::new(), bytes: 0 });
+        body(&mut w)?;
+        let hw = w.into_inner().map_err(|e| StoreError::Io(e.into_error()))?;
         hw.inner.sync_all()?;
         drop(hw.inner);
         std::fs::rename(&tmp, path)?;
@@ -231,6 +218,28 @@ pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
     res
 }
 
+/// Write a snapshot of `tables` atomically. `next_version` is read for the header and
+/// again for the trailer (the loader takes the larger). `flags`: the header's (`FLAG_DELTA`).
+pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
+    path: &Path,
+    created_secs: u64,
+    flags: u32,
+    next_version: impl Fn() -> u64,
+    tables: &[T],
+) -> Result<Written> {
+    write_atomically(path, |out| {
+        let mut w = SnapWriter { w: out, tables: 0, rows: 0, blk_rows: 0 };
+        w.header(next_version(), tables.len() as u32, created_secs, flags)?;
+        for t in tables {
+            w.meta(t.config(), &t.counters())?;
+            t.write_sketch(&mut w)?;
+            t.write_rows(&mut w)?;
+            w.table_end()?;
+        }
+        w.trailer(next_version())
+    })
+}
+
 impl TableSource for Table {
     fn config(&self) -> &TableConfig {
         &self.cfg
@@ -238,13 +247,13 @@ impl TableSource for Table {
     fn counters(&self) -> [u64; 9] {
         self.counters.snapshot()
     }
-    fn write_sketch(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+    fn write_sketch(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()> {
         match &self.sketch {
             Some(sk) => w.sketch(sk.width, sk.depth, sk.counters.iter().map(|c| c.load(Ordering::Relaxed))),
             None => Ok(()),
         }
     }
-    fn write_rows(&self, w: &mut SnapWriter) -> std::io::Result<()> {
+    fn write_rows(&self, w: &mut SnapWriter<'_>) -> std::io::Result<()> {
         with_shards!(&self.shards, shards => {
             let mut blk = RowColumns::default();
             for sh in shards {

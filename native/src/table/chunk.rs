@@ -175,8 +175,9 @@ impl<W: Elem> Chunk<W> {
             + self.occ.capacity() * 8
             + std::mem::size_of::<Self>()
     }
+    /// Whether slot offset `l` holds a row (free slots of the chunk do not).
     #[inline(always)]
-    pub(super) fn occupied(&self, l: usize) -> bool {
+    pub fn occupied(&self, l: usize) -> bool {
         (self.occ[l >> 6] >> (l & 63)) & 1 == 1
     }
 
