@@ -411,21 +411,24 @@ def _cause(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[
     return f"{name}: {error}"
 
 
-async def advance(store: JobStore, registry: WorkerRegistry, checkpoint_busy: Callable[[str], bool]) -> None:
-    """One tick of the job state machine, driven by the workers' reports. `checkpoint_busy(job_id)`
-    says whether a checkpoint of the job is being written (the job finishes only after it)."""
+async def advance(
+    store: JobStore, registry: WorkerRegistry, writing: Callable[[JobRecord, dict[int, dict]], bool]
+) -> None:
+    """One tick of the job state machine, driven by the workers' reports. `writing(job, results)`
+    says whether the job's last checkpoint or model version is still being written, its ranks'
+    `results` in (the job finishes only after them)."""
     job = await store.current()
     if job is None or job.state not in ACTIVE:
         return
     try:
-        await _advance(store, registry, job, checkpoint_busy)
+        await _advance(store, registry, job, writing)
     except IllegalTransition as err:
         # The API moved the job meanwhile (paused, stopped it): the next tick sees that.
         logger.debug("job moved under the state machine", extra={"job": job.id, "error": str(err)})
 
 
 async def _advance(
-    store: JobStore, registry: WorkerRegistry, job: JobRecord, checkpoint_busy: Callable[[str], bool]
+    store: JobStore, registry: WorkerRegistry, job: JobRecord, writing: Callable[[JobRecord, dict[int, dict]], bool]
 ) -> None:
     config = job.config
     workers = {w.name: w for w in await registry.workers()}
@@ -466,7 +469,7 @@ async def _advance(
             await store.transition(job.id, "running")
     elif job.state == "running":
         results = await JobProgress(store.redis, job.id).rank_results()
-        if len(results) == config.topology.nn_ranks and not checkpoint_busy(job.id):
+        if len(results) == config.topology.nn_ranks and not writing(job, results):
             await store.transition(job.id, "finished", metrics=results[0].get("eval"))
     elif job.state == "stopping":
         if lost:

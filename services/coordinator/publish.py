@@ -92,9 +92,14 @@ class Publisher:
             await self._producer.stop()
         await self.http.aclose()
 
-    def busy(self, job_id: str) -> bool:
-        """Whether a cut of the job waits for its version (the job finishes after it)."""
-        return any(held.pending for (held_job, _), held in self._attempts.items() if held_job == job_id)
+    def final_done(self, job: JobRecord, results: dict[int, dict]) -> bool:
+        """Whether the version of the cut after a job's last step is committed (or abandoned): the
+        job finishes after it. `results`: the ranks', which say how many steps they trained."""
+        last = max((r.get("steps", 0) for r in results.values()), default=0) - 1
+        if job.config.publish is None or last < 0:
+            return True
+        held = self._attempts.get((job.id, job.attempt))
+        return held is not None and last in held.done
 
     def failures(self, job: JobRecord) -> list[str]:
         held = self._attempts.get((job.id, job.attempt))

@@ -63,12 +63,14 @@ class Coordinator(Service):
         ]
 
     async def _advance(self) -> None:
-        # A job finishes once its last checkpoint and its last model version are written.
-        await advance(self.jobs, self.registry, lambda job_id: self.checkpointer.busy(job_id) or
-                      self.publisher.busy(job_id))  # fmt: skip
         job = await self.jobs.current()
-        await self.checkpointer.tick(job)
-        await self.publisher.tick(job)
+        await self.publisher.tick(job)  # before the state machine: a cut reported with the results is seen
+        await advance(self.jobs, self.registry, self._writing)
+        await self.checkpointer.tick(await self.jobs.current())
+
+    def _writing(self, job, results: dict[int, dict]) -> bool:
+        """A job finishes once its last checkpoint and its last model version are written."""
+        return self.checkpointer.busy(job.id) or not self.publisher.final_done(job, results)
 
     async def _observe(self) -> None:
         await self.observer.tick(await self.jobs.current())

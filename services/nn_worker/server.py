@@ -444,7 +444,8 @@ class NNWorker(Service):
             weights = await self._torch(run, run.trainer.dense_weights)
             run.writes.append(asyncio.create_task(self._write_dense(step, weights)))
 
-    def _model_parts(self, step: int) -> StorageDir:
+    def _cut_files(self, step: int) -> StorageDir:
+        """Where the files of the model version cut after `step` go."""
         job = self.job
         assert job is not None
         store = ModelStore.of(job.config, self.settings.run_dir)
@@ -453,7 +454,7 @@ class NNWorker(Service):
 
     async def _write_dense(self, step: int, weights: bytes) -> None:
         try:
-            size, sha = await asyncio.to_thread(self._model_parts(step).write_bytes, MODEL_DENSE, weights)
+            size, sha = await asyncio.to_thread(self._cut_files(step).write_bytes, MODEL_DENSE, weights)
             self.report_model_part(ModelPart(step=step, files=[VersionFile(name=MODEL_DENSE, bytes=size, sha256=sha)]))
         except Exception as err:  # noqa: BLE001 (the version is abandoned, not the job)
             logger.exception("writing the dense weights failed", extra={"step": step})
@@ -464,7 +465,7 @@ class NNWorker(Service):
         if run.job.config.publish is None:
             return
         try:
-            await asyncio.to_thread(self._model_parts(step).write_bytes, EVAL, evaluate.in_batch_order(gathered))
+            await asyncio.to_thread(self._cut_files(step).write_bytes, EVAL, evaluate.in_batch_order(gathered))
         except Exception:  # noqa: BLE001 (the evaluation stands; only its saved predictions are missing)
             logger.exception("saving the predictions failed", extra={"step": step})
 

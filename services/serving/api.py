@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel, Field
 
 from trillium.data.instances import BadInstance
@@ -107,49 +107,57 @@ def bad_instance(err: BadInstance) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, [{"loc": loc, "msg": str(err), "type": "value_error"}])
 
 
-def router(parts: ServingParts) -> APIRouter:
-    api = APIRouter(prefix="/v1", tags=["serving"])
+def get_parts(request: Request) -> ServingParts:
+    """The replica that serves this app (`app.state.replica`, set by server.py)."""
+    return request.app.state.replica
 
-    def follower(model: str) -> ModelFollower:
-        found = parts.followers.get(model)
-        if found is None:
-            raise HTTPException(
-                status.HTTP_404_NOT_FOUND, f"no model {model!r} here; models: {sorted(parts.followers)}"
-            )
-        return found
 
-    Follower = Annotated[ModelFollower, Depends(follower)]
+Parts = Annotated[ServingParts, Depends(get_parts)]
 
-    @api.post("/models/{model}:predict", response_model=PredictResponse)
-    def predict(model: str, body: PredictRequest) -> PredictResponse:
-        """The model's predictions for the instances, all from one version (a thread of the pool:
-        the event loop stays free for other requests meanwhile)."""
-        return parts.predict(model, body.instances, "rest")
 
-    @api.get("/models", response_model=list[ModelView])
-    async def list_models() -> list[ModelView]:
-        return [model_view(f) for _, f in sorted(parts.followers.items())]
+def get_follower(model: str, parts: Parts) -> ModelFollower:
+    found = parts.followers.get(model)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {model!r} here; models: {sorted(parts.followers)}")
+    return found
 
-    @api.get("/models/{model}", response_model=ModelView)
-    async def get_model(found: Follower) -> ModelView:
-        return model_view(found)
 
-    @api.post("/models/{model}/rollback", response_model=ModelView)
-    async def rollback(found: Follower, body: RollbackRequest) -> ModelView:
-        """Serve version N (restored from the model store) until unpinned; 404 no such version,
-        409 it does not load (the version served stays)."""
-        try:
-            await found.pin(body.version)
-        except LookupError as err:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from None
-        except (CorruptVersion, OSError, ValueError) as err:
-            raise HTTPException(status.HTTP_409_CONFLICT, f"version {body.version} does not load: {err}") from None
-        return model_view(found)
+Follower = Annotated[ModelFollower, Depends(get_follower)]
+router = APIRouter(prefix="/v1", tags=["serving"])
 
-    @api.post("/models/{model}/unpin", response_model=ModelView)
-    async def unpin(found: Follower) -> ModelView:
-        """Follow the newest version again (it loads within seconds)."""
-        await found.unpin()
-        return model_view(found)
 
-    return api
+@router.post("/models/{model}:predict", response_model=PredictResponse)
+def predict(model: str, body: PredictRequest, parts: Parts) -> PredictResponse:
+    """The model's predictions for the instances, all from one version (a thread of the pool:
+    the event loop stays free for other requests meanwhile)."""
+    return parts.predict(model, body.instances, "rest")
+
+
+@router.get("/models", response_model=list[ModelView])
+async def list_models(parts: Parts) -> list[ModelView]:
+    return [model_view(f) for _, f in sorted(parts.followers.items())]
+
+
+@router.get("/models/{model}", response_model=ModelView)
+async def get_model(found: Follower) -> ModelView:
+    return model_view(found)
+
+
+@router.post("/models/{model}/rollback", response_model=ModelView)
+async def rollback(found: Follower, body: RollbackRequest) -> ModelView:
+    """Serve version N (restored from the model store) until unpinned; 404 no such version, 409 it
+    does not load (the version served stays)."""
+    try:
+        await found.pin(body.version)
+    except LookupError as err:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from None
+    except (CorruptVersion, OSError, ValueError) as err:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"version {body.version} does not load: {err}") from None
+    return model_view(found)
+
+
+@router.post("/models/{model}/unpin", response_model=ModelView)
+async def unpin(found: Follower) -> ModelView:
+    """Follow the newest version again (it loads within seconds)."""
+    await found.unpin()
+    return model_view(found)

@@ -111,7 +111,8 @@ class ServingReplica(Service):
             "`Authorization: Bearer <token>`; /healthz and /readyz do not."
         )
         app.add_middleware(BodyLimit, limit=self.settings.serving_max_body_bytes)
-        app.include_router(router(self), dependencies=[Depends(self.require_token)])
+        app.state.replica = self
+        app.include_router(router, dependencies=[Depends(self.require_token)])
 
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
