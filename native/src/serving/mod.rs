@@ -18,15 +18,16 @@
 //! on serving. Under the write lock apply only swaps structures in and copies the values
 //! of the updated rows into place. See `apply.rs`.
 //!
-//! **Lookups** run on the calling thread (a request's few thousand IDs take microseconds:
-//! less than handing them to a pool). An ID not present reads as zeros, the vector an ID
-//! never admitted in training reads as, and counts as a miss.
+//! **Lookups** run on the calling thread: a request's few thousand IDs take tens of
+//! microseconds, mostly cache misses, which a pool would not shorten (`lookup.rs`). An ID
+//! not present reads as zeros, the vector an ID never admitted in training reads as, and
+//! counts as a miss.
 //!
 //! **Locking behaviour:** one `parking_lot::RwLock` over all tables. `lookup`, `stats` and
 //! `memory_bytes` take its read lock. `apply` takes its upgradable read lock for the whole
 //! call once the files are read (so applies run one at a time, while lookups go on), and
-//! upgrades it to the write lock only for the swap and the copy of updated rows (about a
-//! millisecond per 100k updated rows; see native/README.md); the old structures are freed
+//! upgrades it to the write lock only for the swap and the copy of updated rows (about
+//! 1-2 ms per 100k updated rows; see native/README.md); the old structures are freed
 //! after it is released. Nothing waits for I/O under any lock.
 
 use std::collections::HashMap;
