@@ -4,8 +4,13 @@ of multi-valued, mean-pooled and sequence slots), pinned to an older version and
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import os
+import signal
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -15,12 +20,24 @@ from pipeline_helpers import DATA, run_to_end
 
 from trillium import stack
 from trillium.data import load_job
+from trillium.data.replay import replay
+from trillium.data.sources.datagen import generate_criteo
 from trillium.data.sources.presets import ADULT
 from trillium.job import ADULT_COLUMNS, CRITEO_COLUMNS, JobConfig
 from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest
+from trillium.stack.client import CoordinatorClient
+from trillium.wire import kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 SKEW = 1e-5  # serving's predictions against the job's evaluation of the same version
+
+
+def _wait_for(predicate, what: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return value
 
 
 class Replica:
@@ -35,6 +52,20 @@ class Replica:
     def view(self, model: str) -> dict:
         r = self.http.get(f"/v1/models/{model}")
         return r.json() if r.status_code == 200 else {"version": None}
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_for_any(self, model: str, timeout_s: float) -> int:
+        return _wait_for(lambda: self.view(model)["version"], f"a version of {model}", timeout_s)
+
+    def wait_for_newer(self, model: str, version: int, timeout_s: float) -> int:
+        """Until the replica serves `version` or a newer one; returns the one it serves."""
+        return _wait_for(lambda: (v := self.view(model)["version"]) is not None and v >= version and v,
+                         f"version {version} of {model}", timeout_s)  # fmt: skip
 
     def wait_for(self, model: str, version: int, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -180,3 +211,71 @@ def test_bad_requests_name_the_instance_and_the_field(training_stack, body, stat
         assert r.json()["detail"][0]["loc"][1:] == names
     assert replica.http.post("/v1/models/no-such-model:predict", json={"instances": []}).status_code == 404
     assert httpx.post(f"{replica.url}/v1/models/{job.name}:predict", json={"instances": []}).status_code == 401
+
+
+def _online(name: str, topic: str) -> JobConfig:
+    """examples/online on its own topics: versions every 2 s, checkpoints every 20 steps."""
+    raw = load_job(ROOT / "examples/online/job.yaml").model_dump(mode="json")
+    raw["name"] = name
+    raw["data"]["join"] |= {"impressions": f"{topic}-imps", "labels": f"{topic}-clicks", "window_seconds": 2.0,
+                            "allowed_lateness_seconds": 0.5}  # fmt: skip
+    raw["topology"] |= {"data_loaders": 1}
+    raw["checkpoint"] = {"every_steps": 20, "every_seconds": None}
+    raw["publish"] = {"every_seconds": 2.0}
+    return JobConfig.model_validate(raw)
+
+
+def _pid(run_dir: Path, name: str) -> int:
+    return next(p["pid"] for p in stack.read_state(run_dir)["processes"] if p["name"] == name)
+
+
+def test_an_online_job_is_served_fresh_through_crashes(training_stack, infra, tmp_path) -> None:
+    """An online job trains from a replayed stream and publishes; the replica follows it and its
+    predictions for a fixed probe set change as the model learns. A PS shard killed: answers keep
+    coming from the version held, which advances again once the job has recovered. The replica
+    killed: restarted, it serves the newest version again."""
+    run = uuid.uuid4().hex[:8]
+    generate_criteo(tmp_path / "stream.tsv", 90_000, seed=9, vocab_sizes=[50] * 26)  # a minute at 1500/s
+    job = _online(f"fresh-{run}", run)
+    probes = [dict(zip(CRITEO_COLUMNS[1:], line.split("\t")[1:], strict=True))
+              for line in (tmp_path / "stream.tsv").read_text().splitlines()[:20]]  # fmt: skip
+    for probe in probes:  # a stream's events carry numbers
+        probe.update({f"I{i}": float(probe[f"I{i}"]) if probe[f"I{i}"] else None for i in range(1, 14)})
+    asyncio.run(kafka.ensure_topics(infra.kafka, {f"{run}-imps": 4, f"{run}-clicks": 4}))
+    client = CoordinatorClient.for_stack(training_stack)
+    replica = Replica(training_stack)
+    feed = threading.Thread(target=lambda: asyncio.run(replay(tmp_path / "stream.tsv", job, infra.kafka,
+                                                              fmt="criteo", rate=1500, seed=9)), daemon=True)  # fmt: skip
+    try:
+        job_id = client.submit(job)["id"]
+        feed.start()
+        first = replica.wait_for_any(job.name, 120)
+        before, _ = replica.predict(job.name, probes)
+        replica.wait_for_newer(job.name, first + 3, 120)
+        after, _ = replica.predict(job.name, probes)
+        assert np.abs(after - before).max() > 1e-3  # the model learns, and the replica follows
+
+        _wait_for(lambda: client.job(job_id)["last_checkpoint"], "a checkpoint", 120)
+        held = replica.view(job.name)["version"]
+        os.kill(_pid(training_stack, "embedding_ps-1"), signal.SIGKILL)
+        # Answers keep coming while the job recovers, from versions that only move forward.
+        versions = []
+        deadline = time.monotonic() + 300
+        while not (view := client.job(job_id))["job"]["recoveries"] or view["job"]["state"] != "running":
+            assert time.monotonic() < deadline, view["job"]["state"]
+            _, answered = replica.predict(job.name, probes[:1])
+            versions += sorted(answered)
+        assert versions == sorted(versions) and versions[0] >= held
+        recovered = replica.wait_for_newer(job.name, max(versions) + 1, 180)
+        assert client.job(job_id)["job"]["attempt"] == 1
+
+        os.kill(_pid(training_stack, "serving-0"), signal.SIGKILL)
+        _wait_for(lambda: _pid(training_stack, "serving-0") and replica.ready(), "the replica back", 120)
+        store = ModelStore.of(job, training_stack)
+        assert replica.wait_for_newer(job.name, recovered, 60) >= recovered
+        assert replica.view(job.name)["version"] >= store.versions()[-1] - 2  # at the newest, within a version or two
+        feed.join()  # the stream played to its end
+    finally:
+        client.stop(job_id)
+        _wait_for(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
+        client.close()
