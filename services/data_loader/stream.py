@@ -32,7 +32,6 @@ from aiokafka.errors import KafkaError
 
 import trillium_native
 from trillium.data.features import Encoder, OnlineStats, batch_of
-from trillium.data.sources import RowBlock
 from trillium.data.sources.events import BadEvent, Event, EventReader, EventRows, stream_encoder_config
 from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import KafkaData
@@ -300,15 +299,13 @@ class StreamLoader:
 
     async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""
-        block = RowBlock.of_text(
-            "kafka",
-            rows.columns(),
-            lambda idx: [(int(i), msgpack.packb(rows.events[int(i)].values).hex()) for i in idx],
+        columns = rows.columns()
+        checked = self.encoder.check_cells(
+            columns, lambda i: (i, msgpack.packb(rows.events[i].values).hex()), file="kafka"
         )
-        checked = self.encoder.check(block)
         self.stats.update(checked.dense[checked.keep])
         self.encoder.stats = self.stats.stats()
-        encoded = self.encoder.encode(block, checked)
+        encoded = self.encoder.encode_cells(columns, checked)
         keep = np.flatnonzero(checked.keep)
         for bad in checked.bad:  # a label the job does not know, say
             self.dead["bad_value"] += 1

@@ -258,6 +258,10 @@ class EmbeddingPS(Service):
         """Capture the cut after `step` (the caller holds gradient application) and write it meanwhile."""
         job, exporter = self.job, self._exporter
         assert job is not None and exporter is not None
+        # The newest version the coordinator committed, from the record itself: the heartbeat's copy
+        # may be a second old, and a delta needs the base committed since.
+        if (raw := await self.redis.get(state.job_key(job.id, "record"))) is not None:
+            job = JobRecord.model_validate_json(raw)
         captured = await asyncio.to_thread(exporter.capture, store, job, step)
         if captured is not None:
             exporter.write(job, step, captured)

@@ -6,14 +6,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import trillium_native
 from trillium.data import load_job
 from trillium.data.features import BatchBuilder, EncodedBlock, Encoder, dense_stats, epoch_batches
 from trillium.data.features.epochs import _encoded, _shuffle
 from trillium.data.features.stats import _STATS_CHUNK, _Moments
-from trillium.data.sources import open_source
+from trillium.data.sources import RowBlock, open_source
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import JobConfig
 
@@ -365,3 +368,49 @@ def test_a_row_quarantined_before_is_not_appended_again(tmp_path: Path) -> None:
         assert builder.malformed == {"dense_value": 1, "label": 1}  # counted each time, written once
     records = [json.loads(line) for line in quarantine.read_text().splitlines()]
     assert [r["line"] for r in records] == [2, 3]
+
+
+_CELLS = st.one_of(
+    st.none(), st.just(""), st.sampled_from(["1", "2.5", "-3", " 4", "1e3", "1_000", "x", "nan", "inf", "0x1p3"]),
+    st.text(alphabet="ab|c,", max_size=8),
+)  # fmt: skip
+
+
+@given(data=st.data())
+@settings(max_examples=150, deadline=None)
+def test_rows_as_text_cells_encode_as_a_block_of_them(data) -> None:
+    """Events and prediction requests take `check_cells`/`encode_cells`; files take `check`/`encode`
+    on Arrow blocks: the same rows give the same bits, the same bad rows and reasons, either way."""
+    slots = [
+        {"name": "one", "column": "a"},
+        {"name": "many", "column": "b", "separator": "|", "pooling": "mean", "max_len": 2},
+        {"name": "seq", "column": "b", "separator": ",", "pooling": "none", "max_len": 3},
+    ]
+    negative = data.draw(st.sampled_from([None, ["0"]]))
+    job = JobConfig.model_validate({
+        "name": "cells", "data": {"source": "csv", "train": "/nonexistent.csv"}, "slots": slots,
+        "tables": {"one": {"dim": 2}, "many": {"dim": 2}, "seq": {"dim": 2}},
+        "dense": [{"column": "x", "normalization": "standard"}, {"column": "y", "normalization": "log1p"}],
+        "label": {"column": "l", "positive": "1", **({"negative": negative} if negative else {})},
+        "model": {"cls": "trillium.models:DNN"}, "training": {"batch_size": 4, "staleness_bound": 0,
+                                                             "dense_optimizer": {"name": "sgd"}},
+    })  # fmt: skip
+    rows = data.draw(st.integers(0, 12))
+    columns = {c: data.draw(st.lists(_CELLS, min_size=rows, max_size=rows)) for c in ("a", "b", "x", "y")}
+    columns["l"] = data.draw(st.lists(st.sampled_from([None, "", "0", "1", "2"]), min_size=rows, max_size=rows))
+    encoder = Encoder(job, {"x": {"mean": 1.0, "std": 2.0}})
+    table = pa.table({name: pa.array(cells, pa.string()) for name, cells in columns.items()})
+    block = RowBlock("f", table, (), lambda idx: [(int(i), "") for i in idx])
+    by_arrow = encoder.check(block)
+    by_cells = encoder.check_cells(columns, lambda i: (i, ""), file="f")
+    assert by_cells.bad == by_arrow.bad
+    np.testing.assert_array_equal(by_cells.keep, by_arrow.keep)
+    np.testing.assert_array_equal(by_cells.labels, by_arrow.labels)
+    kept = by_arrow.keep
+    np.testing.assert_array_equal(by_cells.dense[kept], by_arrow.dense[kept])
+    a, b = encoder.encode(block, by_arrow), encoder.encode_cells(columns, by_cells)
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+    for x, y in zip(a.values, b.values, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(a.dense, b.dense)
+    np.testing.assert_array_equal(a.labels, b.labels)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -119,10 +119,9 @@ class Encoder:
         self._positive = pa.array(label.positive, pa.string())
         self._negative = pa.array(label.negative, pa.string()) if label.negative is not None else None
 
-    def check(self, block: RowBlock, *, labelled: bool = True) -> _Checked:
+    def check(self, block: RowBlock) -> _Checked:
         """Parse the dense columns and the labels; find the malformed rows (a row's first problem,
-        in order: dense columns, label) and where they are. Rows to predict (`labelled=False`) have
-        no label to check: every label reads 0."""
+        in order: dense columns, label) and where they are."""
         job, table = self.job, block.table
         problems: dict[int, tuple[str, str]] = {}  # row -> (kind, reason)
         dense = np.empty((block.rows, len(job.dense)))
@@ -131,10 +130,10 @@ class Encoder:
             for row, reason in bad.items():
                 problems.setdefault(row, (DENSE_VALUE, reason))
         text = as_text(table.column(job.label.column))
-        positive = self._member(text, self._positive) if labelled else np.zeros(block.rows, bool)
+        positive = self._member(text, self._positive)
         # Without negative values, any other value is 0 (but an empty cell is no value).
         negative = present(text) & ~positive if self._negative is None else self._member(text, self._negative)
-        unknown = np.flatnonzero(~positive & ~negative) if labelled else np.zeros(0, np.int64)
+        unknown = np.flatnonzero(~positive & ~negative)
         if len(unknown):
             cells = text.take(pa.array(unknown))
             cells = cells.view(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())
@@ -167,6 +166,64 @@ class Encoder:
         for k, slot in enumerate(self.job.slots):
             ids, lengths[k] = _slot_ids(slot, as_text(block.table.column(slot.column)), keep)
             values.append(ids)
+        dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)
+        return EncodedBlock.from_lengths(lengths, tuple(values), dense, labels)
+
+    # ---- rows as Python text cells: events and prediction requests, a few rows at a time ----------
+    # Arrow's per-column calls cost tens of microseconds each, a batch of one event's worth several
+    # milliseconds; these take the cells as they come, with the very checks and encoding of `check`
+    # and `encode` (tests/unit/test_features.py holds the two paths to the same bits).
+
+    def check_cells(
+        self, cells: Mapping[str, Sequence[str | None]], locate: Callable[[int], tuple[int, str]],
+        *, file: str, labelled: bool = True,
+    ) -> _Checked:  # fmt: skip
+        """`check` of rows given as text cells per column (None or "": a missing value);
+        `locate(row)` says where a malformed row is. Rows to predict (`labelled=False`) have no
+        label to check: every label reads 0."""
+        job = self.job
+        rows = len(cells[job.label.column]) if labelled else len(next(iter(cells.values()), ()))
+        problems: dict[int, tuple[str, str]] = {}
+        dense = np.full((rows, len(job.dense)), np.nan)
+        for j, d in enumerate(job.dense):
+            for i, cell in enumerate(cells[d.column]):
+                if not cell:
+                    continue
+                try:
+                    dense[i, j] = value = float(cell)
+                except ValueError:
+                    problems.setdefault(i, (DENSE_VALUE, f"{d.column}: non-numeric value {cell!r}"))
+                    continue
+                if not math.isfinite(value):
+                    problems.setdefault(i, (DENSE_VALUE, f"{d.column}: non-finite value {cell!r}"))
+        positive = np.zeros(rows, bool)
+        if labelled:
+            label, pos, neg = job.label, set(job.label.positive), set(job.label.negative or ())
+            for i, cell in enumerate(cells[label.column]):
+                if cell in pos:
+                    positive[i] = True
+                elif not (cell in neg if label.negative is not None else bool(cell)):
+                    problems.setdefault(i, (LABEL, f"{label.column}: unknown label {cell or ''!r}"))
+        keep = np.ones(rows, bool)
+        keep[list(problems)] = False
+        bad = tuple(Malformed(file, *locate(i), *problems[i]) for i in sorted(problems))
+        return _Checked(keep, dense, positive, bad)
+
+    def encode_cells(self, cells: Mapping[str, Sequence[str | None]], checked: _Checked) -> EncodedBlock:
+        """`encode` of rows given as text cells (`check_cells` checked them): the well-formed ones."""
+        keep = np.flatnonzero(checked.keep)
+        lengths = np.zeros((len(self.job.slots), len(keep)), np.int32)
+        values = []
+        for k, slot in enumerate(self.job.slots):
+            column, texts = cells[slot.column], []
+            for r, i in enumerate(keep):
+                if cell := column[i]:
+                    # One ID per cell; or its non-empty values between separators, the first max_len.
+                    parts = [cell] if slot.separator is None else [p for p in cell.split(slot.separator) if p]
+                    parts = parts[: slot.max_len] if slot.max_len is not None else parts
+                    texts += parts
+                    lengths[k, r] = len(parts)
+            values.append(trillium_native.hash_ids(slot.name, texts) if texts else np.zeros(0, np.uint64))
         dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)
         return EncodedBlock.from_lengths(lengths, tuple(values), dense, labels)
 

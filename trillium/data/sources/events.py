@@ -78,8 +78,12 @@ def scalar_text(path: str, value: Any) -> str:
             raise BadEvent(f"field {path!r}: non-finite value {value!r}")
         return repr(value)
     if isinstance(value, str):
-        if len(value.encode()) > MAX_VALUE_BYTES:
-            raise BadEvent(f"field {path!r}: a string of {len(value.encode())} bytes (at most {MAX_VALUE_BYTES})")
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:  # a lone surrogate (JSON allows "\ud800"): no UTF-8 text to hash
+            raise BadEvent(f"field {path!r}: a string that is not valid Unicode") from None
+        if size > MAX_VALUE_BYTES:
+            raise BadEvent(f"field {path!r}: a string of {size} bytes (at most {MAX_VALUE_BYTES})")
         if MULTI_SEP in value:
             raise BadEvent(f"field {path!r}: the control character \\x1f in a value")
         return value

@@ -63,16 +63,6 @@ class RowBlock:
     def rows(self) -> int:
         return self.table.num_rows
 
-    @staticmethod
-    def of_text(
-        file: str, columns: dict[str, list[str | None]], locate: Callable[[np.ndarray], list[tuple[int, str]]]
-    ) -> RowBlock:
-        """Rows given as text columns (None: a missing value), as events and requests come."""
-        import pyarrow as pa  # here, not at the top: the package's import stays light
-
-        table = pa.table({name: pa.array(values, pa.string()) for name, values in columns.items()})
-        return RowBlock(file, table, (), locate)
-
 
 # Reading and parsing one block: sources hand these out in order, and the caller runs them in
 # worker threads (pyarrow releases the GIL while parsing).
