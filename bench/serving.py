@@ -52,7 +52,7 @@ from trillium.wire.pb import serving_pb2 as pb
 from trillium.wire.pb import serving_pb2_grpc as pb_grpc
 
 TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1, serving_replicas=1)
-VOCAB = 40_000  # IDs a slot: ~1M rows materialized over the 26 slots
+VOCAB = 1_000_000  # IDs a slot: ~1M rows materialized over the 26 slots by 240k rows
 
 
 def file_job(rows: int) -> JobConfig:
@@ -224,8 +224,8 @@ def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
-    parser.add_argument("--rows", type=int, default=200_000, help="training rows of the file job")
-    parser.add_argument("--rate", type=float, default=100.0, help="offered requests a second (latency)")
+    parser.add_argument("--rows", type=int, default=240_000, help="training rows of the file job")
+    parser.add_argument("--rate", type=float, default=50.0, help="offered requests a second (latency)")
     parser.add_argument("--seconds", type=float, default=15.0, help="each latency and saturation run")
     parser.add_argument("--clients", type=int, default=8, help="closed-loop requesters (saturation)")
     parser.add_argument("--stream-seconds", type=float, default=60.0, help="the freshness run")

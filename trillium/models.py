@@ -79,7 +79,9 @@ class DNN(nn.Module):
 def logits(model: nn.Module, dense: Tensor, embeddings: list[Tensor], bf16: bool = False) -> Tensor:
     """The model's logits [B] in fp32, as training, evaluation and serving all compute them: with
     `bf16` (`training.precision`) the forward runs under autocast, on the tensors' device type."""
-    with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=bf16):
+    if not bf16:  # no autocast context to enter: a replica answering one instance feels its cost
+        return model(dense, embeddings).float()
+    with torch.autocast(dense.device.type, dtype=torch.bfloat16):
         out = model(dense, embeddings)
     return out.float()
 

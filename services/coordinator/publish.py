@@ -116,12 +116,14 @@ class Publisher:
         if every is not None and job.state == "running" and time.monotonic() >= held.due:
             held.due = time.monotonic() + every
             await self.jobs.request_publish(job.id)
-        workers = await self._workers(job)
-        cuts = _reports(workers["nn_worker"], job, "publish_cuts", PublishCut)
-        parts = {
-            w.name: _reports([w], job, "model_parts", ModelPart)
-            for w in workers["embedding_ps"] + workers["nn_worker"][:1]
-        }
+        topology = job.config.topology
+        by_name = {w.name: w for w in await self.registry.workers()}
+        ranks_heard = [by_name[f"nn_worker-{r}"] for r in range(topology.nn_ranks) if f"nn_worker-{r}" in by_name]
+        cuts = _reports(ranks_heard, job, "publish_cuts", PublishCut)
+        # The files of a version come from every PS shard and from rank 0 (the dense weights).
+        writers = [f"embedding_ps-{s}" for s in range(topology.ps_shards)] + ["nn_worker-0"]
+        parts = {name: _reports([by_name[name]], job, "model_parts", ModelPart) if name in by_name else {}
+                 for name in writers}  # fmt: skip
         held.pending = {step for step in cuts if step not in held.done}
         for step in sorted(held.pending):
             ranks = cuts[step]
@@ -129,8 +131,8 @@ class Publisher:
                 continue  # the other ranks report this step's cut within a step
             cut = next(iter(ranks.values()))
             if cut.reason == "final" and step not in held.exports:
-                if await self._applied(job, step):
-                    await self._export(job, workers["embedding_ps"], step)
+                shards = [by_name.get(f"embedding_ps-{s}") for s in range(topology.ps_shards)]
+                if await self._applied(job, step) and await self._export(job, shards, step):
                     held.exports.add(step)
                 continue
             mine = {name: by_step.get(step) for name, by_step in parts.items()}
@@ -141,28 +143,23 @@ class Publisher:
             elif not missing:
                 await self._commit(job, store, held, ranks, mine)
 
-    async def _workers(self, job: JobRecord) -> dict[str, list[Worker]]:
-        by_name = {w.name: w for w in await self.registry.workers()}
-        out: dict[str, list[Worker]] = {}
-        for role in ("nn_worker", "embedding_ps"):
-            out[role] = [
-                by_name[f"{role}-{i}"] for i in range(job.config.topology.count(role)) if f"{role}-{i}" in by_name
-            ]
-        return out
-
     async def _applied(self, job: JobRecord, step: int) -> bool:
         applied = await JobProgress(self.jobs.redis, job.id, job.attempt).applied()
         topo = job.config.topology
         return all(applied.get((s, r), -1) >= step for s in range(topo.ps_shards) for r in range(topo.nn_ranks))
 
-    async def _export(self, job: JobRecord, shards: list[Worker], step: int) -> None:
-        request = ExportRequest(job_id=job.id, attempt=job.attempt, step=step)
+    async def _export(self, job: JobRecord, shards: list[Worker | None], step: int) -> bool:
+        """Ask every PS shard to export the cut after the last step; whether all did (else asked again)."""
+        request = ExportRequest(job_id=job.id, attempt=job.attempt, step=step).model_dump(mode="json")
         for shard in shards:
             try:
-                r = await self.http.post(shard.http_url + "/job/export", json=request.model_dump(mode="json"))
-                r.raise_for_status()
+                if shard is None:
+                    raise httpx.HTTPError("not registered")
+                (await self.http.post(shard.http_url + "/job/export", json=request)).raise_for_status()
             except httpx.HTTPError as err:
-                logger.warning("export request failed", extra={"job": job.id, "shard": shard.name, "error": str(err)})
+                logger.warning("export request failed", extra={"job": job.id, "step": step, "error": str(err)})
+                return False
+        return True
 
     # ---- one version -----------------------------------------------------------------------------
     async def _commit(self, job: JobRecord, store: ModelStore, held: _Job, ranks: dict[int, PublishCut],

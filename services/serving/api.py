@@ -79,7 +79,7 @@ class ServingParts(Protocol):
     followers: dict[str, ModelFollower]
     max_batch: int
 
-    def predict(self, model: str, instances: list[Any], protocol: str) -> PredictResponse: ...
+    async def predict_async(self, model: str, instances: list[Any], protocol: str) -> PredictResponse: ...
 
 
 def model_view(follower: ModelFollower) -> ModelView:
@@ -127,10 +127,9 @@ router = APIRouter(prefix="/v1", tags=["serving"])
 
 
 @router.post("/models/{model}:predict", response_model=PredictResponse)
-def predict(model: str, body: PredictRequest, parts: Parts) -> PredictResponse:
-    """The model's predictions for the instances, all from one version (a thread of the pool:
-    the event loop stays free for other requests meanwhile)."""
-    return parts.predict(model, body.instances, "rest")
+async def predict(model: str, body: PredictRequest, parts: Parts) -> PredictResponse:
+    """The model's predictions for the instances, all from one version."""
+    return await parts.predict_async(model, body.instances, "rest")
 
 
 @router.get("/models", response_model=list[ModelView])

@@ -129,7 +129,7 @@ class ServedModel:
         else:
             raise RuntimeError(f"{self.name}: versions changed under {RETRIES} tries of one request")
         pooled = pooling.pool(plan, dict(zip(names, rows, strict=True)))
-        with torch.no_grad():
+        with torch.inference_mode():
             out = logits(
                 version.module,
                 torch.from_numpy(np.array(batch.dense, dtype=np.float32)),

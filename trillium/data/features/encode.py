@@ -109,9 +109,8 @@ class Encoder:
     (they may come from a checkpoint)."""
 
     def __init__(self, job: JobConfig, stats: DenseStats | None) -> None:
-        if stats is not None:
-            _check_stats(job, stats)
-        self.job, self.stats = job, stats
+        self.job = job
+        self.stats = stats
         slots = [s.column for s in job.slots]
         self.columns = tuple(dict.fromkeys([*slots, *(d.column for d in job.dense), job.label.column]))
         self.checked_columns = tuple(dict.fromkeys([*(d.column for d in job.dense), job.label.column]))
@@ -227,20 +226,43 @@ class Encoder:
         dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)
         return EncodedBlock.from_lengths(lengths, tuple(values), dense, labels)
 
+    @property
+    def stats(self) -> DenseStats | None:
+        return self._stats
+
+    @stats.setter
+    def stats(self, stats: DenseStats | None) -> None:
+        """The normalization statistics in use (a stream's change as it goes): checked, and turned
+        into the columns' offsets and scales once, not per batch."""
+        if stats is not None:
+            _check_stats(self.job, stats)
+        self._stats = stats
+        kinds = [d.normalization for d in self.job.dense]
+        self._affine = np.array([j for j, k in enumerate(kinds) if k in ("standard", "minmax")], np.int64)
+        self._log = np.array([j for j, k in enumerate(kinds) if k == "log1p"], np.int64)
+        offsets, scales = [], []
+        for d in self.job.dense:
+            s = (stats or {}).get(d.column, {})
+            if d.normalization == "standard" and s:
+                offsets.append(s["mean"])
+                scales.append(s["std"])
+            elif d.normalization == "minmax" and s:
+                offsets.append(s["min"])
+                scales.append(s["max"] - s["min"])
+        self._offsets, self._scales = np.array(offsets, np.float64), np.array(scales, np.float64)
+
     def _normalize(self, raw: np.ndarray) -> np.ndarray:
-        if self.stats is None:
+        """float64 [rows, num_dense] raw values -> float32, normalized, missing = 0: `standard`
+        (x - mean) / std, `minmax` (x - min) / (max - min), `log1p` sign(x) log(1 + |x|), each
+        column at once per kind."""
+        if self._stats is None:
             raise ValueError("the encoder was made without dense statistics: it can check rows, not encode them")
-        out = np.empty(raw.shape, np.float32)
-        for j, d in enumerate(self.job.dense):
-            x, s = raw[:, j], self.stats.get(d.column, {})
-            if d.normalization == "standard":
-                x = (x - s["mean"]) / s["std"]
-            elif d.normalization == "minmax":
-                x = (x - s["min"]) / (s["max"] - s["min"])
-            elif d.normalization == "log1p":
-                x = np.sign(x) * np.log1p(np.abs(x))
-            out[:, j] = np.nan_to_num(x, nan=0.0)
-        return out
+        x = raw.copy()
+        if len(self._affine):
+            x[:, self._affine] = (raw[:, self._affine] - self._offsets) / self._scales
+        if len(self._log):
+            x[:, self._log] = np.sign(raw[:, self._log]) * np.log1p(np.abs(raw[:, self._log]))
+        return np.nan_to_num(x, nan=0.0).astype(np.float32)
 
 
 def _check_stats(job: JobConfig, stats: DenseStats) -> None:
