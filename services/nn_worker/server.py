@@ -265,7 +265,7 @@ class NNWorker(Service):
             if rank == 0:
                 result["eval"] = evaluate.summarize(gathered)
             await progress.set_rank_result(rank, result)
-            await asyncio.get_running_loop().run_in_executor(thread, dist.destroy_process_group)
+            await self._torch(run, run.trainer.finish)
             self._group_dirty = False
             clean = True
             self.set_job_phase("done")

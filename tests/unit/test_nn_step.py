@@ -4,7 +4,10 @@ through the CPU path and through the CUDA path's host side (staging, one embeddi
 from __future__ import annotations
 
 import copy
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -150,11 +153,10 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
                 [p.detach().numpy().copy() for p in trainer.model.parameters()],
             )
         )  # arrays: no shared memory
-        # Neither rank tears its group down while the other may still finish the last collective:
-        # without this a rank sometimes aborted in gloo at exit (3 of 40 runs, with or without the hook).
-        dist.barrier()
-    finally:
+        trainer.finish()  # as a rank ends its job: a barrier, then the group torn down
+    except BaseException:
         dist.destroy_process_group()
+        raise
 
 
 def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_control_words(tmp_path) -> None:
@@ -184,3 +186,30 @@ def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_contro
             np.testing.assert_allclose(g, w[rows], rtol=1e-5, atol=1e-7)
         for mine, theirs in zip(params, plain.parameters(), strict=True):
             np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _rank_ends(rank: int, store: str, results) -> None:
+    """Rank 1 dies without ending its job; rank 0 ends it and says how long that took."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    trainer, _, _ = make_trainer(world=2, rank=rank)
+    if rank == 1:
+        os._exit(1)  # a peer dead before the job's end
+    started = time.monotonic()
+    try:
+        trainer.finish(timeout=timedelta(seconds=3))
+        results.put(("finished", time.monotonic() - started))
+    except RuntimeError as err:
+        results.put((str(err), time.monotonic() - started))
+
+
+def test_a_dead_peer_fails_the_end_of_a_job_within_its_timeout(tmp_path) -> None:
+    """Not the collective's 10-minute timeout: the monitored barrier names the rank it misses."""
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=_rank_ends, args=(r, str(tmp_path / "store"), results)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    error, seconds = results.get(timeout=120)
+    for p in ranks:
+        p.join(timeout=60)
+    assert "1" in error and error != "finished" and seconds < 30, (error, seconds)
