@@ -19,6 +19,7 @@ repeats an event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -56,6 +57,8 @@ def _kind(reason: str) -> str:
         return "missing_field"
     if reason.startswith(("not valid", "expected an object", "empty message", "message of")):
         return "undecodable"
+    if reason.startswith("event time"):
+        return "clock"
     return "bad_value"
 
 
@@ -232,10 +235,10 @@ class StreamLoader:
         try:
             join = self.data.join
             if join is None:
-                event = self.reader.event(record.value)
+                event = self._clocked(self.reader.event(record.value))
                 self.rows.add(event)
             else:
-                event = self.reader.event(record.value, impression=tp.topic == join.impressions)
+                event = self._clocked(self.reader.event(record.value, impression=tp.topic == join.impressions))
                 joiner = self.joins[tp.partition]
                 if tp.topic == join.impressions:
                     joiner.impression(event)
@@ -244,6 +247,21 @@ class StreamLoader:
             self.max_time[where] = max(self.max_time.get(where, -np.inf), event.time)
         except BadEvent as err:
             await self._dead_letter(producer, tp, record.offset, record.value, str(err))
+
+    def _clocked(self, event: Event) -> Event:
+        """The event, its time within the clock's bounds (`data.clock`), or BadEvent saying why not."""
+        clock, now = self.data.clock, time.time()
+        if clock.max_future_seconds is not None and event.time > now + clock.max_future_seconds:
+            kind, bound = "future", now
+        elif clock.max_past_seconds is not None and event.time < now - clock.max_past_seconds:
+            kind, bound = "past", now - clock.max_past_seconds
+        else:
+            return event
+        self.counts[f"clock_{kind}"] += 1
+        if clock.action == "dlq":
+            raise BadEvent(f"event time {event.time:.3f} is {abs(event.time - now):.1f} s in the {kind} of the "
+                           f"loader's clock (data.clock.max_{kind}_seconds)")  # fmt: skip
+        return dataclasses.replace(event, time=bound)
 
     def _add(self, emitted) -> None:
         for e in emitted:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from fastapi import HTTPException, status
@@ -376,7 +377,8 @@ class NNWorker(Service):
                 loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
                 run.scores.add(batch.labels, probs, batch.event_times)
                 if batch.event_times is not None and len(batch.event_times):  # how long after its event
-                    run.delays.extend(time.time() - batch.event_times[batch.labels > 0.5])
+                    # Never negative: another host's clock may run a little ahead of this one's.
+                    run.delays.extend(np.maximum(time.time() - batch.event_times[batch.labels > 0.5], 0.0))
                     s.event_time = max(s.event_time or 0.0, float(batch.event_times.max()))
                 run.timing["lookup_wait"] += t1 - t0
                 run.timing["step"] += clock() - t1

@@ -25,10 +25,10 @@ import copy
 import io
 import logging
 import os
-from datetime import timedelta
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 import numpy as np

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pytest
 from aiokafka import TopicPartition
 
 import trillium_native
@@ -170,6 +171,55 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
     assert reasons["2@0"].startswith("not valid json") and reasons["2@1"] == "missing field 'C1'"
     assert "'I3' (dense): expected a finite number" in reasons["3@0"]
     assert [r.value for r in letters if r.value.startswith(b"{not")] == [b"{not json"]  # the raw bytes
+
+
+@pytest.mark.parametrize("action", ["clamp", "dlq"])
+def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(training_stack, infra, action) -> None:
+    """A producer's clock an hour ahead: its impression is counted as from the future and, as the job
+    says, taken at the loader's clock (joined like any other) or sent to the DLQ with the reason."""
+    run = uuid.uuid4().hex[:8]
+    imps, clicks = f"imps-{run}", f"clicks-{run}"
+    conn = infra.kafka
+    asyncio.run(kafka.ensure_topics(conn, {imps: 1, clicks: 1}))
+    fields = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
+    now = time.time()
+    sequence = [
+        (imps, 0, json.dumps({"request_id": "a", "ts": now - 30} | fields).encode()),
+        (imps, 0, json.dumps({"request_id": "future", "ts": now + 3600} | fields).encode()),
+        (clicks, 0, json.dumps({"request_id": "future", "ts": now + 3601}).encode()),
+        (imps, 0, json.dumps({"request_id": "b", "ts": now - 29} | fields).encode()),
+    ]
+    asyncio.run(_produce(conn, sequence))
+    job = _online_job(f"clock-{run}", imps, clicks, late_labels="count")
+    raw = job.model_dump(mode="json")
+    raw["data"]["clock"] = {"max_future_seconds": 60, "action": action}
+    job = JobConfig.model_validate(raw)
+    client = CoordinatorClient.for_stack(training_stack)
+    try:
+        job_id = client.submit(job)["id"]
+        closed = 3 if action == "clamp" else 2
+        view = _wait(
+            lambda: (
+                (v := client.job(job_id))["stream"]
+                and sum(v["stream"]["joined"].get(k, 0) for k in ("positives", "negatives")) >= closed
+                and v
+            ),
+            "the impressions to close",
+        )
+        client.stop(job_id)
+        _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
+    finally:
+        client.close()
+    assert view["stream"]["events"]["clock_future"] == 2  # the impression and its click
+    if action == "clamp":
+        assert view["stream"]["joined"]["impressions"] == 3 and view["stream"]["joined"]["positives"] == 1
+        assert not view["stream"]["dead_letters"]
+        assert view["progressive"]["delay_seconds"] is None or view["progressive"]["delay_seconds"]["p50"] >= 0
+    else:
+        assert view["stream"]["joined"]["impressions"] == 2 and view["stream"]["dead_letters"] == {"clock": 2}
+        letters = asyncio.run(_read_all(conn, view["job"]["topics"]["dlq"], 1))
+        reasons = [dict(r.headers)["trillium-dlq-reason"].decode() for r in letters]
+        assert len(reasons) == 2 and all(r.startswith("event time") and "future" in r for r in reasons), reasons
 
 
 def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, tmp_path) -> None:

@@ -21,6 +21,7 @@ from .data import (
     CriteoData,
     CsvData,
     DataConfig,
+    EventClock,
     FractionSplit,
     JoinConfig,
     KafkaData,
@@ -62,7 +63,7 @@ __all__ = [
     "ADULT_COLUMNS", "CRITEO_COLUMNS", "PRESET_COLUMNS", "AdagradConfig", "AdamConfig", "AdmissionConfig",
     "AdmissionOff", "AdmissionProbability", "AdmissionThreshold", "AdultData", "CheckpointConfig", "ColumnSplit",
     "CriteoData", "CsvData", "DataConfig", "DenseAdagrad", "DenseAdam", "DenseColumn", "DenseOptimizerConfig",
-    "DenseSgd", "EmbeddingOptimizerConfig", "FeatureSlot", "FractionSplit", "FtrlConfig", "InitFrom", "JobConfig",
+    "DenseSgd", "EmbeddingOptimizerConfig", "EventClock", "FeatureSlot", "FractionSplit", "FtrlConfig", "InitFrom", "JobConfig",
     "JoinConfig", "KafkaData", "LabelConfig", "ModelSpec", "ParquetData", "PublishConfig", "SgdConfig", "SplitPolicy",
     "SyntheticData", "TableConfig", "TopologyConfig", "TrainingConfig", "read_job",
 ]  # fmt: skip

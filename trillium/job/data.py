@@ -185,6 +185,18 @@ class JoinConfig(Strict):
     max_open_per_partition: PositiveInt = 1_000_000
 
 
+class EventClock(Strict):
+    """Event times the loader's own clock calls wrong: a producer's clock ahead (a time in the
+    future) or a replay of old data (a time in the far past). Each is counted in the job's view;
+    `clamp` sets its time to the bound (the clock, for one from the future: it never moves the
+    watermark past now, which would close every open window at once, nor gives a negative delay),
+    `dlq` sends it to the dead-letter topic with the reason."""
+
+    max_future_seconds: PositiveFloat | None = 60.0  # null: any time ahead of the clock is taken as it is
+    max_past_seconds: PositiveFloat | None = None  # null: any age
+    action: Literal["clamp", "dlq"] = "clamp"
+
+
 class KafkaData(Strict):
     """Events from Kafka, trained continuously (`training.epochs: null`). An event is a JSON
     object or a msgpack map per message; the slots, dense columns and the label name its fields by
@@ -211,6 +223,7 @@ class KafkaData(Strict):
     # Steps the loaders may produce ahead of training: beyond it they stop reading and the input's
     # lag grows (nothing is buffered without bound).
     max_steps_ahead: PositiveInt = 64
+    clock: EventClock = Field(default_factory=EventClock)
 
     @model_validator(mode="after")
     def _topics_or_join(self) -> KafkaData:
