@@ -111,6 +111,10 @@ class SeriesPoint(BaseModel):
     loss: float | None = Field(description="the latest step's mean loss then")
 
 
+class StopRequest(BaseModel):
+    checkpoint: bool = Field(True, description="take a final checkpoint at the step the job stops at")
+
+
 class ResumeRequest(BaseModel):
     checkpoint: Annotated[int, Field(ge=0)] | None = Field(
         None,
@@ -291,9 +295,12 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         tags=["job control"],
         responses=_errors(404, 409),
     )
-    async def stop_job(job_id: str) -> JobRecord:
-        """Stop an active job: it is `stopping` until every worker has ended its part, then `stopped`."""
-        return await coord.jobs.transition(job_id, "stopping", expect=frozenset(ACTIVE - {"stopping"}))
+    async def stop_job(job_id: str, body: StopRequest | None = None) -> JobRecord:
+        """Stop an active job: it is `stopping` until every worker has ended its part, then `stopped`.
+        By default (`{"checkpoint": true}`) a running or paused job that takes checkpoints first takes
+        a final one at the step it stops at, and goes `stopping` once it is written: `resume` goes on
+        from there with nothing retrained. `{"checkpoint": false}` stops at once."""
+        return await coord.jobs.request_stop(job_id, checkpoint=(body or StopRequest()).checkpoint)
 
     # ---- staleness
     @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404))

@@ -212,6 +212,8 @@ class Checkpointer:
     async def _drive(self, job: JobRecord, store: JobCheckpoints, cuts: dict[int, CutReport]) -> None:
         step = next(iter(cuts.values())).step
         ckdir = store.dir(step)
+        # A stop asked with a final checkpoint: the ranks hold after this cut, the job stops once it is written.
+        stopping = job.stop_after is not None and max(c.seq for c in cuts.values()) >= job.stop_after
         started = time.time()
         released = False
         try:
@@ -234,7 +236,7 @@ class Checkpointer:
                 )
             )
             evaluate = job.config.checkpoint is not None and job.config.checkpoint.evaluate
-            await self._release(job, workers["nn_worker"], step, store.location(step), evaluate)
+            await self._release(job, workers["nn_worker"], step, store.location(step), evaluate, stopping)
             released = True
             pause = time.time() - min(c.at for c in cuts.values())
             reports = await self._parts(job, workers, step)
@@ -278,6 +280,8 @@ class Checkpointer:
             deleted = await asyncio.to_thread(store.retain, job.config.checkpoint.keep_last)
             if job.config.checkpoint.every_seconds is not None:
                 self._due[(job.id, job.attempt)] = time.monotonic() + job.config.checkpoint.every_seconds
+            if stopping:
+                await self.jobs.transition(job.id, "stopping", expect=frozenset({"running", "paused"}))
             logger.info(
                 "checkpoint written",
                 extra={
@@ -295,11 +299,15 @@ class Checkpointer:
             if not released:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(
-                        self._release(job, (await self._participants(job))["nn_worker"], step, None, False)
+                        self._release(job, (await self._participants(job))["nn_worker"], step, None, False, stopping)
                     )
             with contextlib.suppress(Exception):
                 if await asyncio.to_thread(ckdir.manifest) is None:
                     await asyncio.to_thread(ckdir.remove)
+            if stopping and not isinstance(err, asyncio.CancelledError):
+                with contextlib.suppress(Exception):  # the stop goes on, without its checkpoint
+                    error = f"stopped without its final checkpoint: {err}"
+                    await self.jobs.transition(job.id, "stopping", expect=frozenset({"running", "paused"}), error=error)
             if isinstance(err, asyncio.CancelledError):
                 raise
 
@@ -322,9 +330,11 @@ class Checkpointer:
             await asyncio.sleep(POLL_S)
 
     async def _release(
-        self, job: JobRecord, ranks: list[Worker], step: int, location: str | None, evaluate: bool
+        self, job: JobRecord, ranks: list[Worker], step: int, location: str | None, evaluate: bool, stop: bool = False
     ) -> None:
-        request = ReleaseRequest(job_id=job.id, attempt=job.attempt, step=step, location=location, evaluate=evaluate)
+        request = ReleaseRequest(
+            job_id=job.id, attempt=job.attempt, step=step, location=location, evaluate=evaluate, stop=stop
+        )
         await asyncio.gather(*(self._post(w, "/job/release", request, None) for w in ranks))
 
     async def _parts(self, job: JobRecord, workers: dict[str, list[Worker]], step: int) -> list[PartReport]:

@@ -253,6 +253,8 @@ class JobStore:
                 )
             )
             record.error = None
+            if kind == "resume":  # a stop still pending carries over a recovery, not a resume
+                record.stop_after = None
             record.finished_at = None
             record.metrics = None
 
@@ -358,6 +360,29 @@ class JobStore:
         await JobProgress(self.redis, job_id).delete()
         await kafka.delete_topics(self.kafka, [t for t in job.topics.model_dump().values() if t is not None])
         return job
+
+    async def request_stop(self, job_id: str, checkpoint: bool) -> JobRecord:
+        """Stop an active job. With `checkpoint` (a running or paused job that takes checkpoints and
+        has trained a step), as a savepoint: a checkpoint is asked for, the ranks cut at the step
+        after they agree on it and hold there, and the job goes `stopping` once that checkpoint is
+        written (services/coordinator/checkpoints.py), so that `resume` goes on from the very step it
+        stopped at. Otherwise it goes `stopping` at once."""
+        job = await self.require(job_id)
+        trained = (await JobProgress(self.redis, job_id).training(job.config.topology.nn_ranks))["steps"]
+        if checkpoint and job.config.checkpoint is not None and job.state in ("running", "paused") and trained:
+
+            def ask(record: JobRecord) -> None:
+                if record.state not in ("running", "paused"):
+                    raise IllegalTransition(f"job {job_id} is {record.state}, not running or paused")
+                if record.stop_after is None:  # a second stop waits for the same checkpoint
+                    record.checkpoint_seq += 1
+                    record.stop_after = record.checkpoint_seq
+
+            try:
+                return await self.update(job_id, ask)
+            except IllegalTransition:
+                pass  # it moved meanwhile (finished, recovering...): stop it as it is
+        return await self.transition(job_id, "stopping", expect=frozenset(ACTIVE - {"stopping"}))
 
     async def request_publish(self, job_id: str) -> None:
         """Ask a running job for a model version (the ranks cut at the step after they agree on it)."""

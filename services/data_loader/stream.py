@@ -112,6 +112,7 @@ class StreamLoader:
         for values, key, t, label, sample_time in state.get("rows", []):
             self.rows.add(Event(values, key, t), label, sample_time)
         self.step = state.get("step", 0)  # the next step this loader produces
+        self.last_step = time.monotonic()  # when it produced the last one
         self.rng = np.random.default_rng(self.config.training.seed + self.service.settings.index)
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
@@ -309,11 +310,17 @@ class StreamLoader:
     async def _emit(self, producer) -> None:
         k, size = len(self.share.ranks), self.config.training.batch_size
         pool = max(self.config.training.shuffle_buffer, POOL_STEPS * k * size)
+        now = time.monotonic()
         for rows in due_steps(
-            self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=time.monotonic()
+            self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=now
         ):
             n = len(rows)
             await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)])
+        if not self.rows and now - self.last_step >= self.data.batch_timeout_seconds:
+            # A tick: an empty step while the stream is quiet. The ranks' control words ride on the
+            # steps, so a checkpoint, a pause, a stop or a model version is agreed on within a
+            # timeout of being asked for, data or not (the ranks change no weight on it).
+            await self._step(producer, self.rows.pick([]), [0] * k)
 
     async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""
@@ -349,6 +356,7 @@ class StreamLoader:
             start += n
         self.counts["samples"] += encoded.rows
         self.step += 1
+        self.last_step = time.monotonic()
 
     async def _bookkeeping(self, consumer, tps: list[TopicPartition]) -> None:
         ends = await consumer.end_offsets(tps)

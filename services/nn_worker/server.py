@@ -400,7 +400,8 @@ class NNWorker(Service):
                 s.position = item.offset + 1
                 s.trained += batch.batch_size
                 s.loss_sum += loss_sum
-                s.losses.append(loss_sum / max(control.samples, 1))
+                if control.samples:  # not an idle stream's tick
+                    s.losses.append(loss_sum / control.samples)
                 if s.epochs is None:
                     del s.losses[:-STREAM_LOSSES]
                 else:
@@ -505,16 +506,25 @@ class NNWorker(Service):
             self._released = {step}
             self.report_cut(None)
             run.timing["cut"] += time.perf_counter() - t0
-        if release.location is None:
-            return  # abandoned by the coordinator
-        metrics = None
-        if release.evaluate:
-            scores = await evaluate.score(self._eval_feed(run), self._scorer(run))
-            gathered = await self._gather(run, scores)
-            if rank == 0:
-                metrics = evaluate.summarize(gathered)
-                await self._save_predictions(run, step, gathered)
-        run.writes.append(asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics)))
+        if release.location is not None:  # null: the coordinator abandoned the checkpoint
+            metrics = None
+            if release.evaluate:
+                scores = await evaluate.score(self._eval_feed(run), self._scorer(run))
+                gathered = await self._gather(run, scores)
+                if rank == 0:
+                    metrics = evaluate.summarize(gathered)
+                    await self._save_predictions(run, step, gathered)
+            write = asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics))
+            run.writes.append(write)
+            if release.stop:
+                await write
+        if release.stop:
+            # The job stops at this cut (a stop with a final checkpoint): no step may follow it.
+            # The coordinator ends the attempt once the checkpoint is written or has failed.
+            try:
+                await asyncio.wait_for(asyncio.Event().wait(), HOLD_TIMEOUT_S)
+            except TimeoutError:
+                logger.error("the job did not stop after its final checkpoint; going on", extra={"step": step})
 
     async def _write_part(
         self, location: str, step: int, mine: bytes, dense: bytes | None, metrics: dict[str, Any] | None

@@ -202,7 +202,11 @@ class Trainer:
         self._agreed = None
         loss_sum.backward()  # the hook has all-reduced the gradients and the words once it returns
         assert self._agreed is not None, "DDP's communication hook did not run"
-        self.optimizer.step()
+        # A step of no sample at all (an idle stream's tick, which carries the control words while
+        # no data comes) changes no weight: an optimizer with momentum would move them on zero
+        # gradients. Only a rank with an empty batch of its own asks (on CUDA, a synchronization).
+        if batch.batch_size or int(self._agreed[:, 0].sum()):
+            self.optimizer.step()
         grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self._samples) for x in leaves]
         loss, probs, table, *grads = self._to_host(
             [loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed, *grads]

@@ -15,16 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from aiokafka import TopicPartition
+from typer.testing import CliRunner
 
 import trillium_native
 from trillium import stack
+from trillium.cli import app
 from trillium.config import KafkaConnection
 from trillium.data import load_job
 from trillium.data.replay import replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import JobConfig
 from trillium.job.record import PartitionLineage
+from trillium.runtime.checkpoint import DENSE
 from trillium.stack.client import CoordinatorClient
 from trillium.wire import codec, kafka
 
@@ -220,6 +224,61 @@ def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(trai
         letters = asyncio.run(_read_all(conn, view["job"]["topics"]["dlq"], 1))
         reasons = [dict(r.headers)["trillium-dlq-reason"].decode() for r in letters]
         assert len(reasons) == 2 and all(r.startswith("event time") and "future" in r for r in reasons), reasons
+
+
+def test_a_checkpoint_asked_for_while_the_stream_is_quiet_is_taken_within_seconds(training_stack, infra) -> None:
+    """No event comes after the first few: the loader's ticks (empty steps, every batch timeout)
+    carry the ranks' control words, so `checkpoints --take` is cut and written within 5 s; and
+    the ticks change no weight."""
+    run = uuid.uuid4().hex[:8]
+    imps, clicks = f"imps-{run}", f"clicks-{run}"
+    conn = infra.kafka
+    asyncio.run(kafka.ensure_topics(conn, {imps: 1, clicks: 1}))
+    fields = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
+    now = time.time()
+    asyncio.run(
+        _produce(
+            conn,
+            [(imps, 0, json.dumps({"request_id": str(i), "ts": now - 30 + i} | fields).encode()) for i in range(3)],
+        )
+    )
+    job = _online_job(f"quiet-{run}", imps, clicks, late_labels="count")
+    job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"every_seconds": None})})
+    client = CoordinatorClient.for_stack(training_stack)
+    cli = CliRunner()
+    try:
+        job_id = client.submit(job)["id"]
+        quiet = _wait(
+            lambda: (v := client.job(job_id))["progress"]["samples"] == 3 and v, "the three impressions trained"
+        )
+        assert quiet["last_checkpoint"] is None
+        asked = time.monotonic()
+        taken = cli.invoke(app, ["checkpoints", job_id, "--take", "--run-dir", str(training_stack)])
+        assert taken.exit_code == 0, taken.output
+        checkpoint = _wait(lambda: client.job(job_id)["last_checkpoint"], "the checkpoint", timeout_s=5.0)
+        took = time.monotonic() - asked
+        _wait(lambda: client.job(job_id)["progress"]["steps"] > checkpoint["step"] + 2, "ticks after it")
+        client.request_checkpoint(job_id)
+        later = _wait(
+            lambda: (c := client.job(job_id)["last_checkpoint"]) and c["step"] > checkpoint["step"] and c,
+            "a checkpoint after a few ticks",
+            timeout_s=5.0,
+        )
+        client.stop(job_id, checkpoint=False)
+        final = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the job to stop", 120)
+    finally:
+        client.close()
+    assert checkpoint["reason"] == "request" and took <= 5.0
+    assert final["progress"]["samples"] == 3
+    # The ticks between the two checkpoints trained nothing: the dense model and its optimizer
+    # (Adam: a step on zero gradients would still move the weights) are as they were.
+    dense = [torch.load(Path(c["location"]) / DENSE, weights_only=True) for c in (checkpoint, later)]
+    for name, weights in dense[0]["model"].items():
+        torch.testing.assert_close(dense[1]["model"][name], weights, rtol=0, atol=0, msg=name)
+    assert dense[0]["optimizer"]["state"].keys() == dense[1]["optimizer"]["state"].keys()
+    for key, before in dense[0]["optimizer"]["state"].items():
+        for field, value in before.items():
+            torch.testing.assert_close(dense[1]["optimizer"]["state"][key][field], value, rtol=0, atol=0)
 
 
 def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, tmp_path) -> None:

@@ -161,24 +161,37 @@ def test_a_corrupt_checkpoint_is_refused_and_recovery_takes_the_one_before(stack
     _assert_exactly_once(view, sync_job)
 
 
-def test_a_stopped_job_resumes_from_its_last_checkpoint(stack, sync_job) -> None:
+@pytest.mark.parametrize("final_checkpoint", [True, False], ids=["savepoint", "no-checkpoint"])
+def test_a_stopped_job_resumes_from_its_last_checkpoint(stack, sync_job, final_checkpoint) -> None:
+    """A stop takes a final checkpoint at the step the ranks stop at (nothing trained past it, so
+    nothing is trained twice after `resume`); `--no-checkpoint` stops at once and the job resumes
+    from its last scheduled checkpoint."""
     cli = CliRunner()
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(sync_job)["id"]
         _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
-        client.stop(job_id)
+        stop = ["stop", job_id, "--run-dir", str(stack), *([] if final_checkpoint else ["--no-checkpoint"])]
+        stopped = cli.invoke(app, stop)
+        assert stopped.exit_code == 0, stopped.output
         _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop")
+        view = client.job(job_id)
+        assert view["job"]["error"] is None
         listing = cli.invoke(app, ["checkpoints", job_id, "--run-dir", str(stack), "--json"])
         assert listing.exit_code == 0, listing.output
-        assert json.loads(listing.output)[0]["step"] == EVERY_STEPS - 1
+        last = json.loads(listing.output)[-1]
+        assert last == view["last_checkpoint"]
+        if final_checkpoint:
+            assert (last["reason"], last["step"]) == ("request", view["progress"]["steps"] - 1)
+        else:
+            assert last["step"] % EVERY_STEPS == EVERY_STEPS - 1 and last["reason"] == "schedule"
         resumed = cli.invoke(app, ["resume", job_id, "--run-dir", str(stack)])
         assert resumed.exit_code == 0 and f"job {job_id}: recovering" in resumed.output, resumed.output
         view = client.follow(job_id, timeout_s=300)
     finally:
         client.close()
     assert view["job"]["state"] == "finished", view["job"]["error"]
-    assert [r["kind"] for r in view["job"]["recoveries"]] == ["resume"]
+    assert [(r["kind"], r["checkpoint_step"]) for r in view["job"]["recoveries"]] == [("resume", last["step"])]
     _assert_exactly_once(view, sync_job)
 
 

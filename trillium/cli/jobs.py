@@ -193,9 +193,17 @@ def checkpoints(
 
 
 @app.command()
-def stop(job_id: JobId, run_dir: RunDir = None) -> None:
-    """Stop a job (it is `stopping` until its workers have ended their part)."""
-    _control(run_dir, lambda client: client.stop(job_id))
+def stop(
+    job_id: JobId,
+    no_checkpoint: Annotated[
+        bool, typer.Option("--no-checkpoint", help="stop at once, without a final checkpoint")
+    ] = False,
+    run_dir: RunDir = None,
+) -> None:
+    """Stop a job: after a final checkpoint at the step it stops at (a running or paused job that
+    takes checkpoints), so that `resume` goes on from there; then `stopping` until its workers have
+    ended their part."""
+    _control(run_dir, lambda client: client.stop(job_id, checkpoint=not no_checkpoint))
 
 
 @app.command()

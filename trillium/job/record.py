@@ -109,6 +109,11 @@ class JobRecord(BaseModel):
         "cut at the first step after they agree on a new one",
     )
     published: Published | None = Field(None, description="the newest model version published")
+    stop_after: int | None = Field(
+        None,
+        description="a stop asked with a final checkpoint: the checkpoint request "
+        "(checkpoint_seq) whose checkpoint the job stops after",
+    )
 
 
 class PartitionLineage:

@@ -157,6 +157,7 @@ class ReleaseRequest(BaseModel):
     step: int
     location: str | None = Field(description="null: the checkpoint was abandoned, write nothing")
     evaluate: bool = False
+    stop: bool = Field(False, description="the job stops at this cut: write your part, then hold until it ends")
 
 
 class PartReport(BaseModel):

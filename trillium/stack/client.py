@@ -102,8 +102,9 @@ class CoordinatorClient:
     def delete_checkpoint(self, job_id: str, step: int) -> None:
         self._call("DELETE", self._job(job_id, "checkpoints", str(step)))
 
-    def stop(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", self._job(job_id, "stop"))
+    def stop(self, job_id: str, *, checkpoint: bool = True) -> dict[str, Any]:
+        """Stop a job; with `checkpoint` (the default) after a final checkpoint at the step it stops at."""
+        return self._call("POST", self._job(job_id, "stop"), json={"checkpoint": checkpoint})
 
     def delete(self, job_id: str) -> None:
         self._call("DELETE", self._job(job_id))
