@@ -121,10 +121,14 @@ class JobStore:
             return None
         base = init.dir or (config.checkpoint.dir if config.checkpoint and config.checkpoint.dir else None)
         store = JobCheckpoints(base or str(self.run_dir / "checkpoints"), init.job)
-        complete = {m.step: m for m in store.complete()}
+        manifests, refused = store.scan()
+        complete = {m.step: m for m in manifests}
         if not complete:
-            raise IllegalTransition(f"init_from: job {init.job} has no complete checkpoint in {store.base}")
-        step = max(complete) if init.step is None else init.step
+            why = f" (refused: {'; '.join(refused.values())})" if refused else ""
+            raise IllegalTransition(f"init_from: job {init.job} has no complete checkpoint in {store.base}{why}")
+        step = max(complete | refused) if init.step is None else init.step
+        if step in refused:
+            raise IllegalTransition(f"init_from: {refused[step]}")
         if step not in complete:
             raise IllegalTransition(
                 f"init_from: job {init.job} has no complete checkpoint at step {step}; it has {sorted(complete)}"
@@ -297,12 +301,15 @@ class JobStore:
         store = self.checkpoints(job)
         if store is None:
             raise IllegalTransition(f"job {job.id} takes no checkpoints (checkpoint: null)")
-        complete = await asyncio.to_thread(store.complete)
+        complete, refused = await asyncio.to_thread(store.scan)
         if step is not None:
             complete = [m for m in complete if m.step == step]
             if not complete:
-                raise IllegalTransition(f"job {job.id} has no complete checkpoint at step {step}")
-        problems: list[str] = []
+                why = f" ({refused[step]})" if step in refused else ""
+                raise IllegalTransition(f"job {job.id} has no complete checkpoint at step {step}{why}")
+        # The manifests refused (corrupt, or of a newer format) newer than the one picked, newest first.
+        newest = complete[-1].step if complete else -1
+        problems = [why for s, why in sorted(refused.items(), reverse=True) if s > newest and step is None]
         for manifest in reversed(complete):
             try:
                 await asyncio.to_thread(store.dir(manifest.step).verify, manifest)

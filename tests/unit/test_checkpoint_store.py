@@ -3,13 +3,24 @@ retention and clean-up; the same code over a local directory and a non-local fss
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
 from trillium.data import load_job
-from trillium.runtime.checkpoint import DENSE, CorruptCheckpoint, JobCheckpoints, Manifest, PartFile, ps_file, rank_file
+from trillium.runtime.checkpoint import (
+    DENSE,
+    FORMAT_VERSION,
+    MANIFEST,
+    CorruptCheckpoint,
+    JobCheckpoints,
+    Manifest,
+    PartFile,
+    ps_file,
+    rank_file,
+)
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 
@@ -84,6 +95,17 @@ def test_a_missing_file_and_an_unreadable_manifest_are_refused(store) -> None:
     with pytest.raises(CorruptCheckpoint, match="not a valid manifest"):
         store.dir(20).manifest()
     assert [c.step for c in store.complete()] == [10]  # never offered for a recovery
+
+
+def test_a_manifest_of_a_newer_format_is_refused_naming_both_formats(store) -> None:
+    _write(store, 10)
+    newer = store.dir(10).manifest().model_dump(mode="json") | {"format": FORMAT_VERSION + 1, "new": {}}
+    store.dir(20).write_bytes(MANIFEST, json.dumps(newer).encode())  # with a field this build does not know
+    with pytest.raises(CorruptCheckpoint, match=f"a newer Trillium \\(checkpoint format {FORMAT_VERSION + 1}; "):
+        store.dir(20).manifest()
+    complete, refused = store.scan()
+    assert [m.step for m in complete] == [10] and list(refused) == [20]
+    assert f"this build reads formats up to {FORMAT_VERSION}" in refused[20]
 
 
 def test_retention_keeps_the_newest(store) -> None:

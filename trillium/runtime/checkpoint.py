@@ -24,12 +24,8 @@ The manifest is written atomically (temp file, fsync, rename; a single put on ob
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
+import json
 import posixpath
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +35,7 @@ from pydantic import BaseModel, Field
 from trillium.config import Role
 from trillium.job import JobConfig
 from trillium.job.record import Lineage
+from trillium.runtime.storage import StorageDir
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -172,116 +169,46 @@ class PartReport(BaseModel):
 # ---- storage -----------------------------------------------------------------------------------------
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
-
-
-class CheckpointDir:
+class CheckpointDir(StorageDir):
     """One checkpoint's directory, local or remote (fsspec)."""
-
-    def __init__(self, location: str) -> None:
-        self.location = location
-        self.fs, self.path = fsspec.core.url_to_fs(location)
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
-
-    def _join(self, name: str) -> str:
-        return posixpath.join(self.path, name)
-
-    @contextlib.contextmanager
-    def writing(self, name: str) -> Iterator[Path]:
-        """A local path to write `name` to (atomically, by the caller); uploaded on exit when remote."""
-        if self.local:
-            Path(self.path).mkdir(parents=True, exist_ok=True)
-            yield Path(self.path) / name
-            return
-        with tempfile.TemporaryDirectory(prefix="trillium-ckpt-") as tmp:
-            yield Path(tmp) / name
-            self.fs.put(str(Path(tmp) / name), self._join(name))
-
-    @contextlib.contextmanager
-    def reading(self, name: str) -> Iterator[Path]:
-        """A local path holding `name` (downloaded first when remote)."""
-        if self.local:
-            yield Path(self.path) / name
-            return
-        with tempfile.TemporaryDirectory(prefix="trillium-ckpt-") as tmp:
-            self.fs.get(self._join(name), str(Path(tmp) / name))
-            yield Path(tmp) / name
-
-    def write_bytes(self, name: str, data: bytes) -> tuple[int, str]:
-        """Write a small file atomically; returns its size and sha256."""
-        with self.writing(name) as path:
-            _write_atomically(path, data)
-        return len(data), hashlib.sha256(data).hexdigest()
 
     def read_verified(self, manifest: Manifest, name: str) -> bytes:
         """A small file of the checkpoint, checked against its manifest entry."""
         entry = manifest.file(name)
-        with self.reading(name) as path:
-            data = path.read_bytes()
-        if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise CorruptCheckpoint(f"{self.location}/{name}: size or sha256 differs from the manifest")
-        return data
+        return self.read_checked(name, entry.bytes, entry.sha256, CorruptCheckpoint)
 
     def write_manifest(self, manifest: Manifest) -> None:
-        with self.writing(MANIFEST) as path:
-            _write_atomically(path, manifest.model_dump_json(indent=1).encode())
+        self.write_bytes(MANIFEST, manifest.model_dump_json(indent=1).encode())
 
     def manifest(self) -> Manifest | None:
+        """The checkpoint's manifest (None while there is none: the checkpoint is incomplete).
+        CorruptCheckpoint if it is unreadable, or of a format newer than this build reads: its
+        format is read first, so that a newer manifest is named as such, not as invalid."""
         try:
             raw = self.fs.cat_file(self._join(MANIFEST))
         except FileNotFoundError:
             return None
         try:
-            manifest = Manifest.model_validate_json(raw)
+            found = json.loads(raw).get("format")
+        except (ValueError, AttributeError):
+            found = None
+        if isinstance(found, int) and found > FORMAT_VERSION:
+            raise CorruptCheckpoint(
+                f"{self.location}: written by a newer Trillium (checkpoint format {found}; this build reads "
+                f"formats up to {FORMAT_VERSION}): restore it with that version or later"
+            )
+        try:
+            return Manifest.model_validate_json(raw)
         except ValueError as err:
             raise CorruptCheckpoint(f"{self.location}/{MANIFEST} is not a valid manifest: {err}") from None
-        if manifest.format != FORMAT_VERSION:
-            raise CorruptCheckpoint(
-                f"{self.location}: checkpoint format {manifest.format}, this build reads {FORMAT_VERSION}"
-            )
-        return manifest
 
     def verify(self, manifest: Manifest) -> None:
         """Every file present with the size and sha256 the manifest recorded, and every file a delta
         is loaded on top of likewise (CorruptCheckpoint if not)."""
         for entry in manifest.files:
             for link, link_manifest in self.chain(manifest, entry.name):
-                link._verify_file(link_manifest.file(entry.name))
-
-    def _verify_file(self, entry: PartFile) -> None:
-        where = f"{self.location}/{entry.name}"
-        try:
-            size = self.fs.size(self._join(entry.name))
-        except FileNotFoundError:
-            raise CorruptCheckpoint(f"{where} is missing") from None
-        if size != entry.bytes:
-            raise CorruptCheckpoint(f"{where} has {size} bytes, the manifest says {entry.bytes}")
-        with self.reading(entry.name) as path:
-            if sha256_file(path) != entry.sha256:
-                raise CorruptCheckpoint(f"{where}: sha256 differs from the manifest (corrupt)")
-
-    def remove(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self.path, recursive=True)
+                file = link_manifest.file(entry.name)
+                link.verify_file(file.name, file.bytes, file.sha256, CorruptCheckpoint)
 
     def sibling(self, step: int) -> CheckpointDir:
         """The checkpoint of the same job at `step`."""
@@ -331,17 +258,23 @@ class JobCheckpoints:
             return []
         return sorted(int(name) for name in map(posixpath.basename, entries) if name.isdigit())
 
-    def complete(self) -> list[Manifest]:
-        """The complete checkpoints (those with a readable manifest), oldest first."""
-        out = []
+    def scan(self) -> tuple[list[Manifest], dict[int, str]]:
+        """The complete checkpoints (those with a readable manifest), oldest first, and the steps
+        whose manifest is refused (corrupt, or of a newer format), with why."""
+        complete, refused = [], {}
         for step in self.steps():
             try:
                 manifest = self.dir(step).manifest()
-            except CorruptCheckpoint:
-                continue  # listed as nothing: a recovery must not pick it
+            except CorruptCheckpoint as err:
+                refused[step] = str(err)  # listed as nothing: a recovery must not pick it
+                continue
             if manifest is not None:
-                out.append(manifest)
-        return out
+                complete.append(manifest)
+        return complete, refused
+
+    def complete(self) -> list[Manifest]:
+        """The complete checkpoints (those with a readable manifest), oldest first."""
+        return self.scan()[0]
 
     def cleanup_incomplete(self, keep: set[int] = frozenset()) -> list[int]:
         """Remove checkpoint directories without a manifest (a write that never finished),

@@ -214,7 +214,7 @@ class ModelStore:
         """Every file of the version present with the size and sha256 it was committed with."""
         parts = self.parts(manifest.parts)
         for entry in manifest.files:
-            parts.verify(entry.name, entry.bytes, entry.sha256, error=CorruptVersion)
+            parts.verify_file(entry.name, entry.bytes, entry.sha256, error=CorruptVersion)
 
 
 # ---- the publish protocol (services/coordinator/publish.py) ------------------------------------------

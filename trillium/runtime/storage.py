@@ -109,7 +109,7 @@ class StorageDir:
             raise error(f"{self.location}/{name}: size or sha256 differs from the manifest")
         return data
 
-    def verify(self, name: str, size: int, sha256: str, error: type[Exception]) -> None:
+    def verify_file(self, name: str, size: int, sha256: str, error: type[Exception]) -> None:
         """The file present with the recorded size and sha256 (`error` naming what differs if not)."""
         where = f"{self.location}/{name}"
         try:
