@@ -335,8 +335,9 @@ class StreamLoader:
         for bad in checked.bad:  # a label the job does not know, say
             self.dead["bad_value"] += 1
             logger.warning("event refused at encoding", extra={"reason": bad.reason})
-        keys = [rows.events[i].key for i in keep]
-        ids = trillium_native.hash_ids(SAMPLE_NAMESPACE, keys) if keys and keys[0] is not None else None
+        # A keyed stream's batches always say their samples' ids, an empty tick's too (as none).
+        keyed = self.data.event_key is not None
+        ids = trillium_native.hash_ids(SAMPLE_NAMESPACE, [rows.events[i].key for i in keep]) if keyed else None
         times = np.asarray(rows.times, np.float64)[keep]
         start = 0
         for i, rank in enumerate(self.share.ranks):
