@@ -49,6 +49,7 @@ auto.create.topics.enable=false
 message.max.bytes=16777216
 replica.fetch.max.bytes=16777216
 log.retention.hours=24
+log.retention.check.interval.ms=30000
 num.network.threads=2
 num.io.threads=2
 PROPS

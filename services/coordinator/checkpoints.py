@@ -56,6 +56,7 @@ from trillium.wire.state import aioredis
 
 from .jobs import JobStore
 from .registry import Worker, WorkerRegistry
+from .retention import TopicRetention
 
 logger = logging.getLogger("trillium.coordinator.checkpoints")
 
@@ -106,16 +107,18 @@ class CheckpointInfo(BaseModel):
 
 
 class Checkpointer:
-    def __init__(self, redis: aioredis.Redis, registry: WorkerRegistry, jobs: JobStore, token: str) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, registry: WorkerRegistry, jobs: JobStore, retention: TopicRetention, token: str
+    ) -> None:
         self.redis = redis
         self.registry = registry
         self.jobs = jobs
+        self.retention = retention
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(300.0, connect=5.0), headers={"Authorization": f"Bearer {token}"}
         )
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._due: dict[tuple[str, int], float] = {}  # (job, attempt) -> when every_seconds asks next
-        self._cleaned: set[tuple[str, int]] = set()
         self._latest: dict[str, CheckpointInfo | None] = {}  # job -> newest complete checkpoint, once read
 
     def busy(self, job_id: str) -> bool:
@@ -172,10 +175,6 @@ class Checkpointer:
             return
         store = self.jobs.checkpoints(job)
         assert store is not None
-        if (job.id, job.attempt) not in self._cleaned:
-            # Directories left by a write that never finished (a crash, a restarted coordinator).
-            await asyncio.to_thread(store.cleanup_incomplete)
-            self._cleaned.add((job.id, job.attempt))
         cuts = await self._cuts(job)
         if len(cuts) == job.config.topology.nn_ranks and len({c.step for c in cuts.values()}) == 1:
             self._drivers[job.id] = asyncio.create_task(self._drive(job, store, cuts), name=f"checkpoint-{job.id}")
@@ -217,6 +216,9 @@ class Checkpointer:
         started = time.time()
         released = False
         try:
+            # Directories left by a write that never finished (a crash, a restarted coordinator, a
+            # part written late into a checkpoint abandoned for its timeout).
+            await asyncio.to_thread(store.cleanup_incomplete, {step})
             workers = await self._participants(job)
             previous = await asyncio.to_thread(ckdir.manifest)
             if previous is not None and previous.attempt != job.attempt:
@@ -239,7 +241,7 @@ class Checkpointer:
             await self._release(job, workers["nn_worker"], step, store.location(step), evaluate, stopping)
             released = True
             pause = time.time() - min(c.at for c in cuts.values())
-            reports = await self._parts(job, workers, step)
+            reports = await self._parts(job, workers, step, job.config.checkpoint.write_timeout_seconds)
             positions: Offsets = {}
             written: Offsets = {}
             for cut in cuts.values():
@@ -278,6 +280,8 @@ class Checkpointer:
             await asyncio.to_thread(ckdir.write_manifest, manifest)
             self._latest[job.id] = CheckpointInfo.of(manifest, store.location(step))
             deleted = await asyncio.to_thread(store.retain, job.config.checkpoint.keep_last)
+            kept = await asyncio.to_thread(store.complete)
+            trimmed = await self.retention.trim(job, kept[-job.config.checkpoint.keep_last :][0])
             if job.config.checkpoint.every_seconds is not None:
                 self._due[(job.id, job.attempt)] = time.monotonic() + job.config.checkpoint.every_seconds
             if stopping:
@@ -291,11 +295,14 @@ class Checkpointer:
                     "seconds": round(manifest.seconds_to_write, 3),
                     "pause_s": round(pause, 3),
                     "deleted": deleted,
+                    "trimmed": {f"{tp.topic}/{tp.partition}": first for tp, first in trimmed.items()},
                 },
             )
         except (Exception, asyncio.CancelledError) as err:
             if not isinstance(err, asyncio.CancelledError):
                 logger.error("checkpoint abandoned", extra={"job": job.id, "step": step, "error": str(err)})
+                with contextlib.suppress(Exception):  # Redis away: the log has it
+                    await asyncio.shield(self.jobs.checkpoint_failed(job.id, step, str(err)))
             if not released:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(
@@ -337,9 +344,12 @@ class Checkpointer:
         )
         await asyncio.gather(*(self._post(w, "/job/release", request, None) for w in ranks))
 
-    async def _parts(self, job: JobRecord, workers: dict[str, list[Worker]], step: int) -> list[PartReport]:
+    async def _parts(
+        self, job: JobRecord, workers: dict[str, list[Worker]], step: int, timeout_s: float
+    ) -> list[PartReport]:
         """Every participant's part of the checkpoint at `step`, as reported in its health."""
         names = {w.name for group in workers.values() for w in group}
+        deadline = time.monotonic() + timeout_s
         while True:
             reports: dict[str, PartReport] = {}
             for w in await self.registry.workers():
@@ -352,6 +362,11 @@ class Checkpointer:
                 raise CheckpointAbandoned("; ".join(failed))
             if len(reports) == len(names):
                 return list(reports.values())
+            if time.monotonic() > deadline:
+                raise CheckpointAbandoned(
+                    f"parts not written within {timeout_s:g}s (checkpoint.write_timeout_seconds): "
+                    f"{', '.join(sorted(names - reports.keys()))}"
+                )
             current = await self.jobs.get(job.id)
             if current is None or current.attempt != job.attempt or current.state not in ("running", "paused"):
                 raise CheckpointAbandoned(f"job {job.id} is {current.state if current else 'gone'}")

@@ -53,6 +53,9 @@ logger = logging.getLogger("trillium.coordinator.jobs")
 
 REGISTRATION_GRACE_S = 60.0  # how long a new job waits for the workers it needs to register
 RECOVERY_GRACE_S = 300.0  # how long a recovering job waits for a silent worker (being restarted)
+# A job's topics are kept until trimmed behind its checkpoints or deleted with it (retention.py),
+# in segments small enough that a trim frees disk soon.
+JOB_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(32 << 20), "segment.ms": str(5 * 60 * 1000)}
 
 
 class JobNotFound(LookupError):
@@ -323,8 +326,9 @@ class JobStore:
         )
 
     async def create_topics(self, job: JobRecord) -> None:
-        """The job's topics, kept until the job is deleted: a recovery or a resume, however
-        late, re-reads them from its checkpoint's positions."""
+        """The job's topics: trimmed behind its checkpoints, deleted once it finished or is
+        deleted (retention.py); a recovery or a resume, however late, re-reads them from its
+        checkpoint's positions."""
         topo = job.config.topology
         topics = {
             job.topics.samples: topo.nn_ranks,
@@ -333,7 +337,7 @@ class JobStore:
         }
         if job.topics.dlq is not None:
             topics[job.topics.dlq] = 1
-        await kafka.ensure_topics(self.kafka, topics, {"retention.ms": "-1"})
+        await kafka.ensure_topics(self.kafka, topics, JOB_TOPIC_CONFIGS)
         models = ModelStore.of(job.config, self.run_dir)
         if models is not None:  # the model's notices: they only say what the store holds, a day of them
             await kafka.ensure_topics(
@@ -399,6 +403,14 @@ class JobStore:
                 job.publish_seq += 1
 
         await self.update(job_id, ask)
+
+    async def checkpoint_failed(self, job_id: str, step: int, error: str) -> None:
+        def count(job: JobRecord) -> None:
+            failures = job.checkpoint_failures
+            failures.count += 1
+            failures.last_step, failures.last_error, failures.last_at = step, error, time.time()
+
+        await self.update(job_id, count)
 
     async def request_checkpoint(self, job_id: str) -> CheckpointRequested:
         def ask(job: JobRecord) -> None:

@@ -53,7 +53,11 @@ DEAD_LETTERS = Gauge("trillium_job_dead_letters", "messages sent to the dead-let
 TRAIN_DELAY = Gauge(
     "trillium_job_train_delay_seconds", "from a click's event time to its sample trained", ["job", "quantile"]
 )
+CHECKPOINT_FAILURES = Gauge(
+    "trillium_job_checkpoint_failures", "checkpoints abandoned (the job went on; its view says why)", ["job"]
+)
 GAUGES = (
+    CHECKPOINT_FAILURES,
     SAMPLES_PER_SEC,
     LOSS,
     STALENESS_MAX,
@@ -301,6 +305,7 @@ class Observer:
             self._job_id = job.id if job else None
         if job is None:
             return
+        CHECKPOINT_FAILURES.labels(job.id).set(job.checkpoint_failures.count)
         if job.state not in ("running", "paused"):
             SAMPLES_PER_SEC.labels(job.id).set(0.0)
             self._samples.clear()

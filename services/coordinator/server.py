@@ -22,6 +22,7 @@ from .jobs import JobStore, advance
 from .observe import Observer
 from .publish import Publisher
 from .registry import WorkerRegistry
+from .retention import TopicRetention
 
 logger = logging.getLogger("trillium.coordinator")
 
@@ -53,7 +54,8 @@ class Coordinator(Service):
         self.redis = state.connect(self.settings.redis_url)
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
         self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
-        self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.settings.token)
+        self.retention = TopicRetention(self.settings.kafka)
+        self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.retention, self.settings.token)
         self.publisher = Publisher(self.jobs, self.registry, self.settings.kafka, self.settings.run_dir,
                                    self.settings.token)  # fmt: skip
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
@@ -67,6 +69,7 @@ class Coordinator(Service):
         await self.publisher.tick(job)  # before the state machine: a cut reported with the results is seen
         await advance(self.jobs, self.registry, self._writing)
         await self.checkpointer.tick(await self.jobs.current())
+        await self.retention.tick(self.jobs, self.registry, await self.jobs.current())
 
     def _writing(self, job, results: dict[int, dict]) -> bool:
         """A job finishes once its last checkpoint and its last model version are written."""
@@ -84,6 +87,7 @@ class Coordinator(Service):
             await self.observer.close()
             await self.checkpointer.close()
             await self.publisher.close()
+            await self.retention.close()
         if hasattr(self, "redis"):
             await self.redis.aclose()
 

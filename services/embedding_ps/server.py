@@ -307,7 +307,6 @@ class EmbeddingPS(Service):
             started = time.monotonic()
             with CheckpointDir(request.location).writing(name) as path:
                 size, sha = await asyncio.to_thread(snapshot.write, path)
-            snapshot.release()
             self.report_part(
                 PartReport(
                     step=request.step,
@@ -327,6 +326,8 @@ class EmbeddingPS(Service):
         except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
             logger.exception("writing the snapshot failed", extra={"step": request.step})
             self.report_part(PartReport(step=request.step, error=describe_error(err)))
+        finally:
+            snapshot.release()  # a failed write frees its copy too
 
     async def _apply_step(
         self,

@@ -333,9 +333,9 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
     rows = 60_000
     generate_criteo(tmp_path / "stream.tsv", rows, seed=5, vocab_sizes=[5] * 26)
     job = _online_job(f"ledger-{run}", f"imps-{run}", f"clicks-{run}")
-    job = job.model_copy(
-        update={"checkpoint": job.checkpoint.model_copy(update={"every_seconds": None, "every_steps": 20})}
-    )
+    # The ledger reads the whole samples topic: it is kept, not trimmed behind the checkpoints.
+    settings = {"every_seconds": None, "every_steps": 20, "trim_topics": False}
+    job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update=settings)})
     asyncio.run(kafka.ensure_topics(infra.kafka, {f"imps-{run}": 4, f"clicks-{run}": 4}))  # as replay makes them
     client = CoordinatorClient.for_stack(training_stack)
     try:

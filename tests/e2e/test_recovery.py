@@ -5,23 +5,27 @@ jobs resumed; warm starts on another number of PS shards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-from pipeline_helpers import run_to_end, with_training
+from aiokafka import TopicPartition
+from pipeline_helpers import DATA, run_to_end, with_training
 from typer.testing import CliRunner
 
 from trillium.cli import app
-from trillium.config import StackTopology
+from trillium.config import KafkaConnection, StackTopology
 from trillium.data.features import BatchBuilder
 from trillium.job import JobConfig
 from trillium.runtime.checkpoint import CheckpointDir, ps_file
-from trillium.stack import down, read_state, up
+from trillium.stack import down, read_state, read_token, up
 from trillium.stack.client import CoordinatorClient
+from trillium.wire import kafka
 
 EPOCHS = 40
 EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs
@@ -138,6 +142,31 @@ def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) 
     assert restored["job"]["metrics"]["logloss"] == pytest.approx(middle["eval"]["logloss"], abs=1e-6)
 
 
+@pytest.mark.parametrize("fixture", sorted(DATA.glob("checkpoint-v*")), ids=lambda p: p.name)
+def test_a_checkpoint_of_every_earlier_format_restores(stack, fixture: Path) -> None:
+    """Each checkpoint format keeps a checkpoint written by the code of its day
+    (tests/data/make_checkpoint_fixture.py): today's code warm-starts from it, and evaluating it
+    gives the metrics it measured at its cut."""
+    (source,) = [p for p in fixture.iterdir() if p.is_dir()]
+    (step,) = [p for p in source.iterdir() if p.is_dir()]
+    manifest = json.loads((step / "manifest.json").read_text())
+    config = manifest["config"]  # as it was written then, read by today's schema
+    job = JobConfig.model_validate(
+        config
+        | {
+            "name": f"restore-{fixture.name}",
+            "data": config["data"] | {"train": str(DATA / "tiny/train.tsv"), "test": str(DATA / "tiny/test.tsv")},
+            "training": config["training"] | {"epochs": 0},
+            "init_from": {"job": source.name, "step": int(step.name), "dir": str(fixture)},
+        }
+    )
+    restored, _ = run_to_end(stack, job)
+    assert restored["job"]["state"] == "finished", restored["job"]["error"]
+    assert restored["job"]["init_from"]["step"] == int(step.name)
+    assert restored["job"]["metrics"]["auc"] == pytest.approx(manifest["eval"]["auc"], abs=1e-6)
+    assert restored["job"]["metrics"]["logloss"] == pytest.approx(manifest["eval"]["logloss"], abs=1e-6)
+
+
 def test_a_corrupt_checkpoint_is_refused_and_recovery_takes_the_one_before(stack, sync_job) -> None:
     client = CoordinatorClient.for_stack(stack)
     try:
@@ -159,6 +188,93 @@ def test_a_corrupt_checkpoint_is_refused_and_recovery_takes_the_one_before(stack
     assert recovery["checkpoint_step"] == older["step"]
     assert len(recovery["refused"]) == 1 and "ps-1.snap: sha256 differs from the manifest" in recovery["refused"][0]
     _assert_exactly_once(view, sync_job)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_abandoned_and_the_job_goes_on(stack, sync_job, tmp_path) -> None:
+    """A checkpoint whose parts fail to write (here its directory cannot be made: a file stands
+    where it goes, as a full disk or a refusing store fails a write) is abandoned: the job goes on
+    and says why in its view and metrics, and the checkpoints before and after it are whole."""
+    job = _durable(sync_job, keep_last=20, dir=str(tmp_path / "checkpoints"))
+    blocked = 3 * EVERY_STEPS - 1  # the third scheduled cut
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        # Well before step `blocked`: the job has not trained its first step yet.
+        (tmp_path / "checkpoints" / job_id).mkdir(parents=True)
+        (tmp_path / "checkpoints" / job_id / str(blocked)).write_text("not a checkpoint directory")
+        _wait(lambda: client.job(job_id)["job"]["checkpoint_failures"]["count"] == 1, "the checkpoint to fail")
+        _wait(lambda: f'trillium_job_checkpoint_failures{{job="{job_id}"}} 1.0' in _metrics(stack), "the metric")
+        view = client.follow(job_id, timeout_s=300)
+        listing = client.checkpoints(job_id)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    failures = view["job"]["checkpoint_failures"]
+    assert failures["count"] == 1 and failures["last_step"] == blocked
+    assert f"{job_id}/{blocked}" in failures["last_error"]
+    steps = range(EVERY_STEPS - 1, EPOCHS * 10, EVERY_STEPS)
+    assert [c["step"] for c in listing] == [s for s in steps if s != blocked]
+    for checkpoint in listing:
+        for part in checkpoint["files"]:
+            CheckpointDir(checkpoint["location"]).verify_file(
+                part["name"], part["bytes"], part["sha256"], AssertionError
+            )
+    _assert_exactly_once(view, sync_job)
+
+
+def test_a_jobs_topics_are_trimmed_behind_its_checkpoints_and_deleted_once_it_finished(stack, sync_job) -> None:
+    """No record before the oldest kept checkpoint's cut is read again: the samples and gradients
+    topics start there; a finished job's topics are deleted."""
+    job = _durable(sync_job, keep_last=2)
+    conn = KafkaConnection(bootstrap=read_state(stack)["kafka"]["bootstrap"])
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        _wait(lambda: len(client.checkpoints(job_id)) >= 3, "three checkpoints")
+        client.pause(job_id)  # no newer checkpoint while we look
+        topics = client.job(job_id)["job"]["topics"]
+        oldest = client.checkpoints(job_id)[-2]  # of the 2 kept; those before are kept as delta bases
+        trimmed = {
+            (topic, int(p)): offset
+            for topic in (topics["samples"], topics["gradients"])
+            for p, offset in oldest["positions"][topic].items()
+        }
+        assert all(offset > 0 for offset in trimmed.values()), oldest["positions"]
+        _wait(lambda: asyncio.run(_first_offsets(conn, trimmed)) == trimmed, "the trim behind the oldest checkpoint")
+        client.resume(job_id)
+        view = client.follow(job_id, timeout_s=300)
+        assert view["job"]["state"] == "finished", view["job"]["error"]
+        _wait(lambda: client.job(job_id)["job"]["topics_deleted"], "the finished job's topics deleted")
+    finally:
+        client.close()
+    _assert_exactly_once(view, sync_job)
+    left = asyncio.run(_topics(conn))
+    assert not {topics["samples"], topics["eval"], topics["gradients"]} & left
+
+
+async def _first_offsets(conn: KafkaConnection, partitions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    consumer = kafka.consumer(conn, group_id=None)
+    await consumer.start()
+    try:
+        firsts = await consumer.beginning_offsets([TopicPartition(t, p) for t, p in partitions])
+        return {(tp.topic, tp.partition): offset for tp, offset in firsts.items()}
+    finally:
+        await consumer.stop()
+
+
+async def _topics(conn: KafkaConnection) -> set[str]:
+    admin = kafka.admin(conn)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+def _metrics(stack: Path) -> str:
+    coordinator = next(p for p in read_state(stack)["processes"] if p["name"] == "coordinator-0")
+    headers = {"Authorization": f"Bearer {read_token(stack)}"}
+    return httpx.get(f"{coordinator['http_url']}/metrics", headers=headers, timeout=10).text
 
 
 @pytest.mark.parametrize("final_checkpoint", [True, False], ids=["savepoint", "no-checkpoint"])

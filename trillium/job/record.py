@@ -82,6 +82,16 @@ class Recovery(BaseModel):
     refused: list[str] = Field(default_factory=list, description="newer checkpoints passed over, and why")
 
 
+class CheckpointFailures(BaseModel):
+    """Checkpoints the job abandoned (a part that failed to write or timed out, a worker that did
+    not answer): the job went on from each, its earlier checkpoints untouched."""
+
+    count: int = 0
+    last_step: int | None = None
+    last_error: str | None = None
+    last_at: float | None = None
+
+
 class JobRecord(BaseModel):
     id: str
     state: JobState
@@ -109,6 +119,10 @@ class JobRecord(BaseModel):
         "cut at the first step after they agree on a new one",
     )
     published: Published | None = Field(None, description="the newest model version published")
+    checkpoint_failures: CheckpointFailures = Field(default_factory=CheckpointFailures)
+    topics_deleted: bool = Field(
+        False, description="its samples, eval and gradients topics deleted (a finished job's, once its workers left)"
+    )
     stop_after: int | None = Field(
         None,
         description="a stop asked with a final checkpoint: the checkpoint request "

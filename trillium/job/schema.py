@@ -217,6 +217,11 @@ class CheckpointConfig(Strict):
     # <run-dir>/checkpoints. Each checkpoint is <dir>/<job id>/<step>/.
     dir: Annotated[str, Field(min_length=1)] | None = None
     evaluate: bool = False  # score the test split at each cut; the metrics go into the manifest
+    # A checkpoint whose parts are not all written by then is abandoned (the job goes on).
+    write_timeout_seconds: PositiveFloat = 600.0
+    # Trim the job's samples and gradients topics behind the oldest checkpoint kept, as no
+    # recovery reads there again; false keeps every record (to audit them) until the job is deleted.
+    trim_topics: bool = True
     max_recoveries: Annotated[int, Field(ge=0)] = 3  # recoveries before the job fails for good
 
 

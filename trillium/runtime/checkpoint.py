@@ -251,12 +251,13 @@ class JobCheckpoints:
         return CheckpointDir(self.location(step))
 
     def steps(self) -> list[int]:
-        """Steps with a directory, complete or not, ascending."""
+        """Steps with a directory, complete or not, ascending (a stray file is no step)."""
         try:
-            entries = self.fs.ls(self.root, detail=False)
+            entries = self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return []
-        return sorted(int(name) for name in map(posixpath.basename, entries) if name.isdigit())
+        names = (posixpath.basename(e["name"].rstrip("/")) for e in entries if e["type"] == "directory")
+        return sorted(int(name) for name in names if name.isdigit())
 
     def scan(self) -> tuple[list[Manifest], dict[int, str]]:
         """The complete checkpoints (those with a readable manifest), oldest first, and the steps

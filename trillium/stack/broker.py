@@ -48,6 +48,8 @@ def kafka_config(run_dir: Path, port: int, controller_port: int) -> Path:
                 "message.max.bytes=16777216",
                 "replica.fetch.max.bytes=16777216",
                 "log.retention.hours=24",
+                # A trim of a job's topics (DeleteRecords behind a checkpoint) frees disk within this.
+                "log.retention.check.interval.ms=30000",
                 "num.network.threads=2",
                 "num.io.threads=2",
                 "",
