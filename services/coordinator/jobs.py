@@ -56,6 +56,8 @@ RECOVERY_GRACE_S = 300.0  # how long a recovering job waits for a silent worker 
 # A job's topics are kept until trimmed behind its checkpoints or deleted with it (retention.py),
 # in segments small enough that a trim frees disk soon.
 JOB_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(32 << 20), "segment.ms": str(5 * 60 * 1000)}
+# Dead letters are for a human to read, however old, but bounded: the newest GiB of them.
+DLQ_TOPIC_CONFIGS = JOB_TOPIC_CONFIGS | {"retention.bytes": str(1 << 30)}
 
 
 class JobNotFound(LookupError):
@@ -335,9 +337,9 @@ class JobStore:
             job.topics.eval: topo.nn_ranks,
             job.topics.gradients: topo.ps_shards,
         }
-        if job.topics.dlq is not None:
-            topics[job.topics.dlq] = 1
         await kafka.ensure_topics(self.kafka, topics, JOB_TOPIC_CONFIGS)
+        if job.topics.dlq is not None:
+            await kafka.ensure_topics(self.kafka, {job.topics.dlq: 1}, DLQ_TOPIC_CONFIGS)
         models = ModelStore.of(job.config, self.run_dir)
         if models is not None:  # the model's notices: they only say what the store holds, a day of them
             await kafka.ensure_topics(
