@@ -327,8 +327,9 @@ def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, 
 
 def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(training_stack, infra, tmp_path) -> None:
     """The loader's offsets, joiner state and pending samples are in the checkpoint: after its
-    SIGKILL and the job's recovery, the samples the job wrote (read as its lineage says) are every
-    impression of the input exactly once."""
+    SIGKILL and the job's recovery, and after a stop (with its final checkpoint) and a resume
+    mid-stream, the samples the job wrote (read as its lineage says) are every impression of the
+    input exactly once, and the resume retrained no step."""
     run = uuid.uuid4().hex[:8]
     rows = 60_000
     generate_criteo(tmp_path / "stream.tsv", rows, seed=5, vocab_sizes=[5] * 26)
@@ -345,6 +346,11 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
         _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a checkpoint")
         loader = next(p for p in stack.read_state(training_stack)["processes"] if p["name"] == "data_loader-0")
         os.kill(loader["pid"], signal.SIGKILL)
+        _wait(lambda: (v := client.job(job_id))["job"]["recoveries"] and v["job"]["state"] == "running", "recovery")
+        client.stop(job_id)  # with a final checkpoint, the joiner's open impressions in it
+        stopped = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
+        assert stopped["last_checkpoint"]["step"] == stopped["progress"]["steps"] - 1
+        client.resume(job_id)
         feed.join()
         _wait(
             lambda: (
@@ -359,7 +365,9 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
         final = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
     finally:
         client.close()
-    assert len(final["job"]["recoveries"]) == 1 and "data_loader-0" in final["job"]["recoveries"][0]["cause"]
+    killed, resumed = final["job"]["recoveries"]
+    assert "data_loader-0" in killed["cause"]
+    assert (resumed["kind"], resumed["checkpoint_step"]) == ("resume", stopped["progress"]["steps"] - 1)
     topic = final["job"]["topics"]["samples"]
     lineage = final["job"]["lineage"].get(topic, {})
     ranks = job.topology.nn_ranks
