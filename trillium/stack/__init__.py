@@ -11,7 +11,7 @@ Kafka and Redis are started only when no external server is configured
 directory, so several stacks (tests and a demo, say) run side by side.
 
 Imports run one way: `trillium.config`, `trillium.wire` <- `procs` <- `broker` <- `supervisor`
-and this front; `client` <- this front. The CLI (`trillium.cli`) is the only entry point users
+and this front; `client` <- `warmup` <- this front. The CLI (`trillium.cli`) is the only entry point users
 call.
 """
 
@@ -29,11 +29,14 @@ from typing import Any
 import httpx
 
 from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, StackTopology
+from trillium.job.record import ACTIVE
 from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
 
 from .broker import kafka_connection
+from .client import CoordinatorClient
 from .procs import REPO_ROOT, STATE_FILE, LauncherError, pid_alive, read_state, read_token
+from .warmup import warm_up
 
 __all__ = ["REPO_ROOT", "LauncherError", "down", "read_state", "read_token", "status", "up"]
 
@@ -46,8 +49,10 @@ def up(
     kafka_bootstrap: str | None = None,
     redis_url: str | None = None,
     timeout_s: float = 240.0,
+    warm: bool = True,
 ) -> dict[str, Any]:
-    """Start the stack in `run_dir` (or find it running) and return its state."""
+    """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
+    tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
@@ -86,6 +91,8 @@ def up(
     while time.monotonic() < deadline:
         st = read_state(run_dir)
         if st and st.get("supervisor_pid") == sup.pid and st["phase"] == "running":
+            if services and warm:
+                _warm_up(run_dir, topology or StackTopology())
             return st
         if sup.poll() is not None:
             st = read_state(run_dir) or {}
@@ -95,6 +102,21 @@ def up(
         time.sleep(0.2)
     down(run_dir)
     raise LauncherError(f"the stack was not ready in {timeout_s:.0f}s (logs in {run_dir / 'logs'})")
+
+
+def _warm_up(run_dir: Path, topology: StackTopology) -> None:
+    client = CoordinatorClient.for_stack(run_dir)
+    try:
+        if any(job["state"] in ACTIVE for job in client.jobs()):
+            return  # a job of an earlier start goes on (external Redis): it is warm enough
+        warm_up(client, topology)
+    except Exception as err:
+        down(run_dir)
+        raise LauncherError(
+            f"the stack started but could not train its warm-up job: {err} (logs in {run_dir / 'logs'})"
+        ) from None
+    finally:
+        client.close()
 
 
 async def _probe(st: dict[str, Any]) -> dict[str, Any]:
