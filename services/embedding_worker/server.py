@@ -92,7 +92,7 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             await ctx.watermark.wait_applied(request.applied)
         plan = pooling.plan(ctx.layout, batch.ids)
         try:
-            rows = await self.worker.lookup_rows(ctx, plan, evaluation=not request.training)
+            rows = await self.worker.lookup_rows(ctx, plan, evaluation=not request.training, fp16=request.fp16)
         except ShardUnavailable as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         pooled = pooling.pool(plan, rows, fp16=request.fp16)
@@ -140,11 +140,10 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
         with PUSH_SECONDS.time():
             try:
-                grads = pooling.scatter_wire(
-                    plan,
-                    codec.unpack_array(request.pooled.data),
-                    [codec.unpack_array(s.grad.data) for s in request.slots],
-                )
+                pooled = codec.unpack_array(request.pooled.data)
+                if pooled.dtype == np.float16:
+                    pooled = codec.from_fp16(pooled, request.pooled_scale or 1.0)
+                grads = pooling.scatter_wire(plan, pooled, [codec.unpack_array(s.grad.data) for s in request.slots])
             except (ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
             sent = await self.worker.produce_gradients(ctx, ref, plan, grads, publish=request.publish)
@@ -206,14 +205,16 @@ class EmbeddingWorker(Service):
         return staleness
 
     async def lookup_rows(
-        self, ctx: _JobContext, plan: pooling.BatchPlan, *, evaluation: bool = False
+        self, ctx: _JobContext, plan: pooling.BatchPlan, *, evaluation: bool = False, fp16: bool = False
     ) -> dict[str, np.ndarray]:
-        """Each table's rows for its unique IDs, fetched from all owning shards in parallel. An
-        evaluation's lookups are read-only (an unknown ID reads as zeros, as a not-yet-admitted one
-        does in training, and no row is created) and their rows come as a model version serves them
-        (`publish.dtype`): the job's evaluation measures what replicas answer."""
+        """Each table's rows for its unique IDs, fetched from all owning shards in parallel (as
+        float16 with `fp16`). An evaluation's lookups are read-only (an unknown ID reads as zeros,
+        as a not-yet-admitted one does in training, and no row is created) and their rows come as
+        a model version serves them (`publish.dtype`): the job's evaluation measures what replicas
+        answer."""
         publish = ctx.job.config.publish
-        row_dtype = "float16" if evaluation and publish is not None and publish.dtype == "fp16" else "float32"
+        served16 = evaluation and publish is not None and publish.dtype == "fp16"
+        row_dtype = "float16" if fp16 or served16 else "float32"
         dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
         rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
         requests, asked = [], {}
@@ -272,7 +273,7 @@ class EmbeddingWorker(Service):
             deliveries.append(
                 await ctx.producer.send(
                     topic,
-                    codec.encode_gradients(update),
+                    codec.encode_gradients(update, fp16=ctx.job.config.training.wire_dtype == "fp16"),
                     partition=shard,
                     key=str(ref.rank).encode(),
                     headers=kafka.headers(ref.attempt, publish=publish),

@@ -26,16 +26,21 @@ def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
     return out
 
 
-def gradients_request(response: pb.BatchLookupResponse, grads: list[np.ndarray]) -> pb.PushGradientsRequest:
-    """The gradients of a lookup's embeddings (`embeddings_of`'s order) as the wire carries them."""
+def gradients_request(
+    response: pb.BatchLookupResponse, grads: list[np.ndarray], *, fp16: bool = False
+) -> pb.PushGradientsRequest:
+    """The gradients of a lookup's embeddings (`embeddings_of`'s order) as the wire carries them:
+    with `fp16`, the pooled ones scaled and cast (`codec.to_fp16`)."""
     pooled = [g for g, width in zip(grads, response.widths, strict=True) if width]
     sequences = [
         (s.slot, g)
         for s, g in zip(response.slots, (g for g, w in zip(grads, response.widths, strict=True) if not w), strict=True)
     ]
     joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((len(grads[0]) if grads else 0, 0), np.float32)
+    joined, scale = codec.to_fp16(joined) if fp16 else (joined, 1.0)
     return pb.PushGradientsRequest(
         ref=response.ref,
         pooled=pb.Array(data=codec.pack_array(joined)),
+        pooled_scale=scale,
         slots=[pb.SlotGradient(slot=slot, grad=pb.Array(data=codec.pack_array(g))) for slot, g in sequences],
     )

@@ -328,11 +328,13 @@ class NNWorker(Service):
         job, s = run.job, run.state
         rank = self.settings.index
         checkpoint, publish = job.config.checkpoint, job.config.publish
+        wire16 = job.config.training.wire_dtype == "fp16"
         lookup = lambda raw: run.stub.LookupBatch(
             pb.BatchLookupRequest(
                 batch=raw,
                 training=True,  # noqa: E731
                 attempt=job.attempt,
+                fp16=wire16,
             )
         )
         feed = Feed(
@@ -393,7 +395,7 @@ class NNWorker(Service):
                     published = "schedule"
                 elif publish is not None and cut is not None and publish.at_checkpoints:
                     published = "checkpoint"
-                push = gradients_request(response, grads)
+                push = gradients_request(response, grads, fp16=wire16)
                 push.publish = published is not None
                 run.pusher.put(push)
                 s.step += 1

@@ -74,6 +74,32 @@ def test_gradients_round_trip(update: GradientUpdate) -> None:
     assert list(decoded.tables) == list(update.tables)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    hnp.arrays(np.float32, st.integers(0, 64), elements=st.floats(-(2.0**100), 2.0**100, width=32))
+)  # not near float32's max
+def test_fp16_wire_values_lose_only_fp16_rounding_whatever_their_magnitude(values: np.ndarray) -> None:
+    """Scaled before the cast, a gradient of any magnitude keeps fp16's 11 bits relative to
+    itself, down to fp16's smallest step below the message's largest value."""
+    half, scale = codec.to_fp16(values)
+    assert half.dtype == np.float16 and np.isfinite(half).all()
+    back = codec.from_fp16(half, scale)
+    assert back.dtype == np.float32
+    error = np.abs(back.astype(np.float64) - values)
+    assert (error <= np.maximum(np.abs(values.astype(np.float64)) * 2.0**-11, 2.0**-24 / scale)).all()
+
+
+def test_fp16_gradients_round_trip_within_rounding() -> None:
+    rng = np.random.default_rng(0)
+    grads = (rng.standard_normal((50, 8)) * 1e-7).astype(np.float32)  # below fp16's normal range
+    update = GradientUpdate(rank=1, batch_id=7, epoch=0, shard=0, tables={"t": (np.arange(50, dtype=np.uint64), grads)})
+    message = encode_gradients(update, fp16=True)
+    assert len(message) <= len(encode_gradients(update)) - 50 * 8 * 2 + 64
+    decoded = decode_gradients(message).tables["t"][1]
+    assert decoded.dtype == np.float32
+    np.testing.assert_allclose(decoded, grads, rtol=2.0**-10, atol=0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     hnp.arrays(

@@ -156,6 +156,10 @@ class TrainingConfig(Strict):
     # The NN ranks' forward arithmetic: bf16 runs it under torch.autocast (matmuls in bfloat16, on
     # a GPU or the CPU); the loss, the gradients handed back and the optimizer stay fp32.
     precision: Literal["fp32", "bf16"] = "fp32"
+    # The embeddings and their gradients on the wire between the PS shards, the embedding workers
+    # and the NN ranks, and the gradients on Kafka: fp16 halves their bytes (the gradients scaled
+    # per message so that none underflows); the PS keeps and accumulates fp32 either way.
+    wire_dtype: Literal["fp32", "fp16"] = "fp32"
 
 
 class TopologyConfig(RoleCounts, Strict):

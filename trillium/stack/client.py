@@ -10,8 +10,9 @@ from urllib.parse import quote
 
 import httpx
 
-from trillium import stack
 from trillium.job import JobConfig
+
+from .procs import LauncherError, read_state, read_token
 
 TERMINAL = ("finished", "failed", "stopped")
 
@@ -48,10 +49,10 @@ class CoordinatorClient:
 
     @classmethod
     def for_stack(cls, run_dir: Path) -> "CoordinatorClient":
-        st = stack.read_state(run_dir)
+        st = read_state(run_dir)
         if not st or not st.get("coordinator_url"):
-            raise stack.LauncherError(f"no stack with a coordinator in {run_dir}: run `trillium up` first")
-        return cls(st["coordinator_url"], stack.read_token(run_dir))
+            raise LauncherError(f"no stack with a coordinator in {run_dir}: run `trillium up` first")
+        return cls(st["coordinator_url"], read_token(run_dir))
 
     def close(self) -> None:
         self.http.close()

@@ -33,7 +33,9 @@ __all__ = [
     "decode_gradients",
     "encode_batch",
     "encode_gradients",
+    "from_fp16",
     "pack_array",
+    "to_fp16",
     "unpack_array",
 ]
 
@@ -198,9 +200,10 @@ def decode_batch(data: BytesLike) -> Batch:
         raise CodecError(f"invalid batch message: {e}") from None
 
 
-def encode_gradients(update: GradientUpdate) -> bytes:
+def encode_gradients(update: GradientUpdate, *, fp16: bool = False) -> bytes:
     """All tables in two arrays (their IDs, their gradient rows flattened) and each table's row
-    count and dim in the header: a message costs the same few buffers however many tables."""
+    count and dim in the header: a message costs the same few buffers however many tables.
+    `fp16` halves the gradient bytes (`to_fp16`: scaled so that none underflows)."""
     tables = list(update.tables.values())
     meta = {
         "rank": int(update.rank),
@@ -213,14 +216,40 @@ def encode_gradients(update: GradientUpdate) -> bytes:
     }
     ids = np.concatenate([ids for ids, _ in tables]) if tables else np.zeros(0, np.uint64)
     grads = np.concatenate([grads.ravel() for _, grads in tables]) if tables else np.zeros(0, np.float32)
+    if fp16:
+        grads, meta["scale"] = to_fp16(grads)
     return _encode("gradients", meta, [ids, grads])
+
+
+# fp16 carries values up to 65504 and, below 2^-14, ever fewer bits down to 2^-24: embedding
+# gradients (1e-4..1e-9) would lose most of theirs. A message's values are multiplied by a power
+# of two that brings its largest to about 2^14 before the cast, and divided by it after — as
+# mixed-precision training scales a loss. Exact for every value the scaled fp16 holds.
+_FP16_TOP = 2.0**14
+
+
+def to_fp16(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """`values` (float32) scaled by a power of two and cast to float16, and that scale."""
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    if not math.isfinite(top):  # the PS skips non-finite gradients (counted): keep them so
+        return values.astype(np.float16), 1.0
+    scale = 2.0 ** min(math.floor(math.log2(_FP16_TOP / top)), 100) if top > 0 else 1.0  # 2^100: a float32
+    return (values * np.float32(scale)).astype(np.float16), scale
+
+
+def from_fp16(values: np.ndarray, scale: float) -> np.ndarray:
+    """`to_fp16`'s values back as float32."""
+    out = values.astype(np.float32)
+    if scale != 1.0:
+        out *= np.float32(1.0 / scale)
+    return out
 
 
 def decode_gradients(data: BytesLike) -> GradientUpdate:
     """Decode `encode_gradients`' output; the arrays are read-only views into `data`."""
     meta, arrays = _decode(data, "gradients")
     rank, batch_id, epoch, shard, tables, counts, dims = _meta_fields(
-        meta, "rank", "batch_id", "epoch", "shard", "tables", "counts", "dims"
+        meta, "rank", "batch_id", "epoch", "shard", "tables", "counts", "dims", optional=("scale",)
     )
     if not (
         isinstance(tables, list)
@@ -232,6 +261,11 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
     ):
         raise CodecError("corrupt gradients message: expected tables, counts and dims of one length, and 2 arrays")
     ids, grads = arrays
+    if grads.dtype == np.float16:
+        scale = meta.get("scale", 1.0)
+        if not (isinstance(scale, float) and scale > 0 and math.isfinite(scale)):
+            raise CodecError(f"corrupt gradients message: fp16 scale {scale!r}")
+        grads = from_fp16(grads, scale)
     if (
         ids.ndim != 1
         or grads.ndim != 1
