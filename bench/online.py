@@ -14,6 +14,7 @@ One run measures, side by side:
 
     python bench/online.py --json
     python bench/online.py --rate 6000 --seconds 60
+    python bench/online.py --joiner-only   # the joiner alone, no stack
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JobConfig
 from trillium.stack.client import CoordinatorClient
 
+FETCH = 1000  # the joiner alone: messages decoded at once (the loader takes what a Kafka fetch brings)
 TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1)
 
 
@@ -71,15 +73,15 @@ def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
     started = time.perf_counter()
     out = 0
     c = 0
-    for i, raw in enumerate(imps):
-        event = reader.event(raw, impression=True)
-        join.impression(event)
-        while c < len(clicked) and clicked[c] <= i:
-            label = reader.event(clicks[c], impression=False)
+    for first in range(0, events, FETCH):  # as the stream loader takes them: a fetch at a time
+        for event in reader.events(imps[first : first + FETCH], impression=True):
+            join.impression(event)
+        last = first + FETCH - 1
+        upto = int(np.searchsorted(clicked, last, side="right"))
+        for label in reader.events(clicks[c:upto], impression=False):
             join.label(label.key, label.time)
-            c += 1
-        if i % 1000 == 999:
-            out += len(join.advance(event.time - data.join.window_seconds))
+        c = upto
+        out += len(join.advance(event.time - data.join.window_seconds))
     out += len(join.advance(float("inf")))
     seconds = time.perf_counter() - started
     assert out == events, (out, events)  # every impression once
@@ -157,9 +159,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=3000.0, help="impressions a second replayed")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to replay")
     parser.add_argument("--window", type=float, default=5.0, help="the attribution window, seconds")
+    parser.add_argument("--joiner-only", action="store_true", help="measure the joiner alone (no stack, seconds)")
     args = parser.parse_args()
     job = online_job(args.window)
     result: dict[str, Any] = {"joiner_alone": joiner_alone(job, 200_000, seed=1)}
+    if args.joiner_only:
+        print(json.dumps(result, indent=None if args.json else 2))
+        return
     with tempfile.TemporaryDirectory(prefix="trillium-bench-online-") as tmp:
         tmp_path = Path(tmp)
         data = generate_criteo(tmp_path / "stream.tsv", int(args.rate * args.seconds), seed=1, vocab_sizes=[1000] * 26)

@@ -509,3 +509,23 @@ class ServingTables:
         `lookups` (IDs looked up) and `misses`."""
     def memory_bytes(self) -> int:
         """Bytes allocated by every table, index included (capacities of the allocations)."""
+
+class EventDecoder:
+    """The stream loader's JSON fast path (trillium/data/sources/events.py). `fields`: (dotted
+    path, kind) with kind "slot", "dense" or "label"; each accepted message gives every field as
+    the text Python's `scalar_text` makes of it. A message it is not sure of (malformed, or read
+    differently by `json.loads`) is left to the Python reference decoder."""
+
+    def __init__(
+        self,
+        fields: list[tuple[str, str]],
+        event_time: str,
+        event_key: str | None,
+        max_message_bytes: int,
+        max_value_bytes: int,
+    ) -> None: ...
+    def decode(
+        self, messages: list[bytes | None], with_fields: bool
+    ) -> list[tuple[float, str | None, dict[str, str | None]] | None]:
+        """Per message: (event time, key, values by path), or None (leave it to the reference).
+        Without `with_fields` the values dict is empty. Raises TypeError (an item not bytes/None)."""

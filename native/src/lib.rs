@@ -2,10 +2,12 @@
 //!
 //! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, the embedding
 //! worker's `pooling`, and for model replicas the `values` file format and the read-only
-//! `serving` store) is independent of Python; `python` holds the PyO3 bindings.
+//! `serving` store, and for the stream loader the JSON `events` fast path) is independent of
+//! Python; `python` holds the PyO3 bindings.
 
 pub mod config;
 pub mod elem;
+pub mod events;
 pub mod hash;
 pub mod index;
 pub mod mem;

@@ -214,8 +214,7 @@ class StreamLoader:
                 fetched = await consumer.getmany(timeout_ms=100, max_records=4096)
                 async with self.service.produce_lock:
                     for tp, records in fetched.items():
-                        for record in records:
-                            await self._take(producer, tp, record)
+                        await self._take(producer, tp, records)
                     await self._advance(consumer, tps, fetched)
                     await self._emit(producer)
                     sent, self.deliveries = self.deliveries, []
@@ -229,25 +228,37 @@ class StreamLoader:
         finally:
             await consumer.stop()
 
-    async def _take(self, producer, tp: TopicPartition, record) -> None:
+    async def _take(self, producer, tp: TopicPartition, records: list) -> None:
+        """A fetch of one input partition's records, decoded at once, into the joiner (or the rows)."""
+        if not records:
+            return
         where = (tp.topic, tp.partition)
-        self.positions[where] = record.offset + 1
-        self.counts["messages"] += 1
+        join = self.data.join
+        impression = join is None or tp.topic == join.impressions
+        joiner = self.joins[tp.partition] if join is not None else None
+        events = self.reader.events([r.value for r in records], impression=impression)
+        latest = self.max_time.get(where, -np.inf)
         try:
-            join = self.data.join
-            if join is None:
-                event = self._clocked(self.reader.event(record.value))
-                self.rows.add(event)
-            else:
-                event = self._clocked(self.reader.event(record.value, impression=tp.topic == join.impressions))
-                joiner = self.joins[tp.partition]
-                if tp.topic == join.impressions:
-                    joiner.impression(event)
-                else:
-                    joiner.label(event.key, event.time)
-            self.max_time[where] = max(self.max_time.get(where, -np.inf), event.time)
-        except BadEvent as err:
-            await self._dead_letter(producer, tp, record.offset, record.value, str(err))
+            for record, event in zip(records, events, strict=True):
+                self.positions[where] = record.offset + 1
+                self.counts["messages"] += 1
+                if isinstance(event, BadEvent):
+                    await self._dead_letter(producer, tp, record.offset, record.value, str(event))
+                    continue
+                try:
+                    event = self._clocked(event)
+                    if joiner is None:
+                        self.rows.add(event)
+                    elif impression:
+                        joiner.impression(event)
+                    else:
+                        joiner.label(event.key, event.time)
+                    latest = max(latest, event.time)
+                except BadEvent as err:
+                    await self._dead_letter(producer, tp, record.offset, record.value, str(err))
+        finally:
+            if latest > -np.inf:
+                self.max_time[where] = latest
 
     def _clocked(self, event: Event) -> Event:
         """The event, its time within the clock's bounds (`data.clock`), or BadEvent saying why not."""

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use crate::config::StoreError;
 use crate::snapshot::FORMAT_VERSION;
 
+mod events;
 mod hash;
 mod pooling;
 mod serving;
@@ -132,6 +133,7 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pooling::PyLayout>()?;
     m.add_class::<pooling::PyPlan>()?;
     m.add_class::<serving::PyServing>()?;
+    m.add_class::<events::PyEventDecoder>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;

@@ -1,0 +1,409 @@
+//! The fast path of the stream loader's event decoding (`trillium/data/sources/events.py`): a
+//! JSON message read for the fields a job maps, each as the text cell Python's `scalar_text`
+//! makes of it.
+//!
+//! The Python decoder stays the reference, and the judge of every message this path does not
+//! take: `decode` answers `None` for anything it is unsure of — a message Python would refuse,
+//! and also one Python takes that this parser does not handle the same way (`NaN`, a UTF-8 BOM,
+//! UTF-16, an integer beyond i64, a number too large for a float, a lone surrogate, nesting
+//! deeper than `MAX_DEPTH`) — and the caller decodes that one in Python, which says why it is bad
+//! or takes it. So what this path accepts must equal what Python makes of it, and what it refuses
+//! costs only speed. Refusals are rare: malformed messages are.
+//!
+//! What it matches in Python: `json.loads` of UTF-8 (strict: no control character in a string;
+//! whitespace is space, tab, CR, LF; a duplicate key's last value wins), `str(int)`, `repr(float)`
+//! (shortest round-trip digits, exponent outside 1e-4 <= |x| < 1e16).
+
+use std::borrow::Cow;
+
+/// Nesting deeper than this is left to Python.
+pub const MAX_DEPTH: usize = 64;
+/// The ASCII unit separator: joins a list value's items (`MULTI_SEP` in events.py).
+pub const MULTI_SEP: char = '\x1f';
+
+/// A parsed JSON value; a number is kept as its text (Python decides int or float by its form).
+#[derive(Debug)]
+enum Json<'a> {
+    Null,
+    Bool(bool),
+    Int(&'a str),
+    Float(&'a str),
+    Str(Cow<'a, str>),
+    Arr(Vec<Json<'a>>),
+    Obj(Vec<(Cow<'a, str>, Json<'a>)>),
+}
+
+impl<'a> Json<'a> {
+    fn get(&self, key: &str) -> Option<&Json<'a>> {
+        match self {
+            // The last of duplicate keys wins, as in a Python dict built in order.
+            Json::Obj(items) => items.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+}
+
+struct Parser<'a> {
+    s: &'a str,
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn ws(&mut self) {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        if self.b.get(self.i) == Some(&c) {
+            self.i += 1;
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    fn lit(&mut self, word: &str) -> Option<()> {
+        if self.b[self.i..].starts_with(word.as_bytes()) {
+            self.i += word.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Json<'a>> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.ws();
+        match *self.b.get(self.i)? {
+            b'{' => {
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.eat(b'}').is_some() {
+                    return Some(Json::Obj(items));
+                }
+                loop {
+                    self.ws();
+                    let key = self.string()?;
+                    self.ws();
+                    self.eat(b':')?;
+                    let v = self.value(depth + 1)?;
+                    items.push((key, v));
+                    self.ws();
+                    if self.eat(b',').is_none() {
+                        self.eat(b'}')?;
+                        return Some(Json::Obj(items));
+                    }
+                }
+            }
+            b'[' => {
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.eat(b']').is_some() {
+                    return Some(Json::Arr(items));
+                }
+                loop {
+                    items.push(self.value(depth + 1)?);
+                    self.ws();
+                    if self.eat(b',').is_none() {
+                        self.eat(b']')?;
+                        return Some(Json::Arr(items));
+                    }
+                }
+            }
+            b'"' => self.string().map(Json::Str),
+            b'n' => self.lit("null").map(|_| Json::Null),
+            b't' => self.lit("true").map(|_| Json::Bool(true)),
+            b'f' => self.lit("false").map(|_| Json::Bool(false)),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?`, Python's NUMBER_RE.
+    fn number(&mut self) -> Option<Json<'a>> {
+        let start = self.i;
+        let digits = |p: &mut Self| {
+            let from = p.i;
+            while p.i < p.b.len() && p.b[p.i].is_ascii_digit() {
+                p.i += 1;
+            }
+            p.i - from
+        };
+        self.eat(b'-');
+        if self.eat(b'0').is_none() && digits(self) == 0 {
+            return None;
+        }
+        let mut float = false;
+        if self.b.get(self.i) == Some(&b'.') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+            digits(self);
+            float = true;
+        }
+        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
+            let mut j = self.i + 1;
+            if matches!(self.b.get(j), Some(b'+' | b'-')) {
+                j += 1;
+            }
+            if self.b.get(j).is_some_and(u8::is_ascii_digit) {
+                self.i = j;
+                digits(self);
+                float = true;
+            }
+        }
+        let text = &self.s[start..self.i];
+        Some(if float { Json::Float(text) } else { Json::Int(text) })
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let h = self.s.get(self.i..self.i + 4)?;
+        if !h.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.i += 4;
+        u32::from_str_radix(h, 16).ok()
+    }
+
+    fn string(&mut self) -> Option<Cow<'a, str>> {
+        self.eat(b'"')?;
+        let start = self.i;
+        // The common case: no escape, borrowed.
+        while self.i < self.b.len() {
+            match self.b[self.i] {
+                b'"' => {
+                    let s = &self.s[start..self.i];
+                    self.i += 1;
+                    return Some(Cow::Borrowed(s));
+                }
+                b'\\' => break,
+                c if c < 0x20 => return None,
+                _ => self.i += 1,
+            }
+        }
+        let mut out = String::from(&self.s[start..self.i]);
+        loop {
+            let c = *self.b.get(self.i)?;
+            match c {
+                b'"' => {
+                    self.i += 1;
+                    return Some(Cow::Owned(out));
+                }
+                b'\\' => {
+                    let e = *self.b.get(self.i + 1)?;
+                    self.i += 2;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\x08'),
+                        b'f' => out.push('\x0c'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let u = self.hex4()?;
+                            let code = if (0xD800..0xDC00).contains(&u) {
+                                // A surrogate pair, or a lone surrogate (left to Python).
+                                if !self.b[self.i..].starts_with(b"\\u") {
+                                    return None;
+                                }
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return None;
+                                }
+                                0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00)
+                            } else {
+                                u
+                            };
+                            out.push(char::from_u32(code)?); // None for a lone low surrogate
+                        }
+                        _ => return None,
+                    }
+                }
+                c if c < 0x20 => return None,
+                _ => {
+                    // Copy up to the next quote or backslash (whole UTF-8 sequences).
+                    let from = self.i;
+                    while self.i < self.b.len() && !matches!(self.b[self.i], b'"' | b'\\') && self.b[self.i] >= 0x20 {
+                        self.i += 1;
+                    }
+                    out.push_str(&self.s[from..self.i]);
+                }
+            }
+        }
+    }
+}
+
+/// The message as a JSON object, or None (not JSON, or not one this parser is sure of).
+fn parse(raw: &[u8]) -> Option<Json<'_>> {
+    let s = std::str::from_utf8(raw).ok()?;
+    let mut p = Parser { s, b: s.as_bytes(), i: 0 };
+    let v = p.value(0)?;
+    p.ws();
+    (p.i == p.b.len() && matches!(v, Json::Obj(_))).then_some(v)
+}
+
+/// Python's `repr(x)` of a finite float.
+pub fn py_float_repr(x: f64) -> String {
+    let e = format!("{x:e}"); // shortest round-trip digits: "-1.25e-5"
+    let (mantissa, exp) = e.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("{:e} exponent");
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let n = digits.len() as i32;
+    let decpt = exp + 1; // the value is 0.<digits> * 10**decpt
+    if decpt <= -4 || decpt > 16 {
+        let rest = if n > 1 { format!(".{}", &digits[1..]) } else { String::new() };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{}{rest}e{esign}{:02}", &digits[..1], exp.abs())
+    } else if decpt <= 0 {
+        format!("{sign}0.{}{digits}", "0".repeat(-decpt as usize))
+    } else if decpt >= n {
+        format!("{sign}{digits}{}.0", "0".repeat((decpt - n) as usize))
+    } else {
+        format!("{sign}{}.{}", &digits[..decpt as usize], &digits[decpt as usize..])
+    }
+}
+
+/// A finite float from its JSON text (Rust's parse rounds correctly, as Python's float() does).
+fn finite(text: &str) -> Option<f64> {
+    text.parse::<f64>().ok().filter(|x| x.is_finite())
+}
+
+/// `str(int(text))`, for integers within i64 (a larger one is left to Python).
+fn int_text(text: &str) -> Option<String> {
+    text.parse::<i64>().ok().map(|i| i.to_string())
+}
+
+/// Python's `scalar_text`, or None where it would refuse the value (or this path is unsure).
+fn scalar_text(v: &Json<'_>, max_value_bytes: usize) -> Option<String> {
+    match v {
+        Json::Bool(b) => Some(if *b { "true" } else { "false" }.to_string()),
+        Json::Int(t) => int_text(t),
+        Json::Float(t) => finite(t).map(py_float_repr),
+        Json::Str(s) => (s.len() <= max_value_bytes && !s.contains(MULTI_SEP)).then(|| s.to_string()),
+        _ => None,
+    }
+}
+
+/// What a field is read as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A slot: a scalar, or a list of scalars (nulls dropped) joined with `MULTI_SEP`; null: missing.
+    Slot,
+    /// A dense value: a finite number (not a boolean); null: missing.
+    Dense,
+    /// A label read from the event: a scalar; null: missing.
+    Label,
+}
+
+/// The fields a job maps, by path (a dotted path is split into its parts).
+#[derive(Clone, Debug)]
+pub struct EventSpec {
+    pub fields: Vec<(Vec<String>, Kind)>,
+    pub event_time: Vec<String>,
+    pub event_key: Option<Vec<String>>,
+    pub max_message_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+/// One decoded event: its time, key and the text of each field of the spec (in its order).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decoded {
+    pub time: f64,
+    pub key: Option<String>,
+    pub values: Vec<Option<String>>,
+}
+
+fn at<'j, 'a>(event: &'j Json<'a>, path: &[String]) -> Option<&'j Json<'a>> {
+    path.iter().try_fold(event, |node, part| node.get(part))
+}
+
+impl EventSpec {
+    /// The event in `raw`, with every field (`with_fields`) or its time and key only; None:
+    /// let the reference decoder decide.
+    pub fn decode(&self, raw: &[u8], with_fields: bool) -> Option<Decoded> {
+        if raw.len() > self.max_message_bytes {
+            return None;
+        }
+        let event = parse(raw)?;
+        let time = match at(&event, &self.event_time)? {
+            Json::Int(t) => t.parse::<i64>().ok()? as f64,
+            Json::Float(t) => finite(t)?,
+            _ => return None,
+        };
+        let key = match &self.event_key {
+            Some(path) => Some(scalar_text(at(&event, path)?, self.max_value_bytes)?),
+            None => None,
+        };
+        let mut values = Vec::with_capacity(if with_fields { self.fields.len() } else { 0 });
+        if with_fields {
+            for (path, kind) in &self.fields {
+                let v = at(&event, path)?;
+                values.push(match (kind, v) {
+                    (_, Json::Null) => None,
+                    (Kind::Slot, Json::Arr(items)) => {
+                        let mut cell = String::new();
+                        let mut first = true;
+                        for item in items.iter().filter(|i| !matches!(i, Json::Null)) {
+                            if !first {
+                                cell.push(MULTI_SEP);
+                            }
+                            first = false;
+                            cell.push_str(&scalar_text(item, self.max_value_bytes)?);
+                        }
+                        Some(cell)
+                    }
+                    (Kind::Dense, Json::Int(t)) => Some(int_text(t)?),
+                    (Kind::Dense, Json::Float(t)) => Some(py_float_repr(finite(t)?)),
+                    (Kind::Dense, _) => return None,
+                    (Kind::Slot | Kind::Label, v) => Some(scalar_text(v, self.max_value_bytes)?),
+                });
+            }
+        }
+        Some(Decoded { time, key, values })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_repr_matches_python() {
+        let cases = [
+            (1.0, "1.0"),
+            (-0.0, "-0.0"),
+            (0.0, "0.0"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (123.456, "123.456"),
+            (1.7e9, "1700000000.0"),
+            (1e100, "1e+100"),
+            (-2.5e300, "-2.5e+300"),
+            (0.1, "0.1"),
+            (1234567890123456.7, "1234567890123456.8"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(py_float_repr(x), want, "{x:e}");
+        }
+    }
+
+    #[test]
+    fn parses_and_refuses() {
+        assert!(parse(br#" {"a": [1, 2.5, "x\u00e9\ud83d\ude00", null, true]} "#).is_some());
+        for bad in [&b"{\"a\": 01}"[..], b"{\"a\": 1,}", b"[1]", b"{\"a\": \"\\ud800\"}", b"{\"a\": NaN}", b"{} x"] {
+            assert!(parse(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

@@ -1,0 +1,144 @@
+"""The batch decoder (`EventReader.events`, the native JSON fast path) against the reference
+(`EventReader.event`, one message at a time): the same events, and for a message that cannot be a
+sample the same reason, for random messages, malformed ones included."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trillium.data.sources.events import BadEvent, EventReader
+from trillium.job import JobConfig
+
+
+def _job(*, joined: bool = False, **data) -> JobConfig:
+    raw = {
+        "name": "events",
+        "data": {"source": "kafka", "topics": ["events"], "event_time": "ts", "key": "id"} | data,
+        "slots": [
+            {"name": "user", "column": "user.id"},
+            {"name": "recent", "column": "user.recent", "pooling": "mean", "max_len": 3},
+        ],
+        "tables": {"user": {"dim": 4}, "recent": {"dim": 4}},
+        "dense": [{"column": "price", "normalization": "standard"}, {"column": "n", "normalization": "log1p"}],
+        "label": {"column": "click", "positive": "1", "negative": "0"},
+        "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": 2, "embedding_dims": [4, 4]}},
+        "training": {"batch_size": 8, "epochs": None, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}},
+    }
+    if joined:
+        raw["data"] = {
+            "source": "kafka",
+            "event_time": "ts",
+            "join": {"impressions": "imps", "labels": "clicks", "key": "id", "window_seconds": 5},
+        }
+    return JobConfig.model_validate(raw)
+
+
+def _reference(reader: EventReader, raw: bytes | None, impression: bool):
+    try:
+        return reader.event(raw, impression=impression)
+    except BadEvent as err:
+        return ("bad", str(err))
+
+
+def _same(reader: EventReader, raws: list[bytes | None], impression: bool = True) -> None:
+    got = [("bad", str(e)) if isinstance(e, BadEvent) else e for e in reader.events(raws, impression=impression)]
+    want = [_reference(reader, raw, impression) for raw in raws]
+    assert got == want
+    for g in got:  # the same value types too (a float's text, not only an equal value)
+        if not isinstance(g, tuple):
+            assert isinstance(g.time, float)
+            assert list(g.values) == list(want[got.index(g)].values)
+
+
+texts = st.text(max_size=6) | st.sampled_from(["", "a\x1fb", "\ud800", "é", "x" * 70000, '"', "\\"])
+numbers = (
+    st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0.0, -0.0, 1e16, 1e15, 1e-5, 1e-4, 1.7e9, 2**63, -(2**63), 2**63 - 1])
+)
+scalars = st.none() | st.booleans() | numbers | texts
+values = scalars | st.lists(scalars, max_size=4) | st.dictionaries(st.sampled_from(["id", "x"]), scalars, max_size=2)
+
+
+@st.composite
+def messages(draw) -> bytes | None:
+    event: dict = {}
+    for key, field in [("id", scalars), ("ts", numbers | scalars), ("price", values), ("n", values), ("click", values)]:
+        if draw(st.integers(0, 9)) > 0:
+            event[key] = draw(field)
+    if draw(st.integers(0, 9)) > 0:
+        event["user"] = draw(st.fixed_dictionaries({}, optional={"id": values, "recent": values}) | values)
+    text = json.dumps(event, indent=draw(st.sampled_from([None, 1])))
+    raw = text.encode("utf-8", "surrogatepass")
+    cut = draw(st.sampled_from(["none", "none", "none", "truncate", "garbage", "tombstone", "dup", "raw"]))
+    if cut == "truncate" and raw:
+        return raw[: draw(st.integers(0, len(raw) - 1))]
+    if cut == "garbage":
+        return raw + draw(st.sampled_from([b"x", b" ", b",", b"\xff", b"}"]))
+    if cut == "tombstone":
+        return None
+    if cut == "dup":  # a duplicate key: the last one wins
+        return raw[:-1] + b', "price": ' + json.dumps(draw(numbers)).encode() + b"}" if len(event) else raw
+    if cut == "raw":  # hand-written JSON forms: escapes, exponents, BOM, NaN, deep nesting
+        return draw(
+            st.sampled_from(
+                [
+                    b'{"id": "\\u00e9\\ud83d\\ude00", "ts": 1E3, "user": {"id": -0, "recent": [1e-7, 2.50]},'
+                    b' "price": 1.0e+2, "n": null, "click": true}',
+                    b'\xef\xbb\xbf{"id": "a", "ts": 1, "user": {"id": 1, "recent": []}, "price": 1, "n": 1, "click": 1}',
+                    b'{"id": "a", "ts": NaN, "user": {"id": 1, "recent": []}, "price": 1, "n": 1, "click": 1}',
+                    b'{"id": "a", "ts": 1, "user": {"id": 1, "recent": [' + b"[" * 100 + b"]" * 100 + b"]}}",
+                    b'{"id": "\\ud800", "ts": 1}',
+                    b'{"id": "a\tb", "ts": 1}',
+                    b'{"id": 1, "ts": 1.}',
+                    b'{"id": 1, "ts": -}',
+                    b'{"id": 01, "ts": 1}',
+                    b'{"id": 1, "ts": 1e999, "user": {"id": 1, "recent": 1}, "price": 1, "n": 1, "click": 1}',
+                ]
+            )
+        )
+    return raw
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(messages(), max_size=8))
+def test_a_batch_decodes_to_what_the_reference_makes_of_each_message(raws) -> None:
+    _same(EventReader(_job()), raws)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(messages(), max_size=8), st.booleans())
+def test_a_joined_batch_of_impressions_or_labels_decodes_as_the_reference(raws, impression) -> None:
+    _same(EventReader(_job(joined=True)), raws, impression=impression)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False), st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_numbers_read_as_python_writes_them(x, i) -> None:
+    raw = json.dumps({"id": i, "ts": x, "user": {"id": x, "recent": [i, x]}, "price": x, "n": i, "click": x})
+    reader = EventReader(_job())
+    assert reader.native.decode([raw.encode()], True)[0] is not None  # the fast path took it
+    (event,) = reader.events([raw.encode()])
+    assert event == reader.event(raw.encode())
+    assert event.values["price"] == repr(x)
+    assert event.key == str(i)
+    assert not math.isnan(event.time)
+
+
+def test_msgpack_batches_decode_as_the_reference() -> None:
+    good = {"id": "e1", "ts": 1.5, "user": {"id": 42, "recent": ["a", None]}, "price": 3, "n": 2.5, "click": 1}
+    raws = [msgpack.packb(good), b"\xc1", None, msgpack.packb(good | {"price": "x"}), msgpack.packb([1])]
+    _same(EventReader(_job(format="msgpack")), raws)
+
+
+def test_a_message_over_the_size_limit_is_refused_in_a_batch_too() -> None:
+    reader = EventReader(_job(max_message_bytes=1024))
+    raw = json.dumps({"id": "x" * 2000, "ts": 1}).encode()
+    (event,) = reader.events([raw])
+    assert isinstance(event, BadEvent)
+    assert str(event).startswith("message of")
