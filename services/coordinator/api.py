@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from trillium.job import JobConfig
@@ -212,12 +212,14 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         return await coord.registry.register(reg)
 
     @v1.post("/workers/{name}/heartbeat", response_model=HeartbeatResponse, tags=["workers"], responses=_errors(404))
-    async def heartbeat(name: str, body: HeartbeatRequest) -> HeartbeatResponse:
+    async def heartbeat(name: str, body: HeartbeatRequest) -> Response:
         """A worker's heartbeat with its health; the answer carries the current job."""
         worker = await coord.registry.heartbeat(name, body.health)
         if worker is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered by this process")
-        return HeartbeatResponse(worker=worker, job=await coord.jobs.current())
+        # Serialized as built, not validated again on the way out: every worker, every second.
+        answer = HeartbeatResponse(worker=worker, job=await coord.jobs.current())
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     @v1.get("/workers", response_model=list[Worker], tags=["workers"])
     async def list_workers() -> list[Worker]:

@@ -18,6 +18,7 @@ machine up from Redis where the last one left it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -53,6 +54,8 @@ logger = logging.getLogger("trillium.coordinator.jobs")
 
 REGISTRATION_GRACE_S = 60.0  # how long a new job waits for the workers it needs to register
 RECOVERY_GRACE_S = 300.0  # how long a recovering job waits for a silent worker (being restarted)
+KAFKA_PROBE_S = 1.0  # how long a recovery asks Kafka whether it is there
+PARSED_RECORDS = 64  # job records kept parsed (the current job's, and a listing's)
 # A job's topics are kept until trimmed behind its checkpoints or deleted with it (retention.py),
 # in segments small enough that a trim frees disk soon.
 JOB_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(32 << 20), "segment.ms": str(5 * 60 * 1000)}
@@ -92,6 +95,11 @@ class JobStore:
         self.kafka = kafka_conn
         self._current = state.CURRENT_JOB
         self._ids = state.JOBS
+        # Records as last parsed, by their JSON: the loops and the API read the current job many
+        # times a second, and validating a JobConfig is most of the coordinator's CPU. A record
+        # read here is never changed in place (`update` parses its own).
+        self._parsed: collections.OrderedDict[str, tuple[bytes, JobRecord]] = collections.OrderedDict()
+        self.waiting_for_kafka: dict[str, float] = {}  # job -> since when its recovery waits for Kafka
 
     @staticmethod
     def _key(job_id: str) -> str:
@@ -100,9 +108,28 @@ class JobStore:
     def checkpoints(self, job: JobRecord) -> JobCheckpoints | None:
         return JobCheckpoints.of(job.config, job.id, self.run_dir)
 
+    async def kafka_answers(self) -> bool:
+        """Whether the cluster answers a metadata request now."""
+        try:
+            await kafka.wait_for_kafka(self.kafka, timeout_s=KAFKA_PROBE_S)
+        except TimeoutError:
+            return False
+        return True
+
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.get(self._key(job_id))
-        return JobRecord.model_validate_json(raw) if raw else None
+        if not raw:
+            self._parsed.pop(job_id, None)
+            return None
+        cached = self._parsed.get(job_id)
+        if cached is not None and cached[0] == raw:
+            self._parsed.move_to_end(job_id)
+            return cached[1]
+        job = JobRecord.model_validate_json(raw)
+        self._parsed[job_id] = (raw, job)
+        while len(self._parsed) > PARSED_RECORDS:
+            self._parsed.popitem(last=False)
+        return job
 
     async def require(self, job_id: str) -> JobRecord:
         job = await self.get(job_id)
@@ -536,6 +563,14 @@ async def _recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
             job.id, "failed", expect=expect, error=f"{cause} (the job takes no checkpoints: checkpoint: null)"
         )
         return
+    if not await store.kafka_answers():
+        # Kafka is away (a broker restarting): an attempt now would fail at once, and again, and
+        # use up max_recoveries in seconds. The job recovers once Kafka answers again.
+        if job.id not in store.waiting_for_kafka:
+            store.waiting_for_kafka[job.id] = time.time()
+            logger.warning("the job waits for Kafka before it recovers", extra={"job": job.id, "cause": cause})
+        return
+    store.waiting_for_kafka.pop(job.id, None)
     limit = job.config.checkpoint.max_recoveries
     recoveries = sum(1 for r in job.recoveries if r.kind == "recovery")
     if recoveries >= limit:
