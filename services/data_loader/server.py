@@ -24,7 +24,6 @@ import asyncio
 import dataclasses
 import json
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,9 +34,9 @@ from fastapi import HTTPException, status
 from trillium.data.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
 from trillium.job import KafkaData
 from trillium.job.record import JobRecord
-from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, PartFile, PartReport, loader_file
+from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, loader_file
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, describe_error, run_service
+from trillium.runtime.service import Service, run_service
 from trillium.wire import codec, kafka, state
 from trillium.wire.batch import Batch
 
@@ -313,29 +312,13 @@ class DataLoader(Service):
         return result
 
     async def _write(self, request: CaptureRequest, state: dict[str, Any]) -> None:
-        name = loader_file(self.settings.index)
-        try:
-            started = time.monotonic()
+        async def write() -> tuple[int, str]:
             # A stream's state (its joiner's) may be large: encoded off the event loop.
             data = await asyncio.to_thread(lambda: json.dumps(state).encode())
-            size, sha = await asyncio.to_thread(CheckpointDir(request.location).write_bytes, name, data)
-            self.report_part(
-                PartReport(
-                    step=request.step,
-                    files=[
-                        PartFile(
-                            name=name,
-                            role=self.role,
-                            index=self.settings.index,
-                            bytes=size,
-                            sha256=sha,
-                            seconds=time.monotonic() - started,
-                        )
-                    ],
-                )
-            )
-        except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
-            self.report_part(PartReport(step=request.step, error=describe_error(err)))
+            return await asyncio.to_thread(CheckpointDir(request.location).write_bytes, name, data)
+
+        name = loader_file(self.settings.index)
+        await self.write_part(request.step, [(name, write)])
 
 
 def main() -> None:

@@ -36,13 +36,11 @@ from trillium.runtime.checkpoint import (
     CaptureResult,
     CheckpointDir,
     Manifest,
-    PartFile,
-    PartReport,
     ps_file,
 )
 from trillium.runtime.model_store import ExportRequest, ModelStore
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, describe_error, run_service
+from trillium.runtime.service import Service, run_service
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import GradientUpdate
 from trillium.wire.pb import embedding_pb2 as pb
@@ -302,30 +300,14 @@ class EmbeddingPS(Service):
         self, request: CaptureRequest, snapshot: trillium_native.StoreCapture, delta_of: int | None
     ) -> None:
         """Write a captured store into its checkpoint (training goes on meanwhile) and report it."""
+
+        async def write() -> tuple[int, str]:
+            with CheckpointDir(request.location).writing(name) as path:
+                return await asyncio.to_thread(snapshot.write, path)
+
         name = ps_file(self.settings.index)
         try:
-            started = time.monotonic()
-            with CheckpointDir(request.location).writing(name) as path:
-                size, sha = await asyncio.to_thread(snapshot.write, path)
-            self.report_part(
-                PartReport(
-                    step=request.step,
-                    files=[
-                        PartFile(
-                            name=name,
-                            role=self.role,
-                            index=self.settings.index,
-                            bytes=size,
-                            sha256=sha,
-                            seconds=time.monotonic() - started,
-                            delta_of=delta_of,
-                        )
-                    ],
-                )
-            )
-        except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
-            logger.exception("writing the snapshot failed", extra={"step": request.step})
-            self.report_part(PartReport(step=request.step, error=describe_error(err)))
+            await self.write_part(request.step, [(name, write)], delta_of=delta_of)
         finally:
             snapshot.release()  # a failed write frees its copy too
 

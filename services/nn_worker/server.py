@@ -30,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
-from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, PartFile, PartReport, ReleaseRequest, rank_file
+from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
 from trillium.runtime.progress import JobProgress
@@ -533,21 +534,9 @@ class NNWorker(Service):
     ) -> None:
         """Write this rank's part of the checkpoint (training goes on meanwhile) and report it."""
         ckdir = CheckpointDir(location)
-        rank = self.settings.index
-        files = []
-        try:
-            for name, data in [(rank_file(rank), mine), *([(DENSE, dense)] if dense is not None else [])]:
-                t0 = time.monotonic()
-                size, sha = await asyncio.to_thread(ckdir.write_bytes, name, data)
-                files.append(
-                    PartFile(
-                        name=name, role=self.role, index=rank, bytes=size, sha256=sha, seconds=time.monotonic() - t0
-                    )
-                )
-            self.report_part(PartReport(step=step, files=files, eval=metrics))
-        except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
-            logger.exception("writing the checkpoint part failed", extra={"step": step})
-            self.report_part(PartReport(step=step, error=describe_error(err)))
+        files = [(rank_file(self.settings.index), mine), *([(DENSE, dense)] if dense is not None else [])]
+        writes = [(name, partial(asyncio.to_thread, ckdir.write_bytes, name, data)) for name, data in files]
+        await self.write_part(step, writes, metrics=metrics)
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any, ClassVar
 
 import grpc
@@ -49,7 +49,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from trillium import log
 from trillium.config import EXIT_RESTART, ConfigError, Role, ServiceSettings
 from trillium.job.record import TERMINAL, JobRecord
-from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CutReport, PartReport, ReleaseRequest
+from trillium.runtime.checkpoint import (
+    CaptureRequest,
+    CaptureResult,
+    CutReport,
+    PartFile,
+    PartReport,
+    ReleaseRequest,
+)
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -162,6 +169,40 @@ class Service:
         """Say that this worker's part of the checkpoint at `part.step` is written (or failed)."""
         _keep(self._parts, part.step, part, 4)  # the coordinator reads them within seconds
         self._heartbeat_now.set()
+
+    async def write_part(
+        self,
+        step: int,
+        files: list[tuple[str, Callable[[], Awaitable[tuple[int, str]]]]],
+        *,
+        delta_of: int | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        """Write this worker's files of the checkpoint at `step` — `(name, write)` each, `write`
+        answering the file's size and sha256 — and report them (`report_part`), or why not: a
+        write that fails fails the checkpoint, not the job."""
+        written = []
+        try:
+            for name, write in files:
+                started = time.monotonic()
+                size, sha = await write()
+                seconds = time.monotonic() - started
+                written.append(
+                    PartFile(
+                        name=name,
+                        role=self.role,
+                        index=self.settings.index,
+                        bytes=size,
+                        sha256=sha,
+                        seconds=seconds,
+                        delta_of=delta_of,
+                    )
+                )
+        except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
+            logger.exception("writing the checkpoint part failed", extra={"step": step})
+            self.report_part(PartReport(step=step, error=describe_error(err)))
+            return
+        self.report_part(PartReport(step=step, files=written, eval=metrics))
 
     def report_publish_cut(self, cut: PublishCut) -> None:
         """Say that this NN rank has passed a publish cut (services/coordinator/publish.py)."""
