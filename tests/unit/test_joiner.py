@@ -79,6 +79,18 @@ def test_late_labels_are_corrected_once_and_early_labels_wait_for_their_impressi
     }
 
 
+def test_a_label_stamped_before_its_impression_is_its_click_at_the_impression_time() -> None:
+    """Clocks disagree (a skewed producer; the loader clamping a pair from the future to its own
+    clock as it reads each): the click still makes its impression positive, never earlier."""
+    join = PartitionJoin(_config())
+    join.impression(_imp("a", 100))
+    join.label("a", 99)  # the click's producer is a second behind
+    join.label("b", 200)  # read before its impression, and stamped before it too
+    join.impression(_imp("b", 201))
+    assert _outcome(join.advance(300)) == [("a", "positive", 100), ("b", "positive", 201)]
+    assert join.counts["unmatched_labels"] == 0
+
+
 def test_over_the_cap_the_oldest_impressions_close_early() -> None:
     join = PartitionJoin(_config(max_open_per_partition=2))
     for i, t in enumerate((10, 12, 11, 13)):

@@ -5,7 +5,8 @@ the key, so an impression and its labels meet in the same one). The caller feeds
 order and advances the watermark (the least event time over its input partitions, less the allowed
 lateness); the joiner decides what becomes a sample:
 
-- a label whose impression is open, at most `window` after it (event time): a **positive**;
+- a label whose impression is open, at most `window` after it (event time): a **positive** (one
+  stamped before its impression too: clocks disagree, a click is always after its impression);
 - an impression whose window ends at or before the watermark: a **negative**;
 - a label for an impression already emitted negative, or outside the window: **late** (counted);
   with `late_labels: correct`, a positive **correction** sample of the same impression (up to a
@@ -140,10 +141,11 @@ class PartitionJoin:
 
     def _label_of_open(self, key: str, time: float) -> None:
         event = self.open[key]
-        if event.time <= time <= event.time + self.window:
-            self._close(key, positive=True, time=time)
-        elif time < event.time:  # a click before its impression: not its click
-            self.counts["unmatched_labels"] += 1
+        if time <= event.time + self.window:
+            # A label stamped before its impression is two clocks disagreeing (a producer's
+            # skew, or the loader clamping each of a pair from the future as it reads them): a
+            # key has a click only once it was shown. It is taken at the impression's time.
+            self._close(key, positive=True, time=max(time, event.time))
         else:  # outside the window: the impression was not clicked in time
             self._close(key, positive=False, time=event.time + self.window)
             self._late(key, self.closed[key][0], time)
