@@ -15,6 +15,13 @@ One run measures, side by side:
     python bench/online.py --json
     python bench/online.py --rate 6000 --seconds 60
     python bench/online.py --joiner-only   # the joiner alone, no stack
+    python bench/online.py --saturation --seconds 30 --json   # the most it sustains
+
+- **saturation** (`--saturation`): the same, at rates doubling from `--rate` (then once halfway
+  back from the first that was too fast) until the lag is no longer bounded; the highest bounded
+  one's events/s is `saturation.max_events_per_sec`, with the click-to-trained delay at 50% and
+  90% of its rate. Replay shares the cores with the stack: `offered_events_per_sec` says what it
+  managed to send, and `stack_saturated: false` that no rate up to `--max-rate` was too fast.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -33,7 +41,7 @@ import numpy as np
 from trillium import stack
 from trillium.config import KafkaConnection, StackTopology
 from trillium.data import load_job
-from trillium.data.replay import replay
+from trillium.data.replay import ReplayReport, replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.data.sources.events import EventReader
 from trillium.data.sources.joiner import PartitionJoin
@@ -95,8 +103,11 @@ def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
 def joined_and_trained(
     run_dir: Path, job: JobConfig, data: Path, rate: float, seconds: float, conn: KafkaConnection
 ) -> dict[str, Any]:
+    offered: list[ReplayReport] = []
     feed = threading.Thread(
-        target=lambda: asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1)),
+        target=lambda: offered.append(
+            asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1))
+        ),
         daemon=True,
     )
     feed.start()
@@ -140,6 +151,8 @@ def joined_and_trained(
     delay = late[-1]["delay"] or {}
     return {
         "rate_impressions_per_sec": rate,
+        # What replay managed to send: below the rate asked, the sender (sharing the cores) is the limit.
+        "offered_events_per_sec": round(offered[0].events_per_sec) if offered else None,
         "seconds": round(span, 1),
         "events_per_sec": round(events_per_sec),
         "samples_trained_per_sec": round((late[-1]["trained"] - early[0]["trained"]) / span),
@@ -153,6 +166,43 @@ def joined_and_trained(
     }
 
 
+def saturation(
+    run_dir: Path, window: float, data: Path, conn: KafkaConnection, rate: float, max_rate: float, seconds: float
+) -> dict[str, Any]:
+    """Raise the offered rate (doubling from `rate`, then once halfway back) until the lag stops
+    being bounded; the highest rate with a bounded lag is the most the stack sustains. Then the
+    click-to-trained delay at 50% and 90% of it."""
+    runs: list[dict[str, Any]] = []
+
+    def run(at: float) -> dict[str, Any]:
+        print(f"[saturation] {at:,.0f} impressions/s for {seconds:.0f} s", file=sys.stderr)
+        runs.append(joined_and_trained(run_dir, online_job(window), data, at, seconds, conn))
+        return runs[-1]
+
+    best, failed = None, None
+    while rate <= max_rate:
+        if not (result := run(rate))["lag_bounded"]:
+            failed = rate
+            break
+        best, rate = result, rate * 2
+    if best is not None and failed is not None and run((best["rate_impressions_per_sec"] + failed) / 2)["lag_bounded"]:
+        best = runs[-1]
+    if best is None:
+        return {"runs": runs, "max_events_per_sec": None}
+    top = best["rate_impressions_per_sec"]
+    at = {f"{int(share * 100)}%": run(top * share) for share in (0.5, 0.9)}
+    return {
+        "runs": runs,
+        "max_rate_impressions_per_sec": top,
+        "max_events_per_sec": best["events_per_sec"],
+        "stack_saturated": failed is not None,  # false: no rate up to --max-rate was too fast for it
+        "click_to_trained": {
+            share: {"p50_s": r["click_to_trained_p50_s"], "p99_s": r["click_to_trained_p99_s"]}
+            for share, r in at.items()
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
@@ -160,6 +210,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to replay")
     parser.add_argument("--window", type=float, default=5.0, help="the attribution window, seconds")
     parser.add_argument("--joiner-only", action="store_true", help="measure the joiner alone (no stack, seconds)")
+    parser.add_argument(
+        "--saturation",
+        action="store_true",
+        help="also raise the rate from --rate, doubling, up to --max-rate, for --seconds each: the highest "
+        "with a bounded lag (saturation.max_events_per_sec), and the delays at 50%% and 90%% of it",
+    )
+    parser.add_argument("--max-rate", type=float, default=64_000.0, help="the highest rate --saturation offers")
     args = parser.parse_args()
     job = online_job(args.window)
     result: dict[str, Any] = {"joiner_alone": joiner_alone(job, 200_000, seed=1)}
@@ -168,13 +225,18 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="trillium-bench-online-") as tmp:
         tmp_path = Path(tmp)
-        data = generate_criteo(tmp_path / "stream.tsv", int(args.rate * args.seconds), seed=1, vocab_sizes=[1000] * 26)
+        rows = int((args.max_rate if args.saturation else args.rate) * args.seconds)
+        data = generate_criteo(tmp_path / "stream.tsv", rows, seed=1, vocab_sizes=[1000] * 26)
         run_dir = tmp_path / "stack"
         state = stack.up(run_dir, TOPOLOGY)
         try:
             conn = KafkaConnection.from_env(state["kafka"]["bootstrap"])
             result["joined_and_trained"] = joined_and_trained(run_dir, job, data.path, args.rate, args.seconds, conn)
             result["joined_and_trained"]["planted_model_auc"] = round(data.auc, 4)
+            if args.saturation:
+                result["saturation"] = saturation(
+                    run_dir, args.window, data.path, conn, args.rate, args.max_rate, args.seconds
+                )
         finally:
             stack.down(run_dir)
     trained = result["joined_and_trained"]
