@@ -37,6 +37,9 @@ from trillium.job import JobConfig
 from trillium.job.record import Lineage
 from trillium.runtime.storage import StorageDir
 
+# What a checkpoint's files mean. Raise it with any change a reader of the old files would
+# misread, keep reading the old ones, and add a fixture of the new one beside the old
+# (tests/data/make_checkpoint_fixture.py); the fixtures of earlier formats stay and must restore.
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
