@@ -110,10 +110,9 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
     imps, clicks = f"imps-{run}", f"clicks-{run}"
     conn = infra.kafka
     asyncio.run(kafka.ensure_topics(conn, {imps: 2, clicks: 2}))
-    fields = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
 
     def imp(key: str, ts: float) -> bytes:
-        return json.dumps({"request_id": key, "ts": ts} | fields).encode()
+        return json.dumps({"request_id": key, "ts": ts} | FIELDS).encode()
 
     def click(key: str, ts: float) -> bytes:
         return json.dumps({"request_id": key, "ts": ts}).encode()
@@ -130,7 +129,7 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
         (clicks, 0, click("d-nowhere", t + 14)),  # no such impression: unmatched
         (imps, 0, b"{not json"),  # dead letters
         (imps, 1, json.dumps({"request_id": "e", "ts": t}).encode()),  # fields missing
-        (imps, 0, json.dumps({"request_id": "f", "ts": t} | fields | {"I3": "NaN"}).encode()),
+        (imps, 0, json.dumps({"request_id": "f", "ts": t} | FIELDS | {"I3": "NaN"}).encode()),
         (imps, 0, imp("g", t + 20)),
         (imps, 1, imp("h", t + 20)),  # never clicked: negatives
         (clicks, 0, click("a", t + 11.5)),  # a's second click: a duplicate
@@ -177,21 +176,30 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
     assert [r.value for r in letters if r.value.startswith(b"{not")] == [b"{not json"]  # the raw bytes
 
 
+# Every field an impression of the online job maps, with a value.
+FIELDS = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
+
+
+def _one_partition_topics(conn: KafkaConnection) -> tuple[str, str, str]:
+    """A run id and new impressions and clicks topics of one partition each (one joiner, in order)."""
+    run = uuid.uuid4().hex[:8]
+    imps, clicks = f"imps-{run}", f"clicks-{run}"
+    asyncio.run(kafka.ensure_topics(conn, {imps: 1, clicks: 1}))
+    return run, imps, clicks
+
+
 @pytest.mark.parametrize("action", ["clamp", "dlq"])
 def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(training_stack, infra, action) -> None:
     """A producer's clock an hour ahead: its impression is counted as from the future and, as the job
     says, taken at the loader's clock (joined like any other) or sent to the DLQ with the reason."""
-    run = uuid.uuid4().hex[:8]
-    imps, clicks = f"imps-{run}", f"clicks-{run}"
+    run, imps, clicks = _one_partition_topics(infra.kafka)
     conn = infra.kafka
-    asyncio.run(kafka.ensure_topics(conn, {imps: 1, clicks: 1}))
-    fields = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
     now = time.time()
     sequence = [
-        (imps, 0, json.dumps({"request_id": "a", "ts": now - 30} | fields).encode()),
-        (imps, 0, json.dumps({"request_id": "future", "ts": now + 3600} | fields).encode()),
+        (imps, 0, json.dumps({"request_id": "a", "ts": now - 30} | FIELDS).encode()),
+        (imps, 0, json.dumps({"request_id": "future", "ts": now + 3600} | FIELDS).encode()),
         (clicks, 0, json.dumps({"request_id": "future", "ts": now + 3601}).encode()),
-        (imps, 0, json.dumps({"request_id": "b", "ts": now - 29} | fields).encode()),
+        (imps, 0, json.dumps({"request_id": "b", "ts": now - 29} | FIELDS).encode()),
     ]
     asyncio.run(_produce(conn, sequence))
     job = _online_job(f"clock-{run}", imps, clicks, late_labels="count")
@@ -230,16 +238,13 @@ def test_a_checkpoint_asked_for_while_the_stream_is_quiet_is_taken_within_second
     """No event comes after the first few: the loader's ticks (empty steps, every batch timeout)
     carry the ranks' control words, so `checkpoints --take` is cut and written within 5 s; and
     the ticks change no weight."""
-    run = uuid.uuid4().hex[:8]
-    imps, clicks = f"imps-{run}", f"clicks-{run}"
+    run, imps, clicks = _one_partition_topics(infra.kafka)
     conn = infra.kafka
-    asyncio.run(kafka.ensure_topics(conn, {imps: 1, clicks: 1}))
-    fields = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
     now = time.time()
     asyncio.run(
         _produce(
             conn,
-            [(imps, 0, json.dumps({"request_id": str(i), "ts": now - 30 + i} | fields).encode()) for i in range(3)],
+            [(imps, 0, json.dumps({"request_id": str(i), "ts": now - 30 + i} | FIELDS).encode()) for i in range(3)],
         )
     )
     job = _online_job(f"quiet-{run}", imps, clicks, late_labels="count")

@@ -17,7 +17,7 @@ from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
 
 
-def _job(**data) -> JobConfig:
+def _job(dense: tuple[str, ...] = ("price",), **data) -> JobConfig:
     return JobConfig.model_validate(
         {
             "name": "events",
@@ -27,9 +27,9 @@ def _job(**data) -> JobConfig:
                 {"name": "recent", "column": "user.recent", "pooling": "mean", "max_len": 3},
             ],
             "tables": {"user": {"dim": 4}, "recent": {"dim": 4}},
-            "dense": [{"column": "price", "normalization": "standard"}],
+            "dense": [{"column": column, "normalization": "standard"} for column in dense],
             "label": {"column": "click", "positive": "1", "negative": "0"},
-            "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": 1, "embedding_dims": [4, 4]}},
+            "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": len(dense), "embedding_dims": [4, 4]}},
             "training": {"batch_size": 8, "epochs": None, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}},
         }
     )

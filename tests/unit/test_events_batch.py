@@ -10,31 +10,22 @@ import math
 import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_events import _job as events_job
 
 from trillium.data.sources.events import BadEvent, EventReader
 from trillium.job import JobConfig
 
 
 def _job(*, joined: bool = False, **data) -> JobConfig:
-    raw = {
-        "name": "events",
-        "data": {"source": "kafka", "topics": ["events"], "event_time": "ts", "key": "id"} | data,
-        "slots": [
-            {"name": "user", "column": "user.id"},
-            {"name": "recent", "column": "user.recent", "pooling": "mean", "max_len": 3},
-        ],
-        "tables": {"user": {"dim": 4}, "recent": {"dim": 4}},
-        "dense": [{"column": "price", "normalization": "standard"}, {"column": "n", "normalization": "log1p"}],
-        "label": {"column": "click", "positive": "1", "negative": "0"},
-        "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": 2, "embedding_dims": [4, 4]}},
-        "training": {"batch_size": 8, "epochs": None, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}},
+    job = events_job(dense=("price", "n"), **data)
+    if not joined:
+        return job
+    raw = job.model_dump(mode="json")
+    raw["data"] = {
+        "source": "kafka",
+        "event_time": "ts",
+        "join": {"impressions": "imps", "labels": "clicks", "key": "id", "window_seconds": 5},
     }
-    if joined:
-        raw["data"] = {
-            "source": "kafka",
-            "event_time": "ts",
-            "join": {"impressions": "imps", "labels": "clicks", "key": "id", "window_seconds": 5},
-        }
     return JobConfig.model_validate(raw)
 
 
