@@ -52,6 +52,21 @@ async def test_ensure_topics_is_idempotent(infra) -> None:
     assert sorted(p["partition"] for p in described["partitions"]) == [0, 1, 2]
 
 
+async def test_ensure_partitions_grows_a_topic_and_never_shrinks_it(infra) -> None:
+    """A job resharded onto more PS shards gets a gradients partition for each."""
+    topic = f"grow-{uuid.uuid4().hex[:8]}"
+    await kafka.ensure_topics(infra.kafka, {topic: 2})
+    await kafka.ensure_partitions(infra.kafka, {topic: 3})
+    await kafka.ensure_partitions(infra.kafka, {topic: 1})  # fewer: left as it is
+    admin = kafka.admin(infra.kafka)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    assert sorted(p["partition"] for p in described["partitions"]) == [0, 1, 2]
+
+
 async def test_redis_round_trip(infra) -> None:
     client = state.connect(infra.redis_url)
     try:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
@@ -77,6 +77,20 @@ async def ensure_topics(
                 await admin_client.create_topics(new)
             except TopicAlreadyExistsError:
                 pass  # created concurrently by another process
+    finally:
+        await admin_client.close()
+
+
+async def ensure_partitions(conn: KafkaConnection, partitions: dict[str, int]) -> None:
+    """Grow existing topics to at least the partitions given (Kafka never takes one away)."""
+    admin_client = admin(conn)
+    await admin_client.start()
+    try:
+        described = await admin_client.describe_topics(list(partitions))
+        have = {t["topic"]: len(t["partitions"]) for t in described}
+        grow = {name: NewPartitions(n) for name, n in partitions.items() if have.get(name, 0) < n}
+        if grow:
+            await admin_client.create_partitions(grow)
     finally:
         await admin_client.close()
 
