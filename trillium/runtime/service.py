@@ -269,7 +269,10 @@ class Service:
         if job.state in TERMINAL or job.state == "stopping":
             await self._cancel_job_task()
             return
-        if self.settings.index >= job.config.topology.count(self.role) or self._job_attempt == attempt:
+        if self.settings.index >= job.config.topology.count(self.role):
+            await self._cancel_job_task()  # not (or no longer: a job resharded away from us) one of its workers
+            return
+        if self._job_attempt == attempt:
             return
         await self._cancel_job_task()  # an older attempt, or another job: abandoned
         self._job_attempt = attempt
