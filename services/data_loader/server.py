@@ -35,6 +35,7 @@ from trillium.data.features import DenseStats, Quarantine, dense_stats, epoch_ba
 from trillium.job import KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, loader_file
+from trillium.runtime.memory import release_free_memory
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
 from trillium.wire import codec, kafka, state
@@ -123,7 +124,9 @@ class DataLoader(Service):
             self._producer = producer
             self._attempt = job.attempt
             if isinstance(config.data, KafkaData):
-                self.stream = StreamLoader(self, job, share, saved)
+                # The parsed state is as large as the joiner it rebuilds: not kept for the attempt's life.
+                self.stream, saved = StreamLoader(self, job, share, saved), None
+                release_free_memory()
                 await self.stream.run(producer)  # until the job ends
             else:
                 await self._files(job, share, LoaderPosition(**saved) if saved else LoaderPosition())

@@ -57,6 +57,7 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
+from trillium.runtime.memory import release_free_memory
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -202,6 +203,8 @@ class Service:
             logger.exception("writing the checkpoint part failed", extra={"step": step})
             self.report_part(PartReport(step=step, error=describe_error(err)))
             return
+        finally:
+            release_free_memory()  # what encoding the part took (a loader's: tens of MB a time)
         self.report_part(PartReport(step=step, files=written, eval=metrics))
 
     def report_publish_cut(self, cut: PublishCut) -> None:
