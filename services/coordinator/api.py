@@ -1,5 +1,5 @@
-"""The coordinator's REST admin API under /v1: workers, jobs and their control, live
-staleness, embedding tables and checkpoints. Every route needs the bearer token."""
+"""The coordinator's REST admin API under /v1: workers, jobs and their control (resharding
+included), live staleness, embedding tables and checkpoints. Every route needs the bearer token."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from .observe import (
 )
 from .parts import CoordinatorParts as Coordinator
 from .registry import Worker, WorkerRegistration
+from .reshard import request_reshard
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 # Bodies are kept as JSON records in Redis and read back all the time: they must stay within
@@ -83,6 +84,10 @@ class JobView(BaseModel):
     lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
     last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
     checkpoint_in_progress: bool
+    ps_shards: int = Field(description="the PS shards the job runs on now (`job.reshards`: its live changes)")
+    reshard_in_progress: bool = Field(
+        description="a reshard asked for and not yet running on its new shards (its checkpoint, then `recovering`)"
+    )
     publish_failures: list[str] = Field(
         default_factory=list,
         description="model versions abandoned (the latest), and why; `job.published` is the newest",
@@ -120,6 +125,12 @@ class ResumeRequest(BaseModel):
         None,
         description="a stopped or failed job: the step of the checkpoint to resume from (default: the "
         "newest); a paused job takes none",
+    )
+
+
+class ReshardRequest(BaseModel):
+    ps_shards: Annotated[int, Field(ge=1, le=64)] = Field(
+        description="the PS shards the job goes on with: embedding_ps-0..N-1, which the stack must run"
     )
 
 
@@ -304,6 +315,21 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         from there with nothing retrained. `{"checkpoint": false}` stops at once."""
         return await coord.jobs.request_stop(job_id, checkpoint=(body or StopRequest()).checkpoint)
 
+    @v1.post(
+        "/jobs/{job_id}/reshard",
+        response_model=JobRecord,
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["job control"],
+        responses=_errors(404, 409),
+    )
+    async def reshard_job(job_id: str, body: ReshardRequest) -> JobRecord:
+        """Move a running job onto `ps_shards` PS shards, live: the ranks stop at a cut, a checkpoint is
+        taken there, and a new attempt restores it resharded onto the new shards (`recovering`, then
+        `running`), nothing trained twice or lost. The job's `reshards` says how it went. 409 when the
+        job is not running, takes no checkpoints, is stopping or already resharding, already has that
+        many shards, or the stack does not run embedding_ps-0..N-1."""
+        return await request_reshard(coord.jobs, coord.registry, job_id, body.ps_shards)
+
     # ---- staleness
     @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404))
     async def get_staleness(job_id: str) -> StalenessReport:
@@ -442,6 +468,9 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
         lost_workers=await lost_workers(coord.registry, job),
         last_checkpoint=await coord.checkpointer.latest(job),
         checkpoint_in_progress=coord.checkpointer.busy(job.id),
+        ps_shards=job.config.topology.ps_shards,
+        reshard_in_progress=job.pending_reshard is not None
+        or (job.state == "recovering" and bool(job.recoveries) and job.recoveries[-1].kind == "reshard"),
         publish_failures=coord.publisher.failures(job),
         progressive=await progressive_view(coord.redis, job),
         stream=await stream_view(coord.registry, job),

@@ -54,8 +54,9 @@ from trillium.runtime.checkpoint import (
 from trillium.runtime.progress import JobProgress
 from trillium.wire.state import aioredis
 
-from .jobs import JobStore
+from .jobs import JobStore, recover_or_fail
 from .registry import Worker, WorkerRegistry
+from .reshard import end_at_final_cut, reshard_abandoned
 from .retention import TopicRetention
 
 logger = logging.getLogger("trillium.coordinator.checkpoints")
@@ -284,8 +285,8 @@ class Checkpointer:
             trimmed = await self.retention.trim(job, kept[-job.config.checkpoint.keep_last :][0])
             if job.config.checkpoint.every_seconds is not None:
                 self._due[(job.id, job.attempt)] = time.monotonic() + job.config.checkpoint.every_seconds
-            if stopping:
-                await self.jobs.transition(job.id, "stopping", expect=frozenset({"running", "paused"}))
+            if stopping:  # or the reshard that asked for it starts its new attempt from it
+                await end_at_final_cut(self.jobs, job.id, manifest, store.location(step))
             logger.info(
                 "checkpoint written",
                 extra={
@@ -299,23 +300,33 @@ class Checkpointer:
                 },
             )
         except (Exception, asyncio.CancelledError) as err:
-            if not isinstance(err, asyncio.CancelledError):
+            cancelled = isinstance(err, asyncio.CancelledError)
+            resharding = False  # a reshard's checkpoint: the job goes on with the shards it has
+            if not cancelled:
                 logger.error("checkpoint abandoned", extra={"job": job.id, "step": step, "error": str(err)})
                 with contextlib.suppress(Exception):  # Redis away: the log has it
                     await asyncio.shield(self.jobs.checkpoint_failed(job.id, step, str(err)))
+                if stopping:
+                    with contextlib.suppress(Exception):
+                        resharding = await asyncio.shield(reshard_abandoned(self.jobs, job.id, str(err)))
             if not released:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(
-                        self._release(job, (await self._participants(job))["nn_worker"], step, None, False, stopping)
-                    )
+                    ranks = (await self._participants(job))["nn_worker"]
+                    await asyncio.shield(self._release(job, ranks, step, None, False, stopping and not resharding))
             with contextlib.suppress(Exception):
                 if await asyncio.to_thread(ckdir.manifest) is None:
                     await asyncio.to_thread(ckdir.remove)
-            if stopping and not isinstance(err, asyncio.CancelledError):
-                with contextlib.suppress(Exception):  # the stop goes on, without its checkpoint
-                    error = f"stopped without its final checkpoint: {err}"
-                    await self.jobs.transition(job.id, "stopping", expect=frozenset({"running", "paused"}), error=error)
-            if isinstance(err, asyncio.CancelledError):
+            if stopping and not cancelled:
+                with contextlib.suppress(Exception):
+                    if resharding and released:  # the ranks hold at the cut: on from the last checkpoint
+                        cause = f"the reshard's checkpoint at step {step} was abandoned: {err}"
+                        await recover_or_fail(self.jobs, job, cause)
+                    elif not resharding:  # the stop goes on, without its checkpoint
+                        error = f"stopped without its final checkpoint: {err}"
+                        await self.jobs.transition(
+                            job.id, "stopping", expect=frozenset({"running", "paused"}), error=error
+                        )
+            if cancelled:
                 raise
 
     async def _wait_applied(self, job: JobRecord, step: int) -> None:

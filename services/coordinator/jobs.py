@@ -262,15 +262,23 @@ class JobStore:
                 job.started_at = time.time()
             if to in TERMINAL:
                 job.finished_at = time.time()
+                job.cancel_reshard(f"the job was {to} first", job.finished_at)
             if also is not None:
                 also(job)
 
         return await self.update(job_id, change)
 
     async def start_attempt(
-        self, job: JobRecord, pick: Picked, cause: str, expect: frozenset[str], kind: str = "recovery"
+        self,
+        job: JobRecord,
+        pick: Picked,
+        cause: str,
+        expect: frozenset[str],
+        kind: str = "recovery",
+        also: Callable[[JobRecord], None] | None = None,
     ) -> JobRecord:
-        """Move `job` to `recovering`: a new attempt that every worker starts from the checkpoint."""
+        """Move `job` to `recovering`: a new attempt that every worker starts from the checkpoint
+        (`also` changes the record in the same compare-and-set: a reshard's topology)."""
         attempt = job.attempt + 1
         manifest = pick.manifest
 
@@ -289,10 +297,12 @@ class JobStore:
                 )
             )
             record.error = None
-            if kind == "resume":  # a stop still pending carries over a recovery, not a resume
+            if kind != "recovery":  # a stop (or reshard) still pending carries over a recovery only
                 record.stop_after = None
             record.finished_at = None
             record.metrics = None
+            if also is not None:
+                also(record)
 
         updated = await self.transition(job.id, "recovering", expect=expect, also=roll_back)
         await JobProgress(self.redis, job.id).clear_rank_results()
@@ -417,6 +427,7 @@ class JobStore:
                 if record.stop_after is None:  # a second stop waits for the same checkpoint
                     record.checkpoint_seq += 1
                     record.stop_after = record.checkpoint_seq
+                record.cancel_reshard("stopped before its checkpoint", time.time())  # the job stops at that checkpoint
 
             try:
                 return await self.update(job_id, ask)
@@ -520,7 +531,7 @@ async def _advance(
             return
         lost = [f"{name} (not back after {RECOVERY_GRACE_S:.0f}s)" for name in lost]
     if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
-        await _recover_or_fail(store, job, _cause(failed, lost, workers))
+        await recover_or_fail(store, job, _cause(failed, lost, workers))
         return
 
     if job.state == "submitted":
@@ -551,7 +562,7 @@ async def _advance(
             await store.transition(job.id, "stopped")
 
 
-async def _recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
+async def recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
     """A process of the job failed: start a new attempt from the last checkpoint if the job
     can recover, else fail it with a one-line reason."""
     expect = frozenset({job.state})

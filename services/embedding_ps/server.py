@@ -10,9 +10,10 @@ is applied meanwhile (the ranks hold, and the capture takes the apply lock), so 
 holds exactly the steps up to the cut; it is written while training goes on. When the shard
 captured the job's newest complete checkpoint itself, the copy is a delta: only the rows changed
 since (`checkpoint.full_every` bounds the chain). A new attempt loads the shard's snapshot, the
-chain's full file and then each delta (a warm start in a job with another number of shards
-loads every old shard's chain, keeping the IDs it owns), seeks the gradients partition to
-the recorded position and applies only what its own attempt writes there.
+chain's full file and then each delta (a warm start in a job with another number of shards, or
+a job resharded live, loads every old shard's chain, keeping the IDs it owns), seeks the
+gradients partition to the recorded position (resharded: to its end) and applies only what its
+own attempt writes there.
 """
 
 from __future__ import annotations
@@ -134,6 +135,11 @@ class EmbeddingPS(Service):
         await self.grpc_server.stop(grace=2)
         await self.redis.aclose()
 
+    async def left_attempt(self) -> None:
+        job = self.job
+        if job is not None and self.settings.index >= job.config.topology.ps_shards:
+            self.store = None  # resharded away: the job's rows are on the other shards now
+
     def table_stats(self) -> dict[str, dict[str, Any]]:
         store = self.store
         return {t: store.stats(t) for t in store.tables()} if store is not None else {}
@@ -153,8 +159,9 @@ class EmbeddingPS(Service):
             },
         }
 
-    async def _restore(self, job: JobRecord, store: trillium_native.EmbeddingStore) -> tuple[int, int]:
-        """Load the attempt's checkpoint (or warm start); returns (gradients position, last step)."""
+    async def _restore(self, job: JobRecord, store: trillium_native.EmbeddingStore) -> tuple[int | None, int]:
+        """Load the attempt's checkpoint (or warm start); returns (gradients position, last step); a
+        position of None: the partition's end (a checkpoint of another number of shards)."""
         source = job.restore or job.init_from
         if source is None:
             return 0, -1
@@ -166,11 +173,15 @@ class EmbeddingPS(Service):
         old_shards = manifest.config.topology.ps_shards
         if old_shards == shards:
             await self._load(ckdir, manifest, store, ps_file(shard), None)
-        else:  # a warm start resharded: every old shard's file holds some of our IDs
+        else:  # resharded (a warm start, a live reshard): every old shard's file holds some of our IDs
             for old in range(old_shards):
                 await self._load(ckdir, manifest, store, ps_file(old), (shard, shards))
         if job.restore is None:
             return 0, -1  # a warm start: this job's gradients and steps begin afresh
+        if old_shards != shards:
+            # The old shards' positions are not this partition's: every record on it now is of an
+            # earlier attempt (this one pushes none before every shard is ready), so start at its end.
+            return None, manifest.step
         return manifest.positions[job.topics.gradients][shard], manifest.step
 
     @staticmethod
@@ -197,7 +208,7 @@ class EmbeddingPS(Service):
         store = trillium_native.EmbeddingStore(threads=self.settings.threads)
         for name, table in config.tables.items():
             store.create_table(name, **table.store_kwargs(config.training.seed))
-        self._position, last_step = await self._restore(job, store)
+        position, last_step = await self._restore(job, store)
         self._applied = {rank: last_step for rank in range(ranks)}
         self._captures = {}
         self._marks = {}
@@ -210,7 +221,10 @@ class EmbeddingPS(Service):
         partition = TopicPartition(job.topics.gradients, shard)
         consumer.assign([partition])
         await consumer.start()
-        consumer.seek(partition, self._position)
+        if position is None:
+            position = (await consumer.end_offsets([partition]))[partition]
+        self._position = position
+        consumer.seek(partition, position)
         # A step's updates, by rank, until every rank's has arrived (see _apply_step).
         pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
         self.set_job_phase("ready")

@@ -120,6 +120,14 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert http.delete(f"/jobs/{job_id}").status_code == 409
     other = http.post("/jobs", json=config.model_dump(mode="json"))
     assert other.status_code == 409 and "one job runs at a time" in other.json()["detail"]
+    # Reshards the stack or the job cannot take (the stack runs 2 PS shards; the job is on 2).
+    more = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 3})
+    assert (
+        more.status_code == 409
+        and "ps_shards: 3 needs embedding_ps-0..2, and embedding_ps-2 is not registered" in (more.json()["detail"])
+    )
+    same = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 2})
+    assert same.status_code == 409 and "already runs on 2 PS shards" in same.json()["detail"]
 
     # Pause once training has begun: the sample count stops and stays put.
     deadline = time.monotonic() + 60
@@ -132,6 +140,8 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     view = http.get(f"/jobs/{job_id}").json()
     assert view["job"]["state"] == "paused" and view["progress"]["samples"] == paused_at
     assert 0 < paused_at < total
+    paused = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 1})
+    assert paused.status_code == 409 and "only a running job can be resharded (resume it first)" in paused.text
 
     # While paused: the unbounded lookups ran ahead; bound it to 0 (synchronous), live.
     before = http.get(f"/jobs/{job_id}/staleness").json()
@@ -194,6 +204,9 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert sum(after_change) >= 10, after_change  # enough lookups happened after the change
     assert after_change[1:] == [0] * (len(after_change) - 1), f"lookups staler than 0 after the change: {after_change}"
     assert http.post(f"/jobs/{job_id}/checkpoints").status_code == 409  # nothing left to checkpoint
+    finished = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 1})
+    assert finished.status_code == 409 and f"job {job_id} is finished" in finished.json()["detail"]
+    assert view["ps_shards"] == 2 and view["reshard_in_progress"] is False and view["job"]["reshards"] == []
 
     # Deleting it removes every key it had in Redis.
     assert http.delete(f"/jobs/{job_id}").status_code == 204

@@ -65,6 +65,7 @@ def test_unknown_job_is_404_on_every_job_route(api_stack) -> None:
         if "{job_id}" not in path:
             continue
         body = {"bound": 1} if path.endswith("/staleness") and method in ("PUT", "PATCH") else None
+        body = {"ps_shards": 1} if path.endswith("/reshard") else body
         path = path.removeprefix("/v1").replace("{job_id}", "no-such-job").replace("{step}", "0")
         r = http.request(method, path, json=body)
         assert r.status_code == 404 and r.json() == {"detail": "no job 'no-such-job'"}, (method, path, r.text)
@@ -123,6 +124,10 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
         r = http.put("/jobs/x/staleness", json={"bound": bound})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "bound"], r.text
     assert http.put("/jobs/x/staleness", json={}).status_code == 422  # the bound is required (null: unbounded)
+    for shards in (0, -1, 65, "two", None):
+        r = http.post("/jobs/x/reshard", json={"ps_shards": shards})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ps_shards"], r.text
+    assert http.post("/jobs/x/reshard", json={}).status_code == 422  # ps_shards is required
     assert (
         http.post(
             "/workers",

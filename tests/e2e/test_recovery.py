@@ -1,7 +1,7 @@
 """Durable jobs on a real stack with its own Kafka and Redis: every process of a running job
 SIGKILLed after a checkpoint, the job recovering from it and training every sample exactly once
 per epoch; consistent checkpoints under async training; corrupt checkpoints refused; stopped
-jobs resumed; warm starts on another number of PS shards."""
+jobs resumed; warm starts on another number of PS shards; a running job resharded live."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Path:
-    """A stack of its own (Kafka and Redis included): the tests restart both."""
+    """A stack of its own (Kafka and Redis included): the tests restart both. Its third PS shard
+    stays idle until a job is resharded onto it."""
     run_dir = tmp_path_factory.mktemp("recovery-stack")
-    up(run_dir, StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1))
+    up(run_dir, StackTopology(nn_ranks=2, ps_shards=3, embedding_workers=1))
     yield run_dir
     down(run_dir)
 
@@ -325,3 +326,78 @@ def test_a_job_without_a_checkpoint_fails_naming_the_process(stack, sync_job) ->
     error = view["job"]["error"]
     assert "embedding_ps-0" in error and "takes no checkpoints" in error
     assert "\n" not in error and "debug_error_string" not in error
+
+
+def test_a_job_resharded_live_from_2_to_3_to_1_shards_trains_every_sample_once(stack, sync_job, baseline) -> None:
+    """`trillium reshard` moves a running job onto 3 PS shards, then onto 1: each time the ranks stop
+    at a cut, a checkpoint is taken there and a new attempt restores it resharded. Every sample is
+    trained exactly once per epoch, and the model is the uninterrupted run's."""
+    cli = CliRunner()
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(sync_job)["id"]
+        rows, steps = None, 20
+        for shards in (3, 1):
+            _wait(lambda steps=steps: client.job(job_id)["progress"]["steps"] >= steps, f"step {steps}")
+            view = client.job(job_id)
+            assert view["job"]["state"] == "running", view["job"]["error"]
+            assert view["progress"]["samples"] < 0.7 * EPOCHS * 1000, "the job ran too far before the reshard"
+            tables = client.tables(job_id)
+            rows = rows or {name: t["rows"] for name, t in tables["tables"].items()}
+            attempt = view["job"]["attempt"]
+            if shards == 3:  # through the command line, then through the API
+                out = cli.invoke(app, ["reshard", job_id, "--ps-shards", str(shards), "--run-dir", str(stack)])
+                assert out.exit_code == 0 and f"job {job_id}: running" in out.output, out.output
+            else:
+                asked = client.reshard(job_id, shards)["reshards"][-1]
+                assert (asked["from_shards"], asked["to_shards"], asked["state"]) == (3, 1, "pending"), asked
+            _wait(
+                lambda attempt=attempt: (
+                    (v := client.job(job_id)["job"])["state"] == "running" and v["attempt"] > attempt
+                ),
+                f"the job to run on {shards} shards",
+            )
+            view = client.job(job_id)
+            assert view["ps_shards"] == shards and not view["reshard_in_progress"]
+            resharded = view["job"]["reshards"][-1]
+            assert (resharded["to_shards"], resharded["state"]) == (shards, "done"), resharded
+            # Every row is on the new shards, each on the one shard_of names (the shards hold all IDs
+            # the job has seen: the tiny data's every ID, seen in its first epoch).
+            tables = client.tables(job_id)
+            assert len(tables["shards"]) == shards and all(
+                sum(t["rows"] for t in s["tables"].values()) > 0 for s in tables["shards"]
+            )
+            assert {name: t["rows"] for name, t in tables["tables"].items()} == rows
+            # It restored the checkpoint taken at the step the ranks stopped at.
+            (restored,) = [c for c in client.checkpoints(job_id) if c["step"] == resharded["checkpoint_step"]]
+            assert restored["reason"] == "request" and restored["attempt"] == attempt
+            steps = resharded["checkpoint_step"] + 21  # 20 steps on these shards before the next
+        # The shards the job no longer uses have left its attempt, and freed its tables.
+        left = {"embedding_ps-1", "embedding_ps-2"}
+        _wait(
+            lambda: (
+                {
+                    w["name"]
+                    for w in client.workers()
+                    if w["name"] in left
+                    and (w["health"].get("job") or {}).get("phase") == "stopped"
+                    and w["health"]["tables"] == {}
+                }
+                == left
+            ),
+            "the shards resharded away to leave the job",
+        )
+        view = client.follow(job_id, timeout_s=300)
+        shown = cli.invoke(app, ["job", job_id, "--run-dir", str(stack)])
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    reshards = view["job"]["reshards"]
+    assert [(r["from_shards"], r["to_shards"], r["state"]) for r in reshards] == [(2, 3, "done"), (3, 1, "done")]
+    cuts = [r["checkpoint_step"] for r in reshards]
+    assert [(r["kind"], r["checkpoint_step"]) for r in view["job"]["recoveries"]] == [("reshard", s) for s in cuts]
+    assert view["ps_shards"] == 1 and view["job"]["config"]["topology"]["ps_shards"] == 1
+    assert shown.exit_code == 0 and "2 → 3, done" in shown.output and "3 → 1, done" in shown.output, shown.output
+    _assert_exactly_once(view, sync_job)
+    print(f"resharded at steps {cuts}: AUC {view['job']['metrics']['auc']:.6f}, uninterrupted {baseline['auc']:.6f}")
+    assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002, (view["job"]["metrics"], baseline["auc"])

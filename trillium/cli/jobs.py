@@ -1,5 +1,5 @@
 """Job control: clients of the coordinator's REST API (`jobs`, `job`, `pause`, `resume`,
-`checkpoints`, `stop`, `staleness`)."""
+`checkpoints`, `stop`, `reshard`, `staleness`)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,13 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
         rows.append(("error", job["error"]))
     if job.get("attempt"):
         rows.append(("attempt", str(job["attempt"])))
+    rows.append(("ps shards", str(view["ps_shards"]) + (" (resharding)" if view["reshard_in_progress"] else "")))
+    for r in job.get("reshards", []):
+        at = f" at step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else ""
+        why = f": {r['error']}" if r.get("error") else ""
+        rows.append(
+            ("reshard", f"{_when(r['requested_at'])} {r['from_shards']} → {r['to_shards']}, {r['state']}{at}{why}")
+        )
     for r in job.get("recoveries", []):
         rows.append((r["kind"], f"{_when(r['at'])} from step {r['checkpoint_step']}: {r['cause']}"))
     if view.get("last_checkpoint"):
@@ -204,6 +211,19 @@ def stop(
     takes checkpoints), so that `resume` goes on from there; then `stopping` until its workers have
     ended their part."""
     _control(run_dir, lambda client: client.stop(job_id, checkpoint=not no_checkpoint))
+
+
+@app.command()
+def reshard(
+    job_id: JobId,
+    ps_shards: Annotated[int, typer.Option("--ps-shards", min=1, max=64, help="the number of PS shards to go on with")],
+    run_dir: RunDir = None,
+) -> None:
+    """Move a running job onto another number of PS shards, live: it stops at a step, takes a
+    checkpoint there, and goes on from it on shards 0..N-1 (which the stack must run), each
+    restoring the embedding rows it owns; no sample is lost or trained twice. `trillium job`
+    shows it (`recovering`, then `running` on the new shards)."""
+    _control(run_dir, lambda client: client.reshard(job_id, ps_shards))
 
 
 @app.command()

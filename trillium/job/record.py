@@ -76,10 +76,29 @@ class Published(BaseModel):
 class Recovery(BaseModel):
     at: float
     attempt: int = Field(description="the attempt this recovery started")
-    kind: Literal["recovery", "resume"] = "recovery"
+    kind: Literal["recovery", "resume", "reshard"] = "recovery"
     cause: str
     checkpoint_step: int
     refused: list[str] = Field(default_factory=list, description="newer checkpoints passed over, and why")
+
+
+class Reshard(BaseModel):
+    """A live change of the job's number of PS shards (`POST /v1/jobs/{id}/reshard`): the ranks stop at
+    a cut, a final checkpoint is taken there, and a new attempt restores it resharded onto `to_shards`."""
+
+    requested_at: float
+    from_shards: int
+    to_shards: int
+    seq: int = Field(description="the checkpoint request (checkpoint_seq) whose checkpoint it restores")
+    state: Literal["pending", "done", "failed", "cancelled"] = Field(
+        "pending",
+        description="pending: waiting for its checkpoint; done: the new attempt started from it; failed: "
+        "its checkpoint was abandoned (the job went on with from_shards); cancelled: stopped or ended first",
+    )
+    attempt: int | None = Field(None, description="the attempt that runs on to_shards")
+    checkpoint_step: int | None = None
+    done_at: float | None = None
+    error: str | None = None
 
 
 class CheckpointFailures(BaseModel):
@@ -125,9 +144,19 @@ class JobRecord(BaseModel):
     )
     stop_after: int | None = Field(
         None,
-        description="a stop asked with a final checkpoint: the checkpoint request "
+        description="a stop (or a reshard) asked with a final checkpoint: the checkpoint request "
         "(checkpoint_seq) whose checkpoint the job stops after",
     )
+    reshards: list[Reshard] = Field(default_factory=list, description="live changes of ps_shards, oldest first")
+
+    @property
+    def pending_reshard(self) -> Reshard | None:
+        last = self.reshards[-1] if self.reshards else None
+        return last if last is not None and last.state == "pending" else None
+
+    def cancel_reshard(self, why: str, at: float | None) -> None:
+        if (reshard := self.pending_reshard) is not None:
+            reshard.state, reshard.error, reshard.done_at = "cancelled", why, at
 
 
 class PartitionLineage:

@@ -107,6 +107,10 @@ class CoordinatorClient:
         """Stop a job; with `checkpoint` (the default) after a final checkpoint at the step it stops at."""
         return self._call("POST", self._job(job_id, "stop"), json={"checkpoint": checkpoint})
 
+    def reshard(self, job_id: str, ps_shards: int) -> dict[str, Any]:
+        """Move a running job onto `ps_shards` PS shards, live (through a checkpoint and a new attempt)."""
+        return self._call("POST", self._job(job_id, "reshard"), json={"ps_shards": ps_shards})
+
     def delete(self, job_id: str) -> None:
         self._call("DELETE", self._job(job_id))
 
