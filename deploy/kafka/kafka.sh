@@ -67,5 +67,5 @@ if [ ! -f "$data/meta.properties" ]; then
     -c "$conf/server.properties" \
     --add-scram "SCRAM-SHA-512=[name=$TRILLIUM_KAFKA_USERNAME,password=$TRILLIUM_KAFKA_PASSWORD]"
 fi
-exec java -Xms256m -Xmx768m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+exec java -Xms768m -Xmx768m -XX:+AlwaysPreTouch -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
   -Dlog4j.configuration=file:"$conf/log4j.properties" -cp '/opt/kafka/libs/*' kafka.Kafka "$conf/server.properties"

@@ -86,11 +86,14 @@ def java_argv(run_dir: Path, main: list[str]) -> list[str]:
         )
     # A single dev node serves one machine's traffic: the serial collector and the C1 compiler
     # alone cost a fraction of G1's GC threads and C2's compilations (measured per sample in
-    # bench/e2e.py; see docs/performance.md), at no cost a local job can see.
+    # bench/e2e.py; see docs/performance.md), at no cost a local job can see. The heap is fixed
+    # and touched at start (Kafka's own start script sets Xms = Xmx): a broker that grew its heap
+    # to the cap over its first hour looked like a leak to anything watching its RSS.
     return [
         java,
-        "-Xms256m",
+        f"-Xms{KAFKA_HEAP}",
         f"-Xmx{KAFKA_HEAP}",
+        "-XX:+AlwaysPreTouch",
         "-XX:+UseSerialGC",
         "-XX:TieredStopAtLevel=1",
         "-XX:-UsePerfData",
