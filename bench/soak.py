@@ -16,7 +16,8 @@ each loop's event keys (`r<seed>-<row>`) are new. With T = `--minutes` and E = m
   snapshot and a kill at 1 min, the broker at 1.5 min, a kill at 2 min.
 
 Reported: per process, by name, RSS and fds at E and at T and end RSS / early RSS (target < 1.05;
-a restarted process has a new pid, `restarts` counts them, the NN ranks' own at each recovery too);
+a restarted process has a new pid, `restarts` counts them, the NN ranks' own at each recovery too),
+and every process's RSS once a minute (`rss_series`: when it grew, and whether it came back down);
 the disk usage of each topic the job writes and of its inputs (their partition directories under
 the broker's log.dirs) and of the whole data directory; Redis' DBSIZE and used_memory; the
 checkpoint directory and model store. And the ledger: the samples topic, read as it is written
@@ -70,6 +71,7 @@ WINDOW_S = 5.0
 LOOP_S = 300  # seconds of stream in the replayed file
 INPUT_PARTITIONS = 4  # what replay creates the input topics with
 RSS_GROWTH = 1.05
+RSS_EVERY_S = 60.0  # the RSS series' interval
 STALL_S = 120.0  # no new sample for this long: the job will not catch up
 
 
@@ -306,10 +308,10 @@ def _catch_up(client: CoordinatorClient, job_id: str, produced: int) -> dict[str
 
 def _drive(
     client: CoordinatorClient, job_id: str, run_dir: Path, conn: KafkaConnection, schedule: Schedule, rng: random.Random
-) -> tuple[list[dict[str, Any]], dict[str, Any], int, float]:
+) -> tuple[list[dict[str, Any]], dict[str, Any], int, float, list[dict[str, Any]]]:
     """Follow the schedule to its end (or the job's); returns the events, the early snapshot, the
-    kills not done and when it stopped."""
-    t0, events, early = time.monotonic(), [], {}
+    kills not done, when it stopped, and every process's RSS once a minute."""
+    t0, events, early, rss, next_rss = time.monotonic(), [], {}, [], 0.0
     # By time only (a stable sort): the snapshot before a kill at the same time.
     plan = sorted(
         [(schedule.early, "snapshot"), (schedule.broker, "broker")] + [(t, "kill") for t in schedule.kills],
@@ -321,6 +323,9 @@ def _drive(
         state, recoveries = view["job"]["state"], len(view["job"]["recoveries"])
         if state in TERMINAL:
             break
+        if now >= next_rss:
+            rss.append({"at_s": round(now), "mb": {n: _mb(p["rss_bytes"]) for n, p in _processes(run_dir).items()}})
+            next_rss += RSS_EVERY_S
         for kill, before in pending:
             if recoveries > before and state == "running":
                 kill["recovered_after_s"] = round(now - kill["at_s"], 1)
@@ -337,7 +342,11 @@ def _drive(
             time.sleep(1.0)
             continue
         plan.pop(0)
-    return events, early, sum(what == "kill" for _, what in plan), round(now, 1)
+    return events, early, sum(what == "kill" for _, what in plan), round(now, 1), rss
+
+
+def _mb(rss_bytes: int | None) -> float | None:
+    return round(rss_bytes / 2**20, 1) if rss_bytes else None
 
 
 def soak(run_dir: Path, data: Path, rows: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -353,7 +362,7 @@ def soak(run_dir: Path, data: Path, rows: int, args: argparse.Namespace) -> dict
         view = _wait(lambda: (v := client.job(job_id))["job"]["state"] in ("running", *TERMINAL) and v, "a start", 300)
         samples = Tap(conn, view["job"]["topics"]["samples"], job.topology.nn_ranks, _sample_ids)
         thread, reports, errors = _feed(data, rows, job, conn, args.rate, args.seed, time.monotonic() + schedule.total)
-        events, early, not_done, ended = _drive(client, job_id, run_dir, conn, schedule, random.Random(args.seed))
+        events, early, not_done, ended, rss = _drive(client, job_id, run_dir, conn, schedule, random.Random(args.seed))
         end = _processes(run_dir)
         thread.join(timeout=WINDOW_S + 120)
         produced = sum(r.impressions for r in reports)
@@ -384,6 +393,7 @@ def soak(run_dir: Path, data: Path, rows: int, args: argparse.Namespace) -> dict
         "kills_not_done": not_done,
         "end_snapshot_at_s": ended,  # before the schedule's end if the job ended first
         "processes": _compare(early, end),
+        "rss_series": rss,
         "kafka": _kafka_sizes(run_dir, topics | {"impressions": join.impressions, "clicks": join.labels}),
         "redis": _redis(st["redis"]["url"]),
         "checkpoints": {
