@@ -401,3 +401,33 @@ def test_a_job_resharded_live_from_2_to_3_to_1_shards_trains_every_sample_once(s
     _assert_exactly_once(view, sync_job)
     print(f"resharded at steps {cuts}: AUC {view['job']['metrics']['auc']:.6f}, uninterrupted {baseline['auc']:.6f}")
     assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002, (view["job"]["metrics"], baseline["auc"])
+
+
+def test_a_reshard_whose_checkpoint_fails_leaves_the_job_on_its_shards(stack, sync_job, baseline, tmp_path) -> None:
+    """A reshard's checkpoint that cannot be written (a file stands where each checkpoint still to
+    come would go) fails the reshard, not the job: the ranks are released at the cut and go on
+    with the shards they had, every sample trained once."""
+    job = _durable(sync_job, dir=str(tmp_path / "checkpoints"))
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        _wait(lambda: client.job(job_id)["progress"]["steps"] >= 20, "step 20")
+        base = tmp_path / "checkpoints" / job_id
+        base.mkdir(parents=True, exist_ok=True)
+        blocked = [base / str(step) for step in range(client.job(job_id)["progress"]["steps"], EPOCHS * 10)]
+        for path in blocked:
+            path.write_text("not a checkpoint directory")
+        client.reshard(job_id, 3)
+        _wait(lambda: client.job(job_id)["job"]["reshards"][-1]["state"] != "pending", "the reshard to fail")
+        for path in blocked:
+            path.unlink()
+        view = client.follow(job_id, timeout_s=300)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    (reshard,) = view["job"]["reshards"]
+    assert (reshard["from_shards"], reshard["to_shards"], reshard["state"]) == (2, 3, "failed"), reshard
+    assert f"{job_id}/" in reshard["error"] and view["job"]["checkpoint_failures"]["count"] >= 1
+    assert view["job"]["recoveries"] == [] and view["ps_shards"] == 2 and view["job"]["stop_after"] is None
+    _assert_exactly_once(view, sync_job)
+    assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002
