@@ -1,4 +1,4 @@
-"""deploy/k8s renders (kustomize, the base and the production overlay) and every object it renders
+"""deploy/k8s renders (kustomize, the base and the production and persia-100t overlays) and every object it renders
 validates, in strict mode, against the Kubernetes OpenAPI schemas kubernetes-validate ships, for the
 oldest version the manifests support (1.28: the pod-index label) and the newest bundled. What no
 schema says is checked below: probes, resources, the token from a Secret, scrape annotations, and
@@ -28,9 +28,17 @@ def _render(path: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
-@pytest.fixture(scope="module", params=["deploy/k8s/base", "deploy/k8s/overlays/production"])
-def objects(request) -> list[dict]:
-    return _render(request.param)
+PERSIA_100T = "deploy/k8s/overlays/persia-100t"  # docs/scaling.md derives its counts and sizes
+
+
+@pytest.fixture(scope="module", params=["deploy/k8s/base", "deploy/k8s/overlays/production", PERSIA_100T])
+def rendered(request) -> tuple[str, list[dict]]:
+    return request.param, _render(request.param)
+
+
+@pytest.fixture(scope="module")
+def objects(rendered) -> list[dict]:
+    return rendered[1]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -51,14 +59,17 @@ def _workloads(objects: list[dict]) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in objects if o["kind"] in ("Deployment", "StatefulSet")}
 
 
-def test_the_topology_and_its_kinds(objects) -> None:
+def test_the_topology_and_its_kinds(rendered) -> None:
+    path, objects = rendered
     kinds = {name: o["kind"] for name, o in _workloads(objects).items()}
+    # More than one embedding worker or data loader needs an index each: a StatefulSet's ordinal.
+    many = "StatefulSet" if path == PERSIA_100T else "Deployment"
     assert kinds == {
         "coordinator": "Deployment",
         "embedding-ps": "StatefulSet",
-        "embedding-worker": "Deployment",
+        "embedding-worker": many,
         "nn-worker": "StatefulSet",
-        "data-loader": "Deployment",
+        "data-loader": many,
         "serving": "Deployment",
     }
     ps = _workloads(objects)["embedding-ps"]
@@ -90,3 +101,34 @@ def test_every_container_is_probed_limited_and_given_the_token_by_a_secret(objec
 def test_the_configmap_names_only_config_variables(objects) -> None:
     (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
     assert set(configmap["data"]) <= CONFIG_NAMES, set(configmap["data"]) - CONFIG_NAMES
+
+
+def test_the_persia_100t_overlay_is_sized_as_docs_scaling_says() -> None:
+    """The counts and sizes of docs/scaling.md's summary table, and every StatefulSet's index from its
+    ordinal (two pods of one role with one index would register as one worker)."""
+    workloads = _workloads(_render(PERSIA_100T))
+    replicas = {name: w["spec"]["replicas"] for name, w in workloads.items()}
+    assert replicas == {
+        "coordinator": 1,
+        "embedding-ps": 144,
+        "embedding-worker": 64,
+        "nn-worker": 64,
+        "data-loader": 32,
+        "serving": 2,
+    }
+
+    def container(name: str) -> dict:
+        return workloads[name]["spec"]["template"]["spec"]["containers"][0]
+
+    ps = container("embedding-ps")
+    assert ps["resources"]["requests"]["memory"] == ps["resources"]["limits"]["memory"] == "2450Gi"
+    assert {"name": "TRILLIUM_THREADS", "value": "8"} in ps["env"]
+    assert {"name": "spill", "mountPath": "/var/lib/trillium-spill"} in ps["volumeMounts"]
+    (spill,) = [v for v in workloads["embedding-ps"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "spill"]
+    assert spill["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "2Ti"
+    nn = container("nn-worker")
+    assert nn["resources"]["requests"]["nvidia.com/gpu"] == nn["resources"]["limits"]["nvidia.com/gpu"] == 1
+    for name, w in workloads.items():
+        if w["kind"] == "StatefulSet":
+            assert "$(POD_INDEX)" in container(name)["args"], name
+            assert container(name)["image"].startswith("registry.example.com/"), name
