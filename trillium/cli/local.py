@@ -18,7 +18,9 @@ from .app import RunDir, app, console, fail, run_dir_of
 @app.command()
 def up(
     run_dir: RunDir = None,
-    ps_shards: Annotated[int, typer.Option(min=1, help="embedding PS shards")] = 2,
+    ps_shards: Annotated[
+        int, typer.Option(min=1, help="embedding PS shards: the most a job can run, or be resharded, on")
+    ] = 2,
     embedding_workers: Annotated[int, typer.Option(min=1)] = 1,
     nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
     data_loaders: Annotated[int, typer.Option(min=1)] = 1,
