@@ -122,7 +122,7 @@ def test_the_persia_100t_overlay_is_sized_as_docs_scaling_says() -> None:
 
     ps = container("embedding-ps")
     assert ps["resources"]["requests"]["memory"] == ps["resources"]["limits"]["memory"] == "2450Gi"
-    assert {"name": "TRILLIUM_THREADS", "value": "8"} in ps["env"]
+    assert {"name": "TRILLIUM_THREADS", "value": "16"} in ps["env"]
     assert {"name": "spill", "mountPath": "/var/lib/trillium-spill"} in ps["volumeMounts"]
     (spill,) = [v for v in workloads["embedding-ps"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "spill"]
     assert spill["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "2Ti"
