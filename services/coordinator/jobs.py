@@ -262,7 +262,8 @@ class JobStore:
                 job.started_at = time.time()
             if to in TERMINAL:
                 job.finished_at = time.time()
-                job.cancel_reshard(f"the job was {to} first", job.finished_at)
+            if to in TERMINAL | {"stopping"}:  # a reshard not yet at its cut never gets there
+                job.cancel_reshard(f"the job was {to} first", time.time())
             if also is not None:
                 also(job)
 
@@ -277,8 +278,7 @@ class JobStore:
         kind: str = "recovery",
         also: Callable[[JobRecord], None] | None = None,
     ) -> JobRecord:
-        """Move `job` to `recovering`: a new attempt that every worker starts from the checkpoint
-        (`also` changes the record in the same compare-and-set: a reshard's topology)."""
+        """Move `job` to `recovering`: a new attempt every worker starts from the checkpoint (`also`: a reshard's)."""
         attempt = job.attempt + 1
         manifest = pick.manifest
 
