@@ -10,7 +10,7 @@ See `native/README.md` for semantics, the snapshot and the values-file formats.
 from __future__ import annotations
 
 import os
-from typing import Literal, Sequence, TypedDict
+from typing import Literal, NotRequired, Sequence, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,18 @@ class TableStats(TypedDict):
     update_batches: int
     version: int
     internal_shards: int
+    # Only for a table with a disk tier (memory_budget_bytes and disk):
+    disk_rows: NotRequired[int]  # rows spilled to disk (counted in `rows` too)
+    disk_bytes: NotRequired[int]  # bytes of the spill files
+    disk_reads: NotRequired[int]  # records read back
+    disk_writes: NotRequired[int]  # records spilled
+    disk_lookup_hits: NotRequired[int]  # looked-up ids read from disk (of `lookups`)
+    resident_rows: NotRequired[int]
+    budget_rows: NotRequired[int]  # resident rows the budget allows
+    disk_rows_per_shard: NotRequired[list[int]]
+    disk_bytes_per_shard: NotRequired[list[int]]
+    resident_rows_per_shard: NotRequired[list[int]]
+    disk_error: NotRequired[str | None]
 
 class TableConfig(TypedDict):
     name: str
@@ -69,6 +81,8 @@ class TableConfig(TypedDict):
     capacity: int | None
     ttl_seconds: int | None
     ttl_updates: int | None
+    memory_budget_bytes: int | None
+    disk: str | None
 
 def shard_of(ids: npt.NDArray[np.uint64], num_shards: int) -> npt.NDArray[np.uint32]:
     """Owning parameter-server shard of each id: `splitmix64_mix(id) % num_shards`.
@@ -209,6 +223,8 @@ class EmbeddingStore:
         capacity: int | None = None,
         ttl_seconds: int | None = None,
         ttl_updates: int | None = None,
+        memory_budget_bytes: int | None = None,
+        disk: str | os.PathLike[str] | None = None,
     ) -> None:
         """Create a table. Rows are created lazily by `lookup`.
 
@@ -228,6 +244,14 @@ class EmbeddingStore:
         * `capacity`: max rows; approximate LRU eviction by last lookup (exact
           when an internal shard holds <= 64 rows, else oldest of 16 samples). `ttl_seconds` / `ttl_updates`: rows not
           updated for that long expire lazily on lookup or via `expire`.
+        * `memory_budget_bytes` and `disk` (both or neither): a disk tier. At most the
+          budget's rows stay in RAM (divided over the internal shards); the least recently
+          looked-up rows beyond it are spilled, with their optimizer state, to a spill file
+          per internal shard in the directory `disk` (unlinked once open, so that no crash leaves
+          one behind; `stats` gives its size), and read
+          back by the calls that need them. Answers, snapshots, eviction and TTL are those
+          of the same table all in RAM. A failed disk write or read (a full disk) raises
+          OSError naming the table and the file, from then on for every call on the table.
 
         Raises ValueError for a duplicate name, `dim < 1`, unknown enum strings
         or out-of-range hyper-parameters.

@@ -216,6 +216,11 @@ pub struct TableConfig {
     pub capacity: Option<u64>,
     pub ttl_seconds: Option<u64>,
     pub ttl_updates: Option<u64>,
+    /// RAM budget of the table's rows in bytes (with `disk`): the least recently used rows
+    /// beyond it live in `disk` (see table/spill.rs). Not part of snapshots.
+    pub memory_budget_bytes: Option<u64>,
+    /// Directory of the table's spill files (with `memory_budget_bytes`).
+    pub disk: Option<String>,
 }
 
 pub const MAX_DIM: usize = 1 << 16;
@@ -252,6 +257,8 @@ impl TableConfig {
             capacity: None,
             ttl_seconds: None,
             ttl_updates: None,
+            memory_budget_bytes: None,
+            disk: None,
         }
     }
 
@@ -376,6 +383,12 @@ impl TableConfig {
                 return value_err(format!("ttl_updates must be in [1, 2**31], got {t}"));
             }
         }
+        match (&self.memory_budget_bytes, &self.disk) {
+            (Some(_), None) => return value_err("memory_budget_bytes needs disk (a directory for the rows beyond it)"),
+            (None, Some(_)) => return value_err("disk needs memory_budget_bytes (the RAM kept for the hot rows)"),
+            (_, Some(d)) if d.is_empty() => return value_err("disk must be a directory path, got an empty string"),
+            _ => {}
+        }
         Ok(())
     }
 
@@ -388,8 +401,12 @@ impl TableConfig {
     pub fn has_steps(&self) -> bool {
         self.optimizer == OptKind::Adam
     }
+    /// LRU ticks: for capacity eviction, and for choosing the rows a disk tier spills.
     pub fn has_lru(&self) -> bool {
-        self.capacity.is_some()
+        self.capacity.is_some() || self.disk.is_some()
+    }
+    pub fn has_disk_tier(&self) -> bool {
+        self.disk.is_some()
     }
     pub fn has_utime(&self) -> bool {
         self.ttl_seconds.is_some()

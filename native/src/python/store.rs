@@ -23,8 +23,20 @@ pub struct PyStore {
 }
 
 impl PyStore {
+    /// The table `name`; an OSError if its disk tier failed (sticky: see `tier_ok`).
     fn table(&self, name: &str) -> PyResult<Arc<Table>> {
-        self.store.table(name).map_err(to_py)
+        let t = self.store.table(name).map_err(to_py)?;
+        tier_ok(&t)?;
+        Ok(t)
+    }
+}
+
+/// An OSError naming the table and the spill file if the table's disk tier failed (a full
+/// disk, an I/O error): raised by the call that failed and every later one.
+fn tier_ok(t: &Table) -> PyResult<()> {
+    match t.tier_error() {
+        Some(e) => Err(pyo3::exceptions::PyOSError::new_err(e)),
+        None => Ok(()),
     }
 }
 
@@ -55,7 +67,8 @@ impl PyStore {
         eps=1e-8, beta1=0.9, beta2=0.999, initial_accumulator=0.0, ftrl_alpha=0.05,
         ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0, weight_bound=None, admission="off",
         admission_probability=1.0, admission_threshold=0, admission_sketch_width=1048576,
-        admission_sketch_depth=4, capacity=None, ttl_seconds=None, ttl_updates=None
+        admission_sketch_depth=4, capacity=None, ttl_seconds=None, ttl_updates=None,
+        memory_budget_bytes=None, disk=None
     ))]
     // One argument per keyword of the Python signature above (create_table's options).
     #[allow(clippy::too_many_arguments)]
@@ -90,6 +103,8 @@ impl PyStore {
         capacity: Option<i64>,
         ttl_seconds: Option<i64>,
         ttl_updates: Option<i64>,
+        memory_budget_bytes: Option<i64>,
+        disk: Option<PathBuf>,
     ) -> PyResult<()> {
         if dim < 1 {
             return Err(PyValueError::new_err(format!("dim must be >= 1, got {dim}")));
@@ -137,6 +152,8 @@ impl PyStore {
         c.capacity = opt_nonneg(capacity, "capacity")?;
         c.ttl_seconds = opt_nonneg(ttl_seconds, "ttl_seconds")?;
         c.ttl_updates = opt_nonneg(ttl_updates, "ttl_updates")?;
+        c.memory_budget_bytes = memory_budget_bytes.map(|b| nonneg(b, "memory_budget_bytes")).transpose()?;
+        c.disk = disk.map(|p| p.to_string_lossy().into_owned());
         guard(|| self.store.create_table(c))
     }
 
@@ -225,6 +242,7 @@ impl PyStore {
                             Ok(())
                         })
                     })?;
+                    tier_ok(&t)?;
                 }
                 Ok(out.into_any())
             }
@@ -240,6 +258,7 @@ impl PyStore {
                             Ok(())
                         })
                     })?;
+                    tier_ok(&t)?;
                 }
                 Ok(out.into_any())
             }
@@ -272,7 +291,9 @@ impl PyStore {
         }
         let g = grads.slice()?;
         let store = &*self.store;
-        py.detach(|| guard(|| Ok(store.update(&t, ids_s, g))))
+        let n = py.detach(|| guard(|| Ok(store.update(&t, ids_s, g))))?;
+        tier_ok(&t)?;
+        Ok(n)
     }
 
     fn get_row<'py>(
@@ -409,6 +430,7 @@ impl PyStore {
         let since = nonneg(since_version, "since_version")?;
         let store = &*self.store;
         let (ids, rows, cur) = py.detach(|| guard(|| Ok(store.export_delta(&t, since))))?;
+        tier_ok(&t)?;
         let n = ids.len();
         let rows = PyArray1::from_vec(py, rows).reshape([n, t.cfg.dim])?;
         Ok((PyArray1::from_vec(py, ids), rows, cur))
@@ -426,12 +448,14 @@ impl PyStore {
             Some(x) => return Err(PyValueError::new_err(format!("now must be a non-negative UNIX time, got {x}"))),
         };
         let store = &*self.store;
-        py.detach(|| guard(|| Ok(tables.iter().map(|t| store.expire(t, now)).sum())))
+        let n = py.detach(|| guard(|| Ok(tables.iter().map(|t| store.expire(t, now)).sum())))?;
+        tables.iter().try_for_each(|t| tier_ok(t))?;
+        Ok(n)
     }
 
     fn stats<'py>(&self, py: Python<'py>, table: &str) -> PyResult<Bound<'py, PyDict>> {
-        let t = self.table(table)?;
-        let (rows, mem) = py.detach(|| (t.rows(), t.memory_bytes()));
+        let t = self.store.table(table).map_err(to_py)?;
+        let (rows, mem, disk) = py.detach(|| (t.rows(), t.memory_bytes(), t.disk_stats()));
         let d = PyDict::new(py);
         d.set_item("rows", rows)?;
         d.set_item("memory_bytes", mem)?;
@@ -440,11 +464,27 @@ impl PyStore {
         }
         d.set_item("version", self.store.version())?;
         d.set_item("internal_shards", t.num_shards())?;
+        if !disk.is_empty() {
+            // The disk tier: totals, and per internal shard (lists in shard order).
+            let sum = |f: fn(&crate::table::DiskStats) -> u64| disk.iter().map(f).sum::<u64>();
+            let each = |f: fn(&crate::table::DiskStats) -> u64| disk.iter().map(f).collect::<Vec<u64>>();
+            d.set_item("disk_rows", sum(|s| s.rows))?;
+            d.set_item("disk_bytes", sum(|s| s.bytes))?;
+            d.set_item("disk_reads", sum(|s| s.reads))?;
+            d.set_item("disk_writes", sum(|s| s.writes))?;
+            d.set_item("disk_lookup_hits", sum(|s| s.lookup_hits))?;
+            d.set_item("resident_rows", sum(|s| s.resident_rows))?;
+            d.set_item("budget_rows", sum(|s| s.budget_rows))?;
+            d.set_item("disk_rows_per_shard", each(|s| s.rows))?;
+            d.set_item("disk_bytes_per_shard", each(|s| s.bytes))?;
+            d.set_item("resident_rows_per_shard", each(|s| s.resident_rows))?;
+            d.set_item("disk_error", t.tier_error())?;
+        }
         Ok(d)
     }
 
     fn table_config<'py>(&self, py: Python<'py>, table: &str) -> PyResult<Bound<'py, PyDict>> {
-        let t = self.table(table)?;
+        let t = self.store.table(table).map_err(to_py)?;
         let c = &t.cfg;
         let d = PyDict::new(py);
         d.set_item("name", &c.name)?;
@@ -476,6 +516,8 @@ impl PyStore {
         d.set_item("capacity", c.capacity)?;
         d.set_item("ttl_seconds", c.ttl_seconds)?;
         d.set_item("ttl_updates", c.ttl_updates)?;
+        d.set_item("memory_budget_bytes", c.memory_budget_bytes)?;
+        d.set_item("disk", &c.disk)?;
         Ok(d)
     }
 }

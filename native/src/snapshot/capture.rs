@@ -105,20 +105,25 @@ pub struct Capture {
     /// Whether only the rows changed since a mark were copied.
     pub(super) delta: bool,
     mark: CaptureMark,
+    /// Why a table's disk tier could not be read: the capture then writes nothing.
+    error: Option<String>,
 }
 
 /// Copy `shards` one at a time under its read lock; in parallel on the current pool
 /// unless `sequential`.
 fn copy_shards<W: Elem>(
     shards: &[parking_lot::RwLock<Shard<W>>],
+    l: &Layout,
     arena: &Arena,
     sequential: bool,
-) -> Vec<ShardCopy<W>> {
-    if sequential {
-        shards.iter().map(|s| s.read().copy(arena)).collect()
+) -> (Vec<ShardCopy<W>>, Option<String>) {
+    let copies: Vec<ShardCopy<W>> = if sequential {
+        shards.iter().map(|s| s.read().copy(l, arena)).collect()
     } else {
-        shards.par_iter().map(|s| s.read().copy(arena)).collect()
-    }
+        shards.par_iter().map(|s| s.read().copy(l, arena)).collect()
+    };
+    let error = copies.iter().find_map(|c| c.error.clone());
+    (copies, error)
 }
 
 fn copy_changed<W: Elem>(
@@ -126,28 +131,50 @@ fn copy_changed<W: Elem>(
     l: &Layout,
     since: u64,
     sequential: bool,
-) -> Vec<RowColumns<W>> {
-    if sequential {
-        shards.iter().flat_map(|s| s.read().copy_since(l, since)).collect()
+) -> (Vec<RowColumns<W>>, Option<String>) {
+    let parts: Vec<Result<Vec<RowColumns<W>>, String>> = if sequential {
+        shards.iter().map(|s| s.read().copy_since(l, since)).collect()
     } else {
-        shards.par_iter().flat_map_iter(|s| s.read().copy_since(l, since)).collect()
+        shards.par_iter().map(|s| s.read().copy_since(l, since)).collect()
+    };
+    let mut out = Vec::new();
+    let mut error = None;
+    for p in parts {
+        match p {
+            Ok(b) => out.extend(b),
+            Err(e) => error = error.or(Some(e)),
+        }
     }
+    (out, error)
 }
 
 impl TableCapture {
-    /// The table's rows: whole, or those changed since `since` (a delta).
-    fn rows_of(t: &Table, since: Option<u64>, sequential: bool) -> (ShardCopies, Arena) {
+    /// The table's rows: whole, or those changed since `since` (a delta); and why a disk
+    /// tier's rows could not be read, if they could not.
+    fn rows_of(t: &Table, since: Option<u64>, sequential: bool) -> (ShardCopies, Arena, Option<String>) {
         let arena = Arena::small_pages();
         let l = &t.layout;
-        let shards = match (&t.shards, since) {
-            (Shards::F32(s), None) => ShardCopies::F32(Copied::Whole(copy_shards(s, &arena, sequential))),
-            (Shards::F16(s), None) => ShardCopies::F16(Copied::Whole(copy_shards(s, &arena, sequential))),
-            (Shards::BF16(s), None) => ShardCopies::BF16(Copied::Whole(copy_shards(s, &arena, sequential))),
-            (Shards::F32(s), Some(v)) => ShardCopies::F32(Copied::Changed(copy_changed(s, l, v, sequential))),
-            (Shards::F16(s), Some(v)) => ShardCopies::F16(Copied::Changed(copy_changed(s, l, v, sequential))),
-            (Shards::BF16(s), Some(v)) => ShardCopies::BF16(Copied::Changed(copy_changed(s, l, v, sequential))),
+        macro_rules! whole {
+            ($v:ident, $s:expr) => {{
+                let (c, e) = copy_shards($s, l, &arena, sequential);
+                (ShardCopies::$v(Copied::Whole(c)), e)
+            }};
+        }
+        macro_rules! changed {
+            ($v:ident, $s:expr, $since:expr) => {{
+                let (c, e) = copy_changed($s, l, $since, sequential);
+                (ShardCopies::$v(Copied::Changed(c)), e)
+            }};
+        }
+        let (shards, error) = match (&t.shards, since) {
+            (Shards::F32(s), None) => whole!(F32, s),
+            (Shards::F16(s), None) => whole!(F16, s),
+            (Shards::BF16(s), None) => whole!(BF16, s),
+            (Shards::F32(s), Some(v)) => changed!(F32, s, v),
+            (Shards::F16(s), Some(v)) => changed!(F16, s, v),
+            (Shards::BF16(s), Some(v)) => changed!(BF16, s, v),
         };
-        (shards, arena)
+        (shards, arena, error.map(|e| format!("table {:?}: {e}", t.cfg.name)))
     }
 
     fn rows(&self) -> u64 {
@@ -167,6 +194,9 @@ fn write_copies<W: Elem>(w: &mut SnapWriter<'_>, t: &TableCapture, copied: &Copi
             let mut blk = RowColumns::default();
             for c in copies {
                 w.chunks(&t.cfg, &t.layout, &c.chunks, c.vbase, &mut blk)?;
+                for b in &c.cold {
+                    w.rows_block(&t.cfg, b)?;
+                }
             }
         }
         Copied::Changed(blocks) => {
@@ -235,7 +265,7 @@ impl Capture {
                     .all(|((name, _, gone), (t, now))| *name == t.cfg.name && removed(now) == *gone)
         });
         let from = delta.map(|m| m.since);
-        let rows: Vec<(ShardCopies, Arena)> = if sequential {
+        let rows: Vec<(ShardCopies, Arena, Option<String>)> = if sequential {
             tables.iter().map(|t| TableCapture::rows_of(t, from, true)).collect()
         } else {
             store.pool.install(|| tables.iter().map(|t| TableCapture::rows_of(t, from, false)).collect())
@@ -253,12 +283,13 @@ impl Capture {
                 .map(|((t, c), b)| (t.cfg.name.clone(), *c, removed(b)))
                 .collect(),
         };
+        let error = rows.iter().find_map(|r| r.2.clone());
         let tables = tables
             .iter()
             .zip(rows)
             .zip(&counters)
             .enumerate()
-            .map(|(k, ((t, (shards, arena)), now))| TableCapture {
+            .map(|(k, ((t, (shards, arena, _)), now))| TableCapture {
                 cfg: t.cfg.clone(),
                 layout: t.layout.clone(),
                 counters: match delta {
@@ -277,7 +308,18 @@ impl Capture {
                 _arena: arena,
             })
             .collect();
-        Capture { next_version, created_secs, tables, delta: delta.is_some(), mark }
+        Capture { next_version, created_secs, tables, delta: delta.is_some(), mark, error }
+    }
+
+    /// An error if a table's disk tier could not be read while copying (the capture is
+    /// incomplete, and writes no file).
+    pub fn check(&self) -> crate::config::Result<()> {
+        match &self.error {
+            Some(e) => Err(crate::config::StoreError::Io(std::io::Error::other(format!(
+                "capture is incomplete, not written: {e}"
+            )))),
+            None => Ok(()),
+        }
     }
 
     /// Whether this capture holds only the rows changed since a mark (see `since`).
@@ -293,6 +335,7 @@ impl Capture {
     /// Write the capture to `path` in the snapshot format (readable by `load_snapshot`);
     /// the same capture always gives the same bytes. Takes no lock of the store.
     pub fn write(&self, path: &Path) -> crate::config::Result<Written> {
+        self.check()?;
         let tables: Vec<&TableCapture> = self.tables.iter().collect();
         write_file(path, self.created_secs, if self.delta { FLAG_DELTA } else { 0 }, || self.next_version, &tables)
     }

@@ -36,6 +36,11 @@ fn sorted_rows<W: Elem>(t: &TableCapture, c: &Copied<W>) -> Vec<RowRef> {
                     rows.push((ch.id(l, o), k as u32, o as u32));
                 }
             }
+            // A disk tier's rows: blocks numbered after the chunks.
+            let nch = shards.iter().map(|s| s.chunks.len()).sum::<usize>();
+            for (k, b) in shards.iter().flat_map(|s| &s.cold).enumerate() {
+                rows.extend(b.ids.iter().enumerate().map(|(o, &id)| (id, (nch + k) as u32, o as u32)));
+            }
         }
         Copied::Changed(blocks) => {
             for (k, b) in blocks.iter().enumerate() {
@@ -60,13 +65,16 @@ fn write_table<W: Elem, O: OutElem + Elem>(
         return Err(std::io::Error::other(format!("table {:?}: ID {} captured twice", t.cfg.name, rows[p].0)));
     }
     w.table(&t.cfg.name, dim, &rows.iter().map(|r| r.0).collect::<Vec<u64>>())?;
-    let chunks: Vec<_> = match c {
-        Copied::Whole(shards) => shards.iter().flat_map(|s| &s.chunks).collect(),
-        Copied::Changed(_) => Vec::new(),
+    let (chunks, cold): (Vec<_>, Vec<_>) = match c {
+        Copied::Whole(shards) => {
+            (shards.iter().flat_map(|s| &s.chunks).collect(), shards.iter().flat_map(|s| &s.cold).collect())
+        }
+        Copied::Changed(_) => (Vec::new(), Vec::new()),
     };
     let row = |r: &RowRef| -> &[W] {
         match c {
-            Copied::Whole(_) => chunks[r.1 as usize].w(l, r.2 as usize),
+            Copied::Whole(_) if (r.1 as usize) < chunks.len() => chunks[r.1 as usize].w(l, r.2 as usize),
+            Copied::Whole(_) => &cold[r.1 as usize - chunks.len()].weights[r.2 as usize * dim..][..dim],
             Copied::Changed(blocks) => &blocks[r.1 as usize].weights[r.2 as usize * dim..][..dim],
         }
     };
@@ -93,6 +101,7 @@ impl Capture {
     /// `path` as a values file (see `crate::values`): full or delta as the capture is.
     /// Returns (bytes written, SHA-256 of the file). Takes no lock of the store.
     pub fn write_values(&self, path: &Path, dtype: DType) -> Result<Written> {
+        self.check()?;
         if dtype_code(dtype).is_none() {
             return value_err(format!("values files hold fp16 or fp32, not {}", dtype.name()));
         }

@@ -261,6 +261,7 @@ impl TableSource for Table {
                 // shard is written as of one instant.
                 let g = sh.read();
                 w.chunks(&self.cfg, &self.layout, &g.chunks, g.vbase, &mut blk)?;
+                g.cold_blocks(&self.layout, 0, |b| w.rows_block(&self.cfg, b))?;
             }
             Ok(())
         })

@@ -44,6 +44,16 @@ impl Layout {
             chunk_rows: 1 << shift,
         }
     }
+    /// RAM a resident row takes (its record, version, state and per-row scalars, and
+    /// about 8 bytes of index and free list): what a RAM budget is divided by.
+    pub fn ram_row_bytes(&self, elem_size: usize) -> usize {
+        let scalars = [self.has_acc, self.has_steps, self.has_lru, self.has_utime, self.has_utick];
+        8 + (self.dim * elem_size).div_ceil(8) * 8
+            + 4
+            + self.state_dim * 4
+            + 4 * scalars.iter().filter(|&&b| b).count()
+            + 8
+    }
     #[inline(always)]
     pub fn loc(&self, slot: u32) -> (usize, usize) {
         ((slot >> self.chunk_shift) as usize, (slot as usize) & (self.chunk_rows - 1))

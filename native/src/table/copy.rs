@@ -12,26 +12,44 @@ pub struct ShardCopy<W: Copy> {
     pub chunks: Vec<Chunk<W>>,
     /// Base of the chunks' u32 version offsets.
     pub vbase: u64,
+    /// Rows copied: the chunks' and `cold`'s.
     pub rows: usize,
+    /// The disk tier's rows, read from its file.
+    pub cold: Vec<RowColumns<W>>,
+    /// Why the disk tier's rows could not be read (the copy is then unusable).
+    pub error: Option<String>,
 }
 
 impl<W: Elem> ShardCopy<W> {
     pub fn memory_bytes(&self) -> usize {
-        self.chunks.iter().map(|c| c.memory_bytes()).sum::<usize>() + std::mem::size_of::<Self>()
+        self.chunks.iter().map(|c| c.memory_bytes()).sum::<usize>()
+            + self.cold.iter().map(|c| c.memory_bytes()).sum::<usize>()
+            + std::mem::size_of::<Self>()
     }
 }
 
 impl<W: Elem> Shard<W> {
     /// A copy of the shard's rows for a point-in-time capture; the chunks are copied whole
     /// (a memcpy per column beats gathering row by row while the shard is locked).
-    pub fn copy(&self, arena: &Arena) -> ShardCopy<W> {
-        ShardCopy { chunks: self.chunks.iter().map(|ch| ch.copy(arena)).collect(), vbase: self.vbase, rows: self.rows }
+    /// A disk tier's rows are read from its file into the copy.
+    pub fn copy(&self, l: &Layout, arena: &Arena) -> ShardCopy<W> {
+        let (cold, error) = match self.cold_columns(l, 0) {
+            Ok(c) => (c, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        ShardCopy {
+            chunks: self.chunks.iter().map(|ch| ch.copy(arena)).collect(),
+            vbase: self.vbase,
+            rows: self.rows + cold.iter().map(|b| b.len()).sum::<usize>(),
+            cold,
+            error,
+        }
     }
 
     /// The rows whose version is at least `since` (created or updated since then), one
-    /// block per chunk that has any: what a delta capture copies.
-    pub fn copy_since(&self, l: &Layout, since: u64) -> Vec<RowColumns<W>> {
-        let mut out = Vec::new();
+    /// block per chunk that has any, and a disk tier's: what a delta capture copies.
+    pub fn copy_since(&self, l: &Layout, since: u64) -> Result<Vec<RowColumns<W>>, String> {
+        let mut out = self.cold_columns(l, since)?;
         for ch in &self.chunks {
             let mut blk = RowColumns::default();
             ch.gather(l, self.vbase, since, &mut blk);
@@ -39,7 +57,7 @@ impl<W: Elem> Shard<W> {
                 out.push(blk);
             }
         }
-        out
+        Ok(out)
     }
 
     /// Add `d` to every row's last-update batch: the rows keep their age when the table's
@@ -50,16 +68,28 @@ impl<W: Elem> Shard<W> {
                 *t = t.wrapping_add(d);
             }
         }
+        if let Some(tier) = &mut self.tier {
+            for c in &mut tier.cold {
+                c.utick = c.utick.wrapping_add(d);
+            }
+        }
     }
 
     /// Insert/overwrite rows `which` of decoded snapshot columns.
     pub fn load_rows(&mut self, ctx: &Ctx, blk: &RowColumns<W>, which: &[u32], hashes: &[u64], local: &mut Local) {
         let l = ctx.layout;
         let (dim, sd) = (l.dim, l.state_dim);
+        if self.tier.is_some() {
+            let ids: Vec<u64> = which.iter().map(|&k| blk.ids[k as usize]).collect();
+            self.fault_in(ctx, &ids);
+        }
         for &k in which {
             let k = k as usize;
             let id = blk.ids[k];
             let h = hashes[k];
+            if self.tier.is_some() && self.is_cold(id) {
+                continue; // not read back (the tier failed, and says so)
+            }
             let slot = match self.find(l, id, h) {
                 Some(s) => s,
                 None => match self.alloc(ctx, id, h, local) {
@@ -89,5 +119,6 @@ impl<W: Elem> Shard<W> {
             }
             self.touch(l, slot);
         }
+        self.spill_over_budget(l);
     }
 }

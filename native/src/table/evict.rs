@@ -1,7 +1,7 @@
 //! Eviction and TTL: which row leaves a full shard that needs a slot (exact LRU while the
 //! shard is small, else the oldest of a random sample; rows past their TTL first), whether
 //! a row is past its TTL, and the eager sweep of `expire`. Rows leave a shard only through
-//! `Shard::remove_slot`.
+//! `Shard::remove_slot` (resident rows) and `Tier::remove_at` (cold rows, see spill.rs).
 
 use crate::elem::Elem;
 
@@ -13,19 +13,17 @@ pub const EXACT_LRU_MAX_ROWS: usize = 64;
 pub const EVICTION_SAMPLES: usize = 16;
 
 impl<W: Elem> Shard<W> {
-    /// Is the row in `slot` past its TTL?
+    /// Is a row with these last-update stamps past its TTL?
     #[inline(always)]
-    pub(super) fn expired(&self, ctx: &Ctx, slot: u32) -> bool {
-        let (c, o) = ctx.layout.loc(slot);
-        let ch = &self.chunks[c];
+    pub(super) fn expired_stamps(ctx: &Ctx, utime: u32, utick: u32) -> bool {
         if let Some(ttl) = ctx.cfg.ttl_seconds {
-            let age = ctx.now_secs.wrapping_sub(ch.utime[o]) as i32;
+            let age = ctx.now_secs.wrapping_sub(utime) as i32;
             if age as i64 > ttl as i64 {
                 return true;
             }
         }
         if let Some(ttl) = ctx.cfg.ttl_updates {
-            let age = ctx.batch_now.wrapping_sub(ch.utick[o]) as i32;
+            let age = ctx.batch_now.wrapping_sub(utick) as i32;
             if age as i64 >= ttl as i64 {
                 return true;
             }
@@ -33,57 +31,89 @@ impl<W: Elem> Shard<W> {
         false
     }
 
-    /// Evict one row by (approximate) LRU; expired rows are preferred.
+    /// Is the row in `slot` past its TTL?
+    #[inline(always)]
+    pub(super) fn expired(&self, ctx: &Ctx, slot: u32) -> bool {
+        let (c, o) = ctx.layout.loc(slot);
+        let ch = &self.chunks[c];
+        Self::expired_stamps(ctx, ch.utime.get(o).copied().unwrap_or(0), ch.utick.get(o).copied().unwrap_or(0))
+    }
+
+    /// Evict one row by (approximate) LRU; expired rows are preferred. A shard of at most
+    /// `EXACT_LRU_MAX_ROWS` rows evicts the oldest expired row, else the oldest row (LRU
+    /// ticks are unique, so the choice does not depend on where rows are: cold rows of a
+    /// disk tier are candidates like resident ones). A larger one samples
+    /// `EVICTION_SAMPLES` rows (resident slots and cold rows alike) and takes the first
+    /// expired one, else the oldest.
     pub(super) fn evict_one(&mut self, ctx: &Ctx, local: &mut Local) -> bool {
-        if self.rows == 0 {
+        let total = self.len();
+        if total == 0 {
             return false;
         }
         let l = ctx.layout;
         let ttl = ctx.ttl_enabled();
-        let mut best: Option<(u32, u32)> = None; // (age, slot)
-        let mut consider = |sh: &Self, s: u32| -> bool {
-            if ttl && sh.expired(ctx, s) {
-                best = Some((u32::MAX, s));
-                return true;
+        let cold = self.cold_rows();
+        // (expired, age, victim): victim < high is a slot, else high + a cold row's index.
+        let mut best: Option<(bool, u32, usize)> = None;
+        let key = |sh: &Self, v: usize| -> (bool, u32) {
+            if v < sh.high {
+                let s = v as u32;
+                let (c, o) = l.loc(s);
+                let age = if l.has_lru { sh.tick.wrapping_sub(sh.chunks[c].lru[o]) } else { 0 };
+                (ttl && sh.expired(ctx, s), age)
+            } else {
+                let c = &sh.tier.as_ref().expect("tier").cold[v - sh.high];
+                (ttl && Self::expired_stamps(ctx, c.utime, c.utick), sh.tick.wrapping_sub(c.lru))
             }
-            let (c, o) = l.loc(s);
-            let age = if l.has_lru { sh.tick.wrapping_sub(sh.chunks[c].lru[o]) } else { 0 };
-            match best {
-                Some((a, _)) if a >= age => {}
-                _ => best = Some((age, s)),
-            }
-            false
         };
-        if self.rows <= EXACT_LRU_MAX_ROWS {
-            'scan: for (c, ch) in self.chunks.iter().enumerate() {
+        if total <= EXACT_LRU_MAX_ROWS {
+            let mut consider = |sh: &Self, v: usize| {
+                let (e, a) = key(sh, v);
+                match best {
+                    Some((be, ba, _)) if (be, ba) >= (e, a) => {}
+                    _ => best = Some((e, a, v)),
+                }
+            };
+            for (c, ch) in self.chunks.iter().enumerate() {
                 for o in 0..ch.len() {
                     if ch.occupied(o) {
-                        let s = ((c << l.chunk_shift) | o) as u32;
-                        if consider(self, s) {
-                            break 'scan;
-                        }
+                        consider(self, (c << l.chunk_shift) | o);
                     }
                 }
+            }
+            for i in 0..cold {
+                consider(self, self.high + i);
             }
         } else {
             let mut found = 0;
             let mut tries = 0;
+            let span = (self.high + cold) as u64;
             while found < EVICTION_SAMPLES && tries < EVICTION_SAMPLES * 8 {
                 tries += 1;
-                let s = (self.next_rand() % self.high as u64) as u32;
-                if !self.is_occupied(l, s) {
+                let v = (self.next_rand() % span) as usize;
+                if v < self.high && !self.is_occupied(l, v as u32) {
                     continue;
                 }
                 found += 1;
-                if consider(self, s) {
+                let (e, a) = key(self, v);
+                if e {
+                    best = Some((true, a, v));
                     break;
+                }
+                match best {
+                    Some((_, ba, _)) if ba >= a => {}
+                    _ => best = Some((false, a, v)),
                 }
             }
         }
         match best {
-            Some((age, s)) => {
-                self.remove_slot(l, s);
-                if age == u32::MAX && ttl {
+            Some((expired, _, v)) => {
+                if v < self.high {
+                    self.remove_slot(l, v as u32);
+                } else {
+                    self.tier.as_mut().expect("tier").remove_at(v - self.high);
+                }
+                if expired {
                     local.expired += 1;
                 } else {
                     local.evicted += 1;
@@ -111,5 +141,6 @@ impl<W: Elem> Shard<W> {
             self.remove_slot(l, s);
             local.expired += 1;
         }
+        local.expired += self.expire_cold(ctx);
     }
 }

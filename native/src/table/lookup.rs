@@ -25,6 +25,18 @@ impl<W: Elem> Shard<W> {
 
     /// Batched lookup of a group of batch positions; writes rows into `out`.
     pub fn lookup<O: OutElem>(&mut self, ctx: &Ctx, g: &Group, out: SendPtr<O>, create: bool, local: &mut Local) {
+        if self.tier.is_some() {
+            let n = self.fault_in(ctx, g.id);
+            if let Some(t) = &self.tier {
+                t.lookup_hits.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        self.lookup_resident(ctx, g, out, create, local);
+        self.spill_over_budget(ctx.layout);
+    }
+
+    /// `lookup` once a disk tier's rows of the group are resident.
+    fn lookup_resident<O: OutElem>(&mut self, ctx: &Ctx, g: &Group, out: SendPtr<O>, create: bool, local: &mut Local) {
         let l = ctx.layout;
         let dim = l.dim;
         let ttl = ctx.ttl_enabled();
@@ -127,6 +139,14 @@ impl<W: Elem> Shard<W> {
                 j += 1;
             }
             let h = g.hash[keyed[i].1 as usize];
+            if self.tier.is_some() && self.is_cold(id) {
+                // its row could not be read back from disk (the tier failed): not a new id
+                for &(_, k) in &keyed[i..j] {
+                    zero_row(g.pos[k as usize] as usize);
+                }
+                i = j;
+                continue;
+            }
             if let Some(s) = self.find(l, id, h) {
                 // inserted concurrently since this batch was scanned
                 for &(_, k) in &keyed[i..j] {

@@ -22,8 +22,9 @@
 //! (optimizer updates, `set_row`), `evict` (eviction and TTL), `copy` (copies and loads for
 //! snapshots). This file: the per-call `Ctx`, the routing `Plan` and the `Table` front,
 //! which takes the shard locks. Rows leave a shard only through `Shard::remove_slot` and
-//! a lookup's missing ids are resolved only in `Shard::handle_missing`: the seams a
-//! further storage tier (a sibling module here) would hook into.
+//! a lookup's missing ids are resolved only in `Shard::handle_missing`. `spill` is the disk
+//! tier of a table with a RAM budget: the shard's least recently used rows beyond it live in
+//! a spill file of the shard's, read back by the calls that need them (see spill.rs).
 
 use std::sync::atomic::Ordering;
 
@@ -45,8 +46,11 @@ mod evict;
 mod lookup;
 mod shard;
 mod sketch;
+mod spill;
 mod update;
 
+#[cfg(test)]
+mod spill_tests;
 #[cfg(test)]
 mod tests;
 
@@ -56,6 +60,7 @@ pub use counters::{Counters, Local, COUNTER_NAMES};
 pub use evict::{EVICTION_SAMPLES, EXACT_LRU_MAX_ROWS};
 pub use shard::{init_values, Shard};
 pub use sketch::Sketch;
+pub use spill::{Cold, Tier};
 
 /// Per-call context shared by all shard tasks of one batched operation.
 pub struct Ctx<'a> {
@@ -184,6 +189,18 @@ impl Plan {
     }
 }
 
+/// One internal shard's disk tier, as `Table::disk_stats` reports it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiskStats {
+    pub resident_rows: u64,
+    pub rows: u64,
+    pub bytes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub lookup_hits: u64,
+    pub budget_rows: u64,
+}
+
 /// A table: configuration, internal shards, sketch and counters.
 pub struct Table {
     pub cfg: TableConfig,
@@ -193,6 +210,8 @@ pub struct Table {
     pub shards: Shards,
     pub sketch: Option<Sketch>,
     pub counters: Counters,
+    /// Set when a disk tier of the table failed (see `tier_error`).
+    pub tier_failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub arena: Arena,
 }
 
@@ -229,22 +248,41 @@ impl Table {
                 Shards::$v((0..n).map(|i| RwLock::new(Shard::new(cap_of(i), mix64(seed ^ i as u64)))).collect())
             };
         }
-        let shards = match cfg.dtype {
+        let mut shards = match cfg.dtype {
             crate::config::DType::F32 => mk!(F32),
             crate::config::DType::F16 => mk!(F16),
             crate::config::DType::BF16 => mk!(BF16),
         };
+        let layout = Layout::new(&cfg);
+        let tier_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let (Some(budget), Some(dir)) = (cfg.memory_budget_bytes, &cfg.disk) {
+            let rows = budget / layout.ram_row_bytes(cfg.dtype.size()) as u64;
+            let rec = spill::record_bytes(&layout, cfg.dtype.size());
+            with_shards!(&mut shards, s => {
+                for (i, sh) in s.iter_mut().enumerate() {
+                    let share = rows / n as u64 + ((i as u64) < rows % n as u64) as u64;
+                    let budget = share.min(usize::MAX as u64) as usize;
+                    let tier = Tier::create(std::path::Path::new(dir), &cfg.name, i, rec, budget, tier_failed.clone())
+                        .map_err(|e| crate::config::StoreError::Io(std::io::Error::new(
+                            e.kind(),
+                            format!("table {:?}: cannot create its spill file in {dir}: {e}", cfg.name),
+                        )))?;
+                    sh.get_mut().tier = Some(Box::new(tier));
+                }
+            });
+        }
         let sketch = match cfg.admission {
             AdmissionKind::Threshold => Some(Sketch::new(cfg.sketch_width as usize, cfg.sketch_depth as usize)),
             _ => None,
         };
         Ok(Table {
-            layout: Layout::new(&cfg),
+            layout,
             opt: OptParams::from_config(&cfg),
             cfg,
             shards,
             sketch,
             counters: Counters::default(),
+            tier_failed,
             arena: Arena::default(),
         })
     }
@@ -517,7 +555,38 @@ impl Table {
     ///
     /// **Locking behaviour:** each internal shard's *read* lock in turn.
     pub fn rows(&self) -> usize {
-        with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().rows).sum())
+        with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().len()).sum())
+    }
+
+    /// The disk tier per internal shard (none without one): rows on disk, bytes of the
+    /// spill file, records read and written, ids lookups read from disk.
+    ///
+    /// **Locking behaviour:** each internal shard's *read* lock in turn.
+    pub fn disk_stats(&self) -> Vec<DiskStats> {
+        with_shards!(&self.shards, shards => shards.iter().filter_map(|s| {
+            let g = s.read();
+            g.tier.as_ref().map(|t| DiskStats {
+                resident_rows: g.rows as u64,
+                rows: t.len() as u64,
+                bytes: t.file_bytes(),
+                reads: t.reads.load(Ordering::Relaxed),
+                writes: t.writes.load(Ordering::Relaxed),
+                lookup_hits: t.lookup_hits.load(Ordering::Relaxed),
+                budget_rows: t.budget as u64,
+            })
+        }).collect())
+    }
+
+    /// Why the table's disk tier failed (a full disk, an I/O error), naming the table and
+    /// the file; sticky: every later call of the bindings raises it.
+    ///
+    /// **Locking behaviour:** each internal shard's *read* lock in turn (none without a tier).
+    pub fn tier_error(&self) -> Option<String> {
+        if !self.tier_failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        with_shards!(&self.shards, shards => shards.iter().find_map(|s| s.read().tier.as_ref().and_then(|t| t.error())))
+            .map(|e| format!("table {:?}: {e}", self.cfg.name))
     }
 
     /// Bytes allocated for the table (chunks, indexes, free lists, sketch).

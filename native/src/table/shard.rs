@@ -10,7 +10,8 @@ use crate::index::{Index, EMPTY};
 use crate::mem::prefetch;
 use crate::optim::{self, RowScalars};
 
-use super::{Chunk, Ctx, Group, Layout, Local, RowMut, RowState};
+use super::{Chunk, Ctx, Group, Layout, Local, RowMut, RowState, Tier};
+use crate::mem::Arena;
 
 /// Maximum slots per internal shard.
 const MAX_SLOTS: usize = (1 << 31) - 16;
@@ -28,6 +29,8 @@ pub struct Shard<W: Copy> {
     pub rng: u64,
     /// Base of the u32 row-version offsets.
     pub vbase: u64,
+    /// The disk tier holding the rows beyond the shard's RAM budget (see spill.rs).
+    pub tier: Option<Box<Tier>>,
 }
 
 /// Fill `out` with the deterministic initial vector of `id`.
@@ -69,6 +72,7 @@ impl<W: Elem> Shard<W> {
             cap,
             rng: seed | 1,
             vbase: 0,
+            tier: None,
         }
     }
 
@@ -255,13 +259,17 @@ impl<W: Elem> Shard<W> {
         self.rows -= 1;
     }
 
-    /// Allocate a slot for a new row `id` (evicting if at capacity). The row's
-    /// data fields are NOT initialized.
+    /// Allocate a slot for a new row `id` (evicting if at capacity: cold rows count). The
+    /// row's data fields are NOT initialized.
     pub(super) fn alloc(&mut self, ctx: &Ctx, id: u64, h: u64, local: &mut Local) -> Option<u32> {
-        let l = ctx.layout;
-        if self.rows >= self.cap && !self.evict_one(ctx, local) {
+        if self.rows + self.cold_rows() >= self.cap && !self.evict_one(ctx, local) {
             return None;
         }
+        self.alloc_slot(ctx.layout, ctx.arena, id, h)
+    }
+
+    /// Allocate a slot for row `id` and index it, whatever the capacity (`alloc` checks it).
+    pub(super) fn alloc_slot(&mut self, l: &Layout, arena: &Arena, id: u64, h: u64) -> Option<u32> {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -271,12 +279,12 @@ impl<W: Elem> Shard<W> {
                 let c = self.high >> l.chunk_shift;
                 if c == self.chunks.len() {
                     let first = if c == 0 { 16.min(l.chunk_rows) } else { l.chunk_rows };
-                    self.chunks.push(Chunk::new(l, first, ctx.arena));
+                    self.chunks.push(Chunk::new(l, first, arena));
                 }
                 let ch = &mut self.chunks[c];
                 if ch.len() == ch.cap_rows() {
                     let rows = (ch.cap_rows() * 2).clamp(16, l.chunk_rows);
-                    ch.reserve_rows(l, rows, ctx.arena);
+                    ch.reserve_rows(l, rows, arena);
                 }
                 ch.push_slot(l);
                 self.high += 1;
@@ -320,7 +328,9 @@ impl<W: Elem> Shard<W> {
     }
 
     pub fn get_state(&self, l: &Layout, id: u64) -> Option<RowState> {
-        let slot = self.find(l, id, internal_hash(id))?;
+        let Some(slot) = self.find(l, id, internal_hash(id)) else {
+            return self.cold_state(l, id);
+        };
         let (c, o) = l.loc(slot);
         let ch = &self.chunks[c];
         let mut w = vec![0f32; l.dim];
@@ -348,6 +358,9 @@ impl<W: Elem> Shard<W> {
                 }
             }
         }
+        if self.tier.is_some() {
+            self.cold_export_delta(l, since, ids, rows);
+        }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -355,6 +368,7 @@ impl<W: Elem> Shard<W> {
             + self.chunks.capacity() * std::mem::size_of::<Chunk<W>>()
             + self.index.memory_bytes()
             + self.free.capacity() * 4
+            + self.tier.as_ref().map_or(0, |t| t.memory_bytes())
             + std::mem::size_of::<Self>()
     }
 }

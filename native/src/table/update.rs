@@ -14,6 +14,17 @@ impl<W: Elem> Shard<W> {
     /// Batched optimizer update. Duplicate ids are summed; ids without a row
     /// are dropped (counted); rows with a non-finite summed gradient are skipped.
     pub fn update(&mut self, ctx: &Ctx, g: &Group, grads: &[f32], local: &mut Local) {
+        if self.tier.is_some() {
+            self.fault_in(ctx, g.id);
+            self.update_resident(ctx, g, grads, local);
+            self.spill_over_budget(ctx.layout);
+        } else {
+            self.update_resident(ctx, g, grads, local);
+        }
+    }
+
+    /// `update` once a disk tier's rows of the group are resident.
+    fn update_resident(&mut self, ctx: &Ctx, g: &Group, grads: &[f32], local: &mut Local) {
         let l = ctx.layout;
         let dim = l.dim;
         let mut pairs: Vec<u64> = Vec::with_capacity(g.len());
@@ -88,6 +99,20 @@ impl<W: Elem> Shard<W> {
 
     /// Overwrite (or create, bypassing admission) the weights of `id`.
     pub fn set_row(&mut self, ctx: &Ctx, id: u64, values: &[f32], local: &mut Local) -> Result<()> {
+        if self.tier.is_none() {
+            return self.set_row_resident(ctx, id, values, local);
+        }
+        self.fault_in(ctx, &[id]);
+        if self.is_cold(id) {
+            let why = self.tier.as_ref().and_then(|t| t.error()).unwrap_or_default();
+            return Err(StoreError::Io(std::io::Error::other(format!("table {:?}: {why}", ctx.cfg.name))));
+        }
+        let r = self.set_row_resident(ctx, id, values, local);
+        self.spill_over_budget(ctx.layout);
+        r
+    }
+
+    fn set_row_resident(&mut self, ctx: &Ctx, id: u64, values: &[f32], local: &mut Local) -> Result<()> {
         let l = ctx.layout;
         let h = internal_hash(id);
         let (slot, fresh) = match self.find(l, id, h) {

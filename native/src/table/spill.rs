@@ -1,0 +1,502 @@
+//! The disk tier of a table with a RAM budget (`memory_budget_bytes` and `disk`): each
+//! internal shard keeps at most its share of the budget in RAM (its *resident* rows, in
+//! the chunks) and spills the least recently used rows beyond it to a spill file of its
+//! own (its *cold* rows).
+//!
+//! A cold row is a fixed-size record in the file — the id, the weights in the storage
+//! dtype, the element-wise optimizer state, the row-wise accumulator and the Adam step
+//! count where the table keeps them — at `fslot * rec_bytes`; the file's free record slots
+//! are reused (LIFO), so the file is as large as the most rows ever cold at once. What the
+//! shard decides on without reading a row — its version, LRU tick and TTL stamps — stays in
+//! RAM in a `Cold` (32 bytes plus the `id -> index` map's entry).
+//!
+//! Spilled is not evicted: the shard's row count, capacity eviction (the candidates are
+//! resident and cold rows alike, see evict.rs), TTL, versions, `export_delta`, captures,
+//! dumps and loads all see a cold row as the row it is, so a table with a tier answers
+//! exactly as the same table all in RAM. A lookup, update, `set_row` or load of a cold id
+//! reads it back first (`fault_in`: one pass per call, in file order) and the normal path
+//! then handles it (admission never sees it as new); the call ends by spilling the shard
+//! back under its budget (`spill_over_budget`: the oldest LRU ticks, down to 7/8 of the
+//! budget so that the scan for them is paid once per budget/8 rows).
+//!
+//! A failed write (a full disk) keeps the row in RAM and a failed read keeps it cold; both
+//! mark the tier failed (`Tier::error`), which the bindings raise after the call, naming
+//! the table and the file. A capture or dump that cannot read a cold row fails instead of
+//! writing a snapshot without it.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::elem::Elem;
+use crate::hash::internal_hash;
+
+use super::{Ctx, Layout, RowColumns, RowState, Shard};
+
+/// Rows per block when cold rows are read for a snapshot.
+const COLD_BLOCK_ROWS: usize = 4096;
+
+/// A cold row's bookkeeping in RAM.
+#[derive(Clone, Copy, Debug)]
+pub struct Cold {
+    pub id: u64,
+    pub version: u64,
+    /// Record slot in the spill file.
+    pub fslot: u32,
+    pub lru: u32,
+    pub utime: u32,
+    pub utick: u32,
+}
+
+/// One internal shard's spill file and its cold rows.
+pub struct Tier {
+    file: File,
+    pub path: PathBuf,
+    pub rec_bytes: usize,
+    /// Resident rows allowed; `low`: what a spill goes down to.
+    pub budget: usize,
+    low: usize,
+    pub cold: Vec<Cold>,
+    map: HashMap<u64, u32>,
+    free: Vec<u32>,
+    /// Record slots in the file.
+    high: u32,
+    failed: Mutex<Option<String>>,
+    /// Set with `failed`; shared by the table's tiers (`Table::tier_error` reads it first).
+    flag: Arc<AtomicBool>,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    /// Ids a lookup found cold (read from disk), against the table's `lookups`.
+    pub lookup_hits: AtomicU64,
+}
+
+static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of one record: id, weights, state, accumulator, step count.
+pub fn record_bytes(l: &Layout, elem_size: usize) -> usize {
+    8 + l.dim * elem_size + l.state_dim * 4 + 4 * (l.has_acc as usize + l.has_steps as usize)
+}
+
+impl Tier {
+    /// A new, empty spill file for shard `shard` of table `table` in `dir` (created if
+    /// missing); its space is given back when the tier drops or the process dies.
+    pub fn create(
+        dir: &Path,
+        table: &str,
+        shard: usize,
+        rec_bytes: usize,
+        budget: usize,
+        flag: Arc<AtomicBool>,
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let safe: String = table.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+        let n = NEXT_FILE.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{safe}.{shard}.{}-{n}.spill", std::process::id()));
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+        // Unlinked at once: the file lives as long as this handle, so no crash (a kill -9) can
+        // leave one behind. `path` names it in errors; `Table::disk_stats` reports its size.
+        std::fs::remove_file(&path)?;
+        Ok(Tier {
+            file,
+            path,
+            rec_bytes,
+            budget,
+            low: budget - budget / 8,
+            cold: Vec::new(),
+            map: HashMap::new(),
+            free: Vec::new(),
+            high: 0,
+            failed: Mutex::new(None),
+            flag,
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            lookup_hits: AtomicU64::new(0),
+        })
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.cold.len()
+    }
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.cold.is_empty()
+    }
+    #[inline]
+    pub fn contains(&self, id: u64) -> bool {
+        !self.map.is_empty() && self.map.contains_key(&id)
+    }
+    pub fn get(&self, id: u64) -> Option<&Cold> {
+        self.map.get(&id).map(|&i| &self.cold[i as usize])
+    }
+    /// Bytes of the spill file (every record slot, free ones included).
+    pub fn file_bytes(&self) -> u64 {
+        self.high as u64 * self.rec_bytes as u64
+    }
+    /// RAM held by the cold rows' bookkeeping.
+    pub fn memory_bytes(&self) -> usize {
+        self.cold.capacity() * std::mem::size_of::<Cold>() + self.map.capacity() * 13 + self.free.capacity() * 4
+    }
+    /// Why the tier failed, if it did (sticky).
+    pub fn error(&self) -> Option<String> {
+        self.failed.lock().clone()
+    }
+    pub fn is_failed(&self) -> bool {
+        self.failed.lock().is_some()
+    }
+    fn fail(&self, what: &str, e: &std::io::Error) -> String {
+        let msg = format!("disk tier: {what} {} failed: {e}", self.path.display());
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            *f = Some(msg.clone());
+        }
+        self.flag.store(true, Ordering::Relaxed);
+        msg
+    }
+
+    #[cfg(test)]
+    pub fn set_file_for_test(&mut self, f: File) {
+        self.file = f;
+    }
+
+    /// Read the record in `fslot` into `buf` (`rec_bytes` long).
+    pub fn read(&self, fslot: u32, buf: &mut [u8]) -> Result<(), String> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.file.read_exact_at(buf, fslot as u64 * self.rec_bytes as u64).map_err(|e| self.fail("reading", &e))
+    }
+
+    /// Write the record `buf` of row `c` to a free record slot and make the row cold.
+    fn put(&mut self, buf: &[u8], mut c: Cold) -> Result<(), String> {
+        let fslot = match self.free.pop() {
+            Some(s) => s,
+            None => self.high,
+        };
+        if let Err(e) = self.file.write_all_at(buf, fslot as u64 * self.rec_bytes as u64) {
+            if fslot != self.high {
+                self.free.push(fslot);
+            }
+            return Err(self.fail("writing", &e));
+        }
+        if fslot == self.high {
+            self.high += 1;
+        }
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        c.fslot = fslot;
+        self.map.insert(c.id, self.cold.len() as u32);
+        self.cold.push(c);
+        Ok(())
+    }
+
+    /// Forget cold row `i` (its record slot becomes free).
+    pub fn remove_at(&mut self, i: usize) -> Cold {
+        let c = self.cold.swap_remove(i);
+        self.map.remove(&c.id);
+        if let Some(m) = self.cold.get(i) {
+            self.map.insert(m.id, i as u32);
+        }
+        self.free.push(c.fslot);
+        if self.cold.is_empty() {
+            // Nothing cold: the file starts over (and gives its space back).
+            self.free.clear();
+            self.high = 0;
+            let _ = self.file.set_len(0);
+        }
+        c
+    }
+
+    /// Remove `id`'s cold row, if it has one.
+    pub fn take(&mut self, id: u64) -> Option<Cold> {
+        let i = *self.map.get(&id)?;
+        Some(self.remove_at(i as usize))
+    }
+}
+
+fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+impl<W: Elem> Shard<W> {
+    /// Rows spilled to disk.
+    #[inline(always)]
+    pub fn cold_rows(&self) -> usize {
+        match &self.tier {
+            Some(t) => t.len(),
+            None => 0,
+        }
+    }
+
+    /// Every row of the shard, resident or cold.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.rows + self.cold_rows()
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `id` is cold (its row on disk).
+    #[inline(always)]
+    pub(super) fn is_cold(&self, id: u64) -> bool {
+        self.tier.as_ref().is_some_and(|t| t.contains(id))
+    }
+
+    /// Encode the resident row in `slot` as a spill record.
+    fn encode(&self, l: &Layout, slot: u32, buf: &mut [u8]) {
+        let (c, o) = l.loc(slot);
+        let ch = &self.chunks[c];
+        buf[..8].copy_from_slice(&ch.id(l, o).to_le_bytes());
+        let wb = W::as_bytes(ch.w(l, o));
+        buf[8..8 + wb.len()].copy_from_slice(wb);
+        let mut at = 8 + wb.len();
+        for x in ch.state.get(o * l.state_dim..(o + 1) * l.state_dim).unwrap_or_default() {
+            buf[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            at += 4;
+        }
+        if l.has_acc {
+            buf[at..at + 4].copy_from_slice(&ch.acc[o].to_le_bytes());
+            at += 4;
+        }
+        if l.has_steps {
+            buf[at..at + 4].copy_from_slice(&ch.steps[o].to_le_bytes());
+        }
+    }
+
+    /// Bring the cold rows among `ids` back into RAM, reading their records in file order;
+    /// returns how many. A row that cannot be read stays cold (the tier is marked failed).
+    /// Takes no slot from capacity: the rows are in the shard already.
+    pub(super) fn fault_in(&mut self, ctx: &Ctx, ids: &[u64]) -> usize {
+        let Some(tier) = self.tier.as_mut() else { return 0 };
+        if tier.is_empty() {
+            return 0;
+        }
+        let mut want: Vec<(u32, u64)> = ids.iter().filter_map(|&id| tier.get(id).map(|c| (c.fslot, id))).collect();
+        if want.is_empty() {
+            return 0;
+        }
+        want.sort_unstable();
+        want.dedup();
+        let rb = tier.rec_bytes;
+        let mut bufs = vec![0u8; want.len() * rb];
+        let mut rows: Vec<Cold> = Vec::with_capacity(want.len());
+        for &(fslot, id) in &want {
+            let k = rows.len();
+            if tier.read(fslot, &mut bufs[k * rb..(k + 1) * rb]).is_ok() {
+                rows.push(tier.take(id).expect("cold row"));
+            }
+        }
+        let l = ctx.layout;
+        for (k, c) in rows.iter().enumerate() {
+            let Some(slot) = self.alloc_slot(l, ctx.arena, c.id, internal_hash(c.id)) else {
+                // MAX_SLOTS resident rows: cannot happen below the budget's rows.
+                panic!("internal shard has no free slot for a row read back from disk");
+            };
+            let b = &bufs[k * rb..(k + 1) * rb];
+            let version = self.version_word(c.version);
+            let r = self.row_mut(l, slot);
+            let wb = W::as_bytes_mut(r.w);
+            let n = wb.len();
+            wb.copy_from_slice(&b[8..8 + n]);
+            let mut at = 8 + n;
+            for x in r.state.iter_mut() {
+                *x = f32_at(b, at);
+                at += 4;
+            }
+            if let Some(a) = r.acc {
+                *a = f32_at(b, at);
+                at += 4;
+            }
+            if let Some(s) = r.step {
+                *s = u32_at(b, at);
+            }
+            *r.version = version;
+            if let Some(t) = r.lru {
+                *t = c.lru;
+            }
+            if let Some(t) = r.utime {
+                *t = c.utime;
+            }
+            if let Some(t) = r.utick {
+                *t = c.utick;
+            }
+        }
+        rows.len()
+    }
+
+    /// Spill the least recently used resident rows while more than the budget are resident
+    /// (down to 7/8 of it). A failed write stops the spill and leaves the row resident.
+    pub(super) fn spill_over_budget(&mut self, l: &Layout) {
+        let Some(tier) = self.tier.as_ref() else { return };
+        if self.rows <= tier.budget || tier.is_failed() {
+            return;
+        }
+        let n = self.rows - tier.low;
+        let rb = tier.rec_bytes;
+        let tick = self.tick;
+        // (age, slot) of every resident row; the n oldest go.
+        let mut cand: Vec<(u32, u32)> = Vec::with_capacity(self.rows);
+        for (c, ch) in self.chunks.iter().enumerate() {
+            for o in 0..ch.len() {
+                if ch.occupied(o) {
+                    cand.push((tick.wrapping_sub(ch.lru[o]), ((c << l.chunk_shift) | o) as u32));
+                }
+            }
+        }
+        if n < cand.len() {
+            cand.select_nth_unstable_by(n, |a, b| b.cmp(a));
+            cand.truncate(n);
+        }
+        let mut buf = vec![0u8; rb];
+        for &(_, slot) in &cand {
+            self.encode(l, slot, &mut buf);
+            let (c, o) = l.loc(slot);
+            let ch = &self.chunks[c];
+            let cold = Cold {
+                id: ch.id(l, o),
+                version: self.version_of(ch, o),
+                fslot: 0,
+                lru: ch.lru[o],
+                utime: ch.utime.get(o).copied().unwrap_or(0),
+                utick: ch.utick.get(o).copied().unwrap_or(0),
+            };
+            let tier = self.tier.as_mut().expect("tier");
+            if tier.put(&buf, cold).is_err() {
+                return;
+            }
+            self.remove_slot(l, slot);
+        }
+    }
+
+    /// Decode the record `b` of cold row `c` into owned columns.
+    fn push_cold(&self, l: &Layout, c: &Cold, b: &[u8], blk: &mut RowColumns<W>) {
+        blk.ids.push(c.id);
+        blk.versions.push(c.version);
+        let start = blk.weights.len();
+        blk.weights.resize(start + l.dim, W::default());
+        let wb = W::as_bytes_mut(&mut blk.weights[start..]);
+        let n = wb.len();
+        wb.copy_from_slice(&b[8..8 + n]);
+        let mut at = 8 + n;
+        for _ in 0..l.state_dim {
+            blk.state.push(f32_at(b, at));
+            at += 4;
+        }
+        if l.has_acc {
+            blk.acc.push(f32_at(b, at));
+            at += 4;
+        }
+        if l.has_steps {
+            blk.steps.push(u32_at(b, at));
+        }
+        if l.has_utime {
+            blk.utime.push(c.utime);
+        }
+        if l.has_utick {
+            blk.utick.push(c.utick);
+        }
+    }
+
+    /// The cold rows whose version is at least `since`, read in file order and handed to
+    /// `f` in blocks of up to `COLD_BLOCK_ROWS` (as snapshots write them).
+    pub fn cold_blocks(
+        &self,
+        l: &Layout,
+        since: u64,
+        mut f: impl FnMut(&RowColumns<W>) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let Some(tier) = &self.tier else { return Ok(()) };
+        let mut which: Vec<&Cold> = tier.cold.iter().filter(|c| c.version >= since).collect();
+        which.sort_unstable_by_key(|c| c.fslot);
+        let mut buf = vec![0u8; tier.rec_bytes];
+        let mut blk = RowColumns::default();
+        for part in which.chunks(COLD_BLOCK_ROWS) {
+            blk.clear();
+            for c in part {
+                tier.read(c.fslot, &mut buf).map_err(std::io::Error::other)?;
+                self.push_cold(l, c, &buf, &mut blk);
+            }
+            f(&blk)?;
+        }
+        Ok(())
+    }
+
+    /// The cold rows whose version is at least `since` as owned blocks (a capture's copy).
+    pub fn cold_columns(&self, l: &Layout, since: u64) -> Result<Vec<RowColumns<W>>, String> {
+        let mut out = Vec::new();
+        self.cold_blocks(l, since, |b: &RowColumns<W>| {
+            let mut c = RowColumns::default();
+            c.ids.clone_from(&b.ids);
+            c.versions.clone_from(&b.versions);
+            c.weights.clone_from(&b.weights);
+            c.state.clone_from(&b.state);
+            c.acc.clone_from(&b.acc);
+            c.steps.clone_from(&b.steps);
+            c.utime.clone_from(&b.utime);
+            c.utick.clone_from(&b.utick);
+            out.push(c);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    /// `get_state` of a cold row (read from disk; the row stays cold).
+    pub(super) fn cold_state(&self, l: &Layout, id: u64) -> Option<RowState> {
+        let tier = self.tier.as_ref()?;
+        let c = tier.get(id)?;
+        let mut buf = vec![0u8; tier.rec_bytes];
+        tier.read(c.fslot, &mut buf).ok()?;
+        let mut blk = RowColumns::default();
+        self.push_cold(l, c, &buf, &mut blk);
+        let mut w = vec![0f32; l.dim];
+        W::load_row(&blk.weights, &mut w);
+        Some(RowState {
+            weights: w,
+            state: blk.state,
+            acc: blk.acc.first().copied(),
+            step: blk.steps.first().copied(),
+            version: c.version,
+            utime: blk.utime.first().copied(),
+            utick: blk.utick.first().copied(),
+        })
+    }
+
+    /// `export_delta` of the cold rows (read from disk in file order).
+    pub(super) fn cold_export_delta(&self, l: &Layout, since: u64, ids: &mut Vec<u64>, rows: &mut Vec<f32>) {
+        let _ = self.cold_blocks(l, since.saturating_add(1), |b: &RowColumns<W>| {
+            for k in 0..b.len() {
+                ids.push(b.ids[k]);
+                let start = rows.len();
+                rows.resize(start + l.dim, 0.0);
+                W::load_row(&b.weights[k * l.dim..(k + 1) * l.dim], &mut rows[start..]);
+            }
+            Ok(())
+        });
+    }
+
+    /// Remove the cold rows past their TTL (`expire`'s sweep of the disk tier).
+    pub(super) fn expire_cold(&mut self, ctx: &Ctx) -> u64 {
+        let Some(tier) = self.tier.as_mut() else { return 0 };
+        let mut n = 0;
+        let mut i = 0;
+        while i < tier.cold.len() {
+            let c = tier.cold[i];
+            if Self::expired_stamps(ctx, c.utime, c.utick) {
+                tier.remove_at(i);
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+}
