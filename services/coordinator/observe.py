@@ -39,6 +39,7 @@ KAFKA_LAG = Gauge(
 )
 TABLE_ROWS = Gauge("trillium_job_table_rows", "embedding rows, all PS shards", ["job", "table"])
 TABLE_BYTES = Gauge("trillium_job_table_memory_bytes", "embedding table memory, all PS shards", ["job", "table"])
+TABLE_DISK_BYTES = Gauge("trillium_job_table_disk_bytes", "embedding table spill files, all PS shards", ["job", "table"])
 PROGRESSIVE_AUC = Gauge(
     "trillium_job_progressive_auc", "AUC of the latest samples, each scored before it was trained on", ["job"]
 )
@@ -65,6 +66,7 @@ GAUGES = (
     KAFKA_LAG,
     TABLE_ROWS,
     TABLE_BYTES,
+    TABLE_DISK_BYTES,
     PROGRESSIVE_AUC,
     PROGRESSIVE_LOGLOSS,
     INPUT_LAG,
@@ -74,7 +76,7 @@ GAUGES = (
 )
 SERIES_POINTS = 20_000  # the latest points of a job's series (one a second while it trains)
 
-STAT_FIELDS = ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
+STAT_FIELDS = tuple(f.name for f in pb.TableStats.DESCRIPTOR.fields if f.name != "table")  # TableStats below
 # Throughput is measured over this window: long enough to smooth steps, short enough that
 # a pause shows as 0 within seconds.
 RATE_WINDOW_S = 5.0
@@ -87,6 +89,13 @@ class TableStats(BaseModel):
     evicted: int = 0
     expired: int = 0
     nan_grads_skipped: int = 0
+    # The disk tier (tables.X.memory_budget_gb): rows in RAM, rows and bytes on disk, looked-up
+    # ids read back from disk. Without one, every row is resident and the rest is 0.
+    resident_rows: int = 0
+    disk_rows: int = 0
+    disk_bytes: int = 0
+    disk_lookup_hits: int = 0
+    lookups: int = 0
 
 
 class ShardTables(BaseModel):
@@ -361,6 +370,7 @@ class Observer:
         for table, stats in view.tables.items():
             TABLE_ROWS.labels(job.id, table).set(stats.rows)
             TABLE_BYTES.labels(job.id, table).set(stats.memory_bytes)
+            TABLE_DISK_BYTES.labels(job.id, table).set(stats.disk_bytes)
 
     async def close(self) -> None:
         await self.kafka.close()

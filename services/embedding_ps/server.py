@@ -56,6 +56,11 @@ ROWS_APPLIED = Counter("trillium_ps_gradient_rows_applied_total", "embedding row
 GRADIENT_LAG = Gauge("trillium_ps_gradient_lag_messages", "gradient messages not yet applied", ["shard"])
 TABLE_ROWS = Gauge("trillium_ps_table_rows", "rows stored", ["shard", "table"])
 TABLE_BYTES = Gauge("trillium_ps_table_memory_bytes", "memory of a table", ["shard", "table"])
+TABLE_DISK_BYTES = Gauge("trillium_ps_table_disk_bytes", "bytes of a table's spill files", ["shard", "table"])
+TABLE_DISK_ROWS = Gauge("trillium_ps_table_disk_rows", "rows of a table on disk", ["shard", "table"])
+# What a shard reports of a table (proto TableStats): the store's stats, a disk tier's zero without one.
+TABLE_STAT_FIELDS = tuple(f.name for f in pb.TableStats.DESCRIPTOR.fields if f.name != "table")
+NO_DISK_TIER = {"disk_rows": 0, "disk_bytes": 0, "disk_lookup_hits": 0}
 
 
 class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
@@ -95,13 +100,7 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
         return pb.ShardStatsResponse(
             shard=self.ps.settings.index,
             tables=[
-                pb.TableStats(
-                    table=name,
-                    **{
-                        k: int(s[k])
-                        for k in ("rows", "memory_bytes", "admitted", "evicted", "expired", "nan_grads_skipped")
-                    },
-                )
+                pb.TableStats(table=name, **{k: int(s[k]) for k in TABLE_STAT_FIELDS})
                 for name, s in self.ps.table_stats().items()
             ],
         )
@@ -142,7 +141,13 @@ class EmbeddingPS(Service):
 
     def table_stats(self) -> dict[str, dict[str, Any]]:
         store = self.store
-        return {t: store.stats(t) for t in store.tables()} if store is not None else {}
+        if store is None:
+            return {}
+        stats = {t: store.stats(t) for t in store.tables()}
+        for s in stats.values():
+            if "disk_rows" not in s:
+                s.update(NO_DISK_TIER, resident_rows=s["rows"])
+        return stats
 
     def health(self) -> dict[str, Any]:
         stats = self.table_stats()
@@ -150,13 +155,12 @@ class EmbeddingPS(Service):
         for table, s in stats.items():
             TABLE_ROWS.labels(shard, table).set(s["rows"])
             TABLE_BYTES.labels(shard, table).set(s["memory_bytes"])
+            TABLE_DISK_BYTES.labels(shard, table).set(s["disk_bytes"])
+            TABLE_DISK_ROWS.labels(shard, table).set(s["disk_rows"])
         return {
             "shard": self.settings.index,
             "applied_messages": self.applied_messages,
-            "tables": {
-                t: {k: s[k] for k in ("rows", "memory_bytes", "admitted", "evicted", "expired")}
-                for t, s in stats.items()
-            },
+            "tables": {t: {k: s[k] for k in TABLE_STAT_FIELDS} for t, s in stats.items()},
         }
 
     async def _restore(self, job: JobRecord, store: trillium_native.EmbeddingStore) -> tuple[int | None, int]:
@@ -207,7 +211,7 @@ class EmbeddingPS(Service):
         self.store = None
         store = trillium_native.EmbeddingStore(threads=self.settings.threads)
         for name, table in config.tables.items():
-            store.create_table(name, **table.store_kwargs(config.training.seed))
+            store.create_table(name, **table.store_kwargs(config.training.seed), **table.tier_kwargs())
         position, last_step = await self._restore(job, store)
         self._applied = {rank: last_step for rank in range(ranks)}
         self._captures = {}

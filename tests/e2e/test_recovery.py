@@ -79,7 +79,9 @@ def _assert_exactly_once(view: dict, job: JobConfig) -> None:
         assert sum(r["epochs"][epoch]["label_sum"] for r in results) == pytest.approx(float(split.labels.sum()))
 
 
-def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str) -> dict:
+def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str, before_kill=None) -> dict:
+    """Kill `victim` once the job has a checkpoint (after `before_kill(client, job_id)`), then
+    follow the job to its end."""
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
@@ -87,6 +89,8 @@ def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str) -> dict:
         view = client.job(job_id)
         assert view["job"]["state"] == "running", view["job"]["error"]
         assert view["progress"]["samples"] < 0.7 * EPOCHS * 1000, "the job ran too far before the kill"
+        if before_kill is not None:
+            before_kill(client, job_id)
         os.kill(_pid(stack, victim), signal.SIGKILL)
         return client.follow(job_id, timeout_s=300)
     finally:
@@ -108,6 +112,28 @@ def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, vi
     else:
         assert len(recoveries) >= 1 and recoveries[0]["checkpoint_step"] >= EVERY_STEPS - 1
         assert "\n" not in recoveries[0]["cause"] and "debug_error_string" not in recoveries[0]["cause"]
+
+
+def test_a_job_whose_tables_are_mostly_on_disk_survives_a_ps_shard_killed(stack, sync_job, baseline, tmp_path) -> None:
+    """The disk tier under recovery: a RAM budget of a few rows a table (about 1 KiB a shard), the
+    rest spilled; the killed shard's replacement restores its checkpoint onto a tier again."""
+    spill = tmp_path / "spill"
+    tier = {"memory_budget_gb": 1e-6, "disk": str(spill)}
+    job = sync_job.model_copy(update={"tables": {n: t.model_copy(update=tier) for n, t in sync_job.tables.items()}})
+
+    def mostly_on_disk(client: CoordinatorClient, job_id: str) -> None:
+        for shard in client.tables(job_id)["shards"]:
+            for name, t in shard["tables"].items():
+                assert t["disk_rows"] > 2 * t["resident_rows"], (shard["shard"], name, t)
+                assert t["resident_rows"] + t["disk_rows"] == t["rows"]
+                assert t["disk_bytes"] > 0 and t["disk_lookup_hits"] > 0
+
+    view = _kill_after_a_checkpoint(stack, job, "embedding_ps-1", before_kill=mostly_on_disk)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    _assert_exactly_once(view, job)
+    assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002
+    assert len(view["job"]["recoveries"]) >= 1 and view["job"]["recoveries"][0]["checkpoint_step"] >= EVERY_STEPS - 1
+    assert list(spill.iterdir()) == []  # spill files are unlinked once open: the killed shard's are gone
 
 
 def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) -> None:

@@ -143,6 +143,12 @@ def test_unknown_key_names_the_field(raw, path, key, location) -> None:
         (lambda r: r["training"].pop("staleness_bound"), "training.staleness_bound\n  Field required"),
         (lambda r: r["training"].update(staleness_bound=-1), "greater than or equal to 0"),
         (lambda r: r.update(slots=[]), "at least 1 item"),
+        (lambda r: next(iter(r["tables"].values())).update(memory_budget_gb=1.0), "memory_budget_gb needs disk"),
+        (lambda r: next(iter(r["tables"].values())).update(disk="/ssd"), "disk needs memory_budget_gb"),
+        (
+            lambda r: next(iter(r["tables"].values())).update(memory_budget_gb=0, disk="/ssd"),
+            "memory_budget_gb\n  Input should be greater than 0",
+        ),
     ],
 )
 def test_cross_field_errors(raw, mutate, message) -> None:
@@ -168,6 +174,16 @@ def test_load_job_rejects_a_non_mapping(tmp_path: Path) -> None:
     path.write_text("- just\n- a list\n")
     with pytest.raises(ValueError, match="must be a YAML mapping"):
         load_job(path)
+
+
+def test_a_disk_tier_is_a_per_shard_budget_and_a_directory_apart_from_the_table(tmp_path: Path) -> None:
+    config = TableConfig.model_validate({"dim": 4, "memory_budget_gb": 0.5, "disk": str(tmp_path)})
+    assert config.tier_kwargs() == {"memory_budget_bytes": 1 << 29, "disk": str(tmp_path)}
+    assert "disk" not in config.store_kwargs(seed=1)  # what a row holds does not depend on where it is
+    assert TableConfig.model_validate({"dim": 4}).tier_kwargs() == {}
+    store = trillium_native.EmbeddingStore()
+    store.create_table("t", **config.store_kwargs(seed=5), **config.tier_kwargs())
+    assert store.table_config("t")["memory_budget_bytes"] == 1 << 29
 
 
 @pytest.mark.parametrize(

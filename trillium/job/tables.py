@@ -1,5 +1,5 @@
 """An embedding table on the parameter servers: its dim and storage, initializer, optimizer,
-admission policy and eviction (capacity, TTL)."""
+admission policy, eviction (capacity, TTL) and disk tier (a RAM budget, rows beyond it on disk)."""
 
 from __future__ import annotations
 
@@ -90,12 +90,28 @@ class TableConfig(Strict):
     capacity: PositiveInt | None = None  # rows kept per table (least recently used evicted)
     ttl_seconds: Annotated[int, Field(ge=1, lt=1 << 31)] | None = None  # evict rows idle this long
     ttl_updates: Annotated[int, Field(ge=1, le=1 << 31)] | None = None  # ... or this many updates
+    # The disk tier, both or neither: each PS shard keeps at most `memory_budget_gb` GiB of the
+    # table's rows in RAM (the most recently looked up) and spills the rest, with their optimizer
+    # state, to a file in the directory `disk` (a local SSD). Answers are those of the table all
+    # in RAM; rows on disk are read back when a lookup or update needs them.
+    memory_budget_gb: PositiveFloat | None = None
+    disk: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> TableConfig:
         if self.init_low > self.init_high:
             raise ValueError(f"init_low ({self.init_low}) must be <= init_high ({self.init_high})")
+        if (self.memory_budget_gb is None) != (self.disk is None):
+            given, missing = ("memory_budget_gb", "disk") if self.disk is None else ("disk", "memory_budget_gb")
+            raise ValueError(f"{given} needs {missing}: a disk tier is a RAM budget and a directory for the rest")
         return self
+
+    def tier_kwargs(self) -> dict[str, Any]:
+        """`create_table` keyword arguments of the table's disk tier on one PS shard (none without
+        one). Apart from `store_kwargs`: a tier changes where rows live, never what they hold."""
+        if self.memory_budget_gb is None:
+            return {}
+        return {"memory_budget_bytes": int(self.memory_budget_gb * (1 << 30)), "disk": self.disk}
 
     def store_kwargs(self, seed: int) -> dict[str, Any]:
         """Keyword arguments of `trillium_native.EmbeddingStore.create_table(name, **kwargs)`."""
