@@ -75,12 +75,27 @@ def test_to_tsv_formats_cells() -> None:
     [
         ({"vocab_sizes": [10] * 25}, "26 positive ints"),
         ({"zipf_exponent": 1.0}, "zipf_exponent"),
+        ({"zipf_exponent": -0.5}, "zipf_exponent"),
         ({"positive_rate": 1.0}, "positive_rate"),
     ],
 )
 def test_bad_arguments(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         PlantedModel.create(0, **kwargs)
+
+
+def test_an_exponent_below_one_reaches_the_tail_of_a_large_vocabulary() -> None:
+    """What a scale run materializes: 20k rows over a 100k-ID vocabulary reach ~18% of it
+    uniformly (1 - e^-0.2), less under a power law, and least under Criteo's 1.1."""
+    seen = {}
+    for a in (0.0, 0.5, 1.1):
+        blocks = PlantedModel.create(5, vocab_sizes=[100_000] * 26, zipf_exponent=a).sample(20_000)
+        ids = np.concatenate([b.categorical[:, 0] for b in blocks])
+        ids = ids[ids >= 0]
+        assert ids.max() < 100_000
+        seen[a] = len(np.unique(ids)) / 100_000
+    assert seen[0.0] == pytest.approx(1 - np.exp(-len(ids) / 100_000), abs=0.01)
+    assert seen[0.0] > seen[0.5] > 2 * seen[1.1]
 
 
 def test_tiny_job_data_is_what_its_comment_says(tmp_path: Path) -> None:

@@ -154,6 +154,16 @@ class SyntheticData(Strict):
     test_rows: Annotated[int, Field(ge=0)] = 0
     seed: int = 0
     vocab_sizes: Annotated[list[PositiveInt], Field(min_length=26, max_length=26)] | None = None
+    # Power law of ID popularity within a slot (density rank^-a; 0: uniform, below 1: a large
+    # vocabulary's tail is reached in few rows, as a scale run needs).
+    zipf_exponent: Annotated[float, Field(ge=0)] = 1.1
+
+    @field_validator("zipf_exponent")
+    @classmethod
+    def _not_one(cls, a: float) -> float:
+        if a == 1.0:
+            raise ValueError("zipf_exponent 1 has no power-law inverse CDF here: take 0.99 or 1.01")
+        return a
 
     def schema_columns(self) -> tuple[str, ...]:
         return PRESET_COLUMNS["synthetic"]

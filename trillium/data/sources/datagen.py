@@ -120,8 +120,8 @@ class PlantedModel:
         sizes = tuple(int(v) for v in (vocab_sizes or DEFAULT_VOCAB_SIZES))
         if len(sizes) != NUM_CATEGORICAL or min(sizes) < 1:
             raise ValueError(f"vocab_sizes must be {NUM_CATEGORICAL} positive ints, got {sizes}")
-        if zipf_exponent <= 1.0:
-            raise ValueError(f"zipf_exponent must be > 1, got {zipf_exponent}")
+        if zipf_exponent < 0.0 or zipf_exponent == 1.0:
+            raise ValueError(f"zipf_exponent must be >= 0 and not 1 (0: uniform), got {zipf_exponent}")
         if not 0.0 < positive_rate < 1.0:
             raise ValueError(f"positive_rate must be in (0, 1), got {positive_rate}")
         rng = _rng(seed, 0)
@@ -217,7 +217,8 @@ def generate_criteo(
             train and a test file made with one seed form a proper train/test pair.
         vocab_sizes: the vocabulary size of each of the 26 categorical slots (default
             `DEFAULT_VOCAB_SIZES`, 10^3..10^6).
-        zipf_exponent: power-law exponent (> 1) of ID popularity within a slot.
+        zipf_exponent: power-law exponent of ID popularity within a slot (>= 0 and not 1; 0 draws
+            IDs uniformly, below 1 reaches the tail of a large vocabulary in few rows).
         positive_rate: the target fraction of positive labels.
         missing_count_is_zero: a missing dense cell adds what a zero count does (default: nothing,
             which no model reading the file can tell from a zero count: its AUC ceiling is lower).

@@ -49,7 +49,9 @@ class SyntheticSource:
             return
         first, last = mine[0].first, mine[-1].last
         spec = Spec(name, CRITEO_COLUMNS, tuple(columns), CRITEO, None, split, 0)
-        model = PlantedModel.create(self._data.seed, vocab_sizes=self._data.vocab_sizes)
+        model = PlantedModel.create(
+            self._data.seed, vocab_sizes=self._data.vocab_sizes, zipf_exponent=self._data.zipf_exponent
+        )
         skipped = 0  # rows (lines) of the blocks before the share
         lines: LineChain | None = None
         i = 0
