@@ -12,7 +12,10 @@ Measures, for a table of `--rows` rows (default 10M):
   right after the single-threaded store measurement;
 * memory: process RSS delta after inserting `rows` rows of dim 64, divided by
   `rows * 64` (bytes per stored value), for rowwise Adagrad, element-wise
-  Adagrad and Adam, with fp32 and fp16 storage.
+  Adagrad and Adam, with fp32 and fp16 storage;
+* the disk tier: the same table with a RAM budget of `--hot` (10%) of its rows and the rest in
+  a spill file: RAM and disk bytes per value, and its lookup and update throughput against the
+  all-in-RAM table's (`disk_tier_lookup_vs_ram`, `disk_tier_update_vs_ram`).
 
 Every measurement runs in a fresh subprocess so runs do not contaminate each
 other. `python bench/embedding_store.py --json` prints one JSON object.
@@ -156,6 +159,58 @@ def worker_memory(spec: dict) -> dict:
     }
 
 
+def worker_tier(spec: dict) -> dict:
+    """The disk tier: a table of `rows` rows whose RAM budget holds `hot` of them, the rest in a
+    spill file. RAM bytes per value (RSS, as `worker_memory`), spill bytes per value, and lookup
+    and update throughput on the Zipf batches of `worker_throughput` (best of interleaved passes)."""
+    import tempfile
+
+    import numpy as np
+
+    import trillium_native as tn
+
+    rows, dim, batch = spec["rows"], spec["dim"], spec["batch"]
+    # RAM a resident row takes with a tier (native Layout::ram_row_bytes): id 8, fp32 weights,
+    # version 4, row-wise accumulator 4, LRU tick 4, index 8.
+    row_bytes = 8 + 4 * dim + 4 + 4 + 4 + 8
+    with tempfile.TemporaryDirectory(prefix="trillium-tier-", dir=spec.get("spill")) as spill:
+        store = tn.EmbeddingStore(threads=spec["threads"])
+        store.create_table("warm", 4)
+        store.lookup("warm", np.arange(1000, dtype=np.uint64))
+        store.drop_table("warm")
+        gc.collect()
+        before = rss_bytes()
+        budget = int(spec["hot"] * rows * row_bytes)
+        store.create_table("t", dim, optimizer=spec["optimizer"], lr=0.01, memory_budget_bytes=budget, disk=spill)
+        populate_s = populate(store, "t", rows)
+        gc.collect()
+        after = rss_bytes()
+        batches = zipf_batches(rows, batch, spec["batches"], seed=1234 + dim)
+        grads = np.random.default_rng(7).standard_normal((batch, dim), dtype=np.float32) * 1e-3
+        store.lookup("t", batches[0])
+        hits_before, lookups_before = store.stats("t")["disk_lookup_hits"], store.stats("t")["lookups"]
+        best = {"lookup": float("inf"), "update": float("inf")}
+        for _ in range(spec["repeats"]):
+            best["lookup"] = min(best["lookup"], timed_pass(lambda b: store.lookup("t", b), batches))
+            best["update"] = min(best["update"], timed_pass(lambda b: store.update("t", b, grads), batches))
+        st = store.stats("t")
+    values = rows * dim
+    total = spec["batches"] * batch
+    return {
+        "rows": rows,
+        "dim": dim,
+        "hot": spec["hot"],
+        "threads": spec["threads"],
+        "resident_rows": st["resident_rows"],
+        "ram_bytes_per_value": (after - before) / values,
+        "disk_bytes_per_value": st["disk_bytes"] / values,
+        "lookup_rows_per_s": total / best["lookup"],
+        "update_rows_per_s": total / best["update"],
+        "populate_rows_per_s": rows / populate_s,
+        "lookups_from_disk_frac": (st["disk_lookup_hits"] - hits_before) / max(st["lookups"] - lookups_before, 1),
+    }
+
+
 def run_worker(kind: str, spec: dict) -> dict:
     env = dict(os.environ)
     cmd = [sys.executable, os.path.abspath(__file__), "--_worker", kind, json.dumps(spec)]
@@ -176,12 +231,16 @@ def main() -> None:
     ap.add_argument("--threads", default=None, help="comma list (default: 1,<all cores>)")
     ap.add_argument("--optimizer", default="rowwise_adagrad", help="optimizer of the throughput tables")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-tier", action="store_true", help="leave out the disk tier's measurement")
+    ap.add_argument("--hot", type=float, default=0.1, help="share of the rows the disk tier's RAM budget holds")
+    ap.add_argument("--spill", default=None, help="the disk tier's directory [a temporary one]")
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args._worker:
         kind, spec = args._worker[0], json.loads(args._worker[1])
-        res = worker_throughput(spec) if kind == "throughput" else worker_memory(spec)
+        workers = {"throughput": worker_throughput, "memory": worker_memory, "tier": worker_tier}
+        res = workers[kind](spec)
         print(json.dumps(res))
         return
 
@@ -252,6 +311,29 @@ def main() -> None:
                 if not args.json:
                     print(json.dumps(r), file=sys.stderr)
         out["memory_details"] = mem
+
+    if not args.skip_tier:
+        # Beside the all-in-RAM table of the same dim, optimizer and thread count measured above.
+        ram = pick(main_dim, 1) or pick(main_dim, threads[0])
+        spec = {
+            "rows": args.rows,
+            "dim": main_dim,
+            "threads": ram["threads"],
+            "batch": args.batch,
+            "batches": args.batches,
+            "repeats": args.repeats,
+            "optimizer": args.optimizer,
+            "hot": args.hot,
+            "spill": args.spill,
+        }
+        tier = run_worker("tier", spec)
+        out["disk_tier"] = tier
+        out["disk_tier_lookup_vs_ram"] = round(tier["lookup_rows_per_s"] / ram["lookup_rows_per_s"], 3)
+        out["disk_tier_update_vs_ram"] = round(tier["update_rows_per_s"] / ram["update_rows_per_s"], 3)
+        out["disk_tier_ram_bytes_per_value"] = round(tier["ram_bytes_per_value"], 3)
+        out["disk_tier_disk_bytes_per_value"] = round(tier["disk_bytes_per_value"], 3)
+        if not args.json:
+            print(json.dumps(tier), file=sys.stderr)
 
     checks = {}
     for k, (op, target) in TARGETS.items():

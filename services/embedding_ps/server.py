@@ -94,6 +94,8 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
                 flat, dims = lookup()
             except (KeyError, ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except OSError as err:  # a table's disk tier failed (a full disk): the shard's next update fails it too
+                await context.abort(grpc.StatusCode.INTERNAL, str(err))
         return pb.ShardLookupResponse(rows=pb.Array(data=codec.pack_array(flat)), dims=dims)
 
     async def Stats(self, request: pb.ShardStatsRequest, context: grpc.aio.ServicerContext) -> pb.ShardStatsResponse:

@@ -1,0 +1,232 @@
+"""Whole-stack scale run: a synthetic Criteo-layout job trained by the full local stack (2 PS
+shards, 2 NN ranks, 1 embedding worker) until its tables hold a target number of materialized
+parameters, once with the disk tier and once all in RAM, and the same job at 1/100 of the size.
+
+    python bench/scale.py --json                            # 1.3e8 parameters (a few minutes)
+    python bench/scale.py --params 1e10 --spill /mnt/ssd    # the issue's sizes (hours; see below)
+
+The job: 26 slots, a table each, `--dim` (64) values a row in fp16 with row-wise Adagrad, the
+fp16 wire. Each slot's vocabulary is params / (26 × dim) IDs drawn by a power law of exponent
+`--zipf` (0.5: the tail is reached, as a scale run needs, and popular IDs still repeat); one
+epoch of 2.5 × the vocabulary's rows materializes about 80% of it (what the run reports is what
+the PS shards hold, not the target). The disk-tier run keeps `--hot` (10%) of each shard's final
+rows in RAM (`tables.X.memory_budget_gb`) and spills the rest under `--spill`.
+
+Reported, per run: parameters materialized, the samples/s while the tables held 10%, 50% and
+100% of what the run ended with (±5% of it), every PS shard's RSS and spill bytes, the
+looked-up IDs read from RAM and from disk, the broker's data, the run's wall time, and the test
+AUC against the job at 1/100 of the size (same model and rows per ID, so it must not be worse).
+Keys the issue names: `max_params_ram`, `max_params_disk`, `disk_vs_ram_samples_per_sec` (the
+disk run's samples/s at 10% of its size over the RAM run's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from trillium import stack
+from trillium.config import StackTopology
+from trillium.job import JobConfig
+from trillium.stack.client import CoordinatorClient
+
+TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1)
+SLOTS = 26
+ROWS_PER_VOCAB = 2.5  # train rows per ID of one slot's vocabulary
+# RAM of a resident row at dim 64, fp16, row-wise Adagrad with a tier's LRU tick (native
+# Layout::ram_row_bytes: id 8, weights 128, version 4, accumulator 4, tick 4, index 8).
+RAM_ROW_BYTES_DIM64 = 156
+
+
+def scale_job(params: float, dim: int, zipf: float, tier: dict[str, Any] | None, seed: int) -> JobConfig:
+    vocab = max(int(params / (SLOTS * dim)), 10)
+    table = {"dim": dim, "dtype": "fp16", "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}, **(tier or {})}
+    return JobConfig.model_validate(
+        {
+            "name": "scale",
+            "data": {
+                "source": "synthetic",
+                "rows": int(vocab * ROWS_PER_VOCAB),
+                "test_rows": max(int(vocab * ROWS_PER_VOCAB) // 10, 2000),
+                "seed": seed,
+                "vocab_sizes": [vocab] * SLOTS,
+                "zipf_exponent": zipf,
+            },
+            "slots": [{"name": f"c{i}", "column": f"C{i}", "table": f"c{i}"} for i in range(1, SLOTS + 1)],
+            "tables": {f"c{i}": table for i in range(1, SLOTS + 1)},
+            "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
+            "label": {"column": "label", "positive": "1", "negative": "0"},
+            "model": {
+                "cls": "trillium.models:DNN",
+                "kwargs": {"num_dense": 13, "embedding_dims": [dim] * SLOTS, "hidden": [128, 64]},
+            },
+            "training": {
+                "batch_size": 512,
+                "epochs": 1,
+                "staleness_bound": 4,
+                "dense_optimizer": {"name": "sgd", "lr": 0.1},
+                "seed": 0,
+                "eval_batch_size": 4096,
+                "wire_dtype": "fp16",
+            },
+            "topology": TOPOLOGY.model_dump(include={"nn_ranks", "ps_shards", "embedding_workers"}),
+        }
+    )
+
+
+def _rss(run_dir: Path) -> dict[str, int]:
+    out = {}
+    for proc in stack.read_state(run_dir)["processes"]:
+        if proc["role"] == "embedding_ps" and proc.get("pid"):
+            for line in Path(f"/proc/{proc['pid']}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out[proc["name"]] = int(line.split()[1]) * 1024
+    return out
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _rate_at(points: list[tuple[float, int, int]], params: int, final: int) -> float | None:
+    """Samples/s while the tables grew from `params` less 5% of `final` to `params` plus 5% of it
+    (clipped to what they ended with): the speed at that size, start-up and the end's slow growth
+    left out."""
+    lo, hi = max(params - final // 20, 0), min(params + final // 20, final)
+    inside = [p for p in points if lo <= p[2] <= hi]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
+    """Train `job` to its end, reading the job view and its tables twice a second."""
+    dim = next(iter(job.tables.values())).dim
+    client = CoordinatorClient.for_stack(run_dir)
+    points: list[tuple[float, int, int]] = []  # (seconds, samples trained, parameters held)
+    last_tables: dict[str, Any] = {}
+    rss_max: dict[str, int] = {}
+    started = time.monotonic()
+    try:
+        job_id = client.submit(job)["id"]
+        while True:
+            view = client.job(job_id)
+            if view["job"]["state"] in ("finished", "failed", "cancelled"):
+                break
+            if view["job"]["state"] == "running":
+                try:
+                    last_tables = client.tables(job_id)
+                except Exception:  # noqa: BLE001 (a shard still setting up: the next read will do)
+                    pass
+                else:
+                    held = sum(t["rows"] for t in last_tables["tables"].values()) * dim
+                    points.append((time.monotonic() - started, view["progress"]["samples"], held))
+                for name, rss in _rss(run_dir).items():
+                    rss_max[name] = max(rss_max.get(name, 0), rss)
+            time.sleep(0.5)
+        if view["job"]["state"] != "finished":
+            raise RuntimeError(f"the {job.name} job {view['job']['state']}: {view['job']['error']}")
+        # After training: evaluation reads the tables without changing them.
+        tables = last_tables["tables"]
+    finally:
+        client.close()
+    params = sum(t["rows"] for t in tables.values()) * dim
+    lookups = sum(t["lookups"] for t in tables.values())
+    from_disk = sum(t["disk_lookup_hits"] for t in tables.values())
+    return {
+        "params_materialized": params,
+        "samples_trained": view["progress"]["samples"],
+        "seconds": round(time.monotonic() - started, 1),
+        "samples_per_sec_at": {
+            f"{int(f * 100)}%": round(r) if (r := _rate_at(points, int(f * params), params)) is not None else None
+            for f in (0.1, 0.5, 1.0)
+        },
+        "auc": view["job"]["metrics"].get("auc"),
+        "ps_rss_bytes_max": rss_max,
+        "ps_shards": [
+            {
+                "shard": s["shard"],
+                "rows": sum(t["rows"] for t in s["tables"].values()),
+                "resident_rows": sum(t["resident_rows"] for t in s["tables"].values()),
+                "memory_bytes": sum(t["memory_bytes"] for t in s["tables"].values()),
+                "disk_bytes": sum(t["disk_bytes"] for t in s["tables"].values()),
+            }
+            for s in last_tables["shards"]
+        ],
+        "lookups": lookups,
+        "lookups_from_ram": lookups - from_disk,
+        "lookups_from_disk": from_disk,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+    parser.add_argument("--params", type=float, default=1.3e8, help="target parameters of each run [1.3e8]")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--zipf", type=float, default=0.5, help="ID popularity exponent (0: uniform) [0.5]")
+    parser.add_argument("--hot", type=float, default=0.1, help="share of a shard's rows the RAM budget holds [0.1]")
+    parser.add_argument("--spill", type=Path, default=None, help="the disk tier's directory [a temporary one]")
+    parser.add_argument("--skip-ram", action="store_true", help="only the disk-tier run (and the small one)")
+    args = parser.parse_args()
+    if args.dim != 64:
+        parser.error("--dim: the RAM budget is sized for dim 64 rows (RAM_ROW_BYTES_DIM64)")
+    rows_per_shard_table = args.params / (args.dim * SLOTS * TOPOLOGY.ps_shards)
+    budget_gb = args.hot * rows_per_shard_table * RAM_ROW_BYTES_DIM64 / (1 << 30)
+    with tempfile.TemporaryDirectory(prefix="trillium-scale-") as tmp:
+        run_dir = Path(tmp) / "stack"
+        spill = args.spill or Path(tmp) / "spill"
+        tier = {"memory_budget_gb": budget_gb, "disk": str(spill)}
+        stack.up(run_dir, TOPOLOGY)
+        result: dict[str, Any] = {
+            "machine_cores": os.cpu_count(),
+            "topology": TOPOLOGY.model_dump(),
+            "target_params": args.params,
+            "dim": args.dim,
+            "zipf_exponent": args.zipf,
+            "memory_budget_gb_per_table_and_shard": budget_gb,
+        }
+        try:
+            print("[scale] the job at 1/100 of the size", file=sys.stderr)
+            result["small"] = run(run_dir, scale_job(args.params / 100, args.dim, args.zipf, None, seed=3))
+            # The disk tier first: the PS processes keep their heap's high-water mark from job to
+            # job, so the all-in-RAM run's would be read as the tier's RSS.
+            print(f"[scale] {args.params:.3g} parameters with the disk tier", file=sys.stderr)
+            result["disk"] = run(run_dir, scale_job(args.params, args.dim, args.zipf, tier, seed=3))
+            if not args.skip_ram:
+                print(f"[scale] {args.params:.3g} parameters all in RAM", file=sys.stderr)
+                result["ram"] = run(run_dir, scale_job(args.params, args.dim, args.zipf, None, seed=3))
+            result["broker_data_bytes"] = _du(run_dir / "kafka")
+        finally:
+            stack.down(run_dir)
+            shutil.rmtree(spill, ignore_errors=True)
+    disk = result["disk"]
+    result["max_params_disk"] = disk["params_materialized"]
+    result["disk_auc_minus_small_auc"] = disk["auc"] - result["small"]["auc"]
+    result["disk_spill_bytes"] = sum(s["disk_bytes"] for s in disk["ps_shards"])
+    if "ram" in result:
+        ram = result["ram"]
+        result["max_params_ram"] = ram["params_materialized"]
+        result["ram_auc_minus_small_auc"] = ram["auc"] - result["small"]["auc"]
+        at = "10%"
+        if disk["samples_per_sec_at"][at] and ram["samples_per_sec_at"][at]:
+            result["disk_vs_ram_samples_per_sec"] = disk["samples_per_sec_at"][at] / ram["samples_per_sec_at"][at]
+    result["targets"] = {
+        "max_params_ram >= 1e10": result.get("max_params_ram", 0) >= 1e10,
+        "max_params_disk >= 2e10": result["max_params_disk"] >= 2e10,
+        "disk_vs_ram_samples_per_sec >= 0.5": result.get("disk_vs_ram_samples_per_sec", 0) >= 0.5,
+        "AUC at full size >= AUC at 1/100": result["disk_auc_minus_small_auc"] >= 0
+        and result.get("ram_auc_minus_small_auc", 0) >= 0,
+    }
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
