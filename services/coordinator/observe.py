@@ -39,7 +39,9 @@ KAFKA_LAG = Gauge(
 )
 TABLE_ROWS = Gauge("trillium_job_table_rows", "embedding rows, all PS shards", ["job", "table"])
 TABLE_BYTES = Gauge("trillium_job_table_memory_bytes", "embedding table memory, all PS shards", ["job", "table"])
-TABLE_DISK_BYTES = Gauge("trillium_job_table_disk_bytes", "embedding table spill files, all PS shards", ["job", "table"])
+TABLE_DISK_BYTES = Gauge(
+    "trillium_job_table_disk_bytes", "embedding table spill files, all PS shards", ["job", "table"]
+)
 PROGRESSIVE_AUC = Gauge(
     "trillium_job_progressive_auc", "AUC of the latest samples, each scored before it was trained on", ["job"]
 )
