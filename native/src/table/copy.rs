@@ -69,9 +69,7 @@ impl<W: Elem> Shard<W> {
             }
         }
         if let Some(tier) = &mut self.tier {
-            for c in &mut tier.cold {
-                c.utick = c.utick.wrapping_add(d);
-            }
+            tier.shift_update_batches(d);
         }
     }
 

@@ -62,7 +62,7 @@ impl<W: Elem> Shard<W> {
                 let age = if l.has_lru { sh.tick.wrapping_sub(sh.chunks[c].lru[o]) } else { 0 };
                 (ttl && sh.expired(ctx, s), age)
             } else {
-                let c = &sh.tier.as_ref().expect("tier").cold[v - sh.high];
+                let c = sh.tier.as_ref().expect("tier").at(v - sh.high);
                 (ttl && Self::expired_stamps(ctx, c.utime, c.utick), sh.tick.wrapping_sub(c.lru))
             }
         };

@@ -60,7 +60,7 @@ pub use counters::{Counters, Local, COUNTER_NAMES};
 pub use evict::{EVICTION_SAMPLES, EXACT_LRU_MAX_ROWS};
 pub use shard::{init_values, Shard};
 pub use sketch::Sketch;
-pub use spill::{Cold, Tier};
+pub use spill::{Cold, ColdColumns, Tier};
 
 /// Per-call context shared by all shard tasks of one batched operation.
 pub struct Ctx<'a> {
@@ -258,11 +258,14 @@ impl Table {
         if let (Some(budget), Some(dir)) = (cfg.memory_budget_bytes, &cfg.disk) {
             let rows = budget / layout.ram_row_bytes(cfg.dtype.size()) as u64;
             let rec = spill::record_bytes(&layout, cfg.dtype.size());
+            // What a cold row keeps in RAM beyond its id, record slot and version: what capacity
+            // eviction (its LRU tick) and TTL (its stamps) decide on without reading it.
+            let keep = ColdColumns { lru: cfg.capacity.is_some(), utime: layout.has_utime, utick: layout.has_utick };
             with_shards!(&mut shards, s => {
                 for (i, sh) in s.iter_mut().enumerate() {
                     let share = rows / n as u64 + ((i as u64) < rows % n as u64) as u64;
                     let budget = share.min(usize::MAX as u64) as usize;
-                    let tier = Tier::create(std::path::Path::new(dir), &cfg.name, i, rec, budget, tier_failed.clone())
+                    let tier = Tier::create(std::path::Path::new(dir), &cfg.name, i, rec, budget, keep, tier_failed.clone())
                         .map_err(|e| crate::config::StoreError::Io(std::io::Error::new(
                             e.kind(),
                             format!("table {:?}: cannot create its spill file in {dir}: {e}", cfg.name),

@@ -5,10 +5,13 @@
 //!
 //! A cold row is a fixed-size record in the file — the id, the weights in the storage
 //! dtype, the element-wise optimizer state, the row-wise accumulator and the Adam step
-//! count where the table keeps them — at `fslot * rec_bytes`; the file's free record slots
-//! are reused (LIFO), so the file is as large as the most rows ever cold at once. What the
-//! shard decides on without reading a row — its version, LRU tick and TTL stamps — stays in
-//! RAM in a `Cold` (32 bytes plus the `id -> index` map's entry).
+//! count where the table keeps them, and its LRU tick — at `fslot * rec_bytes`; the file's
+//! free record slots are reused (LIFO), so the file is as large as the most rows ever cold
+//! at once. What the shard decides on without reading a row stays in RAM, in columns by
+//! cold index: the id, the record slot and the version (20 bytes), the LRU tick where
+//! capacity eviction needs it, the TTL stamps where the table has a TTL, and a 4-byte bucket
+//! of an `id -> cold index` hash index (the shard's own `Index`, verified against the ids
+//! column): about 25 bytes a cold row.
 //!
 //! Spilled is not evicted: the shard's row count, capacity eviction (the candidates are
 //! resident and cold rows alike, see evict.rs), TTL, versions, `export_delta`, captures,
@@ -24,7 +27,6 @@
 //! the table and the file. A capture or dump that cannot read a cold row fails instead of
 //! writing a snapshot without it.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -35,22 +37,32 @@ use parking_lot::Mutex;
 
 use crate::elem::Elem;
 use crate::hash::internal_hash;
+use crate::index::Index;
 
 use super::{Ctx, Layout, RowColumns, RowState, Shard};
 
 /// Rows per block when cold rows are read for a snapshot.
 const COLD_BLOCK_ROWS: usize = 4096;
 
-/// A cold row's bookkeeping in RAM.
+/// A cold row's bookkeeping, as the tier hands it out (built from its columns).
 #[derive(Clone, Copy, Debug)]
 pub struct Cold {
     pub id: u64,
     pub version: u64,
     /// Record slot in the spill file.
     pub fslot: u32,
+    /// LRU tick: kept in RAM only for capacity eviction (else 0 here; the record has it).
     pub lru: u32,
     pub utime: u32,
     pub utick: u32,
+}
+
+/// Which optional columns a tier keeps in RAM (those its table's decisions read).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ColdColumns {
+    pub lru: bool,
+    pub utime: bool,
+    pub utick: bool,
 }
 
 /// One internal shard's spill file and its cold rows.
@@ -61,8 +73,16 @@ pub struct Tier {
     /// Resident rows allowed; `low`: what a spill goes down to.
     pub budget: usize,
     low: usize,
-    pub cold: Vec<Cold>,
-    map: HashMap<u64, u32>,
+    keep: ColdColumns,
+    // The cold rows' columns, by cold index (a removed row's place takes the last row).
+    ids: Vec<u64>,
+    fslots: Vec<u32>,
+    versions: Vec<u64>,
+    lru: Vec<u32>,
+    utime: Vec<u32>,
+    utick: Vec<u32>,
+    /// `id -> cold index`.
+    index: Index,
     free: Vec<u32>,
     /// Record slots in the file.
     high: u32,
@@ -75,11 +95,21 @@ pub struct Tier {
     pub lookup_hits: AtomicU64,
 }
 
+/// Push onto a column growing by an eighth, not doubling: a tier's columns are most of
+/// its RAM, and a doubled Vec's slack would be up to half of it.
+#[inline]
+fn push<T>(v: &mut Vec<T>, x: T) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 8).max(64));
+    }
+    v.push(x);
+}
+
 static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 
-/// Bytes of one record: id, weights, state, accumulator, step count.
+/// Bytes of one record: id, weights, state, accumulator, step count, LRU tick.
 pub fn record_bytes(l: &Layout, elem_size: usize) -> usize {
-    8 + l.dim * elem_size + l.state_dim * 4 + 4 * (l.has_acc as usize + l.has_steps as usize)
+    8 + l.dim * elem_size + l.state_dim * 4 + 4 * (l.has_acc as usize + l.has_steps as usize) + 4
 }
 
 impl Tier {
@@ -91,6 +121,7 @@ impl Tier {
         shard: usize,
         rec_bytes: usize,
         budget: usize,
+        keep: ColdColumns,
         flag: Arc<AtomicBool>,
     ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
@@ -107,8 +138,14 @@ impl Tier {
             rec_bytes,
             budget,
             low: budget - budget / 8,
-            cold: Vec::new(),
-            map: HashMap::new(),
+            keep,
+            ids: Vec::new(),
+            fslots: Vec::new(),
+            versions: Vec::new(),
+            lru: Vec::new(),
+            utime: Vec::new(),
+            utick: Vec::new(),
+            index: Index::default(),
             free: Vec::new(),
             high: 0,
             failed: Mutex::new(None),
@@ -121,18 +158,48 @@ impl Tier {
 
     #[inline]
     pub fn len(&self) -> usize {
-        self.cold.len()
+        self.ids.len()
     }
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.cold.is_empty()
+        self.ids.is_empty()
+    }
+    /// The cold index of `id`, if its row is cold.
+    #[inline]
+    fn find(&self, id: u64) -> Option<usize> {
+        if self.ids.is_empty() {
+            return None;
+        }
+        self.index.find(id, internal_hash(id), |i| self.ids[i as usize]).map(|i| i as usize)
     }
     #[inline]
     pub fn contains(&self, id: u64) -> bool {
-        !self.map.is_empty() && self.map.contains_key(&id)
+        self.find(id).is_some()
     }
-    pub fn get(&self, id: u64) -> Option<&Cold> {
-        self.map.get(&id).map(|&i| &self.cold[i as usize])
+    pub fn get(&self, id: u64) -> Option<Cold> {
+        self.find(id).map(|i| self.at(i))
+    }
+    /// Cold row `i` (`0..len()`).
+    pub fn at(&self, i: usize) -> Cold {
+        Cold {
+            id: self.ids[i],
+            version: self.versions[i],
+            fslot: self.fslots[i],
+            lru: self.lru.get(i).copied().unwrap_or(0),
+            utime: self.utime.get(i).copied().unwrap_or(0),
+            utick: self.utick.get(i).copied().unwrap_or(0),
+        }
+    }
+    /// Cold row `i`'s version and TTL stamps (what a filter or a sweep reads).
+    #[inline]
+    pub fn version_at(&self, i: usize) -> u64 {
+        self.versions[i]
+    }
+    /// Add `d` to every cold row's last-update batch (see `Shard::shift_update_batches`).
+    pub fn shift_update_batches(&mut self, d: u32) {
+        for t in &mut self.utick {
+            *t = t.wrapping_add(d);
+        }
     }
     /// Bytes of the spill file (every record slot, free ones included).
     pub fn file_bytes(&self) -> u64 {
@@ -140,7 +207,11 @@ impl Tier {
     }
     /// RAM held by the cold rows' bookkeeping.
     pub fn memory_bytes(&self) -> usize {
-        self.cold.capacity() * std::mem::size_of::<Cold>() + self.map.capacity() * 13 + self.free.capacity() * 4
+        self.ids.capacity() * 8
+            + self.versions.capacity() * 8
+            + (self.fslots.capacity() + self.lru.capacity() + self.utime.capacity() + self.utick.capacity()) * 4
+            + self.index.memory_bytes()
+            + self.free.capacity() * 4
     }
     /// Why the tier failed, if it did (sticky).
     pub fn error(&self) -> Option<String> {
@@ -171,7 +242,7 @@ impl Tier {
     }
 
     /// Write the record `buf` of row `c` to a free record slot and make the row cold.
-    fn put(&mut self, buf: &[u8], mut c: Cold) -> Result<(), String> {
+    fn put(&mut self, buf: &[u8], c: Cold) -> Result<(), String> {
         let fslot = match self.free.pop() {
             Some(s) => s,
             None => self.high,
@@ -186,21 +257,48 @@ impl Tier {
             self.high += 1;
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
-        c.fslot = fslot;
-        self.map.insert(c.id, self.cold.len() as u32);
-        self.cold.push(c);
+        let i = self.ids.len();
+        if self.index.needs_rebuild(i + 1) {
+            let ids = &self.ids;
+            self.index.rebuild(i + 1, i + 1, (0..i).map(|k| (k as u32, internal_hash(ids[k]))));
+        }
+        self.index.insert_new(i as u32, internal_hash(c.id));
+        push(&mut self.ids, c.id);
+        push(&mut self.fslots, fslot);
+        push(&mut self.versions, c.version);
+        if self.keep.lru {
+            push(&mut self.lru, c.lru);
+        }
+        if self.keep.utime {
+            push(&mut self.utime, c.utime);
+        }
+        if self.keep.utick {
+            push(&mut self.utick, c.utick);
+        }
         Ok(())
     }
 
-    /// Forget cold row `i` (its record slot becomes free).
+    /// Forget cold row `i` (its record slot becomes free; the last row takes its index).
     pub fn remove_at(&mut self, i: usize) -> Cold {
-        let c = self.cold.swap_remove(i);
-        self.map.remove(&c.id);
-        if let Some(m) = self.cold.get(i) {
-            self.map.insert(m.id, i as u32);
+        let c = self.at(i);
+        let last = self.ids.len() - 1;
+        let Tier { index, ids, .. } = self;
+        index.remove(i as u32, internal_hash(c.id), |k| internal_hash(ids[k as usize]));
+        if i != last {
+            let moved = ids[last];
+            index.remove(last as u32, internal_hash(moved), |k| internal_hash(ids[k as usize]));
+            index.insert_new(i as u32, internal_hash(moved));
+        }
+        self.ids.swap_remove(i);
+        self.fslots.swap_remove(i);
+        self.versions.swap_remove(i);
+        for col in [&mut self.lru, &mut self.utime, &mut self.utick] {
+            if !col.is_empty() {
+                col.swap_remove(i);
+            }
         }
         self.free.push(c.fslot);
-        if self.cold.is_empty() {
+        if self.ids.is_empty() {
             // Nothing cold: the file starts over (and gives its space back).
             self.free.clear();
             self.high = 0;
@@ -211,8 +309,8 @@ impl Tier {
 
     /// Remove `id`'s cold row, if it has one.
     pub fn take(&mut self, id: u64) -> Option<Cold> {
-        let i = *self.map.get(&id)?;
-        Some(self.remove_at(i as usize))
+        let i = self.find(id)?;
+        Some(self.remove_at(i))
     }
 }
 
@@ -268,7 +366,9 @@ impl<W: Elem> Shard<W> {
         }
         if l.has_steps {
             buf[at..at + 4].copy_from_slice(&ch.steps[o].to_le_bytes());
+            at += 4;
         }
+        buf[at..at + 4].copy_from_slice(&ch.lru[o].to_le_bytes());
     }
 
     /// Bring the cold rows among `ids` back into RAM, reading their records in file order;
@@ -317,10 +417,11 @@ impl<W: Elem> Shard<W> {
             }
             if let Some(s) = r.step {
                 *s = u32_at(b, at);
+                at += 4;
             }
             *r.version = version;
             if let Some(t) = r.lru {
-                *t = c.lru;
+                *t = u32_at(b, at);
             }
             if let Some(t) = r.utime {
                 *t = c.utime;
@@ -414,7 +515,8 @@ impl<W: Elem> Shard<W> {
         mut f: impl FnMut(&RowColumns<W>) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
         let Some(tier) = &self.tier else { return Ok(()) };
-        let mut which: Vec<&Cold> = tier.cold.iter().filter(|c| c.version >= since).collect();
+        let mut which: Vec<Cold> =
+            (0..tier.len()).filter(|&i| tier.version_at(i) >= since).map(|i| tier.at(i)).collect();
         which.sort_unstable_by_key(|c| c.fslot);
         let mut buf = vec![0u8; tier.rec_bytes];
         let mut blk = RowColumns::default();
@@ -456,7 +558,7 @@ impl<W: Elem> Shard<W> {
         let mut buf = vec![0u8; tier.rec_bytes];
         tier.read(c.fslot, &mut buf).ok()?;
         let mut blk = RowColumns::default();
-        self.push_cold(l, c, &buf, &mut blk);
+        self.push_cold(l, &c, &buf, &mut blk);
         let mut w = vec![0f32; l.dim];
         W::load_row(&blk.weights, &mut w);
         Some(RowState {
@@ -488,8 +590,8 @@ impl<W: Elem> Shard<W> {
         let Some(tier) = self.tier.as_mut() else { return 0 };
         let mut n = 0;
         let mut i = 0;
-        while i < tier.cold.len() {
-            let c = tier.cold[i];
+        while i < tier.len() {
+            let c = tier.at(i);
             if Self::expired_stamps(ctx, c.utime, c.utick) {
                 tier.remove_at(i);
                 n += 1;
