@@ -245,3 +245,62 @@ def test_sampled_eviction_counts_cold_rows_against_the_capacity(tmp_path):
     st_ = s.stats("a")
     assert st_["rows"] == 500 and st_["resident_rows"] <= 50 and st_["disk_rows"] >= 450
     assert st_["admitted"] - st_["evicted"] == 500
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_capture_pins_its_rows_on_disk_while_training_goes_on(tmp_path, dtype):
+    """A capture of a table mostly on disk copies no cold row into RAM, yet writes every row as it
+    was at the capture, although training meanwhile read each one back, updated it and spilled it
+    again (to other record slots): its checkpoint, its delta and its values file are the all-in-RAM
+    table's."""
+    dim, universe = 64, 2000
+    cfg = dict(dim=dim, optimizer="adam", dtype=dtype, lr=0.05, seed=3)
+    ram, disk = make(cfg, 4), make(cfg, 4, dict(memory_budget_bytes=100 * 900, disk=str(tmp_path / "tier")))
+    ids = np.arange(universe, dtype=np.uint64)
+    g = (np.random.default_rng(1).standard_normal((universe, dim)) * 0.1).astype(np.float32)
+
+    def train(k: int, subset: slice = slice(None)) -> None:
+        # In batches well under the RAM budget, as steps are: the resident chunks stay small.
+        for batch in np.array_split(np.arange(universe)[subset], 40):
+            for s in (ram, disk):
+                s.lookup("t", ids[batch])
+                s.update("t", ids[batch], g[batch] * (k + 1))
+
+    train(0)
+    base = {"ram": ram.capture(), "disk": disk.capture()}
+    train(1, slice(0, universe, 3))  # a third of the rows changed: the delta's
+    at_capture = all_state(ram, "t", range(universe))
+    full = {"ram": ram.capture(), "disk": disk.capture()}
+    delta = {"ram": ram.capture(since=base["ram"].mark), "disk": disk.capture(since=base["disk"].mark)}
+    assert disk.stats("t")["disk_rows"] > 0.9 * universe
+    assert full["disk"].memory_bytes < full["ram"].memory_bytes / 4  # no cold row's values copied
+    assert delta["disk"].rows == delta["ram"].rows == len(range(0, universe, 3))
+    for k in (2, 3, 4):
+        train(k)  # every row read back, updated and spilled again
+    for kind in ("ram", "disk"):
+        base[kind].write(tmp_path / f"{kind}.base")
+        full[kind].write(tmp_path / f"{kind}.full")
+        delta[kind].write(tmp_path / f"{kind}.delta")
+        full[kind].write_values(tmp_path / f"{kind}.values", "fp32")
+        for restored in (make(cfg, 4, dict(memory_budget_bytes=100 * 300, disk=str(tmp_path / "again"))), make(cfg, 2)):
+            restored.load(tmp_path / f"{kind}.full")
+            assert_state_equal(all_state(restored, "t", range(universe)), at_capture, skip=())
+        chained = make(cfg, 4)
+        chained.load(tmp_path / f"{kind}.base")
+        chained.load(tmp_path / f"{kind}.delta")
+        assert_state_equal(all_state(chained, "t", range(universe)), at_capture, skip=())
+    served = {}
+    for kind in ("ram", "disk"):
+        tables = tn.ServingTables({"t": dim}, shards=1, dtype="fp32", threads=1)
+        tables.apply([(0, tmp_path / f"{kind}.values")], version=1)
+        served[kind] = tables.lookup([("t", ids)])[0][0]
+    np.testing.assert_array_equal(served["disk"], served["ram"])
+    expected = np.stack([at_capture[int(i)]["weights"] for i in ids]).astype(np.float32)
+    np.testing.assert_array_equal(served["disk"], expected)
+    # Released, the copies unpin the file: the records set aside are reused, the file stops growing.
+    for c in (*base.values(), *full.values(), *delta.values()):
+        c.release()
+    grown = disk.stats("t")["disk_bytes"]
+    train(5)
+    train(6)
+    assert disk.stats("t")["disk_bytes"] <= grown

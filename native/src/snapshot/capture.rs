@@ -23,25 +23,30 @@ use crate::config::TableConfig;
 use crate::elem::Elem;
 use crate::mem::Arena;
 use crate::store::{now_secs, Store};
-use crate::table::{Layout, RowColumns, Shard, ShardCopy, Shards, Table};
+use crate::table::{ChangedCopy, ColdCopy, Layout, RowColumns, Shard, ShardCopy, Shards, Table};
 
-/// A table's copied rows: every shard whole, or only the rows changed since a mark.
+/// A table's copied rows: every shard whole, or only the rows changed since a mark (the
+/// changed rows in RAM copied, and those of a disk tier pinned in its files).
 pub(super) enum Copied<W: Elem> {
     Whole(Vec<ShardCopy<W>>),
-    Changed(Vec<RowColumns<W>>),
+    Changed(Vec<RowColumns<W>>, Vec<ColdCopy>),
 }
 
 impl<W: Elem> Copied<W> {
     pub(super) fn rows(&self) -> u64 {
         match self {
             Copied::Whole(s) => s.iter().map(|c| c.rows as u64).sum(),
-            Copied::Changed(b) => b.iter().map(|b| b.len() as u64).sum(),
+            Copied::Changed(b, cold) => {
+                b.iter().map(|b| b.len() as u64).sum::<u64>() + cold.iter().map(|c| c.len() as u64).sum::<u64>()
+            }
         }
     }
     fn memory_bytes(&self) -> usize {
         match self {
             Copied::Whole(s) => s.iter().map(|c| c.memory_bytes()).sum(),
-            Copied::Changed(b) => b.iter().map(|b| b.memory_bytes()).sum(),
+            Copied::Changed(b, cold) => {
+                b.iter().map(|b| b.memory_bytes()).sum::<usize>() + cold.iter().map(|c| c.memory_bytes()).sum::<usize>()
+            }
         }
     }
 }
@@ -110,42 +115,46 @@ pub struct Capture {
 }
 
 /// Copy `shards` one at a time under its read lock; in parallel on the current pool
-/// unless `sequential`.
+/// unless `sequential`. Returns why a disk tier could not be pinned, if one could not.
 fn copy_shards<W: Elem>(
     shards: &[parking_lot::RwLock<Shard<W>>],
-    l: &Layout,
     arena: &Arena,
     sequential: bool,
 ) -> (Vec<ShardCopy<W>>, Option<String>) {
     let copies: Vec<ShardCopy<W>> = if sequential {
-        shards.iter().map(|s| s.read().copy(l, arena)).collect()
+        shards.iter().map(|s| s.read().copy(arena)).collect()
     } else {
-        shards.par_iter().map(|s| s.read().copy(l, arena)).collect()
+        shards.par_iter().map(|s| s.read().copy(arena)).collect()
     };
     let error = copies.iter().find_map(|c| c.error.clone());
     (copies, error)
 }
+
+type ChangedRows<W> = (Vec<RowColumns<W>>, Vec<ColdCopy>);
 
 fn copy_changed<W: Elem>(
     shards: &[parking_lot::RwLock<Shard<W>>],
     l: &Layout,
     since: u64,
     sequential: bool,
-) -> (Vec<RowColumns<W>>, Option<String>) {
-    let parts: Vec<Result<Vec<RowColumns<W>>, String>> = if sequential {
+) -> (ChangedRows<W>, Option<String>) {
+    let parts: Vec<Result<ChangedCopy<W>, String>> = if sequential {
         shards.iter().map(|s| s.read().copy_since(l, since)).collect()
     } else {
         shards.par_iter().map(|s| s.read().copy_since(l, since)).collect()
     };
-    let mut out = Vec::new();
+    let (mut blocks, mut cold) = (Vec::new(), Vec::new());
     let mut error = None;
     for p in parts {
         match p {
-            Ok(b) => out.extend(b),
+            Ok((b, c)) => {
+                blocks.extend(b);
+                cold.extend(c);
+            }
             Err(e) => error = error.or(Some(e)),
         }
     }
-    (out, error)
+    ((blocks, cold), error)
 }
 
 impl TableCapture {
@@ -156,14 +165,14 @@ impl TableCapture {
         let l = &t.layout;
         macro_rules! whole {
             ($v:ident, $s:expr) => {{
-                let (c, e) = copy_shards($s, l, &arena, sequential);
+                let (c, e) = copy_shards($s, &arena, sequential);
                 (ShardCopies::$v(Copied::Whole(c)), e)
             }};
         }
         macro_rules! changed {
             ($v:ident, $s:expr, $since:expr) => {{
-                let (c, e) = copy_changed($s, l, $since, sequential);
-                (ShardCopies::$v(Copied::Changed(c)), e)
+                let ((b, c), e) = copy_changed($s, l, $since, sequential);
+                (ShardCopies::$v(Copied::Changed(b, c)), e)
             }};
         }
         let (shards, error) = match (&t.shards, since) {
@@ -194,14 +203,17 @@ fn write_copies<W: Elem>(w: &mut SnapWriter<'_>, t: &TableCapture, copied: &Copi
             let mut blk = RowColumns::default();
             for c in copies {
                 w.chunks(&t.cfg, &t.layout, &c.chunks, c.vbase, &mut blk)?;
-                for b in &c.cold {
-                    w.rows_block(&t.cfg, b)?;
+                if let Some(cold) = &c.cold {
+                    cold.blocks(&t.layout, |b: &RowColumns<W>| w.rows_block(&t.cfg, b))?;
                 }
             }
         }
-        Copied::Changed(blocks) => {
+        Copied::Changed(blocks, cold) => {
             for blk in blocks {
                 w.rows_block(&t.cfg, blk)?;
+            }
+            for c in cold {
+                c.blocks(&t.layout, |b: &RowColumns<W>| w.rows_block(&t.cfg, b))?;
             }
         }
     }

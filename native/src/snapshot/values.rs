@@ -3,7 +3,8 @@
 //!
 //! Rows are written sorted by ID (the reader builds a sorted index from each run). A
 //! capture's rows are in slot order, so the export first sorts one 16-byte reference
-//! per row (ID, chunk or block, row), then gathers the weights in that order through the
+//! per row (ID, chunk or block, row), then gathers the weights in that order (a disk tier's
+//! row read from its pinned spill file) through the
 //! conversion lookups use (`OutElem::write_row`): a served value is bit-identical to what
 //! `EmbeddingStore.lookup(..., create=False, out_dtype=...)` returns for the row. The file
 //! is written atomically by the snapshot writer's `write_atomically` (temporary file,
@@ -17,36 +18,55 @@ use super::capture::{Capture, Copied, ShardCopies, TableCapture};
 use super::write::{write_atomically, FileOut, Written};
 use crate::config::{value_err, DType, Result};
 use crate::elem::{Elem, OutElem};
+use crate::table::{Chunk, ColdCopy, RowColumns};
 use crate::values::{dtype_code, ValuesWriter};
 
 /// Rows converted per write.
 const BATCH: usize = 4096;
 
-/// A captured row: its ID, and where its weights are (chunk or block index, row in it).
+/// A captured row: its ID, and where its weights are (chunk, block or pinned disk-tier copy
+/// index, row in it).
 type RowRef = (u64, u32, u32);
 
+/// A table's copied rows as `RowRef`s index them: the chunks (a whole copy) or the changed
+/// rows' blocks (a delta), then the disk tiers' pinned copies.
+struct Sources<'a, W: Elem> {
+    chunks: Vec<&'a Chunk<W>>,
+    blocks: &'a [RowColumns<W>],
+    cold: Vec<&'a ColdCopy>,
+}
+
+impl<'a, W: Elem> Sources<'a, W> {
+    fn of(c: &'a Copied<W>) -> Self {
+        match c {
+            Copied::Whole(shards) => Sources {
+                chunks: shards.iter().flat_map(|s| &s.chunks).collect(),
+                blocks: &[],
+                cold: shards.iter().filter_map(|s| s.cold.as_ref()).collect(),
+            },
+            Copied::Changed(blocks, cold) => Sources { chunks: Vec::new(), blocks, cold: cold.iter().collect() },
+        }
+    }
+    /// Index of the first disk-tier copy.
+    fn cold_base(&self) -> usize {
+        self.chunks.len() + self.blocks.len()
+    }
+}
+
 /// References to every row of a table's copy, sorted by ID.
-fn sorted_rows<W: Elem>(t: &TableCapture, c: &Copied<W>) -> Vec<RowRef> {
+fn sorted_rows<W: Elem>(t: &TableCapture, src: &Sources<'_, W>) -> Vec<RowRef> {
     let l = &t.layout;
-    let mut rows: Vec<RowRef> = Vec::with_capacity(c.rows() as usize);
-    match c {
-        Copied::Whole(shards) => {
-            for (k, ch) in shards.iter().flat_map(|s| &s.chunks).enumerate() {
-                for o in (0..ch.len).filter(|&o| ch.occupied(o)) {
-                    rows.push((ch.id(l, o), k as u32, o as u32));
-                }
-            }
-            // A disk tier's rows: blocks numbered after the chunks.
-            let nch = shards.iter().map(|s| s.chunks.len()).sum::<usize>();
-            for (k, b) in shards.iter().flat_map(|s| &s.cold).enumerate() {
-                rows.extend(b.ids.iter().enumerate().map(|(o, &id)| (id, (nch + k) as u32, o as u32)));
-            }
-        }
-        Copied::Changed(blocks) => {
-            for (k, b) in blocks.iter().enumerate() {
-                rows.extend(b.ids.iter().enumerate().map(|(o, &id)| (id, k as u32, o as u32)));
-            }
-        }
+    let mut rows: Vec<RowRef> = Vec::new();
+    for (k, ch) in src.chunks.iter().enumerate() {
+        rows.extend((0..ch.len).filter(|&o| ch.occupied(o)).map(|o| (ch.id(l, o), k as u32, o as u32)));
+    }
+    let nch = src.chunks.len();
+    for (k, b) in src.blocks.iter().enumerate() {
+        rows.extend(b.ids.iter().enumerate().map(|(o, &id)| (id, (nch + k) as u32, o as u32)));
+    }
+    let base = src.cold_base();
+    for (k, c) in src.cold.iter().enumerate() {
+        rows.extend(c.ids().enumerate().map(|(o, id)| (id, (base + k) as u32, o as u32)));
     }
     rows.sort_unstable_by_key(|r| r.0);
     rows
@@ -59,29 +79,27 @@ fn write_table<W: Elem, O: OutElem + Elem>(
     c: &Copied<W>,
 ) -> std::io::Result<()> {
     let (l, dim) = (&t.layout, t.layout.dim);
-    let rows = sorted_rows(t, c);
+    let src = Sources::of(c);
+    let rows = sorted_rows(t, &src);
     if let Some(p) = rows.windows(2).position(|r| r[0].0 == r[1].0) {
         // A capture holds each row once; a repeat would be a bug of the copy.
         return Err(std::io::Error::other(format!("table {:?}: ID {} captured twice", t.cfg.name, rows[p].0)));
     }
     w.table(&t.cfg.name, dim, &rows.iter().map(|r| r.0).collect::<Vec<u64>>())?;
-    let (chunks, cold): (Vec<_>, Vec<_>) = match c {
-        Copied::Whole(shards) => {
-            (shards.iter().flat_map(|s| &s.chunks).collect(), shards.iter().flat_map(|s| &s.cold).collect())
-        }
-        Copied::Changed(_) => (Vec::new(), Vec::new()),
-    };
-    let row = |r: &RowRef| -> &[W] {
-        match c {
-            Copied::Whole(_) if (r.1 as usize) < chunks.len() => chunks[r.1 as usize].w(l, r.2 as usize),
-            Copied::Whole(_) => &cold[r.1 as usize - chunks.len()].weights[r.2 as usize * dim..][..dim],
-            Copied::Changed(blocks) => &blocks[r.1 as usize].weights[r.2 as usize * dim..][..dim],
-        }
-    };
+    let (nch, base) = (src.chunks.len(), src.cold_base());
+    let mut cold_row = vec![W::default(); dim];
     let mut buf = vec![O::default(); BATCH.min(rows.len()) * dim];
     for batch in rows.chunks(BATCH) {
-        for (r, dst) in batch.iter().zip(buf.chunks_exact_mut(dim)) {
-            O::write_row(row(r), dst);
+        for (&(_, k, o), dst) in batch.iter().zip(buf.chunks_exact_mut(dim)) {
+            let (k, o) = (k as usize, o as usize);
+            if k < nch {
+                O::write_row(src.chunks[k].w(l, o), dst);
+            } else if k < base {
+                O::write_row(&src.blocks[k - nch].weights[o * dim..][..dim], dst);
+            } else {
+                src.cold[k - base].weights(l, o, &mut cold_row)?; // a record read from the spill file
+                O::write_row(&cold_row, dst);
+            }
         }
         w.values(&buf[..batch.len() * dim])?;
     }

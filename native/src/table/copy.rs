@@ -5,7 +5,7 @@
 use crate::elem::Elem;
 use crate::mem::Arena;
 
-use super::{Chunk, Ctx, Layout, Local, RowColumns, Shard};
+use super::{Chunk, ColdCopy, Ctx, Layout, Local, RowColumns, Shard};
 
 /// A point-in-time copy of one internal shard's rows (see `Shard::copy`).
 pub struct ShardCopy<W: Copy> {
@@ -14,16 +14,19 @@ pub struct ShardCopy<W: Copy> {
     pub vbase: u64,
     /// Rows copied: the chunks' and `cold`'s.
     pub rows: usize,
-    /// The disk tier's rows, read from its file.
-    pub cold: Vec<RowColumns<W>>,
-    /// Why the disk tier's rows could not be read (the copy is then unusable).
+    /// The disk tier's rows, pinned in its file (read when the capture is written).
+    pub cold: Option<ColdCopy>,
+    /// Why the disk tier's rows could not be pinned (the copy is then unusable).
     pub error: Option<String>,
 }
+
+/// What a delta capture copies of a shard: its changed rows in RAM, and its disk tier's pinned.
+pub type ChangedCopy<W> = (Vec<RowColumns<W>>, Option<ColdCopy>);
 
 impl<W: Elem> ShardCopy<W> {
     pub fn memory_bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.memory_bytes()).sum::<usize>()
-            + self.cold.iter().map(|c| c.memory_bytes()).sum::<usize>()
+            + self.cold.as_ref().map_or(0, |c| c.memory_bytes())
             + std::mem::size_of::<Self>()
     }
 }
@@ -31,25 +34,27 @@ impl<W: Elem> ShardCopy<W> {
 impl<W: Elem> Shard<W> {
     /// A copy of the shard's rows for a point-in-time capture; the chunks are copied whole
     /// (a memcpy per column beats gathering row by row while the shard is locked).
-    /// A disk tier's rows are read from its file into the copy.
-    pub fn copy(&self, l: &Layout, arena: &Arena) -> ShardCopy<W> {
-        let (cold, error) = match self.cold_columns(l, 0) {
-            Ok(c) => (c, None),
-            Err(e) => (Vec::new(), Some(e)),
+    /// A disk tier's rows stay in its file, pinned (see spill_copy.rs).
+    pub fn copy(&self, arena: &Arena) -> ShardCopy<W> {
+        let (cold, error) = match self.tier.as_ref().map(|t| t.pin_rows(0)) {
+            None => (None, None),
+            Some(Ok(c)) => (Some(c), None),
+            Some(Err(e)) => (None, Some(e)),
         };
         ShardCopy {
             chunks: self.chunks.iter().map(|ch| ch.copy(arena)).collect(),
             vbase: self.vbase,
-            rows: self.rows + cold.iter().map(|b| b.len()).sum::<usize>(),
+            rows: self.rows + cold.as_ref().map_or(0, |c| c.len()),
             cold,
             error,
         }
     }
 
     /// The rows whose version is at least `since` (created or updated since then), one
-    /// block per chunk that has any, and a disk tier's: what a delta capture copies.
-    pub fn copy_since(&self, l: &Layout, since: u64) -> Result<Vec<RowColumns<W>>, String> {
-        let mut out = self.cold_columns(l, since)?;
+    /// block per chunk that has any, and a disk tier's pinned: what a delta capture copies.
+    pub fn copy_since(&self, l: &Layout, since: u64) -> Result<ChangedCopy<W>, String> {
+        let cold = self.tier.as_ref().map(|t| t.pin_rows(since)).transpose()?;
+        let mut out = Vec::new();
         for ch in &self.chunks {
             let mut blk = RowColumns::default();
             ch.gather(l, self.vbase, since, &mut blk);
@@ -57,7 +62,7 @@ impl<W: Elem> Shard<W> {
                 out.push(blk);
             }
         }
-        Ok(out)
+        Ok((out, cold))
     }
 
     /// Add `d` to every row's last-update batch: the rows keep their age when the table's

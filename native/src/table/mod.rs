@@ -47,6 +47,7 @@ mod lookup;
 mod shard;
 mod sketch;
 mod spill;
+mod spill_copy;
 mod update;
 
 #[cfg(test)]
@@ -55,12 +56,13 @@ mod spill_tests;
 mod tests;
 
 pub use chunk::{Chunk, Layout, RowColumns, RowMut, RowState};
-pub use copy::ShardCopy;
+pub use copy::{ChangedCopy, ShardCopy};
 pub use counters::{Counters, Local, COUNTER_NAMES};
 pub use evict::{EVICTION_SAMPLES, EXACT_LRU_MAX_ROWS};
 pub use shard::{init_values, Shard};
 pub use sketch::Sketch;
 pub use spill::{Cold, ColdColumns, Tier};
+pub use spill_copy::ColdCopy;
 
 /// Per-call context shared by all shard tasks of one batched operation.
 pub struct Ctx<'a> {

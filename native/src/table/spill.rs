@@ -30,7 +30,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -39,10 +39,7 @@ use crate::elem::Elem;
 use crate::hash::internal_hash;
 use crate::index::Index;
 
-use super::{Ctx, Layout, RowColumns, RowState, Shard};
-
-/// Rows per block when cold rows are read for a snapshot.
-const COLD_BLOCK_ROWS: usize = 4096;
+use super::{ColdCopy, Ctx, Layout, RowColumns, RowState, Shard};
 
 /// A cold row's bookkeeping, as the tier hands it out (built from its columns).
 #[derive(Clone, Copy, Debug)]
@@ -84,6 +81,10 @@ pub struct Tier {
     /// `id -> cold index`.
     index: Index,
     free: Vec<u32>,
+    /// Captures that may still read records of the file (see spill_copy.rs), and the record
+    /// slots freed meanwhile: reused only once no capture pins them.
+    pins: Arc<AtomicUsize>,
+    deferred: Vec<u32>,
     /// Record slots in the file.
     high: u32,
     failed: Mutex<Option<String>>,
@@ -147,6 +148,8 @@ impl Tier {
             utick: Vec::new(),
             index: Index::default(),
             free: Vec::new(),
+            pins: Arc::new(AtomicUsize::new(0)),
+            deferred: Vec::new(),
             high: 0,
             failed: Mutex::new(None),
             flag,
@@ -243,6 +246,9 @@ impl Tier {
 
     /// Write the record `buf` of row `c` to a free record slot and make the row cold.
     fn put(&mut self, buf: &[u8], c: Cold) -> Result<(), String> {
+        if !self.deferred.is_empty() && !self.pinned() {
+            self.free.append(&mut self.deferred);
+        }
         let fslot = match self.free.pop() {
             Some(s) => s,
             None => self.high,
@@ -297,14 +303,31 @@ impl Tier {
                 col.swap_remove(i);
             }
         }
-        self.free.push(c.fslot);
-        if self.ids.is_empty() {
+        if self.pinned() {
+            self.deferred.push(c.fslot); // a capture may still read the record
+        } else {
+            self.free.push(c.fslot);
+        }
+        if self.ids.is_empty() && !self.pinned() {
             // Nothing cold: the file starts over (and gives its space back).
             self.free.clear();
+            self.deferred.clear();
             self.high = 0;
             let _ = self.file.set_len(0);
         }
         c
+    }
+
+    fn pinned(&self) -> bool {
+        self.pins.load(Ordering::Acquire) > 0
+    }
+
+    /// The cold rows whose version is at least `since`, pinned for a capture: their records
+    /// stay in the file, unchanged, until the copy drops (see spill_copy.rs).
+    pub fn pin_rows(&self, since: u64) -> Result<ColdCopy, String> {
+        let file = self.file.try_clone().map_err(|e| format!("disk tier: {}: {e}", self.path.display()))?;
+        let rows = (0..self.len()).filter(|&i| self.versions[i] >= since).map(|i| self.at(i)).collect();
+        Ok(ColdCopy::new(file, self.path.clone(), self.rec_bytes, rows, self.pins.clone()))
     }
 
     /// Remove `id`'s cold row, if it has one.
@@ -319,6 +342,35 @@ fn f32_at(b: &[u8], at: usize) -> f32 {
 }
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Decode the record `b` of cold row `c` onto owned columns.
+pub(super) fn decode_record<W: Elem>(l: &Layout, c: &Cold, b: &[u8], blk: &mut RowColumns<W>) {
+    blk.ids.push(c.id);
+    blk.versions.push(c.version);
+    let start = blk.weights.len();
+    blk.weights.resize(start + l.dim, W::default());
+    let wb = W::as_bytes_mut(&mut blk.weights[start..]);
+    let n = wb.len();
+    wb.copy_from_slice(&b[8..8 + n]);
+    let mut at = 8 + n;
+    for _ in 0..l.state_dim {
+        blk.state.push(f32_at(b, at));
+        at += 4;
+    }
+    if l.has_acc {
+        blk.acc.push(f32_at(b, at));
+        at += 4;
+    }
+    if l.has_steps {
+        blk.steps.push(u32_at(b, at));
+    }
+    if l.has_utime {
+        blk.utime.push(c.utime);
+    }
+    if l.has_utick {
+        blk.utick.push(c.utick);
+    }
 }
 
 impl<W: Elem> Shard<W> {
@@ -477,78 +529,18 @@ impl<W: Elem> Shard<W> {
         }
     }
 
-    /// Decode the record `b` of cold row `c` into owned columns.
-    fn push_cold(&self, l: &Layout, c: &Cold, b: &[u8], blk: &mut RowColumns<W>) {
-        blk.ids.push(c.id);
-        blk.versions.push(c.version);
-        let start = blk.weights.len();
-        blk.weights.resize(start + l.dim, W::default());
-        let wb = W::as_bytes_mut(&mut blk.weights[start..]);
-        let n = wb.len();
-        wb.copy_from_slice(&b[8..8 + n]);
-        let mut at = 8 + n;
-        for _ in 0..l.state_dim {
-            blk.state.push(f32_at(b, at));
-            at += 4;
-        }
-        if l.has_acc {
-            blk.acc.push(f32_at(b, at));
-            at += 4;
-        }
-        if l.has_steps {
-            blk.steps.push(u32_at(b, at));
-        }
-        if l.has_utime {
-            blk.utime.push(c.utime);
-        }
-        if l.has_utick {
-            blk.utick.push(c.utick);
-        }
-    }
-
     /// The cold rows whose version is at least `since`, read in file order and handed to
-    /// `f` in blocks of up to `COLD_BLOCK_ROWS` (as snapshots write them).
+    /// `f` in blocks (as snapshots write them; see `ColdCopy::blocks`).
     pub fn cold_blocks(
         &self,
         l: &Layout,
         since: u64,
-        mut f: impl FnMut(&RowColumns<W>) -> std::io::Result<()>,
+        f: impl FnMut(&RowColumns<W>) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
-        let Some(tier) = &self.tier else { return Ok(()) };
-        let mut which: Vec<Cold> =
-            (0..tier.len()).filter(|&i| tier.version_at(i) >= since).map(|i| tier.at(i)).collect();
-        which.sort_unstable_by_key(|c| c.fslot);
-        let mut buf = vec![0u8; tier.rec_bytes];
-        let mut blk = RowColumns::default();
-        for part in which.chunks(COLD_BLOCK_ROWS) {
-            blk.clear();
-            for c in part {
-                tier.read(c.fslot, &mut buf).map_err(std::io::Error::other)?;
-                self.push_cold(l, c, &buf, &mut blk);
-            }
-            f(&blk)?;
+        match &self.tier {
+            Some(tier) => tier.pin_rows(since).map_err(std::io::Error::other)?.blocks(l, f),
+            None => Ok(()),
         }
-        Ok(())
-    }
-
-    /// The cold rows whose version is at least `since` as owned blocks (a capture's copy).
-    pub fn cold_columns(&self, l: &Layout, since: u64) -> Result<Vec<RowColumns<W>>, String> {
-        let mut out = Vec::new();
-        self.cold_blocks(l, since, |b: &RowColumns<W>| {
-            let mut c = RowColumns::default();
-            c.ids.clone_from(&b.ids);
-            c.versions.clone_from(&b.versions);
-            c.weights.clone_from(&b.weights);
-            c.state.clone_from(&b.state);
-            c.acc.clone_from(&b.acc);
-            c.steps.clone_from(&b.steps);
-            c.utime.clone_from(&b.utime);
-            c.utick.clone_from(&b.utick);
-            out.push(c);
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-        Ok(out)
     }
 
     /// `get_state` of a cold row (read from disk; the row stays cold).
@@ -558,7 +550,7 @@ impl<W: Elem> Shard<W> {
         let mut buf = vec![0u8; tier.rec_bytes];
         tier.read(c.fslot, &mut buf).ok()?;
         let mut blk = RowColumns::default();
-        self.push_cold(l, &c, &buf, &mut blk);
+        decode_record(l, &c, &buf, &mut blk);
         let mut w = vec![0f32; l.dim];
         W::load_row(&blk.weights, &mut w);
         Some(RowState {
