@@ -325,6 +325,12 @@ impl<W: Elem> Shard<W> {
             *t = batch;
         }
         self.touch(ctx.layout, slot);
+        if let Some(p) = self.tier.as_ref().map(|t| t.probation).filter(|&p| p > 0) {
+            // A new row starts on probation, as if looked up `p` ticks ago: one seen once spills
+            // before the rows seen again since (see spill.rs).
+            let (c, o) = ctx.layout.loc(slot);
+            self.chunks[c].lru[o] = self.tick.wrapping_sub(p);
+        }
     }
 
     pub fn get_state(&self, l: &Layout, id: u64) -> Option<RowState> {
