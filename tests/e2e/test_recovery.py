@@ -6,9 +6,12 @@ jobs resumed; warm starts on another number of PS shards; a running job resharde
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -134,6 +137,65 @@ def test_a_job_whose_tables_are_mostly_on_disk_survives_a_ps_shard_killed(stack,
     assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002
     assert len(view["job"]["recoveries"]) >= 1 and view["job"]["recoveries"][0]["checkpoint_step"] >= EVERY_STEPS - 1
     assert list(spill.iterdir()) == []  # spill files are unlinked once open: the killed shard's are gone
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 MiB tmpfs: a disk that fills. Mounting needs root, as this project's machines and CI run."""
+    path = tmp_path / "small-disk"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    yield path
+    subprocess.run(["umount", "--lazy", str(path)], check=True)  # lazy: a PS may still hold its spill files
+
+
+def test_a_disk_tier_that_fills_fails_the_job_naming_why_and_its_last_checkpoint_resumes(
+    stack, sync_job, small_disk
+) -> None:
+    """Spill files on a disk that fills after the first checkpoint: the PS shard that cannot spill
+    fails, the job fails naming the table, the file and ENOSPC (no recovery allowed, so the first
+    failure is the job's), and with room again the job resumes from its last complete checkpoint
+    and trains every sample once. New IDs arrive at every step (a large uniform vocabulary), so
+    the spill files grow all along."""
+    raw = sync_job.model_dump(mode="json")
+    raw["data"] = {
+        "source": "synthetic",
+        "rows": 20_000,
+        "test_rows": 1000,
+        "vocab_sizes": [100_000] * 26,
+        "zipf_exponent": 0.0,
+    }
+    raw["training"]["epochs"] = 1
+    raw["checkpoint"]["max_recoveries"] = 0
+    for table in raw["tables"].values():
+        table.update(memory_budget_gb=1e-6, disk=str(small_disk / "spill"))
+    job = JobConfig.model_validate(raw)
+    filler = small_disk / "filler"
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
+        assert client.job(job_id)["progress"]["samples"] < 0.5 * 20_000, "the job ran too far before the disk filled"
+        with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):  # ENOSPC: the disk is full
+            while True:
+                f.write(b"\0" * 4096)
+        view = client.follow(job_id, timeout_s=300)
+        assert view["job"]["state"] == "failed"
+        error = view["job"]["error"]
+        assert "No space left on device" in error and ".spill" in error and str(small_disk) in error, error
+        assert re.search(r"table [\"'](a|b)[\"']", error), error
+        last = view["last_checkpoint"]
+        assert last is not None and last["step"] >= EVERY_STEPS - 1
+        filler.unlink()
+        client.resume(job_id)
+        view = client.follow(job_id, timeout_s=300)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert [(r["kind"], r["checkpoint_step"]) for r in view["job"]["recoveries"]] == [("resume", last["step"])]
+    _assert_exactly_once(view, job)
 
 
 def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) -> None:
