@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from jobs import criteo_layout_job  # bench/jobs.py: the script's own folder is on sys.path
 
 import trillium_native
 from trillium import stack
@@ -50,30 +51,9 @@ SLOTS = 8  # feature slots sharing the one big table
 
 
 def job_config(name: str, samples: int, dim: int, **extra: Any) -> JobConfig:
-    return JobConfig.model_validate(
-        {
-            "name": name,
-            "data": {"source": "synthetic", "rows": samples, "test_rows": 20_000, "seed": 5},
-            "slots": [{"name": f"c{i}", "column": f"C{i}", "table": "items"} for i in range(1, SLOTS + 1)],
-            "tables": {"items": {"dim": dim, "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}}},
-            "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
-            "label": {"column": "label", "positive": "1", "negative": "0"},
-            "model": {
-                "cls": "trillium.models:DNN",
-                "kwargs": {"num_dense": 13, "embedding_dims": [dim] * SLOTS, "hidden": [128, 64]},
-            },
-            "training": {
-                "batch_size": 512,
-                "epochs": 1,
-                "staleness_bound": 4,
-                "dense_optimizer": {"name": "sgd", "lr": 0.1},
-                "seed": 0,
-                "eval_batch_size": 4096,
-            },
-            "topology": {"nn_ranks": TOPOLOGY.nn_ranks, "ps_shards": TOPOLOGY.ps_shards, "embedding_workers": 1},
-            **extra,
-        }
-    )
+    data = {"source": "synthetic", "rows": samples, "test_rows": 20_000, "seed": 5}
+    items = {"dim": dim, "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}}
+    return criteo_layout_job(name, data, {"items": items}, ["items"] * SLOTS, dim, TOPOLOGY, **extra)
 
 
 def seed_checkpoint(base: Path, config: JobConfig, rows: int) -> tuple[Manifest, float]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import torch
+from jobs import criteo_layout_job  # bench/jobs.py: the script's own folder is on sys.path
 from prometheus_client.parser import text_string_to_metric_families
 
 from trillium import stack
@@ -50,30 +51,10 @@ STAGE_METRICS = {
 
 
 def synthetic_job(train: Path, test: Path, hybrid_k: int) -> JobConfig:
-    slots = [{"name": f"c{i}", "column": f"C{i}", "table": f"c{i}"} for i in range(1, 27)]
-    return JobConfig.model_validate(
-        {
-            "name": "synthetic-criteo",
-            "data": {"source": "criteo", "train": str(train), "test": str(test)},
-            "slots": slots,
-            "tables": {f"c{i}": {"dim": 16, "optimizer": {"name": "adagrad", "lr": 0.05}} for i in range(1, 27)},
-            "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
-            "label": {"column": "label", "positive": "1", "negative": "0"},
-            "model": {
-                "cls": "trillium.models:DNN",
-                "kwargs": {"num_dense": 13, "embedding_dims": [16] * 26, "hidden": [128, 64]},
-            },
-            "training": {
-                "batch_size": 512,
-                "epochs": 1,
-                "staleness_bound": hybrid_k,
-                "dense_optimizer": {"name": "sgd", "lr": 0.1},
-                "seed": 0,
-                "eval_batch_size": 4096,
-            },
-            "topology": TOPOLOGY.model_dump(include={"nn_ranks", "ps_shards", "embedding_workers"}),
-        }
-    )
+    names = [f"c{i}" for i in range(1, 27)]
+    tables = {n: {"dim": 16, "optimizer": {"name": "adagrad", "lr": 0.05}} for n in names}
+    data = {"source": "criteo", "train": str(train), "test": str(test)}
+    return criteo_layout_job("synthetic-criteo", data, tables, names, 16, TOPOLOGY, {"staleness_bound": hybrid_k})
 
 
 def _scrape(run_dir: Path) -> dict[str, float]:

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs import criteo_layout_job  # bench/jobs.py: the script's own folder is on sys.path
+
 from trillium import stack
 from trillium.config import StackTopology
 from trillium.job import JobConfig
@@ -47,38 +49,19 @@ RAM_ROW_BYTES_DIM64 = 156
 
 def scale_job(params: float, dim: int, zipf: float, tier: dict[str, Any] | None, seed: int) -> JobConfig:
     vocab = max(int(params / (SLOTS * dim)), 10)
+    rows = int(vocab * ROWS_PER_VOCAB)
+    data = {
+        "source": "synthetic",
+        "rows": rows,
+        "test_rows": max(rows // 10, 2000),
+        "seed": seed,
+        "vocab_sizes": [vocab] * SLOTS,
+        "zipf_exponent": zipf,
+    }
     table = {"dim": dim, "dtype": "fp16", "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}, **(tier or {})}
-    return JobConfig.model_validate(
-        {
-            "name": "scale",
-            "data": {
-                "source": "synthetic",
-                "rows": int(vocab * ROWS_PER_VOCAB),
-                "test_rows": max(int(vocab * ROWS_PER_VOCAB) // 10, 2000),
-                "seed": seed,
-                "vocab_sizes": [vocab] * SLOTS,
-                "zipf_exponent": zipf,
-            },
-            "slots": [{"name": f"c{i}", "column": f"C{i}", "table": f"c{i}"} for i in range(1, SLOTS + 1)],
-            "tables": {f"c{i}": table for i in range(1, SLOTS + 1)},
-            "dense": [{"column": f"I{i}", "normalization": "log1p"} for i in range(1, 14)],
-            "label": {"column": "label", "positive": "1", "negative": "0"},
-            "model": {
-                "cls": "trillium.models:DNN",
-                "kwargs": {"num_dense": 13, "embedding_dims": [dim] * SLOTS, "hidden": [128, 64]},
-            },
-            "training": {
-                "batch_size": 512,
-                "epochs": 1,
-                "staleness_bound": 4,
-                "dense_optimizer": {"name": "sgd", "lr": 0.1},
-                "seed": 0,
-                "eval_batch_size": 4096,
-                "wire_dtype": "fp16",
-            },
-            "topology": TOPOLOGY.model_dump(include={"nn_ranks", "ps_shards", "embedding_workers"}),
-        }
-    )
+    names = [f"c{i}" for i in range(1, SLOTS + 1)]
+    tables = dict.fromkeys(names, table)
+    return criteo_layout_job("scale", data, tables, names, dim, TOPOLOGY, {"wire_dtype": "fp16"})
 
 
 def _rss(run_dir: Path) -> dict[str, int]:

@@ -10,6 +10,18 @@ import numpy as np
 
 import trillium_native as tn
 
+# A table's event counters, as `EmbeddingStore.stats` names them.
+COUNTERS = [
+    "admitted",
+    "not_admitted",
+    "evicted",
+    "expired",
+    "nan_grads_skipped",
+    "lookups",
+    "updates",
+    "dropped_grads",
+]
+
 TABLES = [
     ("emb_adam", dict(dim=6, optimizer="adam", lr=0.01, dtype="fp16", ttl_updates=1000)),
     (

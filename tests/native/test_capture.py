@@ -10,20 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stores import TABLES, all_state, assert_state_equal, corrupt_variants, make_store, train
+from stores import COUNTERS, TABLES, all_state, assert_state_equal, corrupt_variants, make_store, train
 
 import trillium_native as tn
-
-COUNTERS = [
-    "admitted",
-    "not_admitted",
-    "evicted",
-    "expired",
-    "nan_grads_skipped",
-    "lookups",
-    "updates",
-    "dropped_grads",
-]
 
 TABLE_CONFIGS = st.sampled_from(
     [
