@@ -13,8 +13,8 @@ the PS shards hold, not the target). The disk-tier run keeps `--hot` (10%) of ea
 rows in RAM (`tables.X.memory_budget_gb`) and spills the rest under `--spill`.
 
 Reported, per run: parameters materialized, the samples/s while the tables held 10%, 50% and
-100% of what the run ended with (±5% of it), every PS shard's RSS and spill bytes, the
-looked-up IDs read from RAM and from disk, the broker's data, the run's wall time, and the test
+100% of what the run ended with (±5% of it), every PS shard's anonymous RSS (the spill files it
+maps are page cache) and spill bytes, the looked-up IDs read from RAM and from disk, the broker's data, the run's wall time, and the test
 AUC against the job at 1/100 of the size (same model and rows per ID, so it must not be worse).
 Keys the issue names: `max_params_ram`, `max_params_disk`, `disk_vs_ram_samples_per_sec` (the
 disk run's samples/s at 10% of its size over the RAM run's).
@@ -65,11 +65,13 @@ def scale_job(params: float, dim: int, zipf: float, tier: dict[str, Any] | None,
 
 
 def _rss(run_dir: Path) -> dict[str, int]:
+    """Each PS shard's anonymous RSS: its own memory, not the pages of the spill files it maps
+    (page cache, given back under memory pressure)."""
     out = {}
     for proc in stack.read_state(run_dir)["processes"]:
         if proc["role"] == "embedding_ps" and proc.get("pid"):
             for line in Path(f"/proc/{proc['pid']}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith("RssAnon:"):
                     out[proc["name"]] = int(line.split()[1]) * 1024
     return out
 
@@ -132,7 +134,7 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
             for f in (0.1, 0.5, 1.0)
         },
         "auc": view["job"]["metrics"].get("auc"),
-        "ps_rss_bytes_max": rss_max,
+        "ps_rss_anon_bytes_max": rss_max,
         "ps_shards": [
             {
                 "shard": s["shard"],

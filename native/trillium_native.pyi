@@ -250,8 +250,11 @@ class EmbeddingStore:
           per internal shard in the directory `disk` (unlinked once open, so that no crash leaves
           one behind; `stats` gives its size), and read
           back by the calls that need them. Answers, snapshots, eviction and TTL are those
-          of the same table all in RAM. A failed disk write or read (a full disk) raises
-          OSError naming the table and the file, from then on for every call on the table.
+          of the same table all in RAM. The files are mapped (a row read or written is a
+          copy, no syscall) and grow an eighth at a time, their blocks allocated first: a full
+          disk raises OSError naming the table and the file, from then on for every call on
+          the table (the rows it could not spill stay in RAM). A capture pins the records it
+          holds in the files until it is released, and reads them when it is written.
 
         Raises ValueError for a duplicate name, `dim < 1`, unknown enum strings
         or out-of-range hyper-parameters.

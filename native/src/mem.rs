@@ -1,4 +1,5 @@
-//! Memory primitives: a huge-page slab arena, a fixed-capacity raw buffer, and the
+//! Memory primitives: a huge-page slab arena, a fixed-capacity raw buffer, a shared file
+//! mapping (a disk tier's spill file), and the
 //! unsafe helpers of the hot paths (`prefetch`, `SendPtr` for disjoint parallel writes).
 //!
 //! Full-size slab chunks are bump-allocated from large 2 MiB-aligned anonymous
@@ -395,6 +396,108 @@ impl<T> SendPtr<T> {
     #[inline(always)]
     pub fn get(self) -> *mut T {
         self.0
+    }
+}
+
+/// A file mapped shared, read and written by copying: no syscall per access. `grow`
+/// allocates the file's blocks first (`posix_fallocate`), so that a full disk is an error of
+/// `grow`, never a SIGBUS on a write into the mapping; a read the device cannot serve (an
+/// I/O error) does raise SIGBUS, and ends the process.
+pub struct FileMap {
+    file: std::fs::File,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned like a Vec: `&self` only copies out of it, and remapping or
+// writing takes `&mut self`.
+unsafe impl Send for FileMap {}
+unsafe impl Sync for FileMap {}
+
+impl FileMap {
+    /// `file`, empty, opened for reading and writing.
+    pub fn new(file: std::fs::File) -> Self {
+        FileMap { file, ptr: std::ptr::null_mut(), len: 0 }
+    }
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+    /// Bytes mapped (and allocated on disk).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Make the file (and its mapping) `len` bytes long, `len` past the current length.
+    pub fn grow(&mut self, len: usize) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        debug_assert!(len > self.len);
+        // SAFETY: plain syscalls on our own descriptor and mapping; the old mapping is
+        // replaced only on success.
+        unsafe {
+            let rc = libc::posix_fallocate(self.file.as_raw_fd(), 0, len as libc::off_t);
+            if rc != 0 {
+                return Err(std::io::Error::from_raw_os_error(rc));
+            }
+            let p = if self.ptr.is_null() {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    self.file.as_raw_fd(),
+                    0,
+                )
+            } else {
+                libc::mremap(self.ptr as *mut libc::c_void, self.len, len, libc::MREMAP_MAYMOVE)
+            };
+            if p == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Rows are read one at a time, anywhere in the file: read-ahead would be waste.
+            libc::madvise(p, len, libc::MADV_RANDOM);
+            self.ptr = p as *mut u8;
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Unmap and truncate the file to nothing (its blocks go back to the disk).
+    pub fn clear(&mut self) -> std::io::Result<()> {
+        self.unmap();
+        self.file.set_len(0)
+    }
+
+    fn unmap(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: our own mapping of `len` bytes.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+            self.ptr = std::ptr::null_mut();
+            self.len = 0;
+        }
+    }
+
+    /// Copy `buf.len()` bytes at `at` out of the file. Panics past its end.
+    pub fn read(&self, at: usize, buf: &mut [u8]) {
+        assert!(at + buf.len() <= self.len, "read past the end of a mapped file");
+        // SAFETY: in bounds of the mapping, which `&self` keeps in place.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(at), buf.as_mut_ptr(), buf.len()) };
+    }
+
+    /// Copy `buf` into the file at `at`. Panics past its end.
+    pub fn write(&mut self, at: usize, buf: &[u8]) {
+        assert!(at + buf.len() <= self.len, "write past the end of a mapped file");
+        // SAFETY: in bounds of the mapping; `&mut self` excludes readers of this handle (a
+        // capture reads pinned records through its own descriptor, never these bytes).
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.ptr.add(at), buf.len()) };
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        self.unmap();
     }
 }
 

@@ -90,9 +90,6 @@ impl<W: Elem> Shard<W> {
             let k = k as usize;
             let id = blk.ids[k];
             let h = hashes[k];
-            if self.tier.is_some() && self.is_cold(id) {
-                continue; // not read back (the tier failed, and says so)
-            }
             let slot = match self.find(l, id, h) {
                 Some(s) => s,
                 None => match self.alloc(ctx, id, h, local) {

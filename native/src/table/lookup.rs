@@ -139,14 +139,6 @@ impl<W: Elem> Shard<W> {
                 j += 1;
             }
             let h = g.hash[keyed[i].1 as usize];
-            if self.tier.is_some() && self.is_cold(id) {
-                // its row could not be read back from disk (the tier failed): not a new id
-                for &(_, k) in &keyed[i..j] {
-                    zero_row(g.pos[k as usize] as usize);
-                }
-                i = j;
-                continue;
-            }
             if let Some(s) = self.find(l, id, h) {
                 // inserted concurrently since this batch was scanned
                 for &(_, k) in &keyed[i..j] {

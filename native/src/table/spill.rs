@@ -29,13 +29,15 @@
 //! back under its budget (`spill_over_budget`: the oldest LRU ticks, down to 7/8 of the
 //! budget so that the scan for them is paid once per budget/8 rows).
 //!
-//! A failed write (a full disk) keeps the row in RAM and a failed read keeps it cold; both
-//! mark the tier failed (`Tier::error`), which the bindings raise after the call, naming
-//! the table and the file. A capture or dump that cannot read a cold row fails instead of
-//! writing a snapshot without it.
+//! The file is mapped (`mem::FileMap`): a record is read and written by a copy, with no
+//! syscall per row. It grows by an eighth at a time, its blocks allocated on disk before
+//! they are mapped, so a full disk fails the growth: the row then stays in RAM, the tier is
+//! marked failed (`Tier::error`), and the bindings raise it after the call, naming the table
+//! and the file. (A read the device cannot serve raises SIGBUS and ends the process, whose
+//! job recovers from its last checkpoint.) A capture reads its pinned records with `pread`
+//! (spill_copy.rs): one it cannot read fails the capture's write, never a partial snapshot.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -45,6 +47,7 @@ use parking_lot::Mutex;
 use crate::elem::Elem;
 use crate::hash::internal_hash;
 use crate::index::Index;
+use crate::mem::FileMap;
 
 use super::{ColdCopy, Ctx, Layout, RowColumns, RowState, Shard};
 
@@ -71,7 +74,7 @@ pub struct ColdColumns {
 
 /// One internal shard's spill file and its cold rows.
 pub struct Tier {
-    file: File,
+    map: FileMap,
     pub path: PathBuf,
     pub rec_bytes: usize,
     /// Resident rows allowed; `low`: what a spill goes down to.
@@ -98,6 +101,9 @@ pub struct Tier {
     /// Record slots in the file.
     high: u32,
     failed: Mutex<Option<String>>,
+    /// The most bytes the file may grow to: a disk that fills, for tests.
+    #[cfg(test)]
+    pub limit_for_test: Option<usize>,
     /// Set with `failed`; shared by the table's tiers (`Table::tier_error` reads it first).
     flag: Arc<AtomicBool>,
     pub reads: AtomicU64,
@@ -144,7 +150,7 @@ impl Tier {
         // leave one behind. `path` names it in errors; `Table::disk_stats` reports its size.
         std::fs::remove_file(&path)?;
         Ok(Tier {
-            file,
+            map: FileMap::new(file),
             path,
             rec_bytes,
             budget,
@@ -163,6 +169,8 @@ impl Tier {
             deferred: Vec::new(),
             high: 0,
             failed: Mutex::new(None),
+            #[cfg(test)]
+            limit_for_test: None,
             flag,
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -204,7 +212,7 @@ impl Tier {
             utick: self.utick.get(i).copied().unwrap_or(0),
         }
     }
-    /// Cold row `i`'s version and TTL stamps (what a filter or a sweep reads).
+    /// Cold row `i`'s version (what a delta's filter reads).
     #[inline]
     pub fn version_at(&self, i: usize) -> u64 {
         self.versions[i]
@@ -215,9 +223,10 @@ impl Tier {
             *t = t.wrapping_add(d);
         }
     }
-    /// Bytes of the spill file (every record slot, free ones included).
+    /// Bytes of the spill file on disk (every record slot, free ones and those allocated
+    /// ahead included).
     pub fn file_bytes(&self) -> u64 {
-        self.high as u64 * self.rec_bytes as u64
+        self.map.len() as u64
     }
     /// RAM held by the cold rows' bookkeeping.
     pub fn memory_bytes(&self) -> usize {
@@ -225,7 +234,7 @@ impl Tier {
             + self.versions.capacity() * 8
             + (self.fslots.capacity() + self.lru.capacity() + self.utime.capacity() + self.utick.capacity()) * 4
             + self.index.memory_bytes()
-            + self.free.capacity() * 4
+            + (self.free.capacity() + self.deferred.capacity()) * 4
     }
     /// Why the tier failed, if it did (sticky).
     pub fn error(&self) -> Option<String> {
@@ -244,15 +253,25 @@ impl Tier {
         msg
     }
 
-    #[cfg(test)]
-    pub fn set_file_for_test(&mut self, f: File) {
-        self.file = f;
+    /// Read the record in `fslot` into `buf` (`rec_bytes` long): a copy out of the mapped file.
+    pub fn read(&self, fslot: u32, buf: &mut [u8]) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.map.read(fslot as usize * self.rec_bytes, buf);
     }
 
-    /// Read the record in `fslot` into `buf` (`rec_bytes` long).
-    pub fn read(&self, fslot: u32, buf: &mut [u8]) -> Result<(), String> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.file.read_exact_at(buf, fslot as u64 * self.rec_bytes as u64).map_err(|e| self.fail("reading", &e))
+    /// Room in the file for record slot `fslot`: the file grows by an eighth (64 KiB at least),
+    /// its blocks allocated on disk first, so that a full disk fails here.
+    fn room_for(&mut self, fslot: u32) -> Result<(), String> {
+        let end = (fslot as usize + 1) * self.rec_bytes;
+        if end <= self.map.len() {
+            return Ok(());
+        }
+        let len = end.max(self.map.len() + (self.map.len() / 8).max(64 << 10)).next_multiple_of(4096);
+        #[cfg(test)]
+        if self.limit_for_test.is_some_and(|l| len > l) {
+            return Err(self.fail("growing", &std::io::Error::from_raw_os_error(libc::ENOSPC)));
+        }
+        self.map.grow(len).map_err(|e| self.fail("growing", &e))
     }
 
     /// Write the record `buf` of row `c` to a free record slot and make the row cold.
@@ -262,17 +281,13 @@ impl Tier {
         }
         let fslot = match self.free.pop() {
             Some(s) => s,
-            None => self.high,
-        };
-        if let Err(e) = self.file.write_all_at(buf, fslot as u64 * self.rec_bytes as u64) {
-            if fslot != self.high {
-                self.free.push(fslot);
+            None => {
+                self.room_for(self.high)?;
+                self.high += 1;
+                self.high - 1
             }
-            return Err(self.fail("writing", &e));
-        }
-        if fslot == self.high {
-            self.high += 1;
-        }
+        };
+        self.map.write(fslot as usize * self.rec_bytes, buf);
         self.writes.fetch_add(1, Ordering::Relaxed);
         let i = self.ids.len();
         if self.index.needs_rebuild(i + 1) {
@@ -324,7 +339,7 @@ impl Tier {
             self.free.clear();
             self.deferred.clear();
             self.high = 0;
-            let _ = self.file.set_len(0);
+            let _ = self.map.clear();
         }
         c
     }
@@ -336,7 +351,7 @@ impl Tier {
     /// The cold rows whose version is at least `since`, pinned for a capture: their records
     /// stay in the file, unchanged, until the copy drops (see spill_copy.rs).
     pub fn pin_rows(&self, since: u64) -> Result<ColdCopy, String> {
-        let file = self.file.try_clone().map_err(|e| format!("disk tier: {}: {e}", self.path.display()))?;
+        let file = self.map.file().try_clone().map_err(|e| format!("disk tier: {}: {e}", self.path.display()))?;
         let rows = (0..self.len()).filter(|&i| self.versions[i] >= since).map(|i| self.at(i)).collect();
         Ok(ColdCopy::new(file, self.path.clone(), self.rec_bytes, rows, self.pins.clone()))
     }
@@ -405,12 +420,6 @@ impl<W: Elem> Shard<W> {
         self.len() == 0
     }
 
-    /// Whether `id` is cold (its row on disk).
-    #[inline(always)]
-    pub(super) fn is_cold(&self, id: u64) -> bool {
-        self.tier.as_ref().is_some_and(|t| t.contains(id))
-    }
-
     /// Encode the resident row in `slot` as a spill record.
     fn encode(&self, l: &Layout, slot: u32, buf: &mut [u8]) {
         let (c, o) = l.loc(slot);
@@ -453,9 +462,8 @@ impl<W: Elem> Shard<W> {
         let mut rows: Vec<Cold> = Vec::with_capacity(want.len());
         for &(fslot, id) in &want {
             let k = rows.len();
-            if tier.read(fslot, &mut bufs[k * rb..(k + 1) * rb]).is_ok() {
-                rows.push(tier.take(id).expect("cold row"));
-            }
+            tier.read(fslot, &mut bufs[k * rb..(k + 1) * rb]);
+            rows.push(tier.take(id).expect("cold row"));
         }
         let l = ctx.layout;
         for (k, c) in rows.iter().enumerate() {
@@ -559,7 +567,7 @@ impl<W: Elem> Shard<W> {
         let tier = self.tier.as_ref()?;
         let c = tier.get(id)?;
         let mut buf = vec![0u8; tier.rec_bytes];
-        tier.read(c.fslot, &mut buf).ok()?;
+        tier.read(c.fslot, &mut buf);
         let mut blk = RowColumns::default();
         decode_record(l, &c, &buf, &mut blk);
         let mut w = vec![0f32; l.dim];

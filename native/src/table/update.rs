@@ -103,10 +103,6 @@ impl<W: Elem> Shard<W> {
             return self.set_row_resident(ctx, id, values, local);
         }
         self.fault_in(ctx, &[id]);
-        if self.is_cold(id) {
-            let why = self.tier.as_ref().and_then(|t| t.error()).unwrap_or_default();
-            return Err(StoreError::Io(std::io::Error::other(format!("table {:?}: {why}", ctx.cfg.name))));
-        }
         let r = self.set_row_resident(ctx, id, values, local);
         self.spill_over_budget(ctx.layout);
         r
