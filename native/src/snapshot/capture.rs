@@ -110,7 +110,8 @@ pub struct Capture {
     /// Whether only the rows changed since a mark were copied.
     pub(super) delta: bool,
     mark: CaptureMark,
-    /// Why a table's disk tier could not be read: the capture then writes nothing.
+    /// Why a table's disk tier could not be pinned (its file not opened again): the capture
+    /// then writes nothing.
     error: Option<String>,
 }
 
@@ -159,7 +160,7 @@ fn copy_changed<W: Elem>(
 
 impl TableCapture {
     /// The table's rows: whole, or those changed since `since` (a delta); and why a disk
-    /// tier's rows could not be read, if they could not.
+    /// tier's rows could not be pinned, if they could not.
     fn rows_of(t: &Table, since: Option<u64>, sequential: bool) -> (ShardCopies, Arena, Option<String>) {
         let arena = Arena::small_pages();
         let l = &t.layout;
@@ -323,7 +324,7 @@ impl Capture {
         Capture { next_version, created_secs, tables, delta: delta.is_some(), mark, error }
     }
 
-    /// An error if a table's disk tier could not be read while copying (the capture is
+    /// An error if a table's disk tier could not be pinned while copying (the capture is
     /// incomplete, and writes no file).
     pub fn check(&self) -> crate::config::Result<()> {
         match &self.error {

@@ -505,7 +505,8 @@ impl<W: Elem> Shard<W> {
     }
 
     /// Spill the least recently used resident rows while more than the budget are resident
-    /// (down to 7/8 of it). A failed write stops the spill and leaves the row resident.
+    /// (down to 7/8 of it). A file that cannot grow (a full disk) stops the spill and leaves
+    /// the rows resident.
     pub(super) fn spill_over_budget(&mut self, l: &Layout) {
         let Some(tier) = self.tier.as_ref() else { return };
         if self.rows <= tier.budget || tier.is_failed() {
