@@ -24,7 +24,8 @@
 //! which takes the shard locks. Rows leave a shard only through `Shard::remove_slot` and
 //! a lookup's missing ids are resolved only in `Shard::handle_missing`. `spill` is the disk
 //! tier of a table with a RAM budget: the shard's least recently used rows beyond it live in
-//! a spill file of the shard's, read back by the calls that need them (see spill.rs).
+//! a spill file of the shard's, read back by the calls that need them (see spill.rs); `tier`
+//! holds that file and the cold rows' bookkeeping, `spill_copy` a capture's pinned view of it.
 
 use std::sync::atomic::Ordering;
 
@@ -48,6 +49,7 @@ mod shard;
 mod sketch;
 mod spill;
 mod spill_copy;
+mod tier;
 mod update;
 
 #[cfg(test)]
@@ -61,8 +63,8 @@ pub use counters::{Counters, Local, COUNTER_NAMES};
 pub use evict::{EVICTION_SAMPLES, EXACT_LRU_MAX_ROWS};
 pub use shard::{init_values, Shard};
 pub use sketch::Sketch;
-pub use spill::{Cold, ColdColumns, Tier};
 pub use spill_copy::ColdCopy;
+pub use tier::{Cold, ColdColumns, DiskStats, Tier};
 
 /// Per-call context shared by all shard tasks of one batched operation.
 pub struct Ctx<'a> {
@@ -191,18 +193,6 @@ impl Plan {
     }
 }
 
-/// One internal shard's disk tier, as `Table::disk_stats` reports it.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DiskStats {
-    pub resident_rows: u64,
-    pub rows: u64,
-    pub bytes: u64,
-    pub reads: u64,
-    pub writes: u64,
-    pub lookup_hits: u64,
-    pub budget_rows: u64,
-}
-
 /// A table: configuration, internal shards, sketch and counters.
 pub struct Table {
     pub cfg: TableConfig,
@@ -259,7 +249,7 @@ impl Table {
         let tier_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         if let (Some(budget), Some(dir)) = (cfg.memory_budget_bytes, &cfg.disk) {
             let rows = budget / layout.ram_row_bytes(cfg.dtype.size()) as u64;
-            let rec = spill::record_bytes(&layout, cfg.dtype.size());
+            let rec = tier::record_bytes(&layout, cfg.dtype.size());
             // What a cold row keeps in RAM beyond its id, record slot and version: what capacity
             // eviction (its LRU tick) and TTL (its stamps) decide on without reading it.
             let keep = ColdColumns { lru: cfg.capacity.is_some(), utime: layout.has_utime, utick: layout.has_utick };
@@ -561,37 +551,6 @@ impl Table {
     /// **Locking behaviour:** each internal shard's *read* lock in turn.
     pub fn rows(&self) -> usize {
         with_shards!(&self.shards, shards => shards.iter().map(|s| s.read().len()).sum())
-    }
-
-    /// The disk tier per internal shard (none without one): rows on disk, bytes of the
-    /// spill file, records read and written, ids lookups read from disk.
-    ///
-    /// **Locking behaviour:** each internal shard's *read* lock in turn.
-    pub fn disk_stats(&self) -> Vec<DiskStats> {
-        with_shards!(&self.shards, shards => shards.iter().filter_map(|s| {
-            let g = s.read();
-            g.tier.as_ref().map(|t| DiskStats {
-                resident_rows: g.rows as u64,
-                rows: t.len() as u64,
-                bytes: t.file_bytes(),
-                reads: t.reads.load(Ordering::Relaxed),
-                writes: t.writes.load(Ordering::Relaxed),
-                lookup_hits: t.lookup_hits.load(Ordering::Relaxed),
-                budget_rows: t.budget as u64,
-            })
-        }).collect())
-    }
-
-    /// Why the table's disk tier failed (a full disk, an I/O error), naming the table and
-    /// the file; sticky: every later call of the bindings raises it.
-    ///
-    /// **Locking behaviour:** each internal shard's *read* lock in turn (none without a tier).
-    pub fn tier_error(&self) -> Option<String> {
-        if !self.tier_failed.load(Ordering::Relaxed) {
-            return None;
-        }
-        with_shards!(&self.shards, shards => shards.iter().find_map(|s| s.read().tier.as_ref().and_then(|t| t.error())))
-            .map(|e| format!("table {:?}: {e}", self.cfg.name))
     }
 
     /// Bytes allocated for the table (chunks, indexes, free lists, sketch).
