@@ -11,7 +11,9 @@ the coordinator needs no scikit-learn for it.
 
 from __future__ import annotations
 
+import base64
 import collections
+import zlib
 from typing import Any
 
 import numpy as np
@@ -93,51 +95,57 @@ class Scores:
                 self.windows.pop(min(self.windows))
 
     def summary(self) -> dict[str, Any]:
-        """What a rank publishes (JSON): histograms as [bin, count] pairs of their non-empty bins."""
-
-        def sparse(h: np.ndarray) -> list[list[int]]:
-            nz = np.flatnonzero(h)
-            return np.stack([nz, h[nz]], axis=1).tolist()
-
+        """What a rank publishes (JSON). The histograms travel as one packed array each: a rank's
+        hour of windows is thousands of non-empty bins, which as JSON pairs made the coordinator
+        build (and its heap keep) a Python object per bin on every read of the job view."""
+        starts = list(self.windows)
+        hists = np.stack([np.stack(w[:2]) for w in self.windows.values()]) if starts else np.zeros((0, 2, BINS))
         return {
             "total": self.total,
             "samples": self.filled,
             "loss_sum": float(self.loss[: self.filled].sum()),
-            "pos": sparse(self.pos),
-            "neg": sparse(self.neg),
-            "windows": [[start, sparse(w[0]), sparse(w[1]), w[2], w[3]] for start, w in self.windows.items()],
+            "hist": _pack(np.stack([self.pos, self.neg])),
+            "windows": {
+                "starts": starts,
+                "loss": [w[2] for w in self.windows.values()],
+                "n": [w[3] for w in self.windows.values()],
+                "hist": _pack(hists),
+            },
         }
 
 
-def _dense(pairs: list[list[int]]) -> np.ndarray:
-    h = np.zeros(BINS, np.int64)
-    for b, c in pairs:
-        h[b] += c
-    return h
+def _pack(counts: np.ndarray) -> str:
+    """Histogram counts as text: int32 (a bin of one rank's window never holds 2^31 samples),
+    zlib-compressed (mostly empty bins), base64."""
+    return base64.b64encode(zlib.compress(counts.astype(np.int32).tobytes(), 1)).decode()
+
+
+def _unpack(text: str) -> np.ndarray:
+    """`_pack`'s counts, as [..., 2, BINS] int64 (pos, neg)."""
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), np.int32).reshape(-1, 2, BINS).astype(np.int64)
 
 
 def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Every rank's summary as one: the rolling AUC and log loss, and per window of event time."""
     if not summaries:
         return {"samples": 0, "scored": 0, "auc": None, "logloss": None, "windows": []}
-    pos = sum((_dense(s["pos"]) for s in summaries), np.zeros(BINS, np.int64))
-    neg = sum((_dense(s["neg"]) for s in summaries), np.zeros(BINS, np.int64))
+    pos, neg = sum((_unpack(s["hist"])[0] for s in summaries), np.zeros((2, BINS), np.int64))
     samples = sum(s["samples"] for s in summaries)
     windows: dict[float, list[Any]] = {}
     for s in summaries:
-        for start, wpos, wneg, loss, n in s["windows"]:
-            w = windows.setdefault(start, [np.zeros(BINS, np.int64), np.zeros(BINS, np.int64), 0.0, 0])
-            w[0] += _dense(wpos)
-            w[1] += _dense(wneg)
-            w[2] += loss
-            w[3] += n
+        w = s["windows"]
+        for start, hist, loss, n in zip(w["starts"], _unpack(w["hist"]), w["loss"], w["n"], strict=True):
+            merged = windows.setdefault(start, [np.zeros((2, BINS), np.int64), 0.0, 0])
+            merged[0] += hist
+            merged[1] += loss
+            merged[2] += n
     return {
         "samples": samples,
         "scored": sum(s["total"] for s in summaries),
         "auc": auc_of(pos, neg),
         "logloss": sum(s["loss_sum"] for s in summaries) / samples if samples else None,
         "windows": [
-            {"start": start, "samples": w[3], "auc": auc_of(w[0], w[1]), "logloss": w[2] / w[3] if w[3] else None}
+            {"start": start, "samples": w[2], "auc": auc_of(*w[0]), "logloss": w[1] / w[2] if w[2] else None}
             for start, w in sorted(windows.items())
         ],
     }
