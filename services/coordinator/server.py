@@ -32,6 +32,7 @@ OBSERVE_TICK_S = 1.0
 
 class Coordinator(Service):
     role = "coordinator"
+    malloc_arenas = 2  # its threads write files and encode states: no arena each (runtime/memory.py)
 
     def add_routes(self, app: FastAPI) -> None:
         app.description = (

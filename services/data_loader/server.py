@@ -92,6 +92,7 @@ async def _threaded(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
 
 class DataLoader(Service):
     role = "data_loader"
+    malloc_arenas = 2  # its threads write files and encode states: no arena each (runtime/memory.py)
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
@@ -110,9 +111,11 @@ class DataLoader(Service):
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
         share = Share(config, self.settings.index)
-        saved = await self._restore(job)
+        # The last attempt's stream (its joiner's events) goes before the saved one is parsed:
+        # both alive at once made every recovery a new high-water mark of the heap.
         self._captures = {}
         self.stream = None
+        saved = await self._restore(job)
         producer = kafka.producer(self.settings.kafka)
         await producer.start()
         try:
