@@ -49,6 +49,8 @@ DLQ_HEADERS = ("trillium-dlq-reason", "trillium-source-topic", "trillium-source-
 SAMPLE_NAMESPACE = "trillium.sample"  # sample ids: hash_ids of the event key in this namespace
 POOL_STEPS = 4  # the samples a stream mixes before drawing steps: at least this many steps' worth
 IDLE_SECONDS = 2.0  # an input partition silent this long (and caught up) no longer holds the watermark
+# An input partition further ahead than this in event time of the slowest one is paused (see `ahead`).
+ALIGN_SECONDS = 2.0
 
 
 def _kind(reason: str) -> str:
@@ -84,6 +86,21 @@ def due_steps(
             yield rows.pick(rng.choice(oldest, step, replace=False))
         if waited_out():
             yield rows.pick(rng.permutation(len(rows)))
+
+
+def ahead(times: dict[TopicPartition, float], drift: float) -> set[TopicPartition]:
+    """The partitions to pause: those more than `drift` seconds of event time ahead of the slowest
+    of `times` (the latest event time of each partition that holds the watermark back).
+
+    Watermark alignment, as Flink's: while a partition is behind (catching up after a recovery, or
+    a fetch that filled from one partition), what the others read waits in the joiner until the
+    watermark passes it — open impressions, clicks ahead of their impressions, samples decided.
+    Reading them only as far as the slowest has come bounds the joiner's state by the window, not
+    by how far behind the slowest partition is. The slowest is never paused: reading goes on."""
+    if not times:
+        return set()
+    slowest = min(times.values())
+    return {tp for tp, t in times.items() if t > slowest + drift}
 
 
 class StreamLoader:
@@ -306,9 +323,10 @@ class StreamLoader:
         ]
         ends = await consumer.end_offsets(silent) if silent else {}
         idle = {tp for tp in silent if ends[tp] <= self.positions.get((tp.topic, tp.partition), 0)}
-        if len(idle) < len(tps):
-            times = [self.max_time.get((tp.topic, tp.partition), -np.inf) for tp in tps if tp not in idle]
-            watermark = min(times) - self.data.join.allowed_lateness_seconds
+        busy = {tp: self.max_time.get((tp.topic, tp.partition), -np.inf) for tp in tps if tp not in idle}
+        self._align(consumer, {tp: t for tp, t in busy.items() if t > -np.inf})
+        if busy:
+            watermark = min(busy.values()) - self.data.join.allowed_lateness_seconds
         else:
             # The whole input is idle: event time goes on with the clock from its last event, so
             # the last impressions of a stream that pauses (or ends) close too.
@@ -317,6 +335,16 @@ class StreamLoader:
             watermark = latest + silent - self.data.join.allowed_lateness_seconds
         for joiner in self.joins.values():
             self._add(joiner.advance(watermark))
+
+    @staticmethod
+    def _align(consumer, times: dict[TopicPartition, float]) -> None:
+        """Pause the input partitions `ahead` of the slowest one, resume those it has caught up with
+        (a paused partition's prefetched records are dropped and read again on resuming)."""
+        pause, paused = ahead(times, ALIGN_SECONDS), consumer.paused()
+        if pause - paused:
+            consumer.pause(*(pause - paused))
+        if paused - pause:
+            consumer.resume(*(paused - pause))
 
     async def _emit(self, producer) -> None:
         k, size = len(self.share.ranks), self.config.training.batch_size

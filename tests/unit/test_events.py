@@ -9,10 +9,11 @@ import math
 import msgpack
 import numpy as np
 import pytest
+from aiokafka import TopicPartition
 
 from trillium.data.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
 from trillium.job import JobConfig
-from trillium.services.data_loader.stream import due_steps
+from trillium.services.data_loader.stream import ahead, due_steps
 from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
 
@@ -130,3 +131,13 @@ def test_a_slow_stream_sends_what_it_has_after_the_timeout() -> None:
     assert _steps(rows, now=0.9) == []
     assert _steps(rows, now=1.0) == [list(range(8))]  # one partial step: all of them
     assert len(rows) == 0
+
+
+def test_partitions_ahead_of_the_slowest_in_event_time_are_paused_never_the_slowest() -> None:
+    imps, clicks = [TopicPartition("imps", p) for p in range(2)], [TopicPartition("clicks", p) for p in range(2)]
+    # Catching up: one impressions partition 30 s behind; the clicks, small messages, ran far ahead.
+    times = {imps[0]: 1000.0, imps[1]: 1030.0, clicks[0]: 1001.5, clicks[1]: 1150.0}
+    assert ahead(times, drift=2.0) == {imps[1], clicks[1]}
+    # Caught up: within the drift of each other, none waits.
+    assert ahead({tp: 1000.0 + 0.5 * i for i, tp in enumerate(imps + clicks)}, drift=2.0) == set()
+    assert ahead({imps[0]: 5.0}, drift=0.0) == set() and ahead({}, drift=2.0) == set()
