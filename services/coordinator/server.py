@@ -32,7 +32,7 @@ OBSERVE_TICK_S = 1.0
 
 class Coordinator(Service):
     role = "coordinator"
-    malloc_arenas = 2  # its threads write files and encode states: no arena each (runtime/memory.py)
+    lean_malloc = True  # its large buffers (states, checkpoint files) come and go: give them back
 
     def add_routes(self, app: FastAPI) -> None:
         app.description = (

@@ -92,7 +92,7 @@ async def _threaded(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
 
 class DataLoader(Service):
     role = "data_loader"
-    malloc_arenas = 2  # its threads write files and encode states: no arena each (runtime/memory.py)
+    lean_malloc = True  # its large buffers (states, checkpoint files) come and go: give them back
 
     def __init__(self, settings) -> None:
         super().__init__(settings)

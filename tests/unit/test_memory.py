@@ -1,5 +1,6 @@
-"""malloc arenas: threads started after `limit_malloc_arenas` share the capped arenas (glibc's
-`malloc_stats` lists them), where without it each thread that allocates gets one of its own."""
+"""`keep_malloc_lean`, in a fresh interpreter each (glibc's malloc settings are per process):
+threads share the capped arenas (glibc's `malloc_stats` lists them), and freed large buffers
+leave the RSS even after a larger one was freed first; without it, neither holds."""
 
 from __future__ import annotations
 
@@ -11,13 +12,22 @@ import pytest
 
 PROGRAM = """
 import ctypes, sys, threading
-from trillium.runtime.memory import limit_malloc_arenas
-if sys.argv[1] != "none":
-    limit_malloc_arenas(int(sys.argv[1]))
-held, go = [], threading.Barrier(8)
+from trillium.runtime.memory import keep_malloc_lean
+if sys.argv[1] == "lean":
+    keep_malloc_lean()
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+start = rss_mb()
+big = bytearray(20_000_000)
+del big  # one large state encoded and dropped
+buffers = [bytearray(1_000_000) for _ in range(60)]  # then 60 MB of checkpoint parts
+held = bytearray(100)  # something small allocated after them, still alive
+del buffers
+print(rss_mb() - start)
+go = threading.Barrier(8)
 def work():
     go.wait()  # all at once: each finds the arenas in use
-    held.append([ctypes.create_string_buffer(4096) for _ in range(200)])
+    held.extend(bytes(ctypes.create_string_buffer(4096)))
 threads = [threading.Thread(target=work) for _ in range(8)]
 for t in threads: t.start()
 for t in threads: t.join()
@@ -25,12 +35,16 @@ ctypes.CDLL("libc.so.6").malloc_stats()
 """
 
 
-def _arenas(limit: str) -> int:
-    done = subprocess.run([sys.executable, "-c", PROGRAM, limit], capture_output=True, text=True, check=True)
-    return sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+def _run(mode: str) -> tuple[float, int]:
+    """(MB of RSS kept after freeing the buffers, arenas)"""
+    done = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, check=True)
+    arenas = sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+    return float(done.stdout), arenas
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
-def test_threads_share_the_capped_arenas() -> None:
-    assert _arenas("none") > 2
-    assert _arenas("2") == 2
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's")
+def test_a_lean_process_gives_freed_buffers_back_and_shares_its_arenas() -> None:
+    kept, arenas = _run("glibc defaults")
+    assert kept > 10 and arenas > 2
+    kept, arenas = _run("lean")
+    assert kept < 2 and arenas == 2

@@ -4,8 +4,8 @@ A service that parses or encodes a large state frees it again, but glibc's mallo
 pages that are not at the top of its heaps: the RSS stays at the high-water mark. A data loader
 restoring its joiner (tens of MB of JSON, several times that as Python objects) rose by about as
 much at every recovery of a long-running job. `malloc_trim(0)` returns every free whole page
-(glibc 2.8 and later), and `limit_malloc_arenas` keeps worker threads from each growing an
-arena of their own; without glibc (musl, macOS) both are no-ops.
+(glibc 2.8 and later), and `keep_malloc_lean` keeps a service from growing on what it freed;
+without glibc (musl, macOS) both are no-ops.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-__all__ = ["limit_malloc_arenas", "release_free_memory"]
+__all__ = ["keep_malloc_lean", "release_free_memory"]
 
 
 def _libc(name: str):
@@ -33,16 +33,25 @@ def release_free_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+# mallopt's parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+LEAN_ARENAS = 2
+MMAP_THRESHOLD = 128 * 1024  # glibc's starting value, pinned
 
 
-def limit_malloc_arenas(arenas: int) -> None:
-    """Let the threads this process starts from now on share at most `arenas` malloc arenas.
+def keep_malloc_lean() -> None:
+    """Trade a little allocation speed for an RSS that follows what the process uses, for a
+    service whose hot path is not allocation-bound (the coordinator, a data loader):
 
-    glibc gives each new thread an arena of its own, up to 8 per core, and each keeps its own
-    high-water mark: a service that hands work to a pool of threads now and then (file writes,
-    JSON of a large state) grows by an arena's worth whenever one more thread first allocates.
-    An asyncio service has no allocation-heavy threads to keep apart: a shared arena costs it
-    nothing, and its RSS stops stepping up with its age."""
+    - its threads share `LEAN_ARENAS` malloc arenas. glibc gives each new thread an arena of
+      its own, up to 8 per core, each with its own high-water mark: a service that hands work
+      to a pool of threads now and then (file writes, the JSON of a large state) grew by an
+      arena's worth whenever one more thread first allocated;
+    - blocks of `MMAP_THRESHOLD` and more are always mapped, so freeing one unmaps it. glibc
+      raises that threshold to the size of each mapped block freed (up to 32 MiB): after one
+      large state was encoded, every later block up to its size came from the heap and stayed
+      in the RSS once freed."""
     if _MALLOPT is not None:
-        _MALLOPT(_M_ARENA_MAX, arenas)
+        _MALLOPT(_M_ARENA_MAX, LEAN_ARENAS)
+        _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)

@@ -57,7 +57,7 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
-from trillium.runtime.memory import limit_malloc_arenas, release_free_memory
+from trillium.runtime.memory import keep_malloc_lean, release_free_memory
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -82,9 +82,9 @@ class Service:
     role: ClassVar[Role]
     # False: a process that takes part in no job (a serving replica) neither registers nor heartbeats.
     registers: ClassVar[bool] = True
-    # A cap on malloc arenas (trillium.runtime.memory.limit_malloc_arenas) for a service whose
-    # threads only run what would block its event loop; None leaves glibc's default.
-    malloc_arenas: ClassVar[int | None] = None
+    # True: trillium.runtime.memory.keep_malloc_lean, for a service whose hot path does not
+    # allocate much (a PS shard's or an NN rank's per-step buffers keep glibc's own tuning).
+    lean_malloc: ClassVar[bool] = False
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
@@ -509,8 +509,8 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
         print(f"{cls.role}: configuration error:\n{err}", file=sys.stderr)
         raise SystemExit(2) from None
     log.configure(settings.name, settings.log_level)
-    if cls.malloc_arenas is not None:
-        limit_malloc_arenas(cls.malloc_arenas)
+    if cls.lean_malloc:
+        keep_malloc_lean()
     _run_loop(cls(settings).run())
 
 
