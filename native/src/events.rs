@@ -20,6 +20,8 @@ use std::borrow::Cow;
 pub const MAX_DEPTH: usize = 64;
 /// The ASCII unit separator: joins a list value's items (`MULTI_SEP` in events.py).
 pub const MULTI_SEP: char = '\x1f';
+/// The ASCII record separator: joins an event's field values (`FIELD_SEP` in events.py).
+pub const FIELD_SEP: char = '\x1e';
 
 /// A parsed JSON value; a number is kept as its text (Python decides int or float by its form).
 #[derive(Debug)]
@@ -288,7 +290,7 @@ fn scalar_text(v: &Json<'_>, max_value_bytes: usize) -> Option<String> {
         Json::Bool(b) => Some(if *b { "true" } else { "false" }.to_string()),
         Json::Int(t) => int_text(t),
         Json::Float(t) => finite(t).map(py_float_repr),
-        Json::Str(s) => (s.len() <= max_value_bytes && !s.contains(MULTI_SEP)).then(|| s.to_string()),
+        Json::Str(s) => (s.len() <= max_value_bytes && !s.contains([MULTI_SEP, FIELD_SEP])).then(|| s.to_string()),
         _ => None,
     }
 }
@@ -404,6 +406,22 @@ mod tests {
         assert!(parse(br#" {"a": [1, 2.5, "x\u00e9\ud83d\ude00", null, true]} "#).is_some());
         for bad in [&b"{\"a\": 01}"[..], b"{\"a\": 1,}", b"[1]", b"{\"a\": \"\\ud800\"}", b"{\"a\": NaN}", b"{} x"] {
             assert!(parse(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_value_with_a_separator_is_left_to_the_reference() {
+        let spec = EventSpec {
+            fields: vec![(vec!["a".into()], Kind::Slot)],
+            event_time: vec!["t".into()],
+            event_key: None,
+            max_message_bytes: 1 << 20,
+            max_value_bytes: 1 << 16,
+        };
+        assert!(spec.decode(br#"{"t": 1, "a": "x"}"#, true).is_some());
+        for sep in ["\\u001e", "\\u001f"] {
+            let raw = format!(r#"{{"t": 1, "a": "x{sep}y"}}"#);
+            assert!(spec.decode(raw.as_bytes(), true).is_none(), "{raw}");
         }
     }
 }

@@ -42,7 +42,7 @@ from trillium.wire import codec, kafka, state
 from trillium.wire.batch import Batch
 
 from .placement import Record, Share
-from .stream import StreamLoader
+from .stream import StreamLoader, upgrade_state
 
 AHEAD = 64  # encoded batches a reader thread may hold before the producer takes them
 
@@ -196,7 +196,12 @@ class DataLoader(Service):
         manifest = await asyncio.to_thread(ckdir.manifest)
         if manifest is None:
             raise RuntimeError(f"checkpoint {job.restore.location} has no manifest")
-        return json.loads(await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index)))
+        saved = json.loads(await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index)))
+        return (
+            upgrade_state(saved, job.config)
+            if manifest.format < 2 and isinstance(job.config.data, KafkaData)
+            else saved
+        )
 
     def _batches(
         self, job: JobRecord, split: str, epoch: int, skip: int, quarantine: Quarantine | None

@@ -19,7 +19,6 @@ repeats an event.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -33,9 +32,17 @@ from aiokafka.errors import KafkaError
 
 import trillium_native
 from trillium.data.features import Encoder, OnlineStats, batch_of
-from trillium.data.sources.events import BadEvent, Event, EventReader, EventRows, stream_encoder_config
+from trillium.data.sources.events import (
+    BadEvent,
+    Event,
+    EventReader,
+    EventRows,
+    event_fields,
+    packed_values,
+    stream_encoder_config,
+)
 from trillium.data.sources.joiner import PartitionJoin
-from trillium.job import KafkaData
+from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import Offsets
 from trillium.runtime.progress import JobProgress
@@ -86,6 +93,22 @@ def due_steps(
             yield rows.pick(rng.choice(oldest, step, replace=False))
         if waited_out():
             yield rows.pick(rng.permutation(len(rows)))
+
+
+def upgrade_state(state: dict[str, Any], config: JobConfig) -> dict[str, Any]:
+    """A stream's state as checkpoint format 1 wrote it (each event's values a dict by path) in
+    today's form (one text: `trillium.data.sources.events`)."""
+    paths = [p for p, _ in event_fields(config)]
+
+    def event(e: list[Any] | None) -> list[Any] | None:
+        return None if e is None else [packed_values(e[0], paths), *e[1:]]
+
+    state["rows"] = [event(r) for r in state.get("rows", [])]
+    for join in state.get("joins", {}).values():
+        join["open"] = [event(e) for e in join["open"]]
+        join["closed"] = [[key, event(e), *rest] for key, e, *rest in join["closed"]]
+        join["decided"] = [[event(e), *rest] for e, *rest in join["decided"]]
+    return state
 
 
 def ahead(times: dict[TopicPartition, float], drift: float) -> set[TopicPartition]:
@@ -290,7 +313,7 @@ class StreamLoader:
         if clock.action == "dlq":
             raise BadEvent(f"event time {event.time:.3f} is {abs(event.time - now):.1f} s in the {kind} of the "
                            f"loader's clock (data.clock.max_{kind}_seconds)")  # fmt: skip
-        return dataclasses.replace(event, time=bound)
+        return event._replace(time=bound)
 
     def _add(self, emitted) -> None:
         for e in emitted:
@@ -365,7 +388,7 @@ class StreamLoader:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""
         columns = rows.columns()
         checked = self.encoder.check_cells(
-            columns, lambda i: (i, msgpack.packb(rows.events[i].values).hex()), file="kafka"
+            columns, lambda i: (i, msgpack.packb(self.reader.named(rows.events[i])).hex()), file="kafka"
         )
         self.stats.update(checked.dense[checked.keep])
         self.encoder.stats = self.stats.stats()

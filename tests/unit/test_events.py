@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from aiokafka import TopicPartition
 
-from trillium.data.sources.events import MULTI_SEP, BadEvent, Event, EventReader, EventRows
+from trillium.data.sources.events import FIELD_SEP, MULTI_SEP, BadEvent, Event, EventReader, EventRows
+from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JobConfig
-from trillium.services.data_loader.stream import ahead, due_steps
+from trillium.services.data_loader.stream import ahead, due_steps, upgrade_state
 from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
 
@@ -40,9 +41,13 @@ GOOD = {"id": "e1", "ts": 1700000000.5, "user": {"id": 42, "recent": ["a", "b", 
 
 
 def test_a_good_event_gives_its_fields_as_text() -> None:
-    event = EventReader(_job()).event(json.dumps(GOOD).encode())
+    reader = EventReader(_job())
+    event = reader.event(json.dumps(GOOD).encode())
     assert (event.key, event.time) == ("e1", 1700000000.5)
-    assert event.values == {"user.id": "42", "user.recent": f"a{MULTI_SEP}b", "price": "3", "click": "1"}
+    assert reader.named(event) == {"user.id": "42", "user.recent": f"a{MULTI_SEP}b", "price": "3", "click": "1"}
+    assert event.values == FIELD_SEP.join(["42", f"a{MULTI_SEP}b", "3", "1"])  # one text, the fields in order
+    missing = reader.event(json.dumps(GOOD | {"price": None, "user": {"id": 42, "recent": None}}).encode())
+    assert reader.named(missing) == {"user.id": "42", "user.recent": "", "price": "", "click": "1"}
     packed = EventReader(_job(format="msgpack")).event(msgpack.packb(GOOD))
     assert packed == event
 
@@ -98,7 +103,7 @@ def _pooled(arrivals: list[tuple[int, float]]) -> EventRows:
     rows, n = EventRows(_job()), 0
     for count, at in arrivals:
         for _ in range(count):
-            rows.add(Event({}, str(n), 0.0), "1")
+            rows.add(Event(FIELD_SEP.join(["u", "r", "1.0"]), str(n), 0.0), "1")
             rows.arrived[-1] = at
             n += 1
     return rows
@@ -141,3 +146,42 @@ def test_partitions_ahead_of_the_slowest_in_event_time_are_paused_never_the_slow
     # Caught up: within the drift of each other, none waits.
     assert ahead({tp: 1000.0 + 0.5 * i for i, tp in enumerate(imps + clicks)}, drift=2.0) == set()
     assert ahead({imps[0]: 5.0}, drift=0.0) == set() and ahead({}, drift=2.0) == set()
+
+
+def test_a_stream_state_of_checkpoint_format_1_reads_as_todays() -> None:
+    """Format 1 kept each event's values as a dict by path (null: missing)."""
+    job = JobConfig.model_validate(
+        _job().model_dump(mode="json")
+        | {
+            "data": {
+                "source": "kafka",
+                "event_time": "ts",
+                "join": {"impressions": "i", "labels": "c", "key": "id", "window_seconds": 5},
+            }
+        }
+    )
+    old = {"user.id": "42", "user.recent": None, "price": "3"}
+    state = {
+        "rows": [[old, "r1", 1.0, "1", 1.5]],
+        "joins": {
+            "0": {
+                "open": [[old, "k1", 10.0]],
+                "held": [["k9", 12.0]],
+                "closed": [["k2", [old, "k2", 5.0], False, 15.0], ["k3", None, True, 16.0]],
+                "decided": [[[old, "k4", 7.0], True, 8.0, "positive"]],
+                "counts": {"impressions": 4},
+            }
+        },
+    }
+    state = json.loads(json.dumps(upgrade_state(state, job)))  # as a checkpoint keeps it
+    today = FIELD_SEP.join(["42", "", "3"])
+    join = PartitionJoin.from_state(job.data.join, state["joins"]["0"])
+    assert join.open["k1"] == Event(today, "k1", 10.0)
+    assert join.closed["k2"][0] == Event(today, "k2", 5.0) and join.closed["k3"] == (None, True, 16.0)
+    assert [e.event for _, _, e in join.decided] == [Event(today, "k4", 7.0)]
+    assert state["rows"] == [[today, "r1", 1.0, "1", 1.5]]
+    rows = EventRows(job)
+    rows.add(Event(*state["rows"][0][:3]), "1")
+    assert {k: list(v) for k, v in rows.columns().items()} == {
+        "user.id": ["42"], "user.recent": [""], "price": ["3"], "click": ["1"]
+    }  # fmt: skip

@@ -15,7 +15,7 @@ def _config(**changes) -> JoinConfig:
 
 
 def _imp(key: str, t: float) -> Event:
-    return Event({"f": key}, key, t)
+    return Event(f"f{key}", key, t)
 
 
 def _outcome(emitted) -> list[tuple[str, str, float]]:

@@ -40,7 +40,9 @@ from trillium.runtime.storage import StorageDir
 # What a checkpoint's files mean. Raise it with any change a reader of the old files would
 # misread, keep reading the old ones, and add a fixture of the new one beside the old
 # (tests/data/make_checkpoint_fixture.py); the fixtures of earlier formats stay and must restore.
-FORMAT_VERSION = 1
+# 2: a stream loader's events keep their field values as one text (1: a dict by path; read by
+# services/data_loader/stream.py:upgrade_state).
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 

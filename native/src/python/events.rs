@@ -2,10 +2,10 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use super::type_name;
-use crate::events::{EventSpec, Kind};
+use crate::events::{EventSpec, Kind, FIELD_SEP};
 
 /// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes): decodes
 /// JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind), kind one
@@ -13,7 +13,6 @@ use crate::events::{EventSpec, Kind};
 #[pyclass(name = "EventDecoder", module = "trillium_native", frozen)]
 pub(crate) struct PyEventDecoder {
     spec: EventSpec,
-    names: Vec<Py<PyString>>, // each field's path, interned: the keys of the values dicts
 }
 
 fn split(path: &str) -> Vec<String> {
@@ -24,7 +23,6 @@ fn split(path: &str) -> Vec<String> {
 impl PyEventDecoder {
     #[new]
     fn new(
-        py: Python<'_>,
         fields: Vec<(String, String)>,
         event_time: &str,
         event_key: Option<&str>,
@@ -32,7 +30,6 @@ impl PyEventDecoder {
         max_value_bytes: usize,
     ) -> PyResult<Self> {
         let mut spec_fields = Vec::with_capacity(fields.len());
-        let mut names = Vec::with_capacity(fields.len());
         for (path, kind) in &fields {
             let kind = match kind.as_str() {
                 "slot" => Kind::Slot,
@@ -41,7 +38,6 @@ impl PyEventDecoder {
                 other => return Err(PyValueError::new_err(format!("field {path:?}: unknown kind {other:?}"))),
             };
             spec_fields.push((split(path), kind));
-            names.push(PyString::intern(py, path).unbind());
         }
         let spec = EventSpec {
             fields: spec_fields,
@@ -50,12 +46,13 @@ impl PyEventDecoder {
             max_message_bytes,
             max_value_bytes,
         };
-        Ok(Self { spec, names })
+        Ok(Self { spec })
     }
 
-    /// decode(messages, with_fields) -> list of (time, key, values dict) or None per message;
-    /// None: not decoded here (the reference decoder says what it is). Without `with_fields`
-    /// the values dict is empty.
+    /// decode(messages, with_fields) -> list of (values, key, time) or None per message, the
+    /// values one text (each field's, `FIELD_SEP` between them, a missing one empty); None: not
+    /// decoded here (the reference decoder says what it is). Without `with_fields` the values
+    /// are empty.
     fn decode<'py>(
         &self,
         py: Python<'py>,
@@ -77,17 +74,21 @@ impl PyEventDecoder {
             match decoded {
                 None => out.append(py.None())?,
                 Some(d) => {
-                    let values = PyDict::new(py);
-                    for (name, v) in self.names.iter().zip(&d.values) {
-                        match v {
-                            Some(s) => values.set_item(name.bind(py), PyString::new(py, s))?,
-                            None => values.set_item(name.bind(py), py.None())?,
+                    let mut values = String::new();
+                    for (i, v) in d.values.iter().enumerate() {
+                        if i > 0 {
+                            values.push(FIELD_SEP);
                         }
+                        values.push_str(v.as_deref().unwrap_or(""));
                     }
                     let key = d.key.map(|k| PyString::new(py, &k));
                     out.append(PyTuple::new(
                         py,
-                        [d.time.into_pyobject(py)?.into_any(), key.into_pyobject(py)?.into_any(), values.into_any()],
+                        [
+                            PyString::new(py, &values).into_any(),
+                            key.into_pyobject(py)?.into_any(),
+                            d.time.into_pyobject(py)?.into_any(),
+                        ],
                     )?)?;
                 }
             }

@@ -7,7 +7,7 @@ and key name fields by dotted path (`user.recent_items`). What is checked, per m
 - it decodes, to a mapping, within `max_message_bytes`;
 - every field the job maps is present (`null` is a missing value, like an empty cell);
 - a slot's value is a string, a number or a boolean, or a list of those (a multi-valued slot);
-  no string longer than `MAX_VALUE_BYTES`;
+  no string longer than `MAX_VALUE_BYTES`, none with the separators `FIELD_SEP` or `MULTI_SEP`;
 - a dense value is a finite number; the event time a finite number of seconds; the label a
   string, number or boolean.
 
@@ -17,6 +17,9 @@ one (a malformed one, or one it does not read the way `json.loads` does) to `Eve
 the reference, which says why it is bad or takes it. So a batch decodes to what the reference
 makes of each message, reasons included.
 
+An event keeps its fields' values as one text (`FIELD_SEP` between them, in the order of
+`event_fields`; a missing value is empty, as an empty cell is): a joiner holds tens of thousands
+of events per window, and a value each as its own string and dict entry was 3 KB an event.
 `EventRows` gathers accepted events as the text columns `trillium.data.features` encodes (a list
 value is joined with `MULTI_SEP`, which slots of a kafka job split on), with each event's key and
 event time.
@@ -27,9 +30,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from time import monotonic
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 
@@ -39,17 +41,21 @@ if TYPE_CHECKING:
     from trillium.job import JobConfig, KafkaData
 
 __all__ = [
+    "FIELD_SEP",
     "MAX_VALUE_BYTES",
     "MULTI_SEP",
     "BadEvent",
     "Event",
     "EventReader",
     "EventRows",
+    "event_fields",
+    "packed_values",
     "scalar_text",
     "stream_encoder_config",
 ]
 
 MULTI_SEP = "\x1f"  # the ASCII unit separator: joins a list value's items into one cell
+FIELD_SEP = "\x1e"  # the ASCII record separator: joins an event's field values into one text
 MAX_VALUE_BYTES = 1 << 16  # a string value longer than this is no ID: the event is refused
 
 
@@ -57,13 +63,27 @@ class BadEvent(ValueError):
     """A message that cannot be a sample; the message is the reason."""
 
 
-@dataclass(frozen=True)
-class Event:
-    """A decoded event: the values of the fields the job maps (by path, as text), its key, its time."""
+class Event(NamedTuple):
+    """A decoded event: the values of the fields the job maps as one text (see the module's
+    docstring; `EventReader.named` gives them by path), its key, its time."""
 
-    values: dict[str, str | None]
+    values: str
     key: str | None
     time: float
+
+
+def event_fields(job: JobConfig) -> list[tuple[str, str]]:
+    """The fields an event of `job` carries, in their order: (path, kind), kind slot, dense or
+    label (the label only where no joiner sets it)."""
+    fields = [(s.column, "slot") for s in job.slots] + [(d.column, "dense") for d in job.dense]
+    if job.data.join is None:  # type: ignore[union-attr]
+        fields.append((job.label.column, "label"))
+    return fields
+
+
+def packed_values(values: Mapping[str, str | None], paths: Sequence[str]) -> str:
+    """Field values by path (checkpoints of format 1 kept them so) as an event's one text."""
+    return FIELD_SEP.join(values.get(p) or "" for p in paths)
 
 
 def _at(event: Mapping[str, Any], path: str) -> Any:
@@ -92,8 +112,8 @@ def scalar_text(path: str, value: Any) -> str:
             raise BadEvent(f"field {path!r}: a string that is not valid Unicode") from None
         if size > MAX_VALUE_BYTES:
             raise BadEvent(f"field {path!r}: a string of {size} bytes (at most {MAX_VALUE_BYTES})")
-        if MULTI_SEP in value:
-            raise BadEvent(f"field {path!r}: the control character \\x1f in a value")
+        if MULTI_SEP in value or FIELD_SEP in value:
+            raise BadEvent(f"field {path!r}: the control character \\x1e or \\x1f in a value")
         return value
     raise BadEvent(f"field {path!r}: expected a string, number or boolean, got {type(value).__name__}")
 
@@ -115,9 +135,8 @@ class EventReader:
         self.dense = [d.column for d in job.dense]
         self.label = job.label.column
         self.joined = data.join is not None
-        fields = [(p, "slot") for p in self.slots] + [(p, "dense") for p in self.dense]
-        if not self.joined:
-            fields.append((self.label, "label"))
+        fields = event_fields(job)
+        self.paths = [p for p, _ in fields]
         self.native = (
             trillium_native.EventDecoder(
                 fields, data.event_time, data.event_key, data.max_message_bytes, MAX_VALUE_BYTES
@@ -132,7 +151,7 @@ class EventReader:
         out: list[Event | BadEvent] = []
         for raw, d in zip(raws, decoded, strict=True):
             if d is not None:
-                out.append(Event(d[2], d[1], d[0]))
+                out.append(Event(*d))
                 continue
             try:  # the reference: a bad message's reason, or one the native decoder leaves to it
                 out.append(self.event(raw, impression=impression))
@@ -166,33 +185,36 @@ class EventReader:
         event = self.decode(raw)
         time, key = self.time_and_key(event)
         if not impression:
-            return Event({}, key, time)
-        values: dict[str, Any] = {}
+            return Event("", key, time)
+        values: list[str] = []
         for path in self.slots:
             value = _at(event, path)
             if isinstance(value, list):
-                values[path] = MULTI_SEP.join(scalar_text(path, v) for v in value if v is not None)
+                values.append(MULTI_SEP.join(scalar_text(path, v) for v in value if v is not None))
             else:
-                values[path] = None if value is None else scalar_text(path, value)
+                values.append("" if value is None else scalar_text(path, value))
         for path in self.dense:
             value = _at(event, path)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
             ):
                 raise BadEvent(f"field {path!r} (dense): expected a finite number, got {value!r}")
-            values[path] = None if value is None else scalar_text(path, value)
+            values.append("" if value is None else scalar_text(path, value))
         if not self.joined:
             value = _at(event, self.label)
-            values[self.label] = None if value is None else scalar_text(self.label, value)
-        return Event(values, key, time)
+            values.append("" if value is None else scalar_text(self.label, value))
+        return Event(FIELD_SEP.join(values), key, time)
+
+    def named(self, event: Event) -> dict[str, str]:
+        """An event's field values by path (an impression's; a label event of a join has none)."""
+        return dict(zip(self.paths, event.values.split(FIELD_SEP), strict=True))
 
 
 class EventRows:
     """Accepted events, as the columns of a block of rows for `trillium.data.features`."""
 
     def __init__(self, job: JobConfig) -> None:
-        self.slots = [s.column for s in job.slots]
-        self.dense = [d.column for d in job.dense]
+        self.paths = [p for p, _ in event_fields(job)]  # of each event's values, in order
         self.label = job.label.column
         self.events: list[Event] = []
         self.labels: list[str] = []  # each event's label (set by the joiner, or read)
@@ -204,14 +226,15 @@ class EventRows:
 
     def add(self, event: Event, label: str | None = None, time: float | None = None) -> None:
         self.events.append(event)
-        self.labels.append(label if label is not None else event.values.get(self.label))
+        # A label read from the event is its last field (`event_fields`).
+        self.labels.append(label if label is not None else event.values.rpartition(FIELD_SEP)[2])
         self.times.append(event.time if time is None else time)
         self.arrived.append(monotonic())
 
     def pick(self, indices: Sequence[int]) -> EventRows:
         """These events (in this order), removed from these."""
         chosen = EventRows.__new__(EventRows)
-        chosen.slots, chosen.dense, chosen.label = self.slots, self.dense, self.label
+        chosen.paths, chosen.label = self.paths, self.label
         chosen.events = [self.events[i] for i in indices]
         chosen.labels = [self.labels[i] for i in indices]
         chosen.times = [self.times[i] for i in indices]
@@ -224,8 +247,9 @@ class EventRows:
         self.arrived = [self.arrived[i] for i in keep]
         return chosen
 
-    def columns(self) -> dict[str, list[str | None]]:
-        """Every mapped field's column as text (None: missing), the label's too."""
-        out = {path: [e.values[path] for e in self.events] for path in dict.fromkeys(self.slots + self.dense)}
+    def columns(self) -> dict[str, Sequence[str | None]]:
+        """Every mapped field's column as text ("": missing), the label's too."""
+        cells = list(zip(*(e.values.split(FIELD_SEP) for e in self.events), strict=True)) or [()] * len(self.paths)
+        out: dict[str, Sequence[str | None]] = dict(zip(self.paths, cells, strict=True))
         out[self.label] = self.labels
         return out
