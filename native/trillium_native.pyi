@@ -553,6 +553,7 @@ class EventDecoder:
     ) -> None: ...
     def decode(
         self, messages: list[bytes | None], with_fields: bool
-    ) -> list[tuple[float, str | None, dict[str, str | None]] | None]:
-        """Per message: (event time, key, values by path), or None (leave it to the reference).
-        Without `with_fields` the values dict is empty. Raises TypeError (an item not bytes/None)."""
+    ) -> list[tuple[str, str | None, float] | None]:
+        """Per message: (values, key, event time), or None (leave it to the reference). The values
+        are one text: each field's, in the order of `fields`, joined by "\\x1e" (a missing value
+        is empty); without `with_fields`, empty. Raises TypeError (an item not bytes/None)."""
