@@ -551,9 +551,7 @@ class EventDecoder:
         max_message_bytes: int,
         max_value_bytes: int,
     ) -> None: ...
-    def decode(
-        self, messages: list[bytes | None], with_fields: bool
-    ) -> list[tuple[str, str | None, float] | None]:
+    def decode(self, messages: list[bytes | None], with_fields: bool) -> list[tuple[str, str | None, float] | None]:
         """Per message: (values, key, event time), or None (leave it to the reference). The values
         are one text: each field's, in the order of `fields`, joined by "\\x1e" (a missing value
         is empty); without `with_fields`, empty. Raises TypeError (an item not bytes/None)."""

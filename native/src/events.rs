@@ -15,6 +15,8 @@
 //! (shortest round-trip digits, exponent outside 1e-4 <= |x| < 1e16).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// Nesting deeper than this is left to Python.
 pub const MAX_DEPTH: usize = 64;
@@ -274,23 +276,65 @@ pub fn py_float_repr(x: f64) -> String {
     }
 }
 
+/// Whether Python's `repr(float(text))` is `text` itself, with no parse: plain notation
+/// (`-?digits.digits`), at most 15 significant digits (so that they are the shortest that round
+/// trip: no two such decimals are the same double), no trailing zero but in `.0`, and within the
+/// range repr writes without an exponent (1e-4 <= |x| < 1e16). What JSON writers of Python,
+/// Java and JavaScript write for most values.
+fn written_as_repr(text: &str) -> bool {
+    let unsigned = text.strip_prefix('-').unwrap_or(text);
+    let Some((int, frac)) = unsigned.split_once('.') else { return false };
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|c| c.is_ascii_digit());
+    if !digits(int) || !digits(frac) || (int.len() > 1 && int.starts_with('0')) {
+        return false;
+    }
+    if frac.len() > 1 && frac.ends_with('0') {
+        return false;
+    }
+    let significant = if int == "0" {
+        let zeros = frac.len() - frac.trim_start_matches('0').len();
+        if frac == "0" {
+            return true; // 0.0
+        }
+        if zeros > 3 {
+            return false; // below 1e-4: repr writes an exponent
+        }
+        frac.len() - zeros
+    } else {
+        int.len() + if frac == "0" { 0 } else { frac.len() }
+    };
+    significant <= 15
+}
+
+/// Python's `repr(float(text))` of a JSON number's text, or None if it is not finite.
+fn float_text(text: &str) -> Option<Cow<'_, str>> {
+    if written_as_repr(text) {
+        return Some(Cow::Borrowed(text));
+    }
+    finite(text).map(|x| Cow::Owned(py_float_repr(x)))
+}
+
 /// A finite float from its JSON text (Rust's parse rounds correctly, as Python's float() does).
 fn finite(text: &str) -> Option<f64> {
     text.parse::<f64>().ok().filter(|x| x.is_finite())
 }
 
-/// `str(int(text))`, for integers within i64 (a larger one is left to Python).
-fn int_text(text: &str) -> Option<String> {
-    text.parse::<i64>().ok().map(|i| i.to_string())
+/// `str(int(text))`, for integers within i64 (a larger one is left to Python). JSON has no
+/// leading zeros, so that is the text itself, but for "-0".
+fn int_text(text: &str) -> Option<Cow<'_, str>> {
+    let i = text.parse::<i64>().ok()?;
+    Some(if text == "-0" { Cow::Owned(i.to_string()) } else { Cow::Borrowed(text) })
 }
 
 /// Python's `scalar_text`, or None where it would refuse the value (or this path is unsure).
-fn scalar_text(v: &Json<'_>, max_value_bytes: usize) -> Option<String> {
+fn scalar_text<'j>(v: &'j Json<'_>, max_value_bytes: usize) -> Option<Cow<'j, str>> {
     match v {
-        Json::Bool(b) => Some(if *b { "true" } else { "false" }.to_string()),
+        Json::Bool(b) => Some(Cow::Borrowed(if *b { "true" } else { "false" })),
         Json::Int(t) => int_text(t),
-        Json::Float(t) => finite(t).map(py_float_repr),
-        Json::Str(s) => (s.len() <= max_value_bytes && !s.contains([MULTI_SEP, FIELD_SEP])).then(|| s.to_string()),
+        Json::Float(t) => float_text(t),
+        Json::Str(s) => {
+            (s.len() <= max_value_bytes && !s.contains([MULTI_SEP, FIELD_SEP])).then(|| Cow::Borrowed(s.as_ref()))
+        }
         _ => None,
     }
 }
@@ -314,14 +358,34 @@ pub struct EventSpec {
     pub event_key: Option<Vec<String>>,
     pub max_message_bytes: usize,
     pub max_value_bytes: usize,
+    /// Each top-level name a path starts with -> the paths (`fields` by index, then the event
+    /// time, then the key): an event's members are matched in one pass, not searched per path.
+    roots: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>>,
 }
 
-/// One decoded event: its time, key and the text of each field of the spec (in its order).
+/// FNV-1a: the roots are a few dozen short names, hashed once per member of every event.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+/// One decoded event: its time, key and the text of each field of the spec, in its order and
+/// joined by `FIELD_SEP` (a missing value is empty: the event's one text, as events.py keeps it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decoded {
     pub time: f64,
     pub key: Option<String>,
-    pub values: Vec<Option<String>>,
+    pub values: String,
 }
 
 fn at<'j, 'a>(event: &'j Json<'a>, path: &[String]) -> Option<&'j Json<'a>> {
@@ -329,6 +393,41 @@ fn at<'j, 'a>(event: &'j Json<'a>, path: &[String]) -> Option<&'j Json<'a>> {
 }
 
 impl EventSpec {
+    pub fn new(
+        fields: Vec<(Vec<String>, Kind)>,
+        event_time: Vec<String>,
+        event_key: Option<Vec<String>>,
+        max_message_bytes: usize,
+        max_value_bytes: usize,
+    ) -> Self {
+        let mut roots: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>> = HashMap::default();
+        let paths = fields.iter().map(|(p, _)| p).chain([&event_time]).chain(&event_key);
+        for (i, path) in paths.enumerate() {
+            roots.entry(path[0].clone()).or_default().push(i);
+        }
+        Self { fields, event_time, event_key, max_message_bytes, max_value_bytes, roots }
+    }
+
+    /// Each path's value in `event` (`fields`, then the event time, then the key), None where
+    /// it has none.
+    fn values_at<'j, 'a>(&self, event: &'j Json<'a>) -> Vec<Option<&'j Json<'a>>> {
+        let paths: Vec<&Vec<String>> =
+            self.fields.iter().map(|(p, _)| p).chain([&self.event_time]).chain(&self.event_key).collect();
+        let mut found = vec![None; paths.len()];
+        if let Json::Obj(members) = event {
+            for (name, value) in members {
+                // In member order: the last of duplicate keys wins, as in a Python dict.
+                for &i in self.roots.get(name.as_ref()).map_or(&[][..], Vec::as_slice) {
+                    found[i] = Some(value);
+                }
+            }
+        }
+        for (slot, path) in found.iter_mut().zip(paths) {
+            *slot = slot.and_then(|root| at(root, &path[1..]));
+        }
+        found
+    }
+
     /// The event in `raw`, with every field (`with_fields`) or its time and key only; None:
     /// let the reference decoder decide.
     pub fn decode(&self, raw: &[u8], with_fields: bool) -> Option<Decoded> {
@@ -336,38 +435,38 @@ impl EventSpec {
             return None;
         }
         let event = parse(raw)?;
-        let time = match at(&event, &self.event_time)? {
+        let found = self.values_at(&event);
+        let n = self.fields.len();
+        let time = match found[n]? {
             Json::Int(t) => t.parse::<i64>().ok()? as f64,
             Json::Float(t) => finite(t)?,
             _ => return None,
         };
         let key = match &self.event_key {
-            Some(path) => Some(scalar_text(at(&event, path)?, self.max_value_bytes)?),
+            Some(_) => Some(scalar_text(found[n + 1]?, self.max_value_bytes)?.into_owned()),
             None => None,
         };
-        let mut values = Vec::with_capacity(if with_fields { self.fields.len() } else { 0 });
+        let mut values = String::new();
         if with_fields {
-            for (path, kind) in &self.fields {
-                let v = at(&event, path)?;
-                values.push(match (kind, v) {
-                    (_, Json::Null) => None,
+            for (i, ((_, kind), value)) in self.fields.iter().zip(&found).enumerate() {
+                if i > 0 {
+                    values.push(FIELD_SEP);
+                }
+                match (kind, (*value)?) {
+                    (_, Json::Null) => {}
                     (Kind::Slot, Json::Arr(items)) => {
-                        let mut cell = String::new();
-                        let mut first = true;
-                        for item in items.iter().filter(|i| !matches!(i, Json::Null)) {
-                            if !first {
-                                cell.push(MULTI_SEP);
+                        for (j, item) in items.iter().filter(|i| !matches!(i, Json::Null)).enumerate() {
+                            if j > 0 {
+                                values.push(MULTI_SEP);
                             }
-                            first = false;
-                            cell.push_str(&scalar_text(item, self.max_value_bytes)?);
+                            values.push_str(&scalar_text(item, self.max_value_bytes)?);
                         }
-                        Some(cell)
                     }
-                    (Kind::Dense, Json::Int(t)) => Some(int_text(t)?),
-                    (Kind::Dense, Json::Float(t)) => Some(py_float_repr(finite(t)?)),
+                    (Kind::Dense, Json::Int(t)) => values.push_str(&int_text(t)?),
+                    (Kind::Dense, Json::Float(t)) => values.push_str(&float_text(t)?),
                     (Kind::Dense, _) => return None,
-                    (Kind::Slot | Kind::Label, v) => Some(scalar_text(v, self.max_value_bytes)?),
-                });
+                    (Kind::Slot | Kind::Label, v) => values.push_str(&scalar_text(v, self.max_value_bytes)?),
+                }
             }
         }
         Some(Decoded { time, key, values })
@@ -402,6 +501,43 @@ mod tests {
     }
 
     #[test]
+    fn a_float_written_as_repr_is_taken_as_written() {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut taken, mut tried) = (0, 0);
+        for _ in 0..20_000 {
+            let r = next();
+            let x = f64::from_bits(r) % 1e18; // any bits, then magnitudes around repr's switch points too
+            let y = (r % 10_000_000) as f64 / 10f64.powi((r >> 40) as i32 % 12);
+            for v in [x, y, -y] {
+                if !v.is_finite() {
+                    continue;
+                }
+                let digits = (next() % 19) as usize;
+                for text in [py_float_repr(v), format!("{v}"), format!("{v:.1}"), format!("{v:.digits$}")] {
+                    tried += 1;
+                    if written_as_repr(&text) {
+                        taken += 1;
+                        assert_eq!(py_float_repr(text.parse().unwrap()), text);
+                    }
+                }
+            }
+        }
+        assert!(taken > tried / 4, "{taken} of {tried}");
+        for (text, taken) in [("1.5", true), ("2.50", false), ("0.0001", true), ("0.00001", false), ("1e3", false)] {
+            assert_eq!(written_as_repr(text), taken, "{text}");
+        }
+        for text in ["1234567890123456.0", "0.30000000000000004", "-0.0", "10.0", "1.0e+2", "007.5"] {
+            assert_eq!(float_text(text).map(Cow::into_owned), finite(text).map(py_float_repr), "{text}");
+        }
+    }
+
+    #[test]
     fn parses_and_refuses() {
         assert!(parse(br#" {"a": [1, 2.5, "x\u00e9\ud83d\ude00", null, true]} "#).is_some());
         for bad in [&b"{\"a\": 01}"[..], b"{\"a\": 1,}", b"[1]", b"{\"a\": \"\\ud800\"}", b"{\"a\": NaN}", b"{} x"] {
@@ -411,13 +547,7 @@ mod tests {
 
     #[test]
     fn a_value_with_a_separator_is_left_to_the_reference() {
-        let spec = EventSpec {
-            fields: vec![(vec!["a".into()], Kind::Slot)],
-            event_time: vec!["t".into()],
-            event_key: None,
-            max_message_bytes: 1 << 20,
-            max_value_bytes: 1 << 16,
-        };
+        let spec = EventSpec::new(vec![(vec!["a".into()], Kind::Slot)], vec!["t".into()], None, 1 << 20, 1 << 16);
         assert!(spec.decode(br#"{"t": 1, "a": "x"}"#, true).is_some());
         for sep in ["\\u001e", "\\u001f"] {
             let raw = format!(r#"{{"t": 1, "a": "x{sep}y"}}"#);

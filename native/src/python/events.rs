@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use super::type_name;
-use crate::events::{EventSpec, Kind, FIELD_SEP};
+use crate::events::{EventSpec, Kind};
 
 /// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes): decodes
 /// JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind), kind one
@@ -39,13 +39,8 @@ impl PyEventDecoder {
             };
             spec_fields.push((split(path), kind));
         }
-        let spec = EventSpec {
-            fields: spec_fields,
-            event_time: split(event_time),
-            event_key: event_key.map(split),
-            max_message_bytes,
-            max_value_bytes,
-        };
+        let spec =
+            EventSpec::new(spec_fields, split(event_time), event_key.map(split), max_message_bytes, max_value_bytes);
         Ok(Self { spec })
     }
 
@@ -74,18 +69,11 @@ impl PyEventDecoder {
             match decoded {
                 None => out.append(py.None())?,
                 Some(d) => {
-                    let mut values = String::new();
-                    for (i, v) in d.values.iter().enumerate() {
-                        if i > 0 {
-                            values.push(FIELD_SEP);
-                        }
-                        values.push_str(v.as_deref().unwrap_or(""));
-                    }
                     let key = d.key.map(|k| PyString::new(py, &k));
                     out.append(PyTuple::new(
                         py,
                         [
-                            PyString::new(py, &values).into_any(),
+                            PyString::new(py, &d.values).into_any(),
                             key.into_pyobject(py)?.into_any(),
                             d.time.into_pyobject(py)?.into_any(),
                         ],

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from trillium.data.sources.events import Event
 
@@ -56,8 +55,7 @@ COUNTS = (
 )
 
 
-@dataclass(frozen=True)
-class Emitted:
+class Emitted(NamedTuple):
     """A sample: the impression, its label, and when it became a sample (event time)."""
 
     event: Event
