@@ -411,9 +411,7 @@ impl EventSpec {
     /// Each path's value in `event` (`fields`, then the event time, then the key), None where
     /// it has none.
     fn values_at<'j, 'a>(&self, event: &'j Json<'a>) -> Vec<Option<&'j Json<'a>>> {
-        let paths: Vec<&Vec<String>> =
-            self.fields.iter().map(|(p, _)| p).chain([&self.event_time]).chain(&self.event_key).collect();
-        let mut found = vec![None; paths.len()];
+        let mut found = vec![None; self.fields.len() + 1 + usize::from(self.event_key.is_some())];
         if let Json::Obj(members) = event {
             for (name, value) in members {
                 // In member order: the last of duplicate keys wins, as in a Python dict.
@@ -422,6 +420,7 @@ impl EventSpec {
                 }
             }
         }
+        let paths = self.fields.iter().map(|(p, _)| p).chain([&self.event_time]).chain(&self.event_key);
         for (slot, path) in found.iter_mut().zip(paths) {
             *slot = slot.and_then(|root| at(root, &path[1..]));
         }
