@@ -110,6 +110,9 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
 
 class EmbeddingPS(Service):
     role = "embedding_ps"
+    # Fetches of gradients (MBs, of varying sizes) come and go: mapped, and given back when freed.
+    # Its gRPC and native threads allocate at once on the hot path: an arena each, as glibc does.
+    lean_malloc, malloc_arenas = True, None
 
     def __init__(self, settings) -> None:
         super().__init__(settings)

@@ -1,6 +1,7 @@
 """`keep_malloc_lean`, in a fresh interpreter each (glibc's malloc settings are per process):
-threads share the capped arenas (glibc's `malloc_stats` lists them), and freed large buffers
-leave the RSS even after a larger one was freed first; without it, neither holds."""
+threads share the capped arenas (glibc's `malloc_stats` lists them; uncapped, as a PS shard asks,
+each has its own), and freed large buffers leave the RSS even after a larger one was freed first;
+without it, neither holds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import ctypes, sys, threading
 from trillium.runtime.memory import keep_malloc_lean
 if sys.argv[1] == "lean":
     keep_malloc_lean()
+elif sys.argv[1] == "lean, glibc's arenas":
+    keep_malloc_lean(arenas=None)
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
 start = rss_mb()
@@ -48,3 +51,5 @@ def test_a_lean_process_gives_freed_buffers_back_and_shares_its_arenas() -> None
     assert kept > 10 and arenas > 2
     kept, arenas = _run("lean")
     assert kept < 2 and arenas == 2
+    kept, arenas = _run("lean, glibc's arenas")  # a PS shard's: its hot path's threads each have one
+    assert kept < 2 and arenas > 2

@@ -40,18 +40,20 @@ LEAN_ARENAS = 2
 MMAP_THRESHOLD = 128 * 1024  # glibc's starting value, pinned
 
 
-def keep_malloc_lean() -> None:
+def keep_malloc_lean(*, arenas: int | None = LEAN_ARENAS) -> None:
     """Trade a little allocation speed for an RSS that follows what the process uses, for a
-    service whose hot path is not allocation-bound (the coordinator, a data loader):
+    service whose hot path is not allocation-bound (the coordinator, a data loader, a PS shard):
 
-    - its threads share `LEAN_ARENAS` malloc arenas. glibc gives each new thread an arena of
-      its own, up to 8 per core, each with its own high-water mark: a service that hands work
-      to a pool of threads now and then (file writes, the JSON of a large state) grew by an
-      arena's worth whenever one more thread first allocated;
     - blocks of `MMAP_THRESHOLD` and more are always mapped, so freeing one unmaps it. glibc
       raises that threshold to the size of each mapped block freed (up to 32 MiB): after one
       large state was encoded, every later block up to its size came from the heap and stayed
-      in the RSS once freed."""
+      in the RSS once freed. A PS shard's heap grew so by a fetch of gradients at a time (a few
+      MB each, of varying sizes), 0.1 MB a minute for as long as it ran;
+    - its threads share `arenas` malloc arenas (None: glibc's, up to 8 per core). glibc gives
+      each new thread an arena of its own, each with its own high-water mark: a service that
+      hands work to a pool of threads now and then (file writes, the JSON of a large state)
+      grew by an arena's worth whenever one more thread first allocated."""
     if _MALLOPT is not None:
-        _MALLOPT(_M_ARENA_MAX, LEAN_ARENAS)
         _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        if arenas is not None:
+            _MALLOPT(_M_ARENA_MAX, arenas)

@@ -57,7 +57,7 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
-from trillium.runtime.memory import keep_malloc_lean, release_free_memory
+from trillium.runtime.memory import LEAN_ARENAS, keep_malloc_lean, release_free_memory
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -83,8 +83,10 @@ class Service:
     # False: a process that takes part in no job (a serving replica) neither registers nor heartbeats.
     registers: ClassVar[bool] = True
     # True: trillium.runtime.memory.keep_malloc_lean, for a service whose hot path does not
-    # allocate much (a PS shard's or an NN rank's per-step buffers keep glibc's own tuning).
+    # allocate much (an NN rank's per-step buffers keep glibc's own tuning), its threads sharing
+    # `malloc_arenas` arenas (None: glibc's, for threads that allocate at once on the hot path).
     lean_malloc: ClassVar[bool] = False
+    malloc_arenas: ClassVar[int | None] = LEAN_ARENAS
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
@@ -510,7 +512,7 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     log.configure(settings.name, settings.log_level)
     if cls.lean_malloc:
-        keep_malloc_lean()
+        keep_malloc_lean(arenas=cls.malloc_arenas)
     _run_loop(cls(settings).run())
 
 
