@@ -34,7 +34,7 @@ from fastapi import HTTPException, status
 from trillium.data.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
 from trillium.job import KafkaData
 from trillium.job.record import JobRecord
-from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, CheckpointDir, loader_file
+from trillium.runtime.checkpoint import FORMAT_VERSION, CaptureRequest, CaptureResult, CheckpointDir, loader_file
 from trillium.runtime.memory import release_free_memory
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
@@ -198,8 +198,8 @@ class DataLoader(Service):
             raise RuntimeError(f"checkpoint {job.restore.location} has no manifest")
         saved = json.loads(await asyncio.to_thread(ckdir.read_verified, manifest, loader_file(self.settings.index)))
         return (
-            upgrade_state(saved, job.config)
-            if manifest.format < 2 and isinstance(job.config.data, KafkaData)
+            upgrade_state(saved, job.config, manifest.format)
+            if manifest.format < FORMAT_VERSION and isinstance(job.config.data, KafkaData)
             else saved
         )
 

@@ -37,11 +37,13 @@ from trillium.data.sources.events import (
     Event,
     EventReader,
     EventRows,
+    event_columns,
     event_fields,
+    events_of,
     packed_values,
     stream_encoder_config,
 )
-from trillium.data.sources.joiner import PartitionJoin
+from trillium.data.sources.joiner import PartitionJoin, columns_of_rows
 from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import Offsets
@@ -95,19 +97,28 @@ def due_steps(
             yield rows.pick(rng.permutation(len(rows)))
 
 
-def upgrade_state(state: dict[str, Any], config: JobConfig) -> dict[str, Any]:
-    """A stream's state as checkpoint format 1 wrote it (each event's values a dict by path) in
-    today's form (one text: `trillium.data.sources.events`)."""
-    paths = [p for p, _ in event_fields(config)]
+def upgrade_state(state: dict[str, Any], config: JobConfig, format: int) -> dict[str, Any]:
+    """A stream's state as checkpoint format `format` wrote it, in today's form: format 1 kept each
+    event's values as a dict by path (today one text: `trillium.data.sources.events`), formats 1
+    and 2 a list per event (today a list per field: `event_columns`)."""
+    if format < 2:
+        paths = [p for p, _ in event_fields(config)]
 
-    def event(e: list[Any] | None) -> list[Any] | None:
-        return None if e is None else [packed_values(e[0], paths), *e[1:]]
+        def event(e: list[Any] | None) -> list[Any] | None:
+            return None if e is None else [packed_values(e[0], paths), *e[1:]]
 
-    state["rows"] = [event(r) for r in state.get("rows", [])]
-    for join in state.get("joins", {}).values():
-        join["open"] = [event(e) for e in join["open"]]
-        join["closed"] = [[key, event(e), *rest] for key, e, *rest in join["closed"]]
-        join["decided"] = [[event(e), *rest] for e, *rest in join["decided"]]
+        state["rows"] = [event(r) for r in state.get("rows", [])]
+        for join in state.get("joins", {}).values():
+            join["open"] = [event(e) for e in join["open"]]
+            join["closed"] = [[key, event(e), *rest] for key, e, *rest in join["closed"]]
+            join["decided"] = [[event(e), *rest] for e, *rest in join["decided"]]
+    if format < 3:
+        rows = state.get("rows", [])
+        state["rows"] = event_columns(Event(*r[:3]) for r in rows) | {
+            "labels": [r[3] for r in rows],
+            "sample_times": [r[4] for r in rows],
+        }
+        state["joins"] = {p: columns_of_rows(join) for p, join in state.get("joins", {}).items()}
     return state
 
 
@@ -149,8 +160,10 @@ class StreamLoader:
             for p, s in state.get("joins", {}).items():
                 self.joins[int(p)] = PartitionJoin.from_state(self.data.join, s)
         self.rows = EventRows(self.config)
-        for values, key, t, label, sample_time in state.get("rows", []):
-            self.rows.add(Event(values, key, t), label, sample_time)
+        if "rows" in state:
+            rows = state["rows"]
+            for event, label, sample_time in zip(events_of(rows), rows["labels"], rows["sample_times"], strict=True):
+                self.rows.add(event, label, sample_time)
         self.step = state.get("step", 0)  # the next step this loader produces
         self.last_step = time.monotonic()  # when it produced the last one
         self.rng = np.random.default_rng(self.config.training.seed + self.service.settings.index)
@@ -172,10 +185,11 @@ class StreamLoader:
                 out.setdefault(topic, {})[str(p)] = v
             return out
 
-        rows = [
-            [e.values, e.key, e.time, label, t]
-            for e, label, t in zip(self.rows.events, self.rows.labels, self.rows.times, strict=True)
-        ]
+        # Copies: the state is encoded after the capture, while the stream goes on.
+        rows = event_columns(self.rows.events) | {
+            "labels": list(self.rows.labels),
+            "sample_times": list(self.rows.times),
+        }
         return {
             "positions": nested(self.positions),
             "max_time": nested(self.max_time),

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 from aiokafka import TopicPartition
 
-from trillium.data.sources.events import FIELD_SEP, MULTI_SEP, BadEvent, Event, EventReader, EventRows
-from trillium.data.sources.joiner import PartitionJoin
+from trillium.data.sources.events import FIELD_SEP, MULTI_SEP, BadEvent, Event, EventReader, EventRows, events_of
+from trillium.data.sources.joiner import Emitted, PartitionJoin
 from trillium.job import JobConfig
 from trillium.services.data_loader.stream import ahead, due_steps, upgrade_state
 from trillium.wire import codec
@@ -148,9 +149,8 @@ def test_partitions_ahead_of_the_slowest_in_event_time_are_paused_never_the_slow
     assert ahead({imps[0]: 5.0}, drift=0.0) == set() and ahead({}, drift=2.0) == set()
 
 
-def test_a_stream_state_of_checkpoint_format_1_reads_as_todays() -> None:
-    """Format 1 kept each event's values as a dict by path (null: missing)."""
-    job = JobConfig.model_validate(
+def _kafka_job() -> JobConfig:
+    return JobConfig.model_validate(
         _job().model_dump(mode="json")
         | {
             "data": {
@@ -160,28 +160,42 @@ def test_a_stream_state_of_checkpoint_format_1_reads_as_todays() -> None:
             }
         }
     )
-    old = {"user.id": "42", "user.recent": None, "price": "3"}
-    state = {
-        "rows": [[old, "r1", 1.0, "1", 1.5]],
+
+
+def _old_state(values: Any) -> dict[str, Any]:
+    """A stream state as checkpoint formats 1 and 2 kept it: a list per event."""
+    return {
+        "rows": [[values, "r1", 1.0, "1", 1.5]],
         "joins": {
             "0": {
-                "open": [[old, "k1", 10.0]],
+                "open": [[values, "k1", 10.0]],
                 "held": [["k9", 12.0]],
-                "closed": [["k2", [old, "k2", 5.0], False, 15.0], ["k3", None, True, 16.0]],
-                "decided": [[[old, "k4", 7.0], True, 8.0, "positive"]],
+                "closed": [["k2", [values, "k2", 5.0], False, 15.0], ["k3", None, True, 16.0]],
+                "decided": [[[values, "k4", 7.0], True, 8.0, "positive"]],
                 "counts": {"impressions": 4},
             }
         },
     }
-    state = json.loads(json.dumps(upgrade_state(state, job)))  # as a checkpoint keeps it
+
+
+@pytest.mark.parametrize("format", [1, 2])
+def test_a_stream_state_of_an_older_checkpoint_format_reads_as_todays(format: int) -> None:
+    """Format 1 kept each event's values as a dict by path (null: missing), formats 1 and 2 a list
+    per event; a loader restoring either starts where its state says, as from today's."""
+    job = _kafka_job()
     today = FIELD_SEP.join(["42", "", "3"])
+    old = {"user.id": "42", "user.recent": None, "price": "3"} if format == 1 else today
+    state = json.loads(json.dumps(upgrade_state(_old_state(old), job, format)))  # as a checkpoint keeps it
     join = PartitionJoin.from_state(job.data.join, state["joins"]["0"])
-    assert join.open["k1"] == Event(today, "k1", 10.0)
-    assert join.closed["k2"][0] == Event(today, "k2", 5.0) and join.closed["k3"] == (None, True, 16.0)
-    assert [e.event for _, _, e in join.decided] == [Event(today, "k4", 7.0)]
-    assert state["rows"] == [[today, "r1", 1.0, "1", 1.5]]
+    assert join.open == {"k1": Event(today, "k1", 10.0)} and join.ends == [(15.0, "k1")]
+    assert join.held == {"k9": 12.0} and join.held_order == [(12.0, "k9")]
+    assert join.closed == {"k2": (Event(today, "k2", 5.0), False, 15.0), "k3": (None, True, 16.0)}
+    assert [e for _, _, e in join.decided] == [Emitted(Event(today, "k4", 7.0), True, 8.0, "positive")]
+    assert join.counts == {"impressions": 4}
+    assert json.loads(json.dumps(join.state())) == state["joins"]["0"]  # today's form, unchanged by a restore
+    assert state["rows"] == {"values": [today], "keys": ["r1"], "times": [1.0], "labels": ["1"], "sample_times": [1.5]}
     rows = EventRows(job)
-    rows.add(Event(*state["rows"][0][:3]), "1")
+    rows.add(next(events_of(state["rows"])), "1")
     assert {k: list(v) for k, v in rows.columns().items()} == {
         "user.id": ["42"], "user.recent": [""], "price": ["3"], "click": ["1"]
     }  # fmt: skip

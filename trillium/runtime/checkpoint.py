@@ -42,7 +42,8 @@ from trillium.runtime.storage import StorageDir
 # (tests/data/make_checkpoint_fixture.py); the fixtures of earlier formats stay and must restore.
 # 2: a stream loader's events keep their field values as one text (1: a dict by path; read by
 # services/data_loader/stream.py:upgrade_state).
-FORMAT_VERSION = 2
+# 3: a stream loader's events (its joiners' and its rows) as a list per field, not per event.
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from time import monotonic
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -48,7 +48,9 @@ __all__ = [
     "Event",
     "EventReader",
     "EventRows",
+    "event_columns",
     "event_fields",
+    "events_of",
     "packed_values",
     "scalar_text",
     "stream_encoder_config",
@@ -70,6 +72,25 @@ class Event(NamedTuple):
     values: str
     key: str | None
     time: float
+
+
+def event_columns(events: Iterable[Event]) -> dict[str, list[Any]]:
+    """Events as a checkpoint keeps them: a list per field, not one per event. A restore that
+    parsed a short-lived list per event between the texts it kept left the heap fragmented: the
+    loader's RSS rose by a tenth at each of a long job's first recoveries."""
+    values: list[str] = []
+    keys: list[str | None] = []
+    times: list[float] = []
+    for e in events:
+        values.append(e.values)
+        keys.append(e.key)
+        times.append(e.time)
+    return {"values": values, "keys": keys, "times": times}
+
+
+def events_of(columns: Mapping[str, list[Any]]) -> Iterator[Event]:
+    """The events of `event_columns`."""
+    return map(Event, columns["values"], columns["keys"], columns["times"])
 
 
 def event_fields(job: JobConfig) -> list[tuple[str, str]]:

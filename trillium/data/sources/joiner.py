@@ -33,12 +33,12 @@ import heapq
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from trillium.data.sources.events import Event
+from trillium.data.sources.events import Event, event_columns, events_of
 
 if TYPE_CHECKING:
     from trillium.job import JoinConfig
 
-__all__ = ["COUNTS", "Emitted", "PartitionJoin"]
+__all__ = ["COUNTS", "Emitted", "PartitionJoin", "columns_of_rows"]
 
 # What a joiner counts (the job view shows them).
 COUNTS = (
@@ -173,32 +173,72 @@ class PartitionJoin:
 
     # ---- state -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        def ev(e: Event) -> list[Any]:
-            return [e.values, e.key, e.time]
-
+        """A plain value, a list per field (`event_columns`)."""
+        closed = self.closed.items()
+        decided = [e for _, _, e in sorted(self.decided)]
         return {
-            "open": [ev(e) for e in self.open.values()],
-            "held": list(self.held.items()),
-            "closed": [
-                [key, ev(e) if e is not None else None, positive, end]
-                for key, (e, positive, end) in self.closed.items()
-            ],
-            "decided": [[ev(e.event), e.positive, e.time, e.kind] for _, _, e in sorted(self.decided)],
+            "open": event_columns(self.open.values()),
+            "held": {"keys": list(self.held), "times": list(self.held.values())},
+            "closed": {
+                "keys": list(self.closed),
+                # The impression, kept only to correct a late label: its key is the entry's.
+                "values": [e.values if e is not None else None for _, (e, _, _) in closed],
+                "times": [e.time if e is not None else None for _, (e, _, _) in closed],
+                "positive": [positive for _, (_, positive, _) in closed],
+                "ends": [end for _, (_, _, end) in closed],
+            },
+            "decided": event_columns(e.event for e in decided)
+            | {
+                "positive": [e.positive for e in decided],
+                "at": [e.time for e in decided],
+                "kinds": [e.kind for e in decided],
+            },
             "counts": dict(self.counts),
         }
 
     @classmethod
     def from_state(cls, config: JoinConfig, state: dict[str, Any]) -> PartitionJoin:
         join = cls(config)
-        for key, event, positive, end in state["closed"]:
-            join.closed[key] = (Event(*event) if event is not None else None, positive, end)
-        for values, key, time in state["open"]:
-            join.open[key] = Event(values, key, time)
-            heapq.heappush(join.ends, (time + join.window, key))
-        for key, time in state["held"]:
+        c = state["closed"]
+        for key, values, time, positive, end in zip(
+            c["keys"], c["values"], c["times"], c["positive"], c["ends"], strict=True
+        ):
+            join.closed[key] = (Event(values, key, time) if values is not None else None, positive, end)
+        for event in events_of(state["open"]):
+            join.open[event.key] = event
+            heapq.heappush(join.ends, (event.time + join.window, event.key))
+        for key, time in zip(state["held"]["keys"], state["held"]["times"], strict=True):
             join.held[key] = time
             heapq.heappush(join.held_order, (time, key))
-        for event, positive, time, kind in state["decided"]:
-            join._decide(Emitted(Event(*event), positive, time, kind))
+        d = state["decided"]
+        for event, positive, time, kind in zip(events_of(d), d["positive"], d["at"], d["kinds"], strict=True):
+            join._decide(Emitted(event, positive, time, kind))
         join.counts.update(state["counts"])
         return join
+
+
+def columns_of_rows(state: dict[str, Any]) -> dict[str, Any]:
+    """A join's state as checkpoint formats 1 and 2 kept it (a list per event) in today's form."""
+
+    def events(rows: list[list[Any]]) -> dict[str, list[Any]]:
+        return event_columns(Event(*row) for row in rows)
+
+    closed, decided = state["closed"], state["decided"]
+    return {
+        "open": events(state["open"]),
+        "held": {"keys": [k for k, _ in state["held"]], "times": [t for _, t in state["held"]]},
+        "closed": {
+            "keys": [key for key, *_ in closed],
+            "values": [e[0] if e is not None else None for _, e, *_ in closed],
+            "times": [e[2] if e is not None else None for _, e, *_ in closed],
+            "positive": [positive for _, _, positive, _ in closed],
+            "ends": [end for *_, end in closed],
+        },
+        "decided": events([e for e, *_ in decided])
+        | {
+            "positive": [p for _, p, _, _ in decided],
+            "at": [t for _, _, t, _ in decided],
+            "kinds": [k for *_, k in decided],
+        },
+        "counts": state["counts"],
+    }
