@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from trillium.data.sources.events import Event, event_columns, events_of
@@ -174,27 +175,8 @@ class PartitionJoin:
     # ---- state -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """A plain value, a list per field (`event_columns`)."""
-        closed = self.closed.items()
         decided = [e for _, _, e in sorted(self.decided)]
-        return {
-            "open": event_columns(self.open.values()),
-            "held": {"keys": list(self.held), "times": list(self.held.values())},
-            "closed": {
-                "keys": list(self.closed),
-                # The impression, kept only to correct a late label: its key is the entry's.
-                "values": [e.values if e is not None else None for _, (e, _, _) in closed],
-                "times": [e.time if e is not None else None for _, (e, _, _) in closed],
-                "positive": [positive for _, (_, positive, _) in closed],
-                "ends": [end for _, (_, _, end) in closed],
-            },
-            "decided": event_columns(e.event for e in decided)
-            | {
-                "positive": [e.positive for e in decided],
-                "at": [e.time for e in decided],
-                "kinds": [e.kind for e in decided],
-            },
-            "counts": dict(self.counts),
-        }
+        return _state(self.open.values(), self.held.items(), list(self.closed.items()), decided, self.counts)
 
     @classmethod
     def from_state(cls, config: JoinConfig, state: dict[str, Any]) -> PartitionJoin:
@@ -219,26 +201,39 @@ class PartitionJoin:
 
 def columns_of_rows(state: dict[str, Any]) -> dict[str, Any]:
     """A join's state as checkpoint formats 1 and 2 kept it (a list per event) in today's form."""
+    return _state(
+        (Event(*e) for e in state["open"]),
+        state["held"],
+        [(key, (Event(*e) if e is not None else None, positive, end)) for key, e, positive, end in state["closed"]],
+        [Emitted(Event(*e), positive, time, kind) for e, positive, time, kind in state["decided"]],
+        state["counts"],
+    )
 
-    def events(rows: list[list[Any]]) -> dict[str, list[Any]]:
-        return event_columns(Event(*row) for row in rows)
 
-    closed, decided = state["closed"], state["decided"]
+def _state(
+    open_events: Iterable[Event],
+    held: Iterable[tuple[str, float]],
+    closed: list[tuple[str, tuple[Event | None, bool, float]]],
+    decided: list[Emitted],
+    counts: Mapping[str, int],
+) -> dict[str, Any]:
+    held = list(held)
     return {
-        "open": events(state["open"]),
-        "held": {"keys": [k for k, _ in state["held"]], "times": [t for _, t in state["held"]]},
+        "open": event_columns(open_events),
+        "held": {"keys": [key for key, _ in held], "times": [time for _, time in held]},
         "closed": {
-            "keys": [key for key, *_ in closed],
-            "values": [e[0] if e is not None else None for _, e, *_ in closed],
-            "times": [e[2] if e is not None else None for _, e, *_ in closed],
-            "positive": [positive for _, _, positive, _ in closed],
-            "ends": [end for *_, end in closed],
+            "keys": [key for key, _ in closed],
+            # The impression, kept only to correct a late label: its key is the entry's.
+            "values": [e.values if e is not None else None for _, (e, _, _) in closed],
+            "times": [e.time if e is not None else None for _, (e, _, _) in closed],
+            "positive": [positive for _, (_, positive, _) in closed],
+            "ends": [end for _, (_, _, end) in closed],
         },
-        "decided": events([e for e, *_ in decided])
+        "decided": event_columns(e.event for e in decided)
         | {
-            "positive": [p for _, p, _, _ in decided],
-            "at": [t for _, _, t, _ in decided],
-            "kinds": [k for *_, k in decided],
+            "positive": [e.positive for e in decided],
+            "at": [e.time for e in decided],
+            "kinds": [e.kind for e in decided],
         },
-        "counts": state["counts"],
+        "counts": dict(counts),
     }
