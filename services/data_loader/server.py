@@ -93,6 +93,7 @@ async def _threaded(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
 class DataLoader(Service):
     role = "data_loader"
     lean_malloc = True  # its large buffers (states, checkpoint files) come and go: give them back
+    fresh_per_attempt = True  # a recovery restores its stream from the checkpoint anyway
 
     def __init__(self, settings) -> None:
         super().__init__(settings)

@@ -113,6 +113,7 @@ class EmbeddingPS(Service):
     # Fetches of gradients (MBs, of varying sizes) come and go: mapped, and given back when freed.
     # Its gRPC and native threads allocate at once on the hot path: an arena each, as glibc does.
     lean_malloc, malloc_arenas = True, None
+    fresh_per_attempt = True  # a recovery restores its tables from the checkpoint anyway
 
     def __init__(self, settings) -> None:
         super().__init__(settings)

@@ -105,6 +105,7 @@ def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str, before_ki
     ["data_loader-0", "nn_worker-1", "embedding_worker-0", "embedding_ps-1", "coordinator-0", "kafka", "redis"],
 )
 def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, victim) -> None:
+    fresh_per_attempt = {name: _pid(stack, name) for name in ("data_loader-0", "embedding_ps-0", "embedding_ps-1")}
     view = _kill_after_a_checkpoint(stack, sync_job, victim)
     assert view["job"]["state"] == "finished", view["job"]["error"]
     _assert_exactly_once(view, sync_job)
@@ -115,6 +116,8 @@ def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, vi
     else:
         assert len(recoveries) >= 1 and recoveries[0]["checkpoint_step"] >= EVERY_STEPS - 1
         assert "\n" not in recoveries[0]["cause"] and "debug_error_string" not in recoveries[0]["cause"]
+        # The loaders and PS shards joined the recovery's attempt as new processes.
+        assert all(_pid(stack, name) != pid for name, pid in fresh_per_attempt.items())
 
 
 def test_a_job_whose_tables_are_mostly_on_disk_survives_a_ps_shard_killed(stack, sync_job, baseline, tmp_path) -> None:

@@ -87,6 +87,13 @@ class Service:
     # `malloc_arenas` arenas (None: glibc's, for threads that allocate at once on the hot path).
     lean_malloc: ClassVar[bool] = False
     malloc_arenas: ClassVar[int | None] = LEAN_ARENAS
+    # True: when the job it takes part in moves on to a newer attempt (a recovery), the process
+    # starts afresh (`restart_process`) and joins the new attempt new, as an NN rank whose
+    # collectives may block does. An attempt's state comes and goes whole (a joiner's window, a
+    # restore, a catch-up's burst of objects), and what it left freed in the heap stayed: a long
+    # job's data loader and PS shards rose by some percent at each of its first recoveries. Their
+    # restart costs a second or two, beside the NN ranks' own.
+    fresh_per_attempt: ClassVar[bool] = False
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
@@ -282,7 +289,10 @@ class Service:
             return
         if self._job_attempt == attempt:
             return
+        recovering = self._job_attempt is not None and self._job_attempt[0] == job.id
         await self._cancel_job_task()  # an older attempt, or another job: abandoned
+        if recovering and self.fresh_per_attempt and not self._stopping.is_set():
+            await self.restart_process()
         self._job_attempt = attempt
         self._parts, self._publish_cuts, self._model_parts = {}, {}, {}
         if job.state in ("submitted", "starting", "recovering"):
