@@ -11,7 +11,8 @@ attempts: the first, and one more for every recovery from a checkpoint. When an 
 of a job names this worker (its index is below the job's count for its role), `run_job`
 runs as a task; it reports its phase with `set_job_phase` ("setting_up" → "ready" →
 "done"), a raised exception reports "failed" with the error, and the task is cancelled
-when the job ends, is stopped, or moves on to a newer attempt. Every report carries the
+when the job ends, is stopped, or moves on to a newer attempt (a service with
+`fresh_per_attempt` then exits, to be started afresh and join it new). Every report carries the
 attempt it is about, so the coordinator never mistakes a late word of an abandoned attempt
 for the current one. The report travels back in the next heartbeat, sent at once.
 
