@@ -16,7 +16,8 @@ each loop's event keys (`r<seed>-<row>`) are new. With T = `--minutes` and E = m
   snapshot and a kill at 1 min, the broker at 1.5 min, a kill at 2 min.
 
 Reported: per process, by name, RSS and fds at E and at T and end RSS / early RSS (target < 1.05;
-a restarted process has a new pid, `restarts` counts them, the NN ranks' own at each recovery too),
+a restarted process has a new pid, `restarts` counts them, including the NN ranks', data loaders'
+and PS shards' own at each recovery),
 and every process's RSS once a minute (`rss_series`: when it grew, and whether it came back down);
 the disk usage of each topic the job writes and of its inputs (their partition directories under
 the broker's log.dirs) and of the whole data directory; Redis' DBSIZE and used_memory; the
