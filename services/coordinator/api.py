@@ -379,7 +379,8 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
 
     @v1.get("/jobs/{job_id}/series", response_model=list[SeriesPoint], tags=["jobs"], responses=_errors(404))
     async def get_series(job_id: str) -> list[SeriesPoint]:
-        """The job's series, a point a second while it trains: samples, rolling AUC, loss (plots)."""
+        """The job's series for plots: samples, rolling AUC, loss; a point a second while it trains,
+        the older ones thinned to span the whole job in a bounded number of points."""
         job = await coord.jobs.require(job_id)
         return [
             SeriesPoint(time=t, samples=n, auc=auc, loss=loss)

@@ -76,7 +76,9 @@ GAUGES = (
     DEAD_LETTERS,
     TRAIN_DELAY,
 )
-SERIES_POINTS = 20_000  # the latest points of a job's series (one a second while it trains)
+# A job's series: a point a second while it trains, every other one dropped at this many
+# (trillium.runtime.progress.JobProgress.append_series): enough for a plot of the whole job.
+SERIES_POINTS = 2_000
 
 STAT_FIELDS = tuple(f.name for f in pb.TableStats.DESCRIPTOR.fields if f.name != "table")  # TableStats below
 # Throughput is measured over this window: long enough to smooth steps, short enough that

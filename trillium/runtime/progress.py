@@ -152,11 +152,16 @@ class JobProgress:
         return [json.loads(v) for v in raw if v is not None]
 
     async def append_series(self, point: list[Any], keep: int) -> None:
-        """A point of the job's series (time, samples, rolling AUC, loss), the latest `keep` kept."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.rpush(self._series, json.dumps(point))
-        pipe.ltrim(self._series, -keep, -1)
-        await pipe.execute()
+        """A point of the job's series (time, samples, rolling AUC, loss). Past `keep` points every
+        other one goes, the newest kept: the series spans the job's whole life in at most `keep`
+        points, the older the coarser (a week-long online job's plot, in a key that stops growing).
+        The coordinator is its only writer."""
+        if await self.redis.rpush(self._series, json.dumps(point)) > keep:
+            points = await self.redis.lrange(self._series, 0, -1)
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(self._series)
+            pipe.rpush(self._series, *points[(len(points) - 1) % 2 :: 2])  # the newest's parity
+            await pipe.execute()
 
     async def series(self) -> list[list[Any]]:
         return [json.loads(p) for p in await self.redis.lrange(self._series, 0, -1)]
