@@ -446,6 +446,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.minutes < 1:
         parser.error("--minutes: at least 1")
+    # Stopped early (SIGTERM), an hour-long soak takes its stack down as on Ctrl-C: not left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="trillium-bench-soak-") as tmp:
         tmp_path = Path(tmp)
         rows = int(args.rate * min(LOOP_S, args.minutes * 60)) + 1
