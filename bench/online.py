@@ -89,8 +89,8 @@ def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
         for label in reader.events(clicks[c:upto], impression=False):
             join.label(label.key, label.time)
         c = upto
-        out += len(join.advance(event.time - data.join.window_seconds))
-    out += len(join.advance(float("inf")))
+        out += len(join.advance(event.time - data.join.window_seconds).events)
+    out += len(join.advance(float("inf")).events)
     seconds = time.perf_counter() - started
     assert out == events, (out, events)  # every impression once
     return {

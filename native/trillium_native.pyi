@@ -10,7 +10,7 @@ See `native/README.md` for semantics, the snapshot and the values-file formats.
 from __future__ import annotations
 
 import os
-from typing import Literal, NotRequired, Sequence, TypedDict
+from typing import Any, Literal, NotRequired, Self, Sequence, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -550,8 +550,43 @@ class EventDecoder:
         event_key: str | None,
         max_message_bytes: int,
         max_value_bytes: int,
+        event_type: type[tuple[str, str | None, float]],
     ) -> None: ...
-    def decode(self, messages: list[bytes | None], with_fields: bool) -> list[tuple[str, str | None, float] | None]:
-        """Per message: (values, key, event time), or None (leave it to the reference). The values
-        are one text: each field's, in the order of `fields`, joined by "\\x1e" (a missing value
-        is empty); without `with_fields`, empty. Raises TypeError (an item not bytes/None)."""
+    def decode(self, messages: list[bytes | None], with_fields: bool) -> tuple[list[Any], list[int]]:
+        """(events, undecided): per message an `event_type` of (values, key, event time), or None
+        where it is left to the reference (`undecided`: their indices). The values are one text:
+        each field's, in the order of `fields`, joined by "\\x1e" (a missing value is empty);
+        without `with_fields`, empty. Raises TypeError (an item not bytes/None)."""
+
+class EventJoin:
+    """The stream loader's joiner core (trillium/data/sources/joiner.py subclasses it as
+    `PartitionJoin`): a partition's impressions and labels joined by key in event time. Events
+    are (values, key, time) tuples, kept as they are; counts are in the order of joiner.py's
+    COUNTS."""
+
+    def __new__(cls, window_seconds: float, correct_late_labels: bool, max_open: int) -> Self: ...
+    def impression(self, event: tuple[str, str | None, float]) -> None:
+        """An impression (ValueError: it has no key)."""
+    def label(self, key: str, time: float) -> None: ...
+    def advance(self, watermark: float) -> tuple[list[Any], list[bool], list[float], list[str]]:
+        """(events, positive, times, kinds) of the samples decided at or before the watermark, in
+        the order of their decisions."""
+    def count_values(self) -> list[int]: ...
+    @property
+    def open_count(self) -> int: ...
+    def parts(
+        self,
+    ) -> tuple[
+        list[Any],
+        list[tuple[str, float]],
+        list[tuple[str, tuple[Any | None, bool, float]]],
+        tuple[list[Any], list[bool], list[float], list[str]],
+    ]:
+        """The state but its counts: open events (in the order their windows end), held labels
+        (key, time), recently closed impressions (key, (event kept to correct it, positive,
+        window end)), oldest first, and the decided samples as `advance` gives them."""
+    def restore_open(self, event: tuple[str, str | None, float]) -> None: ...
+    def restore_held(self, key: str, time: float) -> None: ...
+    def restore_closed(self, key: str, event: Any | None, positive: bool, end: float) -> None: ...
+    def restore_decided(self, event: Any, positive: bool, time: float, kind: str) -> None: ...
+    def restore_counts(self, values: list[int]) -> None: ...

@@ -2,7 +2,7 @@
 //!
 //! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, the embedding
 //! worker's `pooling`, and for model replicas the `values` file format and the read-only
-//! `serving` store, and for the stream loader the JSON `events` fast path) is independent of
+//! `serving` store, and for the stream loader the JSON `events` fast path and the `join`) is independent of
 //! Python; `python` holds the PyO3 bindings.
 
 pub mod config;
@@ -10,6 +10,7 @@ pub mod elem;
 pub mod events;
 pub mod hash;
 pub mod index;
+pub mod join;
 pub mod mem;
 pub mod optim;
 pub mod pooling;

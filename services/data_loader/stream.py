@@ -43,7 +43,7 @@ from trillium.data.sources.events import (
     packed_values,
     stream_encoder_config,
 )
-from trillium.data.sources.joiner import PartitionJoin, columns_of_rows
+from trillium.data.sources.joiner import Decided, PartitionJoin, columns_of_rows
 from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import Offsets
@@ -292,6 +292,8 @@ class StreamLoader:
         joiner = self.joins[tp.partition] if join is not None else None
         events = self.reader.events([r.value for r in records], impression=impression)
         latest = self.max_time.get(where, -np.inf)
+        now = time.time()
+        earliest, newest = self._clock_bounds(now)
         try:
             for record, event in zip(records, events, strict=True):
                 self.positions[where] = record.offset + 1
@@ -300,7 +302,8 @@ class StreamLoader:
                     await self._dead_letter(producer, tp, record.offset, record.value, str(event))
                     continue
                 try:
-                    event = self._clocked(event)
+                    if not earliest <= event.time <= newest:
+                        event = self._clocked(event, now)
                     if joiner is None:
                         self.rows.add(event)
                     elif impression:
@@ -314,24 +317,30 @@ class StreamLoader:
             if latest > -np.inf:
                 self.max_time[where] = latest
 
-    def _clocked(self, event: Event) -> Event:
-        """The event, its time within the clock's bounds (`data.clock`), or BadEvent saying why not."""
-        clock, now = self.data.clock, time.time()
-        if clock.max_future_seconds is not None and event.time > now + clock.max_future_seconds:
+    def _clock_bounds(self, now: float) -> tuple[float, float]:
+        """The event times `data.clock` takes as they are, at `now`."""
+        clock = self.data.clock
+        return (
+            -np.inf if clock.max_past_seconds is None else now - clock.max_past_seconds,
+            np.inf if clock.max_future_seconds is None else now + clock.max_future_seconds,
+        )
+
+    def _clocked(self, event: Event, now: float) -> Event:
+        """An event whose time is out of the clock's bounds at `now` (`data.clock`), clamped to
+        them, or BadEvent saying why (`action: dlq`)."""
+        earliest, newest = self._clock_bounds(now)
+        if event.time > newest:
             kind, bound = "future", now
-        elif clock.max_past_seconds is not None and event.time < now - clock.max_past_seconds:
-            kind, bound = "past", now - clock.max_past_seconds
         else:
-            return event
+            kind, bound = "past", earliest
         self.counts[f"clock_{kind}"] += 1
-        if clock.action == "dlq":
+        if self.data.clock.action == "dlq":
             raise BadEvent(f"event time {event.time:.3f} is {abs(event.time - now):.1f} s in the {kind} of the "
                            f"loader's clock (data.clock.max_{kind}_seconds)")  # fmt: skip
         return event._replace(time=bound)
 
-    def _add(self, emitted) -> None:
-        for e in emitted:
-            self.rows.add(e.event, "1" if e.positive else "0", e.time)
+    def _add(self, decided: Decided) -> None:
+        self.rows.extend(decided.events, ["1" if p else "0" for p in decided.positive], decided.times)
 
     async def _dead_letter(self, producer, tp: TopicPartition, offset: int, raw: bytes | None, reason: str) -> None:
         self.dead[_kind(reason)] += 1

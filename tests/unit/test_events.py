@@ -13,7 +13,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from trillium.data.sources.events import FIELD_SEP, MULTI_SEP, BadEvent, Event, EventReader, EventRows, events_of
-from trillium.data.sources.joiner import Emitted, PartitionJoin
+from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JobConfig
 from trillium.services.data_loader.stream import ahead, due_steps, upgrade_state
 from trillium.wire import codec
@@ -187,12 +187,16 @@ def test_a_stream_state_of_an_older_checkpoint_format_reads_as_todays(format: in
     old = {"user.id": "42", "user.recent": None, "price": "3"} if format == 1 else today
     state = json.loads(json.dumps(upgrade_state(_old_state(old), job, format)))  # as a checkpoint keeps it
     join = PartitionJoin.from_state(job.data.join, state["joins"]["0"])
-    assert join.open == {"k1": Event(today, "k1", 10.0)} and join.ends == [(15.0, "k1")]
-    assert join.held == {"k9": 12.0} and join.held_order == [(12.0, "k9")]
-    assert join.closed == {"k2": (Event(today, "k2", 5.0), False, 15.0), "k3": (None, True, 16.0)}
-    assert [e for _, _, e in join.decided] == [Emitted(Event(today, "k4", 7.0), True, 8.0, "positive")]
-    assert join.counts == {"impressions": 4}
     assert json.loads(json.dumps(join.state())) == state["joins"]["0"]  # today's form, unchanged by a restore
+    assert join.counts == {"impressions": 4} and join.open_count == 1
+    join.label("k2", 16.0)  # closed negative, its event kept: corrected
+    decided = join.advance(30.0)
+    assert list(zip(decided.events, decided.kinds, decided.times, strict=True)) == [
+        (Event(today, "k4", 7.0), "positive", 8.0),
+        (Event(today, "k1", 10.0), "negative", 15.0),
+        (Event(today, "k2", 5.0), "correction", 16.0),
+    ]
+    assert join.counts["unmatched_labels"] == 1  # k9's impression never came
     assert state["rows"] == {"values": [today], "keys": ["r1"], "times": [1.0], "labels": ["1"], "sample_times": [1.5]}
     rows = EventRows(job)
     rows.add(next(events_of(state["rows"])), "1")

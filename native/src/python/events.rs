@@ -2,17 +2,22 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 use super::type_name;
 use crate::events::{EventSpec, Kind};
 
-/// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes): decodes
-/// JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind), kind one
-/// of "slot", "dense", "label".
+/// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes, event_type):
+/// decodes JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind),
+/// kind one of "slot", "dense", "label"; `event_type` is a tuple type of (values, key, time), the
+/// loader's `Event`.
 #[pyclass(name = "EventDecoder", module = "trillium_native", frozen)]
 pub(crate) struct PyEventDecoder {
     spec: EventSpec,
+    event_type: Py<PyAny>,
+    /// `tuple.__new__`: makes an `event_type` of a tuple without running the named tuple's
+    /// Python constructor (a frame an event).
+    tuple_new: Py<PyAny>,
 }
 
 fn split(path: &str) -> Vec<String> {
@@ -23,12 +28,17 @@ fn split(path: &str) -> Vec<String> {
 impl PyEventDecoder {
     #[new]
     fn new(
+        py: Python<'_>,
         fields: Vec<(String, String)>,
         event_time: &str,
         event_key: Option<&str>,
         max_message_bytes: usize,
         max_value_bytes: usize,
+        event_type: &Bound<'_, PyType>,
     ) -> PyResult<Self> {
+        if !event_type.is_subclass_of::<PyTuple>()? {
+            return Err(PyTypeError::new_err("event_type must be a tuple type"));
+        }
         let mut spec_fields = Vec::with_capacity(fields.len());
         for (path, kind) in &fields {
             let kind = match kind.as_str() {
@@ -41,20 +51,23 @@ impl PyEventDecoder {
         }
         let spec =
             EventSpec::new(spec_fields, split(event_time), event_key.map(split), max_message_bytes, max_value_bytes);
-        Ok(Self { spec })
+        let tuple_new = py.get_type::<PyTuple>().getattr("__new__")?.unbind();
+        Ok(Self { spec, event_type: event_type.clone().into_any().unbind(), tuple_new })
     }
 
-    /// decode(messages, with_fields) -> list of (values, key, time) or None per message, the
-    /// values one text (each field's, `FIELD_SEP` between them, a missing one empty); None: not
-    /// decoded here (the reference decoder says what it is). Without `with_fields` the values
-    /// are empty.
+    /// decode(messages, with_fields) -> (events, undecided): an `event_type` of (values, key,
+    /// time) per message, the values one text (each field's, `FIELD_SEP` between them, a missing
+    /// one empty), or None where it is not decoded here (`undecided`, their indices: the
+    /// reference decoder says what they are). Without `with_fields` the values are empty.
     fn decode<'py>(
         &self,
         py: Python<'py>,
         messages: &Bound<'py, PyList>,
         with_fields: bool,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
+    ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
+        let events = PyList::empty(py);
+        let mut undecided = Vec::new();
+        let (event_type, tuple_new) = (self.event_type.bind(py), self.tuple_new.bind(py));
         for (i, item) in messages.iter().enumerate() {
             let decoded = if item.is_none() {
                 None
@@ -67,20 +80,16 @@ impl PyEventDecoder {
                 )));
             };
             match decoded {
-                None => out.append(py.None())?,
+                None => {
+                    undecided.push(i);
+                    events.append(py.None())?;
+                }
                 Some(d) => {
-                    let key = d.key.map(|k| PyString::new(py, &k));
-                    out.append(PyTuple::new(
-                        py,
-                        [
-                            PyString::new(py, &d.values).into_any(),
-                            key.into_pyobject(py)?.into_any(),
-                            d.time.into_pyobject(py)?.into_any(),
-                        ],
-                    )?)?;
+                    let fields = (PyString::new(py, &d.values), d.key.map(|k| PyString::new(py, &k)), d.time);
+                    events.append(tuple_new.call1((event_type, fields))?)?;
                 }
             }
         }
-        Ok(out)
+        Ok((events, undecided))
     }
 }

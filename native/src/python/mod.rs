@@ -15,6 +15,7 @@ use crate::snapshot::FORMAT_VERSION;
 
 mod events;
 mod hash;
+mod join;
 mod pooling;
 mod serving;
 mod snapshot;
@@ -134,6 +135,7 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pooling::PyPlan>()?;
     m.add_class::<serving::PyServing>()?;
     m.add_class::<events::PyEventDecoder>()?;
+    m.add_class::<join::PyEventJoin>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;

@@ -160,7 +160,7 @@ class EventReader:
         self.paths = [p for p, _ in fields]
         self.native = (
             trillium_native.EventDecoder(
-                fields, data.event_time, data.event_key, data.max_message_bytes, MAX_VALUE_BYTES
+                fields, data.event_time, data.event_key, data.max_message_bytes, MAX_VALUE_BYTES, Event
             )
             if data.format == "json"
             else None
@@ -168,17 +168,17 @@ class EventReader:
 
     def events(self, raws: Sequence[bytes | None], *, impression: bool = True) -> list[Event | BadEvent]:
         """Each message's event, or the `BadEvent` saying why it is none: `event` of each, in one call."""
-        decoded = self.native.decode(list(raws), impression) if self.native is not None else [None] * len(raws)
-        out: list[Event | BadEvent] = []
-        for raw, d in zip(raws, decoded, strict=True):
-            if d is not None:
-                out.append(Event(*d))
-                continue
+        out: list[Event | BadEvent | None]
+        if self.native is not None:
+            out, undecided = self.native.decode(list(raws), impression)
+        else:
+            out, undecided = [None] * len(raws), range(len(raws))
+        for i in undecided:
             try:  # the reference: a bad message's reason, or one the native decoder leaves to it
-                out.append(self.event(raw, impression=impression))
+                out[i] = self.event(raws[i], impression=impression)
             except BadEvent as err:
-                out.append(err)
-        return out
+                out[i] = err
+        return out  # type: ignore[return-value]  # every None was replaced
 
     def decode(self, raw: bytes | None) -> Mapping[str, Any]:
         if raw is None:
@@ -251,6 +251,13 @@ class EventRows:
         self.labels.append(label if label is not None else event.values.rpartition(FIELD_SEP)[2])
         self.times.append(event.time if time is None else time)
         self.arrived.append(monotonic())
+
+    def extend(self, events: list[Event], labels: list[str], times: list[float]) -> None:
+        """Events with their labels and the times they became samples (a joiner's `Decided`)."""
+        self.events += events
+        self.labels += labels
+        self.times += times
+        self.arrived += [monotonic()] * len(events)
 
     def pick(self, indices: Sequence[int]) -> EventRows:
         """These events (in this order), removed from these."""
