@@ -1,7 +1,8 @@
 """REFERENCE ONLY: the stream loader's joiner as it was in Python (dicts and heaps per event),
-before it moved into the native core (issue 21). Kept as the oracle of tests/unit/test_joiner.py;
-nothing else imports it. Unchanged but for ties: of windows (or held labels) due at the same
-time, the one that came first is first, as the native join orders them (this ordered them by key).
+before it moved into the native core (issue 21). Kept as the oracle of tests/unit/test_joiner.py
+and the baseline of `bench/online.py --joiner-only`; nothing else imports it. Unchanged but for
+ties: of windows (or held labels) due at the same time, the one that came first is first, as the
+native join orders them (this ordered them by key).
 
 trillium/data/sources/joiner.py says what a join decides.
 """
