@@ -23,7 +23,10 @@ One run measures, side by side:
   back from the first that was too fast) until the lag is no longer bounded; the highest bounded
   one's events/s is `saturation.max_events_per_sec`, with the click-to-trained delay at 50% and
   90% of its rate. Replay shares the cores with the stack: `offered_events_per_sec` says what it
-  managed to send, and `stack_saturated: false` that no rate up to `--max-rate` was too fast.
+  managed to send; a rate it fell short of (`sender_kept_up: false`) ends the search, as
+  `sender_limited_at`, with no verdict on the stack. `stack_saturated: false` says no rate
+  offered was too fast. Then a catch-up (`saturation.drain`): a backlog of 400k impressions and
+  their clicks replayed first, then drained by a job alone, as after downtime.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from trillium.stack.client import CoordinatorClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 from joiner_reference import ReferenceJoin  # noqa: E402
 
+DRAIN_IMPRESSIONS = 400_000  # --saturation's catch-up: a backlog of a minute or more
+SENDER_SHORT = 0.9  # replay sent slower than this share of the rate asked: the rate was not offered
 FETCH = 1000  # the joiner alone: messages decoded at once (the loader takes what a Kafka fetch brings)
 TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1)
 
@@ -174,6 +179,8 @@ def joined_and_trained(
         "rate_impressions_per_sec": rate,
         # What replay managed to send: below the rate asked, the sender (sharing the cores) is the limit.
         "offered_events_per_sec": round(offered[0].events_per_sec) if offered else None,
+        # Replay took longer than the run (plus the window its last clicks wait out) by a tenth: the sender fell short.
+        "sender_kept_up": bool(offered) and offered[0].seconds <= seconds / SENDER_SHORT + job.data.join.window_seconds,
         "seconds": round(span, 1),
         "events_per_sec": round(events_per_sec),
         "samples_trained_per_sec": round((late[-1]["trained"] - early[0]["trained"]) / span),
@@ -184,6 +191,48 @@ def joined_and_trained(
         "click_to_trained_p50_s": delay.get("p50"),
         "click_to_trained_p99_s": delay.get("p99"),
         "progressive_auc_end": late[-1]["auc"],
+    }
+
+
+def drained(run_dir: Path, window: float, data: Path, conn: KafkaConnection, impressions: int) -> dict[str, Any]:
+    """A job catching up, with no sender beside it: `impressions` (and their clicks) are replayed
+    into fresh topics first, as fast as replay goes, then a job drains that backlog (as after
+    downtime). Its rates are read between a tenth and nine tenths of the way."""
+    job = online_job(window)
+    report = asyncio.run(replay(data, job, conn, fmt="criteo", rate=0, limit=impressions, seed=2))
+    total = report.impressions + report.clicks
+    print(f"[saturation] draining a backlog of {total:,} events", file=sys.stderr)
+    client = CoordinatorClient.for_stack(run_dir)
+    job_id = client.submit(job)["id"]
+    points: list[tuple[float, int, int]] = []  # (when, messages read, samples trained)
+    try:
+        deadline = time.monotonic() + 900
+        while not points or points[-1][2] < report.impressions * 0.9:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the backlog was not drained in 900 s: {points[-1] if points else None}")
+            view = client.job(job_id)
+            if view["job"]["state"] == "failed":
+                raise RuntimeError(view["job"]["error"])
+            stream = view.get("stream") or {"events": {}}
+            points.append((time.monotonic(), stream["events"].get("messages", 0), view["progress"]["samples"]))
+            time.sleep(0.5)
+    finally:
+        client.stop(job_id)
+        client.close()
+
+    def rate(column: int, of: int) -> float:
+        lo = next(p for p in points if p[column] >= of * 0.1)
+        hi = next(p for p in points if p[column] >= of * 0.9)
+        return (hi[column] - lo[column]) / (hi[0] - lo[0])
+
+    read, trained = rate(1, total), rate(2, report.impressions)
+    return {
+        "events": total,
+        "replayed_events_per_sec": round(report.events_per_sec),
+        "read_events_per_sec": round(read),
+        "samples_trained_per_sec": round(trained),
+        # Joined and trained: the samples' pace, as events (each impression brings its clicks along).
+        "events_per_sec": round(min(read, trained * total / report.impressions)),
     }
 
 
@@ -200,23 +249,31 @@ def saturation(
         runs.append(joined_and_trained(run_dir, online_job(window), data, at, seconds, conn))
         return runs[-1]
 
-    best, failed = None, None
+    best, failed, sender_limited = None, None, None
     while rate <= max_rate:
-        if not (result := run(rate))["lag_bounded"]:
+        result = run(rate)
+        if not result["sender_kept_up"]:  # replay, on the same cores, could not offer it: not a verdict
+            sender_limited = rate
+            break
+        if not result["lag_bounded"]:
             failed = rate
             break
         best, rate = result, rate * 2
-    if best is not None and failed is not None and run((best["rate_impressions_per_sec"] + failed) / 2)["lag_bounded"]:
-        best = runs[-1]
+    if best is not None and failed is not None:
+        halfway = run((best["rate_impressions_per_sec"] + failed) / 2)
+        if halfway["sender_kept_up"] and halfway["lag_bounded"]:
+            best = halfway
     if best is None:
-        return {"runs": runs, "max_events_per_sec": None}
+        return {"runs": runs, "max_events_per_sec": None, "sender_limited_at": sender_limited}
     top = best["rate_impressions_per_sec"]
     at = {f"{int(share * 100)}%": run(top * share) for share in (0.5, 0.9)}
     return {
         "runs": runs,
         "max_rate_impressions_per_sec": top,
         "max_events_per_sec": best["events_per_sec"],
-        "stack_saturated": failed is not None,  # false: no rate up to --max-rate was too fast for it
+        "stack_saturated": failed is not None,  # false: no rate offered was too fast for it
+        # The first rate replay could not send: the stack's own limit is above the max (the drain says by how much).
+        "sender_limited_at": sender_limited,
         "click_to_trained": {
             share: {"p50_s": r["click_to_trained_p50_s"], "p99_s": r["click_to_trained_p99_s"]}
             for share, r in at.items()
@@ -247,6 +304,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trillium-bench-online-") as tmp:
         tmp_path = Path(tmp)
         rows = int((args.max_rate if args.saturation else args.rate) * args.seconds)
+        rows = max(rows, DRAIN_IMPRESSIONS) if args.saturation else rows
         data = generate_criteo(tmp_path / "stream.tsv", rows, seed=1, vocab_sizes=[1000] * 26)
         run_dir = tmp_path / "stack"
         state = stack.up(run_dir, TOPOLOGY)
@@ -258,6 +316,7 @@ def main() -> None:
                 result["saturation"] = saturation(
                     run_dir, args.window, data.path, conn, args.rate, args.max_rate, args.seconds
                 )
+                result["saturation"]["drain"] = drained(run_dir, args.window, data.path, conn, DRAIN_IMPRESSIONS)
         finally:
             stack.down(run_dir)
     trained = result["joined_and_trained"]
