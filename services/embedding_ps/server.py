@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import numpy as np
 from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -44,6 +45,7 @@ from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import GradientUpdate
+from trillium.wire.kafka import KafkaConnection
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
@@ -61,6 +63,10 @@ TABLE_DISK_ROWS = Gauge("trillium_ps_table_disk_rows", "rows of a table on disk"
 # What a shard reports of a table (proto TableStats): the store's stats, a disk tier's zero without one.
 TABLE_STAT_FIELDS = tuple(f.name for f in pb.TableStats.DESCRIPTOR.fields if f.name != "table")
 NO_DISK_TIER = {"disk_rows": 0, "disk_bytes": 0, "disk_lookup_hits": 0}
+# A job that takes no checkpoints fails on a lost process instead of recovering, so nothing reads
+# a gradient record again once it is applied: the shard deletes its partition's applied records
+# this often (the broker frees them a segment at a time), or a long job's gradients fill its disk.
+TRIM_APPLIED_SECONDS = 10.0
 
 
 class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
@@ -241,6 +247,7 @@ class EmbeddingPS(Service):
         lag = GRADIENT_LAG.labels(str(shard))
         loop = asyncio.get_running_loop()
         next_commit = loop.time()
+        trim = _AppliedTrim(self.settings.kafka, partition) if config.checkpoint is None else None
         try:
             while True:
                 records = (await consumer.getmany(partition, timeout_ms=200, max_records=64)).get(partition, [])
@@ -260,9 +267,13 @@ class EmbeddingPS(Service):
                     end = (await consumer.end_offsets([partition]))[partition]
                     lag.set(end - (await consumer.position(partition)))
                     next_commit = loop.time() + 0.5
+                if trim is not None:
+                    await trim.behind(self._position, loop.time())
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+            if trim is not None:
+                await trim.close()
 
     async def export(self, request: ExportRequest) -> None:
         job, store = self.job, self.store
@@ -369,6 +380,37 @@ class EmbeddingPS(Service):
                 grads = np.concatenate([grads for _, grads in parts])
                 rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
         return rows
+
+
+class _AppliedTrim:
+    """Deletes a checkpoint-less job's applied gradient records (see TRIM_APPLIED_SECONDS)."""
+
+    def __init__(self, conn: KafkaConnection, partition: TopicPartition) -> None:
+        self.conn, self.partition = conn, partition
+        self._admin: AIOKafkaAdminClient | None = None
+        self._trimmed = 0  # the partition's first offset as far as this shard knows
+        self._next = 0.0
+
+    async def behind(self, position: int, now: float) -> None:
+        if now < self._next or position <= self._trimmed:
+            return
+        self._next = now + TRIM_APPLIED_SECONDS
+        try:
+            if self._admin is None:
+                self._admin = kafka.admin(self.conn, request_timeout_ms=10_000)
+                await self._admin.start()
+            await self._admin.delete_records({self.partition: RecordsToDelete(before_offset=position)})
+        except Exception as err:  # noqa: BLE001 (a broker away now: the next try deletes these too)
+            logger.warning("applied gradients not trimmed", extra={"before": position, "error": str(err)})
+            await self.close()
+        else:
+            self._trimmed = position
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            with contextlib.suppress(Exception):
+                await admin.close()
 
 
 def main() -> None:

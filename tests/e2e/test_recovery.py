@@ -332,7 +332,9 @@ def test_a_jobs_topics_are_trimmed_behind_its_checkpoints_and_deleted_once_it_fi
             for p, offset in oldest["positions"][topic].items()
         }
         assert all(offset > 0 for offset in trimmed.values()), oldest["positions"]
-        _wait(lambda: asyncio.run(_first_offsets(conn, trimmed)) == trimmed, "the trim behind the oldest checkpoint")
+        _wait(
+            lambda: asyncio.run(_offsets(conn, trimmed, first=True)) == trimmed, "the trim behind the oldest checkpoint"
+        )
         client.resume(job_id)
         view = client.follow(job_id, timeout_s=300)
         assert view["job"]["state"] == "finished", view["job"]["error"]
@@ -344,12 +346,40 @@ def test_a_jobs_topics_are_trimmed_behind_its_checkpoints_and_deleted_once_it_fi
     assert not {topics["samples"], topics["eval"], topics["gradients"]} & left
 
 
-async def _first_offsets(conn: KafkaConnection, partitions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+def test_a_job_without_checkpoints_has_its_applied_gradients_deleted(stack, sync_job) -> None:
+    """Nothing reads a checkpoint-less job's applied gradients again (a lost process fails it):
+    each PS shard deletes its partition's records behind what it applied, and the job trains on."""
+    job = sync_job.model_copy(update={"checkpoint": None})
+    conn = KafkaConnection(bootstrap=read_state(stack)["kafka"]["bootstrap"])
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        _wait(lambda: client.job(job_id)["progress"]["samples"] > 0, "steps trained")
+        client.pause(job_id)  # the ranks hold: every shard applies all there is, then trims behind it
+        topic = client.job(job_id)["job"]["topics"]["gradients"]
+        partitions = [(topic, shard) for shard in range(job.topology.ps_shards)]
+
+        def all_deleted() -> bool:
+            firsts = asyncio.run(_offsets(conn, partitions, first=True))
+            return all(firsts.values()) and firsts == asyncio.run(_offsets(conn, partitions, first=False))
+
+        _wait(all_deleted, "the applied gradients deleted")
+        client.resume(job_id)
+        view = client.follow(job_id, timeout_s=300)
+        assert view["job"]["state"] == "finished", view["job"]["error"]
+    finally:
+        client.close()
+    _assert_exactly_once(view, job)
+
+
+async def _offsets(conn: KafkaConnection, partitions, first: bool) -> dict[tuple[str, int], int]:
+    """The partitions' first offsets (`first`), else their ends."""
     consumer = kafka.consumer(conn, group_id=None)
     await consumer.start()
     try:
-        firsts = await consumer.beginning_offsets([TopicPartition(t, p) for t, p in partitions])
-        return {(tp.topic, tp.partition): offset for tp, offset in firsts.items()}
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        offsets = await (consumer.beginning_offsets(tps) if first else consumer.end_offsets(tps))
+        return {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
     finally:
         await consumer.stop()
 
