@@ -18,6 +18,8 @@ pub mod serving;
 pub mod snapshot;
 pub mod store;
 pub mod table;
+#[cfg(test)]
+mod test_dir;
 pub mod values;
 
 mod python;

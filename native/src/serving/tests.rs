@@ -9,13 +9,8 @@ use super::base::Base;
 use super::*;
 use crate::hash::{mix64, shard_of};
 use crate::mem::RawBuf;
+use crate::test_dir::TestDir;
 use crate::values::ValuesWriter;
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trl-serving-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Rows of one table: id -> values (f32 that are exact in f16).
 type Rows = HashMap<u64, Vec<f32>>;
@@ -108,7 +103,7 @@ fn base_finds_every_id_uniform_or_not() {
 
 #[test]
 fn full_replaces_a_shards_rows_and_delta_upserts() {
-    let dir = tmpdir("full");
+    let dir = TestDir::new("serving-full");
     let s = ServingTables::new(&[("a".into(), 4), ("b".into(), 2)], 2, DType::F16, 2).unwrap();
     assert_eq!(s.version(), 0);
     let a0 = rows_of(&owned_ids(300, 0, 2, 1), 4, 0.0);
@@ -163,7 +158,7 @@ fn full_replaces_a_shards_rows_and_delta_upserts() {
 
 #[test]
 fn bad_files_and_versions_change_nothing() {
-    let dir = tmpdir("bad");
+    let dir = TestDir::new("serving-bad");
     let s = ServingTables::new(&[("a".into(), 3)], 2, DType::F16, 1).unwrap();
     let a0 = rows_of(&owned_ids(100, 0, 2, 1), 3, 0.0);
     write_file(&dir.join("ok"), false, &[("a", 3, &a0)]);
@@ -203,7 +198,7 @@ fn bad_files_and_versions_change_nothing() {
 
 #[test]
 fn overlay_grows_then_merges() {
-    let dir = tmpdir("merge");
+    let dir = TestDir::new("serving-merge");
     let (dim, n) = (2, 400_000);
     let s = ServingTables::new(&[("a".into(), dim)], 1, DType::F16, 2).unwrap();
     let ids = owned_ids(n + 40_000, 0, 1, 7);
@@ -243,7 +238,7 @@ fn overlay_grows_then_merges() {
 
 #[test]
 fn memory_per_value_at_1m_rows() {
-    let dir = tmpdir("mem");
+    let dir = TestDir::new("serving-mem");
     let (dim, n) = (64, 1_000_000);
     let s = ServingTables::new(&[("a".into(), dim)], 2, DType::F16, 2).unwrap();
     for shard in 0..2 {
@@ -268,12 +263,11 @@ fn memory_per_value_at_1m_rows() {
     let (out, misses, _) = get(&s, 0, &ids);
     assert_eq!(misses, 0);
     assert!(ids.iter().enumerate().all(|(k, id)| out[k * dim] == (id % 5) as f32));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn lookups_never_see_a_mixed_version() {
-    let dir = tmpdir("atomic");
+    let dir = TestDir::new("serving-atomic");
     let dim = 3;
     let s = std::sync::Arc::new(ServingTables::new(&[("a".into(), dim), ("b".into(), dim)], 2, DType::F16, 2).unwrap());
     let ids: Vec<u64> = (0..2).flat_map(|sh| owned_ids(500, sh, 2, 1)).collect();

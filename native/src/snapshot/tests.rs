@@ -10,12 +10,7 @@ use crate::config::*;
 use crate::hash::shard_of;
 use crate::store::Store;
 use crate::table::{RowState, Table, COUNTER_NAMES};
-
-fn tmpdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("trl-snap-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::test_dir::TestDir;
 
 fn filled_store() -> Store {
     let s = Store::new(Some(4), Some(2)).unwrap();
@@ -45,7 +40,7 @@ fn filled_store() -> Store {
 
 #[test]
 fn round_trip_and_reshard() {
-    let dir = tmpdir("rt");
+    let dir = TestDir::new("snap-rt");
     let p = dir.join("s.bin");
     let s = filled_store();
     write_snapshot(&s, &p).unwrap();
@@ -82,12 +77,11 @@ fn round_trip_and_reshard() {
             assert_eq!(st.table("a").unwrap().get_state(id).is_some(), k == owner);
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn corruption_detected_everywhere() {
-    let dir = tmpdir("corrupt");
+    let dir = TestDir::new("snap-corrupt");
     let p = dir.join("c.bin");
     let s = filled_store();
     write_snapshot(&s, &p).unwrap();
@@ -112,7 +106,6 @@ fn corruption_detected_everywhere() {
         let r = load_snapshot(&st, &q, None);
         assert!(matches!(r, Err(StoreError::Corrupt(_))), "truncated at {len} of {}: {:?}", good.len(), r.err());
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 fn assert_same_row(a: &RowState, b: &RowState, what: &str) {
@@ -130,7 +123,7 @@ fn without_created_time(b: &[u8]) -> Vec<u8> {
 
 #[test]
 fn capture_is_a_point_in_time_copy_written_in_the_dump_format() {
-    let dir = tmpdir("capture");
+    let dir = TestDir::new("snap-capture");
     let s = filled_store();
     let ids: Vec<u64> = (0..3000u64).map(|i| i * 31 + 7).collect();
     let before: Vec<(&str, Vec<RowState>)> = ["a", "b"]
@@ -178,13 +171,12 @@ fn capture_is_a_point_in_time_copy_written_in_the_dump_format() {
             assert_ne!(live.get_state(*id).unwrap().weights, row.weights, "{n}/{id}: the live store moved on");
         }
     }
-    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-")));
-    std::fs::remove_dir_all(&dir).ok();
+    assert!(std::fs::read_dir(&*dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-")));
 }
 
 #[test]
 fn capture_during_lookups_that_create_rows_is_loadable_and_untorn() {
-    let dir = tmpdir("capture-live");
+    let dir = TestDir::new("snap-capture-live");
     let s = Store::new(Some(8), Some(2)).unwrap();
     s.create_table(TableConfig::new("t", 16)).unwrap();
     let t = s.table("t").unwrap();
@@ -218,7 +210,6 @@ fn capture_during_lookups_that_create_rows_is_loadable_and_untorn() {
         }
         stop.store(true, Ordering::Relaxed);
     });
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `n` PS shards trained on the ids they own (routed by shard_of, as the embedding
@@ -330,7 +321,7 @@ fn check_reshard(src: &[Store], n: u32, dir: &Path) {
 
 #[test]
 fn reshard_two_to_three_and_three_to_one() {
-    let dir = tmpdir("reshard");
+    let dir = TestDir::new("snap-reshard");
     let two = ps_shards(2);
     assert_ne!(
         two[0].table("r").unwrap().counters.update_batches.load(Ordering::Relaxed),
@@ -338,7 +329,6 @@ fn reshard_two_to_three_and_three_to_one() {
     );
     check_reshard(&two, 3, &dir);
     check_reshard(&ps_shards(3), 1, &dir);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -354,7 +344,7 @@ fn counter_shares_add_up() {
 
 #[test]
 fn a_delta_on_its_base_loads_as_the_store_at_the_delta() {
-    let dir = tmpdir("delta");
+    let dir = TestDir::new("snap-delta");
     let s = filled_store();
     let base = Capture::new(&s);
     assert!(!base.is_delta());
@@ -390,7 +380,6 @@ fn a_delta_on_its_base_loads_as_the_store_at_the_delta() {
     // A delta of the delta, nothing having changed: only the rows created since the last update,
     // whose version is the next update's (a row is never missed, at worst written twice).
     assert!(Capture::since(&s, &delta.mark()).rows() <= 2 * 300);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

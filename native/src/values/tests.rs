@@ -1,6 +1,6 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use half::{bf16, f16};
 use sha2::Digest;
@@ -9,12 +9,7 @@ use super::*;
 use crate::config::{DType, TableConfig};
 use crate::snapshot::Capture;
 use crate::store::Store;
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trl-values-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::test_dir::TestDir;
 
 /// A values file of `tables` (name, dim, sorted ids, values as f16).
 fn write_raw(path: &Path, delta: bool, tables: &[(&str, usize, Vec<u64>, Vec<f16>)]) {
@@ -41,7 +36,8 @@ fn crc_is_zlibs() {
 
 #[test]
 fn round_trip() {
-    let p = tmpdir("rt").join("v.bin");
+    let dir = TestDir::new("values-rt");
+    let p = dir.join("v.bin");
     small_file(&p);
     let f = read_values::<f16>(&p, false).unwrap();
     assert!(f.delta);
@@ -62,7 +58,7 @@ fn round_trip() {
 
 #[test]
 fn truncation_and_flipped_bytes_refused() {
-    let dir = tmpdir("bad");
+    let dir = TestDir::new("values-bad");
     let p = dir.join("v.bin");
     small_file(&p);
     let good = std::fs::read(&p).unwrap();
@@ -97,7 +93,8 @@ fn truncation_and_flipped_bytes_refused() {
 
 #[test]
 fn unsorted_ids_refused() {
-    let p = tmpdir("unsorted").join("v.bin");
+    let dir = TestDir::new("values-unsorted");
+    let p = dir.join("v.bin");
     write_raw(&p, false, &[("a", 1, vec![3, 2], vec![f16::ONE, f16::ONE])]);
     let e = read_values::<f16>(&p, false).err().unwrap().to_string();
     assert!(e.contains("not strictly ascending at row 1"), "{e}");
@@ -142,7 +139,7 @@ fn check_against_store<O: crate::elem::OutElem + crate::elem::Elem + crate::mem:
 
 #[test]
 fn capture_export_matches_lookups() {
-    let dir = tmpdir("export");
+    let dir = TestDir::new("values-export");
     let s = trained_store();
     let c = Capture::new(&s);
     let p = dir.join("full.bin");
