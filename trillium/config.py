@@ -41,6 +41,9 @@ ENV_GRPC_TLS_CA = "TRILLIUM_GRPC_TLS_CA"
 # The address peers reach this service at, when its host name is not it (a Kubernetes pod: its IP).
 ENV_ADVERTISE_HOST = "TRILLIUM_ADVERTISE_HOST"
 ENV_THREADS = "TRILLIUM_THREADS"
+# The largest gRPC message a service sends or takes: a batch's embeddings or a shard's rows can
+# be tens of MiB (a job whose batch could exceed it is refused at submit, trillium.job.schema).
+GRPC_MAX_MESSAGE_BYTES = 64 << 20
 # A serving replica: the one model it serves (default: every model the stack publishes), the
 # version it is pinned to at start, and what one request may ask.
 ENV_SERVING_MODEL = "TRILLIUM_SERVING_MODEL"

@@ -142,6 +142,8 @@ def test_unknown_key_names_the_field(raw, path, key, location) -> None:
         (lambda r: r["model"].update(cls="trillium.models.DNN"), "String should match pattern"),
         (lambda r: r["training"].pop("staleness_bound"), "training.staleness_bound\n  Field required"),
         (lambda r: r["training"].update(staleness_bound=-1), "greater than or equal to 0"),
+        (lambda r: r["training"].update(eval_batch_size=1 << 22), "training.eval_batch_size: 4194304 samples of"),
+        (lambda r: r["training"].update(batch_size=1 << 22), "exceed a gRPC message (64 MiB); at most"),
         (lambda r: r.update(slots=[]), "at least 1 item"),
         (lambda r: next(iter(r["tables"].values())).update(memory_budget_gb=1.0), "memory_budget_gb needs disk"),
         (lambda r: next(iter(r["tables"].values())).update(disk="/ssd"), "disk needs memory_budget_gb"),

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from trillium.config import RoleCounts
+from trillium.config import GRPC_MAX_MESSAGE_BYTES, RoleCounts
 
 from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Probability, Strict
 from .data import ColumnSplit, DataConfig, KafkaData
@@ -290,6 +290,7 @@ class JobConfig(Strict):
         unused = set(self.tables) - {s.table for s in self.slots}
         if unused:
             raise ValueError(f"tables {sorted(unused)} are used by no slot")
+        self._check_batch_fits_a_message()
         dense_columns = [d.column for d in self.dense]
         for i, column in enumerate(dense_columns):
             if column in dense_columns[:i]:
@@ -297,6 +298,21 @@ class JobConfig(Strict):
         if self.label.column in dense_columns or any(s.column == self.label.column for s in self.slots):
             raise ValueError(f"label column {self.label.column!r} is also used as a feature")
         return self
+
+    def _check_batch_fits_a_message(self) -> None:
+        """A batch's embeddings go to its NN rank in one gRPC answer: one over the message limit
+        would fail the job at its first batch of that size (the evaluation's, often) instead.
+        Training batches travel in the wire dtype, the evaluation's in fp32."""
+        values = sum(self.tables[s.table].dim * (s.max_len if s.pooling == "none" else 1) for s in self.slots)
+        wire = (self.training.wire_dtype, 2 if self.training.wire_dtype == "fp16" else 4)
+        for field, (dtype, value_bytes) in (("batch_size", wire), ("eval_batch_size", ("fp32", 4))):
+            batch, most = getattr(self.training, field), GRPC_MAX_MESSAGE_BYTES // (values * value_bytes)
+            if batch > most:
+                raise ValueError(
+                    f"training.{field}: {batch} samples of {values} embedding values in {dtype} "
+                    f"exceed a gRPC message "
+                    f"({GRPC_MAX_MESSAGE_BYTES >> 20} MiB); at most {most}"
+                )
 
     def column_uses(self) -> list[tuple[str, str]]:
         """`(where, column)` for every column the job names, `where` as errors name it."""

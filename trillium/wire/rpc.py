@@ -15,10 +15,12 @@ from typing import Any
 
 import grpc
 
-from trillium.config import GrpcCredentials
+from trillium.config import GRPC_MAX_MESSAGE_BYTES, GrpcCredentials
 
-# A batch's embeddings or a shard's rows can be tens of MiB.
-OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+OPTIONS = [
+    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+]
 AUTH_METADATA = "authorization"
 
 
