@@ -67,6 +67,7 @@ NO_DISK_TIER = {"disk_rows": 0, "disk_bytes": 0, "disk_lookup_hits": 0}
 # a gradient record again once it is applied: the shard deletes its partition's applied records
 # this often (the broker frees them a segment at a time), or a long job's gradients fill its disk.
 TRIM_APPLIED_SECONDS = 10.0
+STATS_SECONDS = 1.0  # how often the tables' stats in health reports are read
 
 
 class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
@@ -96,8 +97,10 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
 
         with LOOKUP_SECONDS.labels(self.ps.settings.index).time():
             try:
-                # On the loop: a batch's gather takes less than a hop to a worker thread and back.
-                flat, dims = lookup()
+                # On the loop: a batch's gather from RAM takes less than a hop to a worker thread and
+                # back. One that reads rows from a disk tier may wait on the disk for seconds, and
+                # the loop must go on (heartbeats, the other lookups): in a thread.
+                flat, dims = await asyncio.to_thread(lookup) if self.ps.disk_tier else lookup()
             except (KeyError, ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             except OSError as err:  # a table's disk tier failed (a full disk): the shard's next update fails it too
@@ -105,11 +108,11 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
         return pb.ShardLookupResponse(rows=pb.Array(data=codec.pack_array(flat)), dims=dims)
 
     async def Stats(self, request: pb.ShardStatsRequest, context: grpc.aio.ServicerContext) -> pb.ShardStatsResponse:
+        stats = await asyncio.to_thread(self.ps.table_stats)  # it waits for each internal shard's lock
         return pb.ShardStatsResponse(
             shard=self.ps.settings.index,
             tables=[
-                pb.TableStats(table=name, **{k: int(s[k]) for k in TABLE_STAT_FIELDS})
-                for name, s in self.ps.table_stats().items()
+                pb.TableStats(table=name, **{k: int(s[k]) for k in TABLE_STAT_FIELDS}) for name, s in stats.items()
             ],
         )
 
@@ -124,6 +127,10 @@ class EmbeddingPS(Service):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.store: trillium_native.EmbeddingStore | None = None
+        self.disk_tier = False  # a table of the job spills to disk
+        # The tables' stats as of the last second, for health reports: reading them takes each
+        # internal shard's lock, which an update reading rows back from disk holds for long.
+        self._stats: dict[str, dict[str, Any]] = {}
         self.applied_messages = 0
         self._apply_lock = asyncio.Lock()  # held while a gradient is applied; a capture takes it
         self._applied: dict[int, int] = {}  # rank -> last step applied
@@ -149,7 +156,7 @@ class EmbeddingPS(Service):
     async def left_attempt(self) -> None:
         job = self.job
         if job is not None and self.settings.index >= job.config.topology.ps_shards:
-            self.store = None  # resharded away: the job's rows are on the other shards now
+            self.store, self._stats = None, {}  # resharded away: the job's rows are on the other shards now
 
     def table_stats(self) -> dict[str, dict[str, Any]]:
         store = self.store
@@ -161,8 +168,13 @@ class EmbeddingPS(Service):
                 s.update(NO_DISK_TIER, resident_rows=s["rows"])
         return stats
 
+    async def _refresh_stats(self) -> None:
+        while True:
+            self._stats = await asyncio.to_thread(self.table_stats)
+            await asyncio.sleep(STATS_SECONDS)
+
     def health(self) -> dict[str, Any]:
-        stats = self.table_stats()
+        stats = self._stats
         shard = str(self.settings.index)
         for table, s in stats.items():
             TABLE_ROWS.labels(shard, table).set(s["rows"])
@@ -220,7 +232,8 @@ class EmbeddingPS(Service):
         config = job.config
         shard = self.settings.index
         ranks = config.topology.nn_ranks
-        self.store = None
+        self.store, self._stats = None, {}
+        self.disk_tier = any(table.disk is not None for table in config.tables.values())
         store = trillium_native.EmbeddingStore(threads=self.settings.threads)
         for name, table in config.tables.items():
             store.create_table(name, **table.store_kwargs(config.training.seed), **table.tier_kwargs())
@@ -248,6 +261,7 @@ class EmbeddingPS(Service):
         loop = asyncio.get_running_loop()
         next_commit = loop.time()
         trim = _AppliedTrim(self.settings.kafka, partition) if config.checkpoint is None else None
+        stats = asyncio.create_task(self._refresh_stats())
         try:
             while True:
                 records = (await consumer.getmany(partition, timeout_ms=200, max_records=64)).get(partition, [])
@@ -270,6 +284,7 @@ class EmbeddingPS(Service):
                 if trim is not None:
                     await trim.behind(self._position, loop.time())
         finally:
+            stats.cancel()
             with contextlib.suppress(Exception):
                 await consumer.stop()
             if trim is not None:
