@@ -23,33 +23,41 @@ disk run's samples/s at 10% of its size over the RAM run's).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jobs import criteo_layout_job  # bench/jobs.py: the script's own folder is on sys.path
 
 from trillium import stack
-from trillium.config import StackTopology
+from trillium.config import GRPC_MAX_MESSAGE_BYTES, StackTopology
 from trillium.job import JobConfig
 from trillium.stack.client import CoordinatorClient
 
-TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1)
+# One NN rank and no serving replica: at 10 B parameters in RAM the tables take all but about
+# 3 GB of this 24 GB machine, and a second rank (0.8 GB) or a replica (0.6 GB) would not fit.
+TOPOLOGY = StackTopology(nn_ranks=1, ps_shards=2, embedding_workers=1, serving_replicas=0)
 SLOTS = 26
-ROWS_PER_VOCAB = 2.5  # train rows per ID of one slot's vocabulary
-# RAM of a resident row at dim 64, fp16, row-wise Adagrad with a tier's LRU tick (native
-# Layout::ram_row_bytes: id 8, weights 128, version 4, accumulator 4, tick 4, index 8).
-RAM_ROW_BYTES_DIM64 = 156
 
 
-def scale_job(params: float, dim: int, zipf: float, tier: dict[str, Any] | None, seed: int) -> JobConfig:
+def ram_row_bytes(dim: int) -> int:
+    """RAM of a resident fp16 row with row-wise Adagrad and a tier's LRU tick (native
+    Layout::ram_row_bytes: id 8, weights, version 4, accumulator 4, tick 4, index 8)."""
+    return 8 + -(-dim * 2 // 8) * 8 + 4 + 4 + 4 + 8
+
+
+def scale_job(
+    params: float, dim: int, zipf: float, rows_per_id: float, tier: dict[str, Any] | None, seed: int
+) -> JobConfig:
     vocab = max(int(params / (SLOTS * dim)), 10)
-    rows = int(vocab * ROWS_PER_VOCAB)
+    rows = int(vocab * rows_per_id)
     data = {
         "source": "synthetic",
         "rows": rows,
@@ -61,7 +69,12 @@ def scale_job(params: float, dim: int, zipf: float, tier: dict[str, Any] | None,
     table = {"dim": dim, "dtype": "fp16", "optimizer": {"name": "rowwise_adagrad", "lr": 0.05}, **(tier or {})}
     names = [f"c{i}" for i in range(1, SLOTS + 1)]
     tables = dict.fromkeys(names, table)
-    return criteo_layout_job("scale", data, tables, names, dim, TOPOLOGY, {"wire_dtype": "fp16"})
+    # The evaluation's batches (fp32 embeddings) as large as a gRPC message allows, up to the usual 4,096.
+    training = {"wire_dtype": "fp16", "eval_batch_size": min(4096, GRPC_MAX_MESSAGE_BYTES // (SLOTS * dim * 4))}
+    # No checkpoints (a full one copies an all-in-RAM table: a second one would not fit) and no
+    # model versions (each copies the rows changed since the last: in a growing table, all of
+    # them). Without checkpoints the PS shards delete the gradients they applied.
+    return criteo_layout_job("scale", data, tables, names, dim, TOPOLOGY, training, checkpoint=None, publish=None)
 
 
 def _rss(run_dir: Path) -> dict[str, int]:
@@ -91,6 +104,30 @@ def _rate_at(points: list[tuple[float, int, int]], params: int, final: int) -> f
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
+@contextlib.contextmanager
+def _stack(tmp: str, name: str) -> Iterator[Path]:
+    run_dir = Path(tmp) / name
+    stack.up(run_dir, TOPOLOGY)
+    try:
+        yield run_dir
+    except BaseException:
+        # The run took long and its directory goes with the bench's: keep the logs that say why.
+        kept = Path(tempfile.gettempdir()) / f"trillium-scale-logs-{int(time.time())}"
+        shutil.copytree(run_dir / "logs", kept, dirs_exist_ok=True)
+        print(f"[scale] the stack's logs: {kept}", file=sys.stderr)
+        raise
+    finally:
+        stack.down(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable")
+
+
 def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
     """Train `job` to its end, reading the job view and its tables twice a second."""
     dim = next(iter(job.tables.values())).dim
@@ -98,6 +135,7 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
     points: list[tuple[float, int, int]] = []  # (seconds, samples trained, parameters held)
     last_tables: dict[str, Any] = {}
     rss_max: dict[str, int] = {}
+    mem_available_min, broker_max = _mem_available(), 0
     started = time.monotonic()
     try:
         job_id = client.submit(job)["id"]
@@ -115,6 +153,8 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
                     points.append((time.monotonic() - started, view["progress"]["samples"], held))
                 for name, rss in _rss(run_dir).items():
                     rss_max[name] = max(rss_max.get(name, 0), rss)
+                mem_available_min = min(mem_available_min, _mem_available())
+                broker_max = max(broker_max, _du(run_dir / "kafka"))
             time.sleep(0.5)
         if view["job"]["state"] != "finished":
             raise RuntimeError(f"the {job.name} job {view['job']['state']}: {view['job']['error']}")
@@ -135,6 +175,8 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
         },
         "auc": view["job"]["metrics"].get("auc"),
         "ps_rss_anon_bytes_max": rss_max,
+        "machine_mem_available_min_bytes": mem_available_min,
+        "broker_data_bytes_max": broker_max,
         "ps_shards": [
             {
                 "shard": s["shard"],
@@ -155,43 +197,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
     parser.add_argument("--params", type=float, default=1.3e8, help="target parameters of each run [1.3e8]")
+    parser.add_argument("--ram-params", type=float, default=None, help="target of the all-in-RAM run [--params]")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--zipf", type=float, default=0.5, help="ID popularity exponent (0: uniform) [0.5]")
+    parser.add_argument("--rows-per-id", type=float, default=2.5, help="train rows per ID of a slot's vocabulary [2.5]")
     parser.add_argument("--hot", type=float, default=0.1, help="share of a shard's rows the RAM budget holds [0.1]")
     parser.add_argument("--spill", type=Path, default=None, help="the disk tier's directory [a temporary one]")
     parser.add_argument("--skip-ram", action="store_true", help="only the disk-tier run (and the small one)")
     args = parser.parse_args()
-    if args.dim != 64:
-        parser.error("--dim: the RAM budget is sized for dim 64 rows (RAM_ROW_BYTES_DIM64)")
     rows_per_shard_table = args.params / (args.dim * SLOTS * TOPOLOGY.ps_shards)
-    budget_gb = args.hot * rows_per_shard_table * RAM_ROW_BYTES_DIM64 / (1 << 30)
+    budget_gb = args.hot * rows_per_shard_table * ram_row_bytes(args.dim) / (1 << 30)
+    ram_params = args.ram_params or args.params
     with tempfile.TemporaryDirectory(prefix="trillium-scale-") as tmp:
-        run_dir = Path(tmp) / "stack"
         spill = args.spill or Path(tmp) / "spill"
         tier = {"memory_budget_gb": budget_gb, "disk": str(spill)}
-        stack.up(run_dir, TOPOLOGY)
+        shape = (args.dim, args.zipf, args.rows_per_id)
         result: dict[str, Any] = {
             "machine_cores": os.cpu_count(),
             "topology": TOPOLOGY.model_dump(),
             "target_params": args.params,
+            "target_params_ram": ram_params,
             "dim": args.dim,
             "zipf_exponent": args.zipf,
+            "rows_per_id": args.rows_per_id,
             "memory_budget_gb_per_table_and_shard": budget_gb,
         }
-        try:
+        # Each large run on a stack of its own: a PS process keeps its heap's high-water mark
+        # from job to job, and one run's would be read as the next one's RSS (or not fit beside it).
+        with _stack(tmp, "first") as run_dir:
             print("[scale] the job at 1/100 of the size", file=sys.stderr)
-            result["small"] = run(run_dir, scale_job(args.params / 100, args.dim, args.zipf, None, seed=3))
-            # The disk tier first: the PS processes keep their heap's high-water mark from job to
-            # job, so the all-in-RAM run's would be read as the tier's RSS.
+            result["small"] = run(run_dir, scale_job(args.params / 100, *shape, None, seed=3))
             print(f"[scale] {args.params:.3g} parameters with the disk tier", file=sys.stderr)
-            result["disk"] = run(run_dir, scale_job(args.params, args.dim, args.zipf, tier, seed=3))
-            if not args.skip_ram:
-                print(f"[scale] {args.params:.3g} parameters all in RAM", file=sys.stderr)
-                result["ram"] = run(run_dir, scale_job(args.params, args.dim, args.zipf, None, seed=3))
-            result["broker_data_bytes"] = _du(run_dir / "kafka")
-        finally:
-            stack.down(run_dir)
-            shutil.rmtree(spill, ignore_errors=True)
+            try:
+                result["disk"] = run(run_dir, scale_job(args.params, *shape, tier, seed=3))
+            finally:
+                shutil.rmtree(spill, ignore_errors=True)
+        if not args.skip_ram:
+            with _stack(tmp, "ram") as run_dir:
+                print(f"[scale] {ram_params:.3g} parameters all in RAM", file=sys.stderr)
+                result["ram"] = run(run_dir, scale_job(ram_params, *shape, None, seed=3))
     disk = result["disk"]
     result["max_params_disk"] = disk["params_materialized"]
     result["disk_auc_minus_small_auc"] = disk["auc"] - result["small"]["auc"]
