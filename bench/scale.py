@@ -1,23 +1,30 @@
 """Whole-stack scale run: a synthetic Criteo-layout job trained by the full local stack (2 PS
-shards, 2 NN ranks, 1 embedding worker) until its tables hold a target number of materialized
-parameters, once with the disk tier and once all in RAM, and the same job at 1/100 of the size.
+shards, 1 NN rank, 1 embedding worker, no serving replica) until its tables hold a target number
+of materialized parameters, once with the disk tier and once all in RAM, and the same job at
+1/100 of the size.
 
     python bench/scale.py --json                            # 1.3e8 parameters (a few minutes)
-    python bench/scale.py --params 1e10 --spill /mnt/ssd    # the issue's sizes (hours; see below)
+    python bench/scale.py --json --params 4.25e10 --ram-params 2.08e10 --dim 512 \
+        --rows-per-id 1 --hot 0.05                          # 2.1e10 on disk, 1.03e10 in RAM (65 min)
 
 The job: 26 slots, a table each, `--dim` (64) values a row in fp16 with row-wise Adagrad, the
-fp16 wire. Each slot's vocabulary is params / (26 × dim) IDs drawn by a power law of exponent
-`--zipf` (0.5: the tail is reached, as a scale run needs, and popular IDs still repeat); one
-epoch of 2.5 × the vocabulary's rows materializes about 80% of it (what the run reports is what
-the PS shards hold, not the target). The disk-tier run keeps `--hot` (10%) of each shard's final
-rows in RAM (`tables.X.memory_budget_gb`) and spills the rest under `--spill`.
+fp16 wire, no checkpoints and no model versions (at these sizes a full checkpoint's second copy
+of an all-in-RAM table does not fit, and each version would copy the rows a growing table
+changed: all of them). Each slot's vocabulary is params / (26 × dim) IDs drawn by a power law of
+exponent `--zipf` (0.5: the tail is reached, as a scale run needs, and popular IDs still repeat);
+one epoch of `--rows-per-id` (2.5) × the vocabulary's rows materializes about 78% of it (49% at
+1 row an ID; what the run reports is what the PS shards hold, not the target). The disk-tier run
+keeps `--hot` (10%) of each shard's target rows in RAM (`tables.X.memory_budget_gb`) and spills
+the rest under `--spill`. The small run and the disk-tier run share a stack; the all-in-RAM run
+has one of its own.
 
 Reported, per run: parameters materialized, the samples/s while the tables held 10%, 50% and
 100% of what the run ended with (±5% of it), every PS shard's anonymous RSS (the spill files it
-maps are page cache) and spill bytes, the looked-up IDs read from RAM and from disk, the broker's data, the run's wall time, and the test
-AUC against the job at 1/100 of the size (same model and rows per ID, so it must not be worse).
-Keys the issue names: `max_params_ram`, `max_params_disk`, `disk_vs_ram_samples_per_sec` (the
-disk run's samples/s at 10% of its size over the RAM run's).
+maps are page cache) and spill bytes, the looked-up IDs read from RAM and from disk, the most
+the broker's data and the least the machine's available memory were, the run's wall time, and
+the test AUC against the job at 1/100 of the disk-tier run's size (same model and rows per ID, so
+it must not be worse). Keys the issue names: `max_params_ram`, `max_params_disk`,
+`disk_vs_ram_samples_per_sec` (the disk run's samples/s at 10% of its size over the RAM run's).
 """
 
 from __future__ import annotations
