@@ -4,6 +4,7 @@ configuration files and the `java` command line that runs it from the Maven-reso
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -12,8 +13,18 @@ from trillium.config import ENV_KAFKA_BOOTSTRAP, KafkaConnection
 from .procs import REPO_ROOT, LauncherError
 
 KAFKA_LIBS = Path(os.environ.get("TRILLIUM_KAFKA_LIBS", REPO_ROOT / ".cache" / "kafka" / "libs"))
+ENV_KAFKA_HEAP = "TRILLIUM_KAFKA_HEAP"
 # A 2-core machine: keep the broker small and predictable.
-KAFKA_HEAP = os.environ.get("TRILLIUM_KAFKA_HEAP", "768m")
+DEFAULT_KAFKA_HEAP = "768m"
+
+
+def kafka_heap() -> str:
+    """The broker's fixed Java heap, as `-Xmx` takes it; checked here so that a typo stops
+    `trillium up` with its name rather than a JVM that never opens its port."""
+    heap = os.environ.get(ENV_KAFKA_HEAP, DEFAULT_KAFKA_HEAP)
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", heap):
+        raise LauncherError(f"{ENV_KAFKA_HEAP}={heap!r}: expected a size such as 768m or 2g")
+    return heap
 
 
 def kafka_connection(bootstrap: str, external: bool) -> KafkaConnection:
@@ -89,10 +100,11 @@ def java_argv(run_dir: Path, main: list[str]) -> list[str]:
     # bench/e2e.py; see docs/performance.md), at no cost a local job can see. The heap is fixed
     # and touched at start (Kafka's own start script sets Xms = Xmx): a broker that grew its heap
     # to the cap over its first hour looked like a leak to anything watching its RSS.
+    heap = kafka_heap()
     return [
         java,
-        f"-Xms{KAFKA_HEAP}",
-        f"-Xmx{KAFKA_HEAP}",
+        f"-Xms{heap}",
+        f"-Xmx{heap}",
         "-XX:+AlwaysPreTouch",
         "-XX:+UseSerialGC",
         "-XX:TieredStopAtLevel=1",
