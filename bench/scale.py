@@ -102,7 +102,11 @@ def _rss(run_dir: Path) -> dict[str, int]:
 
 
 def _du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    total = 0
+    for f in path.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):  # a segment the broker deleted meanwhile
+            total += f.stat().st_size if f.is_file() else 0
+    return total
 
 
 def _rate_at(points: list[tuple[float, int, int]], params: int, final: int) -> float | None:

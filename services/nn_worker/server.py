@@ -40,6 +40,7 @@ from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
+from trillium.job import JobConfig
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
@@ -62,7 +63,19 @@ logger = logging.getLogger("trillium.nn_worker")
 
 SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
-PREFETCH = 8  # lookups requested ahead of the step being trained
+PREFETCH = 8  # lookups requested ahead of the step being trained, at most
+# ... and at most this much of their embeddings. Each lookup ahead holds its batch's embeddings
+# here and, while it is pooled and sent, several copies in the embedding worker: 8 of a wide
+# job's (26 slots of dim 512, its evaluation's 1,260-sample batches in fp32: 67 MB each) took
+# 1.6 GB there and ended a 1e10-parameter run on the OOM killer. A dim-16 job keeps all 8.
+PREFETCH_BYTES = 64 << 20
+
+
+def prefetch(job: JobConfig, *, evaluation: bool) -> int:
+    """How many lookups a feed keeps requested ahead of the step it hands out."""
+    return max(1, min(PREFETCH, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
+
+
 PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)
 HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
 STREAM_LOSSES = 10_000  # a continuous job keeps its latest steps' losses, not every one
@@ -304,7 +317,7 @@ class NNWorker(Service):
             PartitionLineage(job.lineage.get(job.topics.eval, {}).get(rank)),
             job.attempt,
             lookup,
-            ahead=PREFETCH,
+            ahead=prefetch(job.config, evaluation=True),
             group_id=None,
         ).run()
 
@@ -346,7 +359,7 @@ class NNWorker(Service):
             PartitionLineage(job.lineage.get(job.topics.samples, {}).get(rank)),
             job.attempt,
             lookup,
-            ahead=PREFETCH,
+            ahead=prefetch(job.config, evaluation=False),
             group_id=f"{job.id}.nn",
         ).run()
         run.pusher = GradientPusher(run.stub.PushGradients).run()

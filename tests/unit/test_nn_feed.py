@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 
+from trillium.data import load_job
 from trillium.services.nn_worker.evaluate import score
 from trillium.services.nn_worker.feed import EpochEnd, GradientPusher
+from trillium.services.nn_worker.server import PREFETCH, prefetch
+from trillium.stack import REPO_ROOT
 from trillium.wire.pb import embedding_pb2 as pb
 
 
@@ -75,3 +78,15 @@ async def test_scoring_stops_its_feed_however_it_ends(fail: bool) -> None:
         scored = await score(feed, scores)  # type: ignore[arg-type]
         assert len(scored.labels) == len(scored.probs) == len(scored.batch_ids) == 0
     assert feed.stopped
+
+
+def test_a_wide_job_keeps_fewer_lookups_ahead_and_never_none() -> None:
+    adult = load_job(REPO_ROOT / "examples/adult/job.yaml")  # 8 slots of dim 8, batch 128, evaluation 1,024
+    assert prefetch(adult, evaluation=False) == prefetch(adult, evaluation=True) == PREFETCH
+    wide = adult.model_copy(update={"tables": {n: t.model_copy(update={"dim": 2048}) for n, t in adult.tables.items()}})
+    assert wide.embedding_batch_bytes(evaluation=False) == 128 * 8 * 2048 * 4  # 8 MiB: still 8 ahead
+    assert prefetch(wide, evaluation=False) == PREFETCH
+    assert wide.embedding_batch_bytes(evaluation=True) == 64 << 20  # fp32 batches of 1,024: one at a time
+    assert prefetch(wide, evaluation=True) == 1
+    wider = wide.model_copy(update={"training": wide.training.model_copy(update={"batch_size": 512})})
+    assert prefetch(wider, evaluation=False) == 2  # 32 MiB a batch

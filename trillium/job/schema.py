@@ -299,19 +299,31 @@ class JobConfig(Strict):
             raise ValueError(f"label column {self.label.column!r} is also used as a feature")
         return self
 
+    @property
+    def embedding_values(self) -> int:
+        """A sample's embedding values: each slot's dim (times its max_len for a sequence)."""
+        return sum(self.tables[s.table].dim * (s.max_len if s.pooling == "none" else 1) for s in self.slots)
+
+    def embedding_batch_bytes(self, *, evaluation: bool) -> int:
+        """One batch's embeddings as its lookup answer carries them to an NN rank: a training
+        batch in the wire dtype, the evaluation's in fp32."""
+        if evaluation:
+            return self.training.eval_batch_size * self.embedding_values * 4
+        return self.training.batch_size * self.embedding_values * (2 if self.training.wire_dtype == "fp16" else 4)
+
     def _check_batch_fits_a_message(self) -> None:
         """A batch's embeddings go to its NN rank in one gRPC answer: one over the message limit
-        would fail the job at its first batch of that size (the evaluation's, often) instead.
-        Training batches travel in the wire dtype, the evaluation's in fp32."""
-        values = sum(self.tables[s.table].dim * (s.max_len if s.pooling == "none" else 1) for s in self.slots)
-        wire = (self.training.wire_dtype, 2 if self.training.wire_dtype == "fp16" else 4)
-        for field, (dtype, value_bytes) in (("batch_size", wire), ("eval_batch_size", ("fp32", 4))):
-            batch, most = getattr(self.training, field), GRPC_MAX_MESSAGE_BYTES // (values * value_bytes)
-            if batch > most:
+        would fail the job at its first batch of that size (the evaluation's, often) instead."""
+        for field, evaluation, dtype in (
+            ("batch_size", False, self.training.wire_dtype),
+            ("eval_batch_size", True, "fp32"),
+        ):
+            batch, size = getattr(self.training, field), self.embedding_batch_bytes(evaluation=evaluation)
+            if size > GRPC_MAX_MESSAGE_BYTES:
                 raise ValueError(
-                    f"training.{field}: {batch} samples of {values} embedding values in {dtype} "
-                    f"exceed a gRPC message "
-                    f"({GRPC_MAX_MESSAGE_BYTES >> 20} MiB); at most {most}"
+                    f"training.{field}: {batch} samples of {self.embedding_values} embedding values in {dtype} "
+                    f"exceed a gRPC message ({GRPC_MAX_MESSAGE_BYTES >> 20} MiB); "
+                    f"at most {GRPC_MAX_MESSAGE_BYTES * batch // size}"
                 )
 
     def column_uses(self) -> list[tuple[str, str]]:
