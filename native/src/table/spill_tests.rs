@@ -4,14 +4,11 @@
 use super::*;
 use crate::config::{DType, OptKind};
 use crate::hash::SplitMix64;
+use crate::test_dir::TestDir;
 
-fn dir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("trillium-spill-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn with_tier(cfg: &TableConfig, budget_rows: u64) -> TableConfig {
+/// `cfg` with a RAM budget of `budget_rows` rows and its spill files in `dir` (unlinked once
+/// open, so the test's `TestDir` may go before its tables do).
+fn with_tier(cfg: &TableConfig, budget_rows: u64, dir: &TestDir) -> TableConfig {
     let mut c = cfg.clone();
     let l = Layout::new(&{
         let mut x = cfg.clone();
@@ -19,7 +16,7 @@ fn with_tier(cfg: &TableConfig, budget_rows: u64) -> TableConfig {
         x
     });
     c.memory_budget_bytes = Some(budget_rows * l.ram_row_bytes(cfg.dtype.size()) as u64);
-    c.disk = Some(dir().to_string_lossy().into_owned());
+    c.disk = Some(dir.to_string_lossy().into_owned());
     c
 }
 
@@ -154,11 +151,12 @@ fn configs() -> Vec<TableConfig> {
 
 #[test]
 fn tiny_budget_answers_as_all_in_ram() {
+    let dir = TestDir::new("spill-all-in-ram");
     let (mut evicted, mut expired) = (0, 0);
     for (i, cfg) in configs().into_iter().enumerate() {
         for (budget, shards) in [(0u64, 1usize), (3, 1), (5, 4)] {
             let a = Table::new(cfg.clone(), shards).unwrap();
-            let b = Table::new(with_tier(&cfg, budget), shards).unwrap();
+            let b = Table::new(with_tier(&cfg, budget, &dir), shards).unwrap();
             run_same(&a, &b, i as u64 * 31 + budget, 150, 80);
             let spilled: u64 = b.disk_stats().iter().map(|d| d.writes).sum();
             assert!(spilled > 0, "config {i}: nothing was spilled");
@@ -176,8 +174,9 @@ fn tiny_budget_answers_as_all_in_ram() {
 
 #[test]
 fn resident_rows_stay_within_the_budget_and_the_file_is_reused() {
+    let dir = TestDir::new("spill-budget");
     let cfg = TableConfig::new("t", 8);
-    let t = Table::new(with_tier(&cfg, 100), 1).unwrap();
+    let t = Table::new(with_tier(&cfg, 100, &dir), 1).unwrap();
     let mut out = vec![0f32; 8 * 1000];
     for round in 0..5u64 {
         let ids: Vec<u64> = (0..1000).map(|i| i + round * 200).collect();
@@ -197,8 +196,9 @@ fn resident_rows_stay_within_the_budget_and_the_file_is_reused() {
 
 #[test]
 fn a_full_disk_keeps_rows_in_ram_and_says_why() {
+    let dir = TestDir::new("spill-full");
     let cfg = TableConfig::new("full", 4);
-    let t = Table::new(with_tier(&cfg, 2), 1).unwrap();
+    let t = Table::new(with_tier(&cfg, 2, &dir), 1).unwrap();
     if let Shards::F32(s) = &t.shards {
         let mut g = s[0].write();
         let tier = g.tier.as_mut().unwrap();
