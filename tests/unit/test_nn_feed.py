@@ -84,9 +84,12 @@ def test_a_wide_job_keeps_fewer_lookups_ahead_and_never_none() -> None:
     adult = load_job(REPO_ROOT / "examples/adult/job.yaml")  # 8 slots of dim 8, batch 128, evaluation 1,024
     assert prefetch(adult, evaluation=False) == prefetch(adult, evaluation=True) == PREFETCH
     wide = adult.model_copy(update={"tables": {n: t.model_copy(update={"dim": 2048}) for n, t in adult.tables.items()}})
-    assert wide.embedding_batch_bytes(evaluation=False) == 128 * 8 * 2048 * 4  # 8 MiB: still 8 ahead
+    assert wide.training.wire_dtype == "fp16"
+    assert wide.embedding_batch_bytes(evaluation=False) == 128 * 8 * 2048 * 2  # 4 MiB: still 8 ahead
     assert prefetch(wide, evaluation=False) == PREFETCH
     assert wide.embedding_batch_bytes(evaluation=True) == 64 << 20  # fp32 batches of 1,024: one at a time
     assert prefetch(wide, evaluation=True) == 1
     wider = wide.model_copy(update={"training": wide.training.model_copy(update={"batch_size": 512})})
-    assert prefetch(wider, evaluation=False) == 2  # 32 MiB a batch
+    assert prefetch(wider, evaluation=False) == 4  # 16 MiB a batch
+    fp32 = wider.model_copy(update={"training": wider.training.model_copy(update={"wire_dtype": "fp32"})})
+    assert prefetch(fp32, evaluation=False) == 2  # 32 MiB a batch

@@ -158,8 +158,9 @@ class TrainingConfig(Strict):
     precision: Literal["fp32", "bf16"] = "fp32"
     # The embeddings and their gradients on the wire between the PS shards, the embedding workers
     # and the NN ranks, and the gradients on Kafka: fp16 halves their bytes (the gradients scaled
-    # per message so that none underflows); the PS keeps and accumulates fp32 either way.
-    wire_dtype: Literal["fp32", "fp16"] = "fp32"
+    # per message so that none underflows); the PS keeps and accumulates fp32 either way. fp32
+    # is exact (a one-rank sync job then equals the single-process reference to rounding).
+    wire_dtype: Literal["fp32", "fp16"] = "fp16"
 
 
 class TopologyConfig(RoleCounts, Strict):
