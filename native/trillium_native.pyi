@@ -169,6 +169,14 @@ def hash_strings(
     past `data` (the first bad offset is named).
     """
 
+def to_fp16_scaled(values: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float16], float]:
+    """`values` times a power of two (the scale returned) that brings the largest magnitude near
+    2^14, rounded to float16 (ties to even); scale 1.0 when a value is not finite. F16C, GIL
+    released."""
+
+def from_fp16_scaled(values: npt.NDArray[np.float16], scale: float) -> npt.NDArray[np.float32]:
+    """`to_fp16_scaled`'s values back as float32 (divided by `scale`: exact for a power of two)."""
+
 class EmbeddingStore:
     """A set of named embedding tables (u64 id -> row of `dim` floats).
 

@@ -1,9 +1,9 @@
 //! trillium_native: native embedding parameter store for Trillium.
 //!
 //! The Rust core (`store`, `table`, `index`, `optim`, `snapshot`, `hash`, the embedding
-//! worker's `pooling`, and for model replicas the `values` file format and the read-only
-//! `serving` store, and for the stream loader the JSON `events` fast path and the `join`) is independent of
-//! Python; `python` holds the PyO3 bindings.
+//! worker's `pooling`, for model replicas the `values` file format and the read-only `serving`
+//! store, for the stream loader the JSON `events` fast path and the `join`, and the wire's
+//! scaled fp16, `wire16`) is independent of Python; `python` holds the PyO3 bindings.
 
 pub mod config;
 pub mod elem;
@@ -21,5 +21,6 @@ pub mod table;
 #[cfg(test)]
 mod test_dir;
 pub mod values;
+pub mod wire16;
 
 mod python;

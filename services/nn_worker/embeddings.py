@@ -14,7 +14,7 @@ def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
     """A lookup's embeddings, one float32 array per slot in slot order: a pooled slot's are its
     columns of one copy of the wire's `pooled` (a copy: torch wants writable arrays, and fp16
     wire values become float32), a sequence slot's a copy of its own."""
-    pooled = np.array(codec.unpack_array(response.pooled.data), dtype=np.float32)
+    pooled = _float32(codec.unpack_array(response.pooled.data))
     sequences = iter(response.slots)
     out, start = [], 0
     for width in response.widths:
@@ -22,8 +22,13 @@ def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
             out.append(pooled[:, start : start + width])
             start += width
         else:
-            out.append(np.array(codec.unpack_array(next(sequences).values.data), dtype=np.float32))
+            out.append(_float32(codec.unpack_array(next(sequences).values.data)))
     return out
+
+
+def _float32(values: np.ndarray) -> np.ndarray:
+    """A writable float32 copy (fp16 widened in the native core: numpy's cast is 10× slower)."""
+    return codec.from_fp16(values, 1.0) if values.dtype == np.float16 else np.array(values, dtype=np.float32)
 
 
 def gradients_request(

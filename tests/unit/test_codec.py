@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import struct
 
 import msgpack
@@ -87,6 +88,38 @@ def test_fp16_wire_values_lose_only_fp16_rounding_whatever_their_magnitude(value
     assert back.dtype == np.float32
     error = np.abs(back.astype(np.float64) - values)
     assert (error <= np.maximum(np.abs(values.astype(np.float64)) * 2.0**-11, 2.0**-24 / scale)).all()
+
+
+def _numpy_fp16(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """The scaled cast as numpy writes it (the codec's before the native core took it over)."""
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    with np.errstate(over="ignore"):  # a non-finite message is cast as it is: 1e10 becomes inf
+        if not math.isfinite(top):
+            return values.astype(np.float16), 1.0
+        scale = 2.0 ** min(math.floor(math.log2(2.0**14 / top)), 100) if top > 0 else 1.0
+        return (values * np.float32(scale)).astype(np.float16), scale
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hnp.arrays(
+        np.float32,
+        st.one_of(st.integers(0, 40), st.tuples(st.integers(0, 9), st.integers(0, 9))),
+        elements=st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    )
+)
+def test_the_native_fp16_cast_is_numpys_bit_for_bit(values: np.ndarray) -> None:
+    """Every value, shape, scale and rounding (ties to even, subnormals, NaN and infinities sent
+    unscaled) as numpy's cast; and back, numpy's widening times 1/scale."""
+    half, scale = codec.to_fp16(values)
+    want, want_scale = _numpy_fp16(values)
+    assert scale == want_scale and half.shape == values.shape and half.dtype == np.float16
+    np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
+    back = codec.from_fp16(half, scale)
+    with np.errstate(over="ignore"):  # fp16 rounded up past float32's largest: inf, as natively
+        expected = half.astype(np.float32) * np.float32(1.0 / scale)
+    assert back.flags.writeable and back.dtype == np.float32
+    np.testing.assert_array_equal(back, expected)  # NaNs where NaNs are, every other value exactly
 
 
 def test_fp16_gradients_round_trip_within_rounding() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+import trillium_native
 from trillium.wire.batch import Batch, GradientUpdate, KeyedIds
 
 __all__ = [
@@ -221,28 +222,18 @@ def encode_gradients(update: GradientUpdate, *, fp16: bool = False) -> bytes:
     return _encode("gradients", meta, [ids, grads])
 
 
-# fp16 carries values up to 65504 and, below 2^-14, ever fewer bits down to 2^-24: embedding
-# gradients (1e-4..1e-9) would lose most of theirs. A message's values are multiplied by a power
-# of two that brings its largest to about 2^14 before the cast, and divided by it after — as
-# mixed-precision training scales a loss. Exact for every value the scaled fp16 holds.
-_FP16_TOP = 2.0**14
-
-
 def to_fp16(values: np.ndarray) -> tuple[np.ndarray, float]:
-    """`values` (float32) scaled by a power of two and cast to float16, and that scale."""
-    top = float(np.max(np.abs(values))) if values.size else 0.0
-    if not math.isfinite(top):  # the PS skips non-finite gradients (counted): keep them so
-        return values.astype(np.float16), 1.0
-    scale = 2.0 ** min(math.floor(math.log2(_FP16_TOP / top)), 100) if top > 0 else 1.0  # 2^100: a float32
-    return (values * np.float32(scale)).astype(np.float16), scale
+    """`values` (float32) scaled by a power of two and cast to float16, and that scale. fp16
+    carries values up to 65504 and, below 2^-14, ever fewer bits down to 2^-24: embedding
+    gradients (1e-4..1e-9) would lose most of theirs. The scale brings a message's largest value
+    to about 2^14 before the cast (as mixed-precision training scales a loss); exact for every
+    value the scaled fp16 holds. In the native core: numpy casts an element at a time."""
+    return trillium_native.to_fp16_scaled(np.ascontiguousarray(values, dtype=np.float32))
 
 
 def from_fp16(values: np.ndarray, scale: float) -> np.ndarray:
-    """`to_fp16`'s values back as float32."""
-    out = values.astype(np.float32)
-    if scale != 1.0:
-        out *= np.float32(1.0 / scale)
-    return out
+    """`to_fp16`'s values back as float32 (a new, writable array)."""
+    return trillium_native.from_fp16_scaled(np.ascontiguousarray(values, dtype=np.float16), scale)
 
 
 def decode_gradients(data: BytesLike) -> GradientUpdate:

@@ -1,7 +1,7 @@
-//! PyO3 bindings, one module per area (store, captures, hashing, pooling, serving); this one registers them and holds
-//! the helpers they share. Every batched call releases the GIL and runs on the store's
-//! own rayon pool; every entry point catches panics and maps errors to
-//! ValueError / TypeError / KeyError / OSError.
+//! PyO3 bindings, one module per area (store, captures, hashing, pooling, serving, events, the
+//! join, the wire's fp16); this one registers them and holds the helpers they share. Every
+//! batched call releases the GIL and runs on the store's own rayon pool; every entry point
+//! catches panics and maps errors to ValueError / TypeError / KeyError / OSError.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -20,6 +20,7 @@ mod pooling;
 mod serving;
 mod snapshot;
 mod store;
+mod wire16;
 
 pub(crate) fn to_py(e: StoreError) -> PyErr {
     match e {
@@ -140,6 +141,8 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_strings, m)?)?;
+    m.add_function(wrap_pyfunction!(wire16::to_fp16_scaled, m)?)?;
+    m.add_function(wrap_pyfunction!(wire16::from_fp16_scaled, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     m.add("VALUES_FORMAT_VERSION", crate::values::VALUES_FORMAT_VERSION)?;
