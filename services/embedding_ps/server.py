@@ -254,7 +254,7 @@ class EmbeddingPS(Service):
             position = (await consumer.end_offsets([partition]))[partition]
         self._position = position
         consumer.seek(partition, position)
-        # A step's updates, by rank, until every rank's has arrived (see _apply_step).
+        # A step's updates, by rank, until every rank's has arrived (see _apply_steps).
         pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
         self.set_job_phase("ready")
         lag = GRADIENT_LAG.labels(str(shard))
@@ -265,6 +265,7 @@ class EmbeddingPS(Service):
         try:
             while True:
                 records = (await consumer.getmany(partition, timeout_ms=200, max_records=64)).get(partition, [])
+                complete: list[tuple[int, dict[int, tuple[GradientUpdate, int, bool]]]] = []
                 for record in records:
                     if kafka.attempt_of(record.headers) != job.attempt:
                         continue  # in flight when an earlier attempt was abandoned
@@ -274,7 +275,9 @@ class EmbeddingPS(Service):
                     publish = kafka.publishes(record.headers)
                     pending.setdefault(step, {})[update.rank] = (update, record.offset, publish)
                     while (first := min(pending, default=None)) is not None and len(pending[first]) == ranks:
-                        await self._apply_step(store, first, pending.pop(first), progress)
+                        complete.append((first, pending.pop(first)))
+                if complete:
+                    await self._apply_steps(store, complete, progress)
                 # Offsets and lag are bookkeeping, not on the training path: twice a second.
                 if records and loop.time() >= next_commit:
                     await consumer.commit()
@@ -361,39 +364,50 @@ class EmbeddingPS(Service):
         finally:
             snapshot.release()  # a failed write frees its copy too
 
-    async def _apply_step(
+    async def _apply_steps(
         self,
         store: trillium_native.EmbeddingStore,
-        step: int,
-        updates: dict[int, tuple[GradientUpdate, int, bool]],
+        steps: list[tuple[int, dict[int, tuple[GradientUpdate, int, bool]]]],
         progress: JobProgress,
     ) -> None:
-        """Apply one step's gradients of every rank as one optimizer update per table, their
-        sum taken in rank order: a synchronous step is one update with the step's whole gradient
-        (as one process training the ranks' batches together would), and it is the same update
-        however the ranks' messages interleaved — synchronous training is repeatable. A step the
-        ranks flagged as a publish cut is exported right after it, before the next is applied."""
-        ordered = [updates[rank][0] for rank in sorted(updates)]
-        async with self._apply_lock:
-            rows = await asyncio.to_thread(self._apply, store, ordered)
-            for rank in updates:
-                self._applied[rank] = step
-            self._position = max(offset for _, offset, _ in updates.values()) + 1
-            if self._exporter is not None and any(publish for _, _, publish in updates.values()):
-                await self._export(store, step)
-        ROWS_APPLIED.labels(str(self.settings.index)).inc(rows)
-        self.applied_messages += len(updates)
-        await progress.set_applied_all(self.settings.index, len(updates), step)
+        """Apply the steps a fetch completed, in order: each step's gradients of every rank as one
+        optimizer update per table, their sum taken in rank order — a synchronous step is one
+        update with the step's whole gradient (as one process training the ranks' batches
+        together would), the same however the ranks' messages interleaved: synchronous training
+        is repeatable. The steps share one trip to the store and one announcement; a step the
+        ranks flagged as a publish cut ends a group, and is exported before the next is applied."""
+        while steps:
+            cut = next((i for i, (_, u) in enumerate(steps) if any(p for _, _, p in u.values())), len(steps) - 1)
+            group, steps = steps[: cut + 1], steps[cut + 1 :]
+            last, updates = group[-1]
+            ordered = [[u[rank][0] for rank in sorted(u)] for _, u in group]
+            async with self._apply_lock:
+                # On the loop, as a lookup is: an update in RAM takes less than a hop to a worker
+                # thread and back. One that reads rows back from a disk tier may wait on the disk.
+                rows = (
+                    await asyncio.to_thread(self._apply, store, ordered)
+                    if self.disk_tier
+                    else self._apply(store, ordered)
+                )
+                for rank in updates:
+                    self._applied[rank] = last
+                self._position = max(offset for _, u in group for _, offset, _ in u.values()) + 1
+                if self._exporter is not None and any(publish for _, _, publish in updates.values()):
+                    await self._export(store, last)
+            ROWS_APPLIED.labels(str(self.settings.index)).inc(rows)
+            self.applied_messages += sum(len(u) for _, u in group)
+            await progress.set_applied_all(self.settings.index, len(updates), last)
 
     @staticmethod
-    def _apply(store: trillium_native.EmbeddingStore, updates: list[GradientUpdate]) -> int:
+    def _apply(store: trillium_native.EmbeddingStore, steps: list[list[GradientUpdate]]) -> int:
         rows = 0
-        for table in updates[0].tables:
-            parts = [u.tables[table] for u in updates if len(u.tables[table][0])]
-            if parts:
-                ids = np.concatenate([ids for ids, _ in parts])
-                grads = np.concatenate([grads for _, grads in parts])
-                rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
+        for updates in steps:
+            for table in updates[0].tables:
+                parts = [u.tables[table] for u in updates if len(u.tables[table][0])]
+                if parts:
+                    ids = np.concatenate([ids for ids, _ in parts])
+                    grads = np.concatenate([grads for _, grads in parts])
+                    rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
         return rows
 
 

@@ -76,9 +76,8 @@ class JobProgress:
         """Record and announce (pub/sub) that `shard` has applied every rank's gradients up to `step` (-1:
         none yet, as a shard restored from no checkpoint says)."""
         pipe = self.redis.pipeline(transaction=False)
-        for rank in range(ranks):
-            pipe.hset(self.applied_key, f"{shard}:{rank}", step)
-            pipe.publish(self.applied_key, f"{shard}:{rank}:{step}")
+        pipe.hset(self.applied_key, mapping={f"{shard}:{rank}": step for rank in range(ranks)})
+        pipe.publish(self.applied_key, f"{shard}:{ranks}:{step}")  # one message for the shard's ranks
         await pipe.execute()
 
     async def applied(self) -> dict[tuple[int, int], int]:
@@ -271,8 +270,8 @@ class AppliedWatermark:
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.refresh_s)
                 if message is not None:
-                    shard, rank, step = (int(x) for x in message["data"].split(":"))
-                    await self._update({(shard, rank): step})
+                    shard, ranks, step = (int(x) for x in message["data"].split(":"))
+                    await self._update({(shard, rank): step for rank in range(ranks)})
                 if loop.time() >= next_refresh:
                     await self._update(await self.progress.applied(), await self.progress.bound())
                     next_refresh = loop.time() + self.refresh_s
