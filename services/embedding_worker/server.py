@@ -249,6 +249,8 @@ class EmbeddingWorker(Service):
                     f"{[t for t, _ in asked[shard]]} of dims {expected}"
                 )
             flat, start = codec.unpack_array(response.rows.data), 0
+            if flat.dtype == np.float16:  # widened at once in the native core, not row by row by numpy
+                flat = codec.from_fp16(flat, 1.0)
             for table, n in asked[shard]:
                 end = start + n * dims[table]
                 rows[table][plan.tables[table].shard_rows[shard]] = flat[start:end].reshape(n, dims[table])
