@@ -48,8 +48,6 @@ STAGE_METRICS = {
     "trillium_push_gradients_seconds_sum": "embedding_worker.push_gradients (Kafka acks included)",
     "trillium_ps_lookup_seconds_sum": "embedding_ps.lookup",
 }
-# Batch lookups and the calls per shard that carried them (lookups released together share one).
-SHARD_CALL_METRICS = ("trillium_lookups_per_shard_call_sum", "trillium_lookups_per_shard_call_count")
 
 
 def synthetic_job(train: Path, test: Path, hybrid_k: int) -> JobConfig:
@@ -68,7 +66,7 @@ def _scrape(run_dir: Path) -> dict[str, float]:
         text = httpx.get(f"{proc['http_url']}/metrics", headers=auth, timeout=10).raise_for_status().text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name in STAGE_METRICS or sample.name in SHARD_CALL_METRICS:
+                if sample.name in STAGE_METRICS:
                     totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
 
@@ -139,8 +137,6 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
             for k in ("lookup_wait", "step", "cut")
         },
     }
-    lookups, calls = (after.get(k, 0.0) - before.get(k, 0.0) for k in SHARD_CALL_METRICS)
-    report["lookups_per_shard_call"] = round(lookups / calls, 2) if calls else None
     report.pop("error")
     return report
 

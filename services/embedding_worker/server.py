@@ -2,8 +2,7 @@
 their gradients back to the parameter servers (Kafka).
 
 LookupBatch: wait while the lookup would exceed the staleness bound, dedup the batch's
-IDs per table, look them up on every owning PS shard in parallel (lookups released
-together share a call per shard: shard_lookups.py), pool per slot.
+IDs per table, look them up on every owning PS shard in parallel, pool per slot.
 PushGradients: sum the gradient per unique ID and produce one message per PS shard to
 the gradients topic (partition = shard). A rank's pushes arrive in step order and go
 out through one idempotent producer, so each shard applies them in that order.
@@ -30,8 +29,6 @@ from trillium.wire.batch import EmbeddingRef, GradientUpdate
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
-from .shard_lookups import ShardLookups, ShardUnavailable
-
 logger = logging.getLogger("trillium.embedding_worker")
 
 LOOKUP_SECONDS = Histogram("trillium_lookup_seconds", "batch lookup latency (staleness wait included)")
@@ -41,10 +38,22 @@ PUSH_SECONDS = Histogram("trillium_push_gradients_seconds", "gradient push laten
 MAX_PENDING = 4096
 
 
+class ShardUnavailable(RuntimeError):
+    """A PS shard did not answer a lookup."""
+
+
 class _JobContext:
-    def __init__(self, job: JobRecord, shards: ShardLookups, producer, progress: JobProgress) -> None:
+    def __init__(
+        self,
+        job: JobRecord,
+        ps: list[pb_grpc.EmbeddingParameterServerStub],
+        ps_addresses: list[str],
+        producer,
+        progress: JobProgress,
+    ) -> None:
         self.job = job
-        self.shards = shards
+        self.ps = ps
+        self.ps_addresses = ps_addresses
         self.producer = producer
         self.progress = progress
         self.watermark = progress.watermark(job.config.topology.ps_shards, job.config.topology.nn_ranks)
@@ -171,12 +180,13 @@ class EmbeddingWorker(Service):
         producer = kafka.producer(self.settings.kafka, linger_ms=0)
         await producer.start()
         try:
-            lookups = ShardLookups(
+            self.ctx = _JobContext(
+                job,
                 [pb_grpc.EmbeddingParameterServerStub(c) for c in channels],
                 [w["grpc_address"] for w in shards],
-                job.config.tables,
+                producer,
+                JobProgress(self.redis, job.id, job.attempt),
             )
-            self.ctx = _JobContext(job, lookups, producer, JobProgress(self.redis, job.id, job.attempt))
             self.set_job_phase("ready")
             await self.ctx.watermark.run()  # serve until the job ends (this task is cancelled)
         finally:
@@ -197,15 +207,55 @@ class EmbeddingWorker(Service):
     async def lookup_rows(
         self, ctx: _JobContext, plan: pooling.BatchPlan, *, evaluation: bool = False, fp16: bool = False
     ) -> dict[str, np.ndarray]:
-        """Each table's rows for its unique IDs from the owning shards (sent as float16 with
-        `fp16`). An evaluation's lookups are read-only (an unknown ID reads as zeros, as a
-        not-yet-admitted one does in training, and no row is created) and their rows come as a
-        model version serves them (`publish.dtype`): the job's evaluation measures what replicas
+        """Each table's rows for its unique IDs, fetched from all owning shards in parallel (as
+        float16 with `fp16`). An evaluation's lookups are read-only (an unknown ID reads as zeros,
+        as a not-yet-admitted one does in training, and no row is created) and their rows come as
+        a model version serves them (`publish.dtype`): the job's evaluation measures what replicas
         answer."""
         publish = ctx.job.config.publish
         served16 = evaluation and publish is not None and publish.dtype == "fp16"
         row_dtype = "float16" if fp16 or served16 else "float32"
-        return await ctx.shards.rows(plan, read_only=evaluation, row_dtype=row_dtype)
+        dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
+        rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
+        requests, asked = [], {}
+        for shard, stub in enumerate(ctx.ps):
+            ids = {t: p.shard_ids(shard) for t, p in plan.tables.items()}
+            asked[shard] = [(t, len(i)) for t, i in ids.items() if len(i)]
+            if asked[shard]:
+                request = pb.ShardLookupRequest(
+                    read_only=evaluation,
+                    row_dtype=row_dtype,
+                    tables=[t for t, _ in asked[shard]],
+                    counts=[n for _, n in asked[shard]],
+                    ids=pb.Array(data=codec.pack_array(np.concatenate([ids[t] for t, _ in asked[shard]]))),
+                )
+                requests.append((shard, stub.Lookup(request)))
+
+        async def answer(shard: int, call) -> pb.ShardLookupResponse:
+            try:
+                return await call
+            except grpc.aio.AioRpcError as err:  # say which shard, in one line (not the raw dump)
+                raise ShardUnavailable(
+                    f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err.code().name}: {err.details()}"
+                ) from None
+
+        for shard, response in zip(
+            (s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests)), strict=True
+        ):
+            expected = [dims[t] for t, _ in asked[shard]]
+            if list(response.dims) != expected:
+                raise RuntimeError(
+                    f"embedding_ps-{shard} answered rows of dims {list(response.dims)} for tables "
+                    f"{[t for t, _ in asked[shard]]} of dims {expected}"
+                )
+            flat, start = codec.unpack_array(response.rows.data), 0
+            if flat.dtype == np.float16:  # widened at once in the native core, not row by row by numpy
+                flat = codec.from_fp16(flat, 1.0)
+            for table, n in asked[shard]:
+                end = start + n * dims[table]
+                rows[table][plan.tables[table].shard_rows[shard]] = flat[start:end].reshape(n, dims[table])
+                start = end
+        return rows
 
     async def produce_gradients(
         self,
@@ -219,7 +269,7 @@ class EmbeddingWorker(Service):
         publish cut, carry the cut to it in step order)."""
         topic = ctx.job.topics.gradients
         deliveries = []
-        for shard in range(len(ctx.shards.stubs)):
+        for shard in range(len(ctx.ps)):
             tables = {t: (p.ids[p.shard_rows[shard]], grads[t][p.shard_rows[shard]]) for t, p in plan.tables.items()}
             update = GradientUpdate(rank=ref.rank, batch_id=ref.batch_id, epoch=ref.epoch, shard=shard, tables=tables)
             deliveries.append(
