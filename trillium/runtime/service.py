@@ -278,6 +278,10 @@ class Service:
 
     async def _on_job(self, job: JobRecord | None) -> None:
         if job is None:
+            # No current job: ours was deleted, maybe before a heartbeat told us it had ended (the
+            # warm-up job of `trillium up` is deleted the moment it finishes). A task left running
+            # would follow the deleted topics for as long as the process lives.
+            await self._cancel_job_task()
             return
         self.job = job
         self._job_heard.set()

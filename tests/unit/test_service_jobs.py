@@ -1,0 +1,69 @@
+"""How a service's job task follows the coordinator's heartbeat answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from trillium.config import ServiceSettings
+from trillium.data import load_job
+from trillium.job.record import JobRecord, Topics
+from trillium.runtime.service import Service
+
+TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
+
+
+class Shard(Service):
+    """A PS shard whose part in a job runs until it is cancelled, as a real shard's does."""
+
+    role = "embedding_ps"
+
+    def __init__(self) -> None:
+        super().__init__(
+            ServiceSettings(
+                role="embedding_ps",
+                http_port=0,
+                kafka={"bootstrap": "unused:9092"},
+                redis_url="redis://unused",
+                coordinator_url="http://unused",
+                token="unused-token-unused",
+                run_dir="/nonexistent",
+            )
+        )
+        self.running = asyncio.Event()
+
+    async def run_job(self, job: JobRecord) -> None:
+        self.running.set()
+        await asyncio.Event().wait()
+
+
+def submitted() -> JobRecord:
+    now = time.time()
+    return JobRecord(
+        id="tiny-0123abcd",
+        state="submitted",
+        config=load_job(TINY_JOB),
+        created_at=now,
+        updated_at=now,
+        topics=Topics(samples="s", eval="e", gradients="g"),
+    )
+
+
+async def test_a_job_deleted_before_its_end_was_heard_stops_the_task() -> None:
+    # The warm-up job of `trillium up` is deleted the moment it finishes: the next heartbeat's
+    # answer has no job at all, and the shard's consumer of its deleted topic must not live on.
+    shard = Shard()
+    await shard._on_job(submitted())
+    await asyncio.wait_for(shard.running.wait(), 5)
+    task = shard._job_task
+    assert task is not None and not task.done()
+    await shard._on_job(None)
+    assert task.cancelled() and shard._job_task is None
+    assert shard.health_report()["job"]["phase"] == "stopped"
+
+
+async def test_no_job_heard_while_idle_changes_nothing() -> None:
+    shard = Shard()
+    await shard._on_job(None)
+    assert shard._job_task is None and shard.health_report()["job"] is None
