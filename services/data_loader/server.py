@@ -35,7 +35,7 @@ from trillium.data.features import DenseStats, Quarantine, dense_stats, epoch_ba
 from trillium.job import KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import FORMAT_VERSION, CaptureRequest, CaptureResult, CheckpointDir, loader_file
-from trillium.runtime.memory import release_free_memory
+from trillium.runtime.memory import LOADER_MMAP_THRESHOLD, release_free_memory
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
 from trillium.wire import codec, kafka, state
@@ -93,6 +93,7 @@ async def _threaded(make: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
 class DataLoader(Service):
     role = "data_loader"
     lean_malloc = True  # its large buffers (states, checkpoint files) come and go: give them back
+    malloc_mmap_threshold = LOADER_MMAP_THRESHOLD  # but its batch records are reused from the heap
     fresh_per_attempt = True  # a recovery restores its stream from the checkpoint anyway
 
     def __init__(self, settings) -> None:

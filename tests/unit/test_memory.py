@@ -1,7 +1,8 @@
 """`keep_malloc_lean`, in a fresh interpreter each (glibc's malloc settings are per process):
 threads share the capped arenas (glibc's `malloc_stats` lists them; uncapped, as a PS shard asks,
 each has its own), and freed large buffers leave the RSS even after a larger one was freed first;
-without it, neither holds."""
+without it, neither holds. A data loader maps only blocks larger than its batch records, so the
+buffers of each record reuse the heap's pages instead of faulting fresh ones in."""
 
 from __future__ import annotations
 
@@ -53,3 +54,36 @@ def test_a_lean_process_gives_freed_buffers_back_and_shares_its_arenas() -> None
     assert kept < 2 and arenas == 2
     kept, arenas = _run("lean, glibc's arenas")  # a PS shard's: its hot path's threads each have one
     assert kept < 2 and arenas > 2
+
+
+FAULTS = """
+import resource, sys
+from trillium.runtime.memory import LOADER_MMAP_THRESHOLD, keep_malloc_lean
+keep_malloc_lean(mmap_threshold=LOADER_MMAP_THRESHOLD if sys.argv[1] == "loader" else 128 * 1024)
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+held = [bytearray(1000) for _ in range(1000)]  # what else lives in the heap
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(100):
+    record = bytearray(1_000_000)  # a batch record and its copies, 100 of them
+    del record
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+state = bytearray(20_000_000)
+grown = rss_mb()
+del state  # a state above the threshold: mapped, so given back as it is freed
+print(faults, grown - rss_mb())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's")
+def test_a_loader_reuses_the_pages_of_its_batch_records_and_maps_its_states() -> None:
+    def run(mode: str) -> tuple[int, float]:
+        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True).stdout
+        faults, given_back = out.split()
+        return int(faults), float(given_back)
+
+    lean_faults, lean_given_back = run("lean")
+    loader_faults, loader_given_back = run("loader")
+    assert lean_faults > 100 * 200  # each 1 MB record mapped afresh: 245 pages faulted in each time
+    assert loader_faults < 1000  # the first record's pages, then the same ones again
+    assert lean_given_back > 15 and loader_given_back > 15

@@ -58,7 +58,7 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
-from trillium.runtime.memory import LEAN_ARENAS, keep_malloc_lean, release_free_memory
+from trillium.runtime.memory import LEAN_ARENAS, MMAP_THRESHOLD, keep_malloc_lean, release_free_memory
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -85,9 +85,11 @@ class Service:
     registers: ClassVar[bool] = True
     # True: trillium.runtime.memory.keep_malloc_lean, for a service whose hot path does not
     # allocate much (an NN rank's per-step buffers keep glibc's own tuning), its threads sharing
-    # `malloc_arenas` arenas (None: glibc's, for threads that allocate at once on the hot path).
+    # `malloc_arenas` arenas (None: glibc's, for threads that allocate at once on the hot path),
+    # blocks of `malloc_mmap_threshold` bytes and more mapped (and unmapped when freed).
     lean_malloc: ClassVar[bool] = False
     malloc_arenas: ClassVar[int | None] = LEAN_ARENAS
+    malloc_mmap_threshold: ClassVar[int] = MMAP_THRESHOLD
     # True: when the job it takes part in moves on to a newer attempt (a recovery), the process
     # starts afresh (`restart_process`) and joins the new attempt new, as an NN rank whose
     # collectives may block does. An attempt's state comes and goes whole (a joiner's window, a
@@ -527,7 +529,7 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     log.configure(settings.name, settings.log_level)
     if cls.lean_malloc:
-        keep_malloc_lean(arenas=cls.malloc_arenas)
+        keep_malloc_lean(arenas=cls.malloc_arenas, mmap_threshold=cls.malloc_mmap_threshold)
     _run_loop(cls(settings).run())
 
 
