@@ -15,23 +15,15 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from unconnected import unconnected_settings
 
 from trillium import stack
-from trillium.config import ServiceSettings
 from trillium.services.coordinator.server import Coordinator
 
 
 def _openapi() -> dict:
     # Building the app connects to nothing: these settings are never used to reach a server.
-    unused = ServiceSettings(
-        role="coordinator",
-        http_port=0,
-        kafka={"bootstrap": "unused:9092"},
-        redis_url="redis://unused",
-        coordinator_url="http://unused",
-        token="unused-token-unused",
-        run_dir="/nonexistent",
-    )
+    unused = unconnected_settings("coordinator")
     return Coordinator(unused).app.openapi()
 
 

@@ -17,23 +17,15 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from unconnected import unconnected_settings
 
 from trillium import stack
-from trillium.config import ServiceSettings
 from trillium.job import CRITEO_COLUMNS
 from trillium.services.serving.server import ServingReplica
 
 
 def _openapi() -> dict:
-    unused = ServiceSettings(
-        role="serving",
-        http_port=0,
-        kafka={"bootstrap": "unused:9092"},
-        redis_url="redis://unused",
-        coordinator_url="http://unused",
-        token="unused-token-unused",
-        run_dir="/nonexistent",
-    )
+    unused = unconnected_settings("serving")
     return ServingReplica(unused).app.openapi()
 
 

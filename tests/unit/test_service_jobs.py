@@ -6,7 +6,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from trillium.config import ServiceSettings
+from unconnected import unconnected_settings
+
 from trillium.data import load_job
 from trillium.job.record import JobRecord, Topics
 from trillium.runtime.service import Service
@@ -20,17 +21,7 @@ class Shard(Service):
     role = "embedding_ps"
 
     def __init__(self) -> None:
-        super().__init__(
-            ServiceSettings(
-                role="embedding_ps",
-                http_port=0,
-                kafka={"bootstrap": "unused:9092"},
-                redis_url="redis://unused",
-                coordinator_url="http://unused",
-                token="unused-token-unused",
-                run_dir="/nonexistent",
-            )
-        )
+        super().__init__(unconnected_settings("embedding_ps"))
         self.running = asyncio.Event()
 
     async def run_job(self, job: JobRecord) -> None:
