@@ -260,7 +260,7 @@ pub fn py_float_repr(x: f64) -> String {
     let (mantissa, exp) = e.split_once('e').expect("{:e} has an exponent");
     let exp: i32 = exp.parse().expect("{:e} exponent");
     let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let digits = even_on_tie(x.abs(), mantissa.chars().filter(|c| *c != '.').collect(), exp);
     let n = digits.len() as i32;
     let decpt = exp + 1; // the value is 0.<digits> * 10**decpt
     if decpt <= -4 || decpt > 16 {
@@ -274,6 +274,40 @@ pub fn py_float_repr(x: f64) -> String {
     } else {
         format!("{sign}{}.{}", &digits[..decpt as usize], &digits[decpt as usize..])
     }
+}
+
+/// The shortest digits of `x` (> 0, `digits` x 10**(exp + 1 - len)) as Python's repr picks them
+/// where two candidates of that length round-trip and `x` lies exactly halfway between them: the
+/// even one (David Gay's dtoa rounds half to even; Rust's shortest rounds the tie up). Only a
+/// value whose last digit is odd, and whose neighbour there is `x` too, is looked at closer.
+fn even_on_tie(x: f64, digits: String, exp: i32) -> String {
+    let n = digits.len();
+    let last = digits.as_bytes()[n - 1] - b'0';
+    if last % 2 == 0 {
+        return digits;
+    }
+    let as_float = |d: &str| format!("{}.{}e{exp}", &d[..1], &d[1..]).parse::<f64>().ok();
+    for other in [last.checked_sub(1), (last < 9).then_some(last + 1)].into_iter().flatten() {
+        let candidate = format!("{}{}", &digits[..n - 1], other);
+        if candidate.starts_with('0') || as_float(&candidate) != Some(x) {
+            continue;
+        }
+        // Halfway: x's exact decimal expansion is the lower candidate, a 5, then zeros. A double's
+        // expansion ends within 767 significant digits, so 800 give it exactly.
+        let exact = format!("{x:.800e}");
+        let (m, e) = exact.split_once('e').expect("{:e} has an exponent");
+        let expansion: String = m.chars().filter(|c| *c != '.').collect();
+        let lower = if other < last { &candidate } else { &digits };
+        let (head, tail) = expansion.split_at(n);
+        if e.parse::<i32>().ok() == Some(exp)
+            && head == lower
+            && tail.starts_with('5')
+            && tail[1..].bytes().all(|c| c == b'0')
+        {
+            return candidate;
+        }
+    }
+    digits
 }
 
 /// Whether Python's `repr(float(text))` is `text` itself, with no parse: plain notation
@@ -493,6 +527,12 @@ mod tests {
             (-2.5e300, "-2.5e+300"),
             (0.1, "0.1"),
             (1234567890123456.7, "1234567890123456.8"),
+            // Exactly halfway between two shortest candidates: Python takes the even one.
+            (2f64.powi(46) + 0.625, "70368744177664.62"),
+            (-(2f64.powi(46) + 0.625), "-70368744177664.62"),
+            (2f64.powi(46) + 0.875, "70368744177664.88"),
+            (5e-324, "5e-324"),
+            (f64::MAX, "1.7976931348623157e+308"),
         ];
         for (x, want) in cases {
             assert_eq!(py_float_repr(x), want, "{x:e}");
