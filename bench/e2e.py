@@ -173,12 +173,14 @@ def run_workload(run_dir: Path, name: str, job: JobConfig, hybrid_k: int, first:
     the others, to compare the first job after `trillium up` with the next one."""
     print(f"[{name}] running sync, hybrid (k={hybrid_k}), async and the baseline", file=sys.stderr)
     runs = {"hybrid_first_job": run_mode(run_dir, job, hybrid_k, "hybrid")} if first else {}
+    # The one-thread baseline runs right after hybrid, the figure it is divided into: this VM's
+    # speed drifts by 10-15% over minutes, and the two runs a minute apart see the same machine.
     runs |= {
         "sync": run_mode(run_dir, job, 0, "sync"),
         "hybrid": run_mode(run_dir, job, hybrid_k, "hybrid"),
+        "baseline_single_process": baseline(job, threads=1),
         "async": run_mode(run_dir, job, None, "async"),
         "hybrid_fp32_wire": run_mode(run_dir, with_wire(job, "fp32"), hybrid_k, "hybrid, fp32 wire"),
-        "baseline_single_process": baseline(job, threads=1),
         "baseline_default_threads": baseline(job, threads=torch.get_num_threads()),
     }
     speed = {mode: r["samples_per_sec"] for mode, r in runs.items()}
