@@ -40,6 +40,7 @@ from trillium.runtime.checkpoint import (
     Manifest,
     ps_file,
 )
+from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
@@ -119,9 +120,11 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
 
 class EmbeddingPS(Service):
     role = "embedding_ps"
-    # Fetches of gradients (MBs, of varying sizes) come and go: mapped, and given back when freed.
-    # Its gRPC and native threads allocate at once on the hot path: an arena each, as glibc does.
+    # Fetches of gradients (MBs, of varying sizes) come and go: mapped, and given back when freed;
+    # a step's buffers reuse the heap's pages. Its gRPC and native threads allocate at once on the
+    # hot path: an arena each, as glibc does.
     lean_malloc, malloc_arenas = True, None
+    malloc_mmap_threshold, malloc_trim_threshold = PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
     fresh_per_attempt = True  # a recovery restores its tables from the checkpoint anyway
 
     def __init__(self, settings) -> None:

@@ -1,8 +1,9 @@
 """`keep_malloc_lean`, in a fresh interpreter each (glibc's malloc settings are per process):
 threads share the capped arenas (glibc's `malloc_stats` lists them; uncapped, as a PS shard asks,
 each has its own), and freed large buffers leave the RSS even after a larger one was freed first;
-without it, neither holds. A data loader maps only blocks larger than its batch records, so the
-buffers of each record reuse the heap's pages instead of faulting fresh ones in."""
+without it, neither holds. A data loader, a PS shard and an embedding worker map only blocks
+larger than their hot path's buffers and keep as much free heap as those take, so each step's
+buffers reuse the heap's pages instead of faulting fresh ones in."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ import subprocess
 import sys
 
 import pytest
+
+from trillium.runtime.memory import (
+    EMBEDDING_WORKER_TRIM_THRESHOLD,
+    LOADER_MMAP_THRESHOLD,
+    MMAP_THRESHOLD,
+    PS_MMAP_THRESHOLD,
+    PS_TRIM_THRESHOLD,
+)
 
 PROGRAM = """
 import ctypes, sys, threading
@@ -58,32 +67,48 @@ def test_a_lean_process_gives_freed_buffers_back_and_shares_its_arenas() -> None
 
 FAULTS = """
 import resource, sys
-from trillium.runtime.memory import LOADER_MMAP_THRESHOLD, keep_malloc_lean
-keep_malloc_lean(mmap_threshold=LOADER_MMAP_THRESHOLD if sys.argv[1] == "loader" else 128 * 1024)
+from trillium.runtime.memory import keep_malloc_lean
+mmap_threshold, trim_threshold, block, blocks = (int(a) for a in sys.argv[1:])
+keep_malloc_lean(mmap_threshold=mmap_threshold, trim_threshold=trim_threshold)
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
 held = [bytearray(1000) for _ in range(1000)]  # what else lives in the heap
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(100):
-    record = bytearray(1_000_000)  # a batch record and its copies, 100 of them
-    del record
+for _ in range(20):
+    buffers = [bytearray(block) for _ in range(blocks)]  # a step's buffers, all freed after it
+    del buffers
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-state = bytearray(20_000_000)
+state = bytearray(40_000_000)
 grown = rss_mb()
 del state  # a state above the threshold: mapped, so given back as it is freed
 print(faults, grown - rss_mb())
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's")
-def test_a_loader_reuses_the_pages_of_its_batch_records_and_maps_its_states() -> None:
-    def run(mode: str) -> tuple[int, float]:
-        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True).stdout
-        faults, given_back = out.split()
-        return int(faults), float(given_back)
+def _faults(mmap_threshold: int, block: int, blocks: int, trim_threshold: int | None = None) -> tuple[int, float]:
+    """(page faults over 20 steps that each allocate and free `blocks` buffers of `block` bytes,
+    MB of RSS given back when a 40 MB state is freed after them)"""
+    args = [str(a) for a in (mmap_threshold, trim_threshold or mmap_threshold, block, blocks)]
+    out = subprocess.run([sys.executable, "-c", FAULTS, *args], capture_output=True, text=True, check=True).stdout
+    faults, given_back = out.split()
+    return int(faults), float(given_back)
 
-    lean_faults, lean_given_back = run("lean")
-    loader_faults, loader_given_back = run("loader")
-    assert lean_faults > 100 * 200  # each 1 MB record mapped afresh: 245 pages faulted in each time
-    assert loader_faults < 1000  # the first record's pages, then the same ones again
-    assert lean_given_back > 15 and loader_given_back > 15
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's")
+def test_hot_path_buffers_reuse_the_heaps_pages_and_states_are_still_given_back() -> None:
+    def pages(block: int, blocks: int) -> int:  # a step's buffers, in pages
+        return block * blocks // 4096
+
+    lean = _faults(MMAP_THRESHOLD, 1_000_000, 1)  # each 1 MB buffer mapped afresh, every step
+    assert lean[0] > 0.8 * 20 * pages(1_000_000, 1)
+    loader = _faults(LOADER_MMAP_THRESHOLD, 1_000_000, 1)  # a batch record and its copies
+    assert loader[0] < 2 * pages(1_000_000, 1)  # the first step's pages, then the same ones again
+    ps = _faults(PS_MMAP_THRESHOLD, 500_000, 4, PS_TRIM_THRESHOLD)  # gradient messages, their widening
+    assert ps[0] < 2 * pages(500_000, 4)
+    # An embedding worker's lookups in flight: 20 MB freed at once, more than the mmap threshold:
+    # trimmed at that threshold they fault in again every step, kept below its trim threshold not.
+    trimmed = _faults(LOADER_MMAP_THRESHOLD, 2_000_000, 10)
+    kept = _faults(LOADER_MMAP_THRESHOLD, 2_000_000, 10, EMBEDDING_WORKER_TRIM_THRESHOLD)
+    assert trimmed[0] > 10 * pages(2_000_000, 10) and kept[0] < 2 * pages(2_000_000, 10)
+    for _, given_back in (lean, loader, ps, trimmed, kept):
+        assert given_back > 35

@@ -13,7 +13,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-__all__ = ["LOADER_MMAP_THRESHOLD", "keep_malloc_lean", "release_free_memory"]
+__all__ = [
+    "EMBEDDING_WORKER_TRIM_THRESHOLD",
+    "LOADER_MMAP_THRESHOLD",
+    "PS_MMAP_THRESHOLD",
+    "PS_TRIM_THRESHOLD",
+    "keep_malloc_lean",
+    "release_free_memory",
+]
 
 
 def _libc(name: str):
@@ -44,11 +51,23 @@ MMAP_THRESHOLD = 128 * 1024  # glibc's starting value, pinned
 # freshly mapped page faults once when first written, about 4 us on a VM: at glibc's 128 KiB
 # the loader took a fault for every 4 KiB of every record it encoded and sent (1.3 per sample).
 LOADER_MMAP_THRESHOLD = 8 * 1024 * 1024
+# A PS shard's: above each step's buffers (a gradient message and its fp32 widening, a lookup's
+# ids and rows: hundreds of KB), below a fetch of many messages at once (MBs, of varying sizes,
+# which grew its heap for as long as it ran when they came from it).
+PS_MMAP_THRESHOLD = 1024 * 1024
+PS_TRIM_THRESHOLD = 8 * 1024 * 1024  # a step's buffers together: MBs of free heap kept for the next
+# An embedding worker's free heap kept: the buffers of the lookups in flight (up to the staleness
+# bound's of every rank: a batch, its rows, its pooled embeddings, each answer) come and go by
+# tens of MB; trimmed at the loader's 8 MiB, their pages faulted in afresh (0.3-0.5 a sample).
+EMBEDDING_WORKER_TRIM_THRESHOLD = 64 * 1024 * 1024
 
 
-def keep_malloc_lean(*, arenas: int | None = LEAN_ARENAS, mmap_threshold: int = MMAP_THRESHOLD) -> None:
-    """Trade a little allocation speed for an RSS that follows what the process uses, for a
-    service whose hot path is not allocation-bound (the coordinator, a data loader, a PS shard):
+def keep_malloc_lean(
+    *, arenas: int | None = LEAN_ARENAS, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int | None = None
+) -> None:
+    """Trade a little allocation speed for an RSS that follows what the process uses (the
+    coordinator, a data loader, a PS shard, an embedding worker: each with thresholds above its
+    hot path's buffers, so that those reuse the heap's pages):
 
     - blocks of `mmap_threshold` and more are always mapped, so freeing one unmaps it. glibc
       raises that threshold to the size of each mapped block freed (up to 32 MiB): after one
@@ -58,11 +77,11 @@ def keep_malloc_lean(*, arenas: int | None = LEAN_ARENAS, mmap_threshold: int = 
     - its threads share `arenas` malloc arenas (None: glibc's, up to 8 per core). glibc gives
       each new thread an arena of its own, each with its own high-water mark: a service that
       hands work to a pool of threads now and then (file writes, the JSON of a large state)
-      grew by an arena's worth whenever one more thread first allocated."""
+      grew by an arena's worth whenever one more thread first allocated;
+    - free memory at the top of a heap (every arena's) up to `trim_threshold` (None: the mmap
+      threshold) stays for the next blocks: trimmed at once, each would fault in anew."""
     if _MALLOPT is not None:
         _MALLOPT(_M_MMAP_THRESHOLD, mmap_threshold)
-        # Free memory at the heap's top up to the same size stays for the next blocks (at glibc's
-        # 128 KiB, as before, for all but a loader): trimmed at once, each would fault in anew.
-        _MALLOPT(_M_TRIM_THRESHOLD, mmap_threshold)
+        _MALLOPT(_M_TRIM_THRESHOLD, mmap_threshold if trim_threshold is None else trim_threshold)
         if arenas is not None:
             _MALLOPT(_M_ARENA_MAX, arenas)

@@ -83,13 +83,15 @@ class Service:
     role: ClassVar[Role]
     # False: a process that takes part in no job (a serving replica) neither registers nor heartbeats.
     registers: ClassVar[bool] = True
-    # True: trillium.runtime.memory.keep_malloc_lean, for a service whose hot path does not
-    # allocate much (an NN rank's per-step buffers keep glibc's own tuning), its threads sharing
+    # True: trillium.runtime.memory.keep_malloc_lean, glibc's thresholds fixed where it would move
+    # them (an NN rank keeps glibc's own tuning: its faults did not fall with them), its threads sharing
     # `malloc_arenas` arenas (None: glibc's, for threads that allocate at once on the hot path),
-    # blocks of `malloc_mmap_threshold` bytes and more mapped (and unmapped when freed).
+    # blocks of `malloc_mmap_threshold` bytes and more mapped (and unmapped when freed), free
+    # heap kept up to `malloc_trim_threshold` (None: the mmap threshold).
     lean_malloc: ClassVar[bool] = False
     malloc_arenas: ClassVar[int | None] = LEAN_ARENAS
     malloc_mmap_threshold: ClassVar[int] = MMAP_THRESHOLD
+    malloc_trim_threshold: ClassVar[int | None] = None
     # True: when the job it takes part in moves on to a newer attempt (a recovery), the process
     # starts afresh (`restart_process`) and joins the new attempt new, as an NN rank whose
     # collectives may block does. An attempt's state comes and goes whole (a joiner's window, a
@@ -529,7 +531,9 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     log.configure(settings.name, settings.log_level)
     if cls.lean_malloc:
-        keep_malloc_lean(arenas=cls.malloc_arenas, mmap_threshold=cls.malloc_mmap_threshold)
+        keep_malloc_lean(
+            arenas=cls.malloc_arenas, mmap_threshold=cls.malloc_mmap_threshold, trim_threshold=cls.malloc_trim_threshold
+        )
     _run_loop(cls(settings).run())
 
 
