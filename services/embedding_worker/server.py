@@ -22,7 +22,7 @@ from prometheus_client import Histogram
 
 from trillium import pooling
 from trillium.job.record import JobRecord
-from trillium.runtime.memory import EMBEDDING_WORKER_TRIM_THRESHOLD, LOADER_MMAP_THRESHOLD
+from trillium.runtime.memory import EMBEDDING_WORKER_MMAP_THRESHOLD, EMBEDDING_WORKER_TRIM_THRESHOLD
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service, run_service
 from trillium.wire import codec, kafka, rpc, state
@@ -153,10 +153,10 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
 
 class EmbeddingWorker(Service):
     role = "embedding_worker"
-    # glibc's thresholds, fixed where it would move them: the lookups in flight reuse the heap's
-    # pages (trimmed, they faulted in afresh), and its gRPC threads keep an arena each.
+    # glibc's thresholds, fixed at their highest: the lookups in flight reuse the heap's pages
+    # (trimmed, they faulted in afresh), and its gRPC threads keep an arena each.
     lean_malloc, malloc_arenas = True, None
-    malloc_mmap_threshold, malloc_trim_threshold = LOADER_MMAP_THRESHOLD, EMBEDDING_WORKER_TRIM_THRESHOLD
+    malloc_mmap_threshold, malloc_trim_threshold = EMBEDDING_WORKER_MMAP_THRESHOLD, EMBEDDING_WORKER_TRIM_THRESHOLD
 
     def __init__(self, settings) -> None:
         super().__init__(settings)

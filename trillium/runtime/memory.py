@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 
 __all__ = [
+    "EMBEDDING_WORKER_MMAP_THRESHOLD",
     "EMBEDDING_WORKER_TRIM_THRESHOLD",
     "LOADER_MMAP_THRESHOLD",
     "PS_MMAP_THRESHOLD",
@@ -56,9 +57,12 @@ LOADER_MMAP_THRESHOLD = 8 * 1024 * 1024
 # which grew its heap for as long as it ran when they came from it).
 PS_MMAP_THRESHOLD = 1024 * 1024
 PS_TRIM_THRESHOLD = 8 * 1024 * 1024  # a step's buffers together: MBs of free heap kept for the next
-# An embedding worker's free heap kept: the buffers of the lookups in flight (up to the staleness
-# bound's of every rank: a batch, its rows, its pooled embeddings, each answer) come and go by
-# tens of MB; trimmed at the loader's 8 MiB, their pages faulted in afresh (0.3-0.5 a sample).
+# An embedding worker's: where glibc would raise its thresholds at most (its mmap threshold to
+# 32 MiB, above a step's pooled embeddings even at 8k samples), but kept there. The buffers of
+# the lookups in flight (a batch, its rows, its pooled embeddings, each answer, for every rank up
+# to the staleness bound) are freed tens of MB at once; at glibc's moving trim threshold (twice
+# the largest block freed) their pages went back and faulted in afresh, 0.3-0.5 a sample.
+EMBEDDING_WORKER_MMAP_THRESHOLD = 32 * 1024 * 1024
 EMBEDDING_WORKER_TRIM_THRESHOLD = 64 * 1024 * 1024
 
 
