@@ -25,6 +25,7 @@ import copy
 import io
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -134,6 +135,10 @@ class HostStaging:
         return self.buffer[:total]
 
 
+def _reduce_hook(trainer: weakref.ref[Trainer], bucket):  # DDP refuses a string annotation on `bucket`
+    return trainer()._reduce(bucket)
+
+
 class Trainer:
     """The dense model of one rank under DDP, and its optimizer.
 
@@ -174,7 +179,10 @@ class Trainer:
         self._words: torch.Tensor | None = None  # this step's [R * WORDS] control words (row `rank` ours)
         self._agreed: torch.Tensor | None = None  # their all-reduced [R, WORDS] table
         self._samples: torch.Tensor | None = None  # the step's sample count (at least 1), on the device
-        ddp.register_comm_hook(self, Trainer._reduce)
+        # The hook's state lives in DDP's C++ reducer, where Python's GC cannot see it: the Trainer
+        # itself there would make a cycle (Trainer -> DDP -> reducer -> Trainer) never collected,
+        # and every finished job's process group would live on with its gloo and TCPStore threads.
+        ddp.register_comm_hook(weakref.ref(self), _reduce_hook)
 
     def control(self, paused: bool, seq: int, publish: int = 0) -> Control:
         """The ranks' agreement outside a step (before the first, and while they hold): row r of a

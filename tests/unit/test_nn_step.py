@@ -4,10 +4,13 @@ through the CPU path and through the CUDA path's host side (staging, one embeddi
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,3 +216,34 @@ def test_a_dead_peer_fails_the_end_of_a_job_within_its_timeout(tmp_path) -> None
     for p in ranks:
         p.join(timeout=60)
     assert "1" in error and error != "finished" and seconds < 30, (error, seconds)
+
+
+def _gloo_threads() -> int:
+    return sum((t / "comm").read_text().startswith(("pt_gloo", "gloo")) for t in Path("/proc/self/task").iterdir())
+
+
+def _jobs_in_a_row(store: str, results) -> None:
+    """Three jobs' groups, trainers and steps, one after the other, as one NN rank runs them."""
+    for job in range(3):
+        dist.init_process_group("gloo", init_method=f"file://{store}{job}", rank=0, world_size=1)
+        trainer, _, _ = make_trainer()
+        trainer.step(*make_batch(np.random.default_rng(job), 8))
+        trainer.finish()
+        ended = weakref.ref(trainer)
+        del trainer
+        gc.collect()
+        results.put((ended() is None, _gloo_threads()))
+
+
+def test_a_finished_job_leaves_no_trainer_nor_gloo_threads_behind(tmp_path) -> None:
+    """DDP keeps its communication hook's state in C++, out of the GC's sight: a Trainer there
+    would never be freed, and each job's group would keep its gloo threads (4 more a job, seen
+    on a long-lived stack). A fresh process: the module's own group must not count."""
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    rank = context.Process(target=_jobs_in_a_row, args=(str(tmp_path / "store"), results))
+    rank.start()
+    ends = [results.get(timeout=120) for _ in range(3)]
+    rank.join(timeout=60)
+    # Torch keeps one ended DDP group's threads until later (3, whichever job ran): not one per job.
+    assert [freed for freed, _ in ends] == [True] * 3 and len({threads for _, threads in ends}) == 1, ends
