@@ -1,9 +1,10 @@
 """`keep_malloc_lean`, in a fresh interpreter each (glibc's malloc settings are per process):
 threads share the capped arenas (glibc's `malloc_stats` lists them; uncapped, as a PS shard asks,
 each has its own), and freed large buffers leave the RSS even after a larger one was freed first;
-without it, neither holds. A data loader, a PS shard and an embedding worker map only blocks
-larger than their hot path's buffers and keep as much free heap as those take, so each step's
-buffers reuse the heap's pages instead of faulting fresh ones in."""
+without it, neither holds. An NN rank caps its arenas alone, glibc tuning its thresholds. A data
+loader, a PS shard and an embedding worker map only blocks larger than their hot path's buffers
+and keep as much free heap as those take, so each step's buffers reuse the heap's pages instead
+of faulting fresh ones in."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ if sys.argv[1] == "lean":
     keep_malloc_lean()
 elif sys.argv[1] == "lean, glibc's arenas":
     keep_malloc_lean(arenas=None)
+elif sys.argv[1] == "lean, glibc's thresholds":
+    keep_malloc_lean(mmap_threshold=None)
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
 start = rss_mb()
@@ -64,6 +67,8 @@ def test_a_lean_process_gives_freed_buffers_back_and_shares_its_arenas() -> None
     assert kept < 2 and arenas == 2
     kept, arenas = _run("lean, glibc's arenas")  # a PS shard's: its hot path's threads each have one
     assert kept < 2 and arenas > 2
+    kept, arenas = _run("lean, glibc's thresholds")  # an NN rank's: each job's threads share two arenas
+    assert kept > 10 and arenas == 2
 
 
 FAULTS = """

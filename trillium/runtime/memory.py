@@ -67,7 +67,7 @@ EMBEDDING_WORKER_TRIM_THRESHOLD = 64 * 1024 * 1024
 
 
 def keep_malloc_lean(
-    *, arenas: int | None = LEAN_ARENAS, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int | None = None
+    *, arenas: int | None = LEAN_ARENAS, mmap_threshold: int | None = MMAP_THRESHOLD, trim_threshold: int | None = None
 ) -> None:
     """Trade a little allocation speed for an RSS that follows what the process uses (the
     coordinator, a data loader, a PS shard, an embedding worker: each with thresholds above its
@@ -83,9 +83,13 @@ def keep_malloc_lean(
       hands work to a pool of threads now and then (file writes, the JSON of a large state)
       grew by an arena's worth whenever one more thread first allocated;
     - free memory at the top of a heap (every arena's) up to `trim_threshold` (None: the mmap
-      threshold) stays for the next blocks: trimmed at once, each would fault in anew."""
+      threshold) stays for the next blocks: trimmed at once, each would fault in anew.
+
+    `mmap_threshold` None leaves both thresholds to glibc, which moves them itself (an NN rank:
+    its faults did not fall with them fixed), and caps the arenas alone."""
     if _MALLOPT is not None:
-        _MALLOPT(_M_MMAP_THRESHOLD, mmap_threshold)
-        _MALLOPT(_M_TRIM_THRESHOLD, mmap_threshold if trim_threshold is None else trim_threshold)
+        if mmap_threshold is not None:
+            _MALLOPT(_M_MMAP_THRESHOLD, mmap_threshold)
+            _MALLOPT(_M_TRIM_THRESHOLD, mmap_threshold if trim_threshold is None else trim_threshold)
         if arenas is not None:
             _MALLOPT(_M_ARENA_MAX, arenas)

@@ -84,13 +84,13 @@ class Service:
     # False: a process that takes part in no job (a serving replica) neither registers nor heartbeats.
     registers: ClassVar[bool] = True
     # True: trillium.runtime.memory.keep_malloc_lean, glibc's thresholds fixed where it would move
-    # them (an NN rank keeps glibc's own tuning: its faults did not fall with them), its threads sharing
-    # `malloc_arenas` arenas (None: glibc's, for threads that allocate at once on the hot path),
-    # blocks of `malloc_mmap_threshold` bytes and more mapped (and unmapped when freed), free
-    # heap kept up to `malloc_trim_threshold` (None: the mmap threshold).
+    # them, its threads sharing `malloc_arenas` arenas (None: glibc's, for threads that allocate
+    # at once on the hot path), blocks of `malloc_mmap_threshold` bytes and more mapped (and
+    # unmapped when freed; None: glibc's moving thresholds), free heap kept up to
+    # `malloc_trim_threshold` (None: the mmap threshold).
     lean_malloc: ClassVar[bool] = False
     malloc_arenas: ClassVar[int | None] = LEAN_ARENAS
-    malloc_mmap_threshold: ClassVar[int] = MMAP_THRESHOLD
+    malloc_mmap_threshold: ClassVar[int | None] = MMAP_THRESHOLD
     malloc_trim_threshold: ClassVar[int | None] = None
     # True: when the job it takes part in moves on to a newer attempt (a recovery), the process
     # starts afresh (`restart_process`) and joins the new attempt new, as an NN rank whose
