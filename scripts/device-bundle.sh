@@ -6,7 +6,6 @@ set -eu
 cd "$(dirname "$0")/.."
 out=.gpu tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out/whl" "$tmp/stage/kafka/libs" "$tmp/stage/redis/lib" "$tmp/stage/native" "$tmp/stage/pb"
 
 # A JRE of only what the broker and log4j's bean-based configuration load; stripped.
