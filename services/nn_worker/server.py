@@ -135,8 +135,8 @@ def _bind(device: torch.device) -> None:
 class NNWorker(Service):
     role = "nn_worker"
     # Each job's process group starts threads of its own (gloo's, the TCPStore's): under glibc's
-    # arenas (up to 8 a core) one more arena kept its high-water mark at nearly every job, 10-15 MB
-    # a job on a long-lived stack. Capped, they share two; glibc keeps tuning its thresholds.
+    # arenas (up to 8 a core) one more arena kept its high-water mark at nearly every job, about
+    # 8 MB a job on a long-lived stack. Capped, they share two; glibc keeps tuning its thresholds.
     lean_malloc, malloc_mmap_threshold = True, None
 
     def __init__(self, settings) -> None:
