@@ -75,7 +75,12 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
     def __init__(self, ps: "EmbeddingPS") -> None:
         self.ps = ps
 
-    async def Lookup(self, request: pb.ShardLookupRequest, context: grpc.aio.ServicerContext) -> pb.ShardLookupResponse:
+    # An embedding worker's stream per job: its lookups answered in order, as they come on the loop
+    # (or from their threads, with a disk tier).
+    @rpc.streamed(window=16)
+    async def Lookups(
+        self, request: pb.ShardLookupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ShardLookupResponse:
         store = self.ps.store
         if store is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.ps.name} holds no tables yet (no job set up)")

@@ -1,11 +1,13 @@
 """The embedding_worker service: a batch's embeddings for the NN workers (gRPC), and
 their gradients back to the parameter servers (Kafka).
 
-LookupBatch: wait while the lookup would exceed the staleness bound, dedup the batch's
+LookupBatches: wait while the lookup would exceed the staleness bound, dedup the batch's
 IDs per table, look them up on every owning PS shard in parallel, pool per slot.
 PushGradients: sum the gradient per unique ID and produce one message per PS shard to
-the gradients topic (partition = shard). A rank's pushes arrive in step order and go
-out through one idempotent producer, so each shard applies them in that order.
+the gradients topic (partition = shard). A rank's pushes arrive in step order, are handled
+one at a time, and go out through one idempotent producer, so each shard applies them in that order.
+Both are streams, one per NN rank and job (trillium.wire.rpc.OrderedStream), as are the
+lookups on each PS shard.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ STALENESS_WAIT = Histogram("trillium_staleness_wait_seconds", "time a lookup wai
 PUSH_SECONDS = Histogram("trillium_push_gradients_seconds", "gradient push latency (Kafka acks included)")
 # Plans kept for gradients not pushed yet; far more than any staleness bound keeps in flight.
 MAX_PENDING = 4096
+# Lookups of one stream handled at once: more than a rank keeps in flight (services/nn_worker).
+LOOKUP_WINDOW = 16
 
 
 class ShardUnavailable(RuntimeError):
@@ -47,7 +51,7 @@ class _JobContext:
     def __init__(
         self,
         job: JobRecord,
-        ps: list[pb_grpc.EmbeddingParameterServerStub],
+        ps: list[rpc.OrderedStream[pb.ShardLookupRequest, pb.ShardLookupResponse]],
         ps_addresses: list[str],
         producer,
         progress: JobProgress,
@@ -78,7 +82,8 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             )
         return ctx
 
-    async def LookupBatch(self, request: pb.BatchLookupRequest, context) -> pb.BatchLookupResponse:
+    @rpc.streamed(window=LOOKUP_WINDOW)
+    async def LookupBatches(self, request: pb.BatchLookupRequest, context) -> pb.BatchLookupResponse:
         ctx = await self._context(context, request.attempt)
         start = time.perf_counter()
         try:
@@ -127,6 +132,7 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             widths=ctx.widths,
         )
 
+    @rpc.streamed(window=1)
     async def PushGradients(self, request: pb.PushGradientsRequest, context) -> pb.PushGradientsResponse:
         ctx = await self._context(context, request.ref.attempt)
         ref = EmbeddingRef(
@@ -187,7 +193,7 @@ class EmbeddingWorker(Service):
         try:
             self.ctx = _JobContext(
                 job,
-                [pb_grpc.EmbeddingParameterServerStub(c) for c in channels],
+                [rpc.OrderedStream(pb_grpc.EmbeddingParameterServerStub(c).Lookups) for c in channels],
                 [w["grpc_address"] for w in shards],
                 producer,
                 JobProgress(self.redis, job.id, job.attempt),
@@ -195,6 +201,9 @@ class EmbeddingWorker(Service):
             self.set_job_phase("ready")
             await self.ctx.watermark.run()  # serve until the job ends (this task is cancelled)
         finally:
+            if self.ctx is not None:
+                for stream in self.ctx.ps:
+                    await stream.close()
             self.ctx = None
             await producer.stop()
             for channel in channels:
@@ -223,7 +232,7 @@ class EmbeddingWorker(Service):
         dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
         rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
         requests, asked = [], {}
-        for shard, stub in enumerate(ctx.ps):
+        for shard, lookups in enumerate(ctx.ps):
             ids = {t: p.shard_ids(shard) for t, p in plan.tables.items()}
             asked[shard] = [(t, len(i)) for t, i in ids.items() if len(i)]
             if asked[shard]:
@@ -234,7 +243,7 @@ class EmbeddingWorker(Service):
                     counts=[n for _, n in asked[shard]],
                     ids=pb.Array(data=codec.pack_array(np.concatenate([ids[t] for t, _ in asked[shard]]))),
                 )
-                requests.append((shard, stub.Lookup(request)))
+                requests.append((shard, lookups(request)))
 
         async def answer(shard: int, call) -> pb.ShardLookupResponse:
             try:
@@ -243,6 +252,8 @@ class EmbeddingWorker(Service):
                 raise ShardUnavailable(
                     f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err.code().name}: {err.details()}"
                 ) from None
+            except rpc.StreamEnded as err:
+                raise ShardUnavailable(f"embedding_ps-{shard} at {ctx.ps_addresses[shard]}: {err}") from None
 
         for shard, response in zip(
             (s for s, _ in requests), await asyncio.gather(*(answer(s, r) for s, r in requests)), strict=True

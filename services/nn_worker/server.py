@@ -124,6 +124,7 @@ class _Attempt:
     pusher: GradientPusher | None = None
     writes: list[asyncio.Task[None]] = field(default_factory=list)
     published: set[int] = field(default_factory=set)  # steps whose dense weights rank 0 wrote for a version
+    streams: list[rpc.OrderedStream] = field(default_factory=list)  # to the embedding worker, closed at the end
     timing: dict[str, float] = field(default_factory=lambda: {"lookup_wait": 0.0, "step": 0.0, "cut": 0.0})
 
 
@@ -254,10 +255,11 @@ class NNWorker(Service):
         workers = await self.peers("embedding_worker", config.topology.embedding_workers)
         # A rank always talks to the same embedding worker: its pushes stay in step order.
         channel = rpc.channel(workers[rank % len(workers)]["grpc_address"], self.settings.grpc)
+        streams: list[rpc.OrderedStream] = []
         clean = False
         try:
             trainer, rank_state = await self._setup(job, progress, thread)
-            run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state)
+            run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state, streams=streams)
             world = config.topology.nn_ranks
             run.scores = progressive_validation.Scores(
                 max(config.training.progressive_samples // world, 1), config.training.progressive_window_seconds
@@ -289,6 +291,8 @@ class NNWorker(Service):
             clean = True
             self.set_job_phase("done")
         finally:
+            for stream in streams:
+                await stream.close()
             await channel.close()
             thread.shutdown(wait=clean)
 
@@ -303,9 +307,16 @@ class NNWorker(Service):
         await self._torch(run, lambda: dist.all_gather_object(gathered, value, group=run.trainer.control_group))
         return gathered
 
+    @staticmethod
+    def _stream(run: _Attempt, method) -> rpc.OrderedStream:
+        stream = rpc.OrderedStream(method)
+        run.streams.append(stream)
+        return stream
+
     def _eval_feed(self, run: _Attempt) -> Feed:
         job, rank = run.job, self.settings.index
-        lookup = lambda raw: run.stub.LookupBatch(
+        lookups = self._stream(run, run.stub.LookupBatches)
+        lookup = lambda raw: lookups(
             pb.BatchLookupRequest(
                 batch=raw,
                 training=False,  # noqa: E731
@@ -347,7 +358,8 @@ class NNWorker(Service):
         rank = self.settings.index
         checkpoint, publish = job.config.checkpoint, job.config.publish
         wire16 = job.config.training.wire_dtype == "fp16"
-        lookup = lambda raw: run.stub.LookupBatch(
+        lookups = self._stream(run, run.stub.LookupBatches)
+        lookup = lambda raw: lookups(
             pb.BatchLookupRequest(
                 batch=raw,
                 training=True,  # noqa: E731
@@ -366,7 +378,7 @@ class NNWorker(Service):
             ahead=prefetch(job.config, evaluation=False),
             group_id=f"{job.id}.nn",
         ).run()
-        run.pusher = GradientPusher(run.stub.PushGradients).run()
+        run.pusher = GradientPusher(self._stream(run, run.stub.PushGradients)).run()
         loop = asyncio.get_running_loop()
         clock = time.perf_counter
         next_report = loop.time()  # the first step is reported at once: the job view shows it going
