@@ -233,12 +233,17 @@ class Trainer:
         assert self._words is not None
         joined = torch.cat([grads, self._words.to(grads.dtype)])
         reduced = dist.all_reduce(joined, group=self.ddp.process_group, async_op=True).get_future()
+        # Not `self`: gloo's thread may drop this callback after the step has returned, and the
+        # trainer's last reference dropped there tears its group down on the group's own thread
+        # (std::terminate, "Resource deadlock avoided").
+        trainer = weakref.ref(self)
 
         def finish(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            out = done.value()[0]
-            self._agreed = out[grads.numel() :].view(self.world, WORDS)
-            self._samples = self._agreed[:, 0].sum().clamp(min=1)
-            return out[: grads.numel()].div_(self._samples)
+            out, me = done.value()[0], trainer()
+            assert me is not None, "the step that waits for its gradients holds its trainer"
+            me._agreed = out[grads.numel() :].view(me.world, WORDS)
+            me._samples = me._agreed[:, 0].sum().clamp(min=1)
+            return out[: grads.numel()].div_(me._samples)
 
         return reduced.then(finish)
 
