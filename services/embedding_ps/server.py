@@ -265,9 +265,9 @@ class EmbeddingPS(Service):
         # A step's updates, by rank, until every rank's has arrived (see _apply_steps).
         pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
         self.set_job_phase("ready")
-        lag = GRADIENT_LAG.labels(str(shard))
+        # Offsets and lag are bookkeeping, not on the training path: twice a second, beside it.
+        bookkeeping = kafka.OffsetBookkeeping(consumer, partition, on_lag=GRADIENT_LAG.labels(str(shard)).set)
         loop = asyncio.get_running_loop()
-        next_commit = loop.time()
         trim = _AppliedTrim(self.settings.kafka, partition) if config.checkpoint is None else None
         stats = asyncio.create_task(self._refresh_stats())
         try:
@@ -286,16 +286,13 @@ class EmbeddingPS(Service):
                         complete.append((first, pending.pop(first)))
                 if complete:
                     await self._apply_steps(store, complete, progress)
-                # Offsets and lag are bookkeeping, not on the training path: twice a second.
-                if records and loop.time() >= next_commit:
-                    await consumer.commit()
-                    end = (await consumer.end_offsets([partition]))[partition]
-                    lag.set(end - (await consumer.position(partition)))
-                    next_commit = loop.time() + 0.5
+                if records:
+                    bookkeeping.after_records()
                 if trim is not None:
                     await trim.behind(self._position, loop.time())
         finally:
             stats.cancel()
+            await bookkeeping.close()
             with contextlib.suppress(Exception):
                 await consumer.stop()
             if trim is not None:

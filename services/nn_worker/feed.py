@@ -117,10 +117,10 @@ class Feed(_Supervised):
         consumer = kafka.consumer(self.conn, group_id=self.group_id)
         consumer.assign([self.partition])
         await consumer.start()
+        # Offsets are committed for the lag metrics only (a restore seeks its checkpoint's).
+        bookkeeping = kafka.OffsetBookkeeping(consumer, self.partition) if self.group_id is not None else None
         try:
             consumer.seek(self.partition, self.start)
-            loop = asyncio.get_running_loop()
-            next_commit = loop.time()
             while True:
                 records = (await consumer.getmany(self.partition, timeout_ms=500)).get(self.partition, [])
                 for record in records:
@@ -132,11 +132,11 @@ class Feed(_Supervised):
                     else:
                         lookup = asyncio.ensure_future(self.lookup(record.value))
                         await self.queue.put(Fetched(record.offset, record.value, lookup))
-                # Offsets are committed for the lag metrics only (a restore seeks its checkpoint's).
-                if records and self.group_id is not None and loop.time() >= next_commit:
-                    await consumer.commit()
-                    next_commit = loop.time() + 0.5
+                if records and bookkeeping is not None:
+                    bookkeeping.after_records()
         finally:
+            if bookkeeping is not None:
+                await bookkeeping.close()
             await consumer.stop()
 
 

@@ -6,15 +6,19 @@ address, and SASL/TLS when configured."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
 from trillium.config import KafkaConnection
+
+logger = logging.getLogger("trillium.kafka")
 
 
 def _connection(conn: KafkaConnection) -> dict[str, object]:
@@ -127,6 +131,55 @@ def consumer(conn: KafkaConnection, *, group_id: str | None, **overrides: object
     )
     options.update(overrides)
     return AIOKafkaConsumer(**options)
+
+
+class OffsetBookkeeping:
+    """A consumer's committed offset (what the lag metrics read) and, with `on_lag`, its lag,
+    kept off the data path: each round is a task of its own, one at a time, at most every
+    `every_s`. A broker that is away (restarting) holds up the bookkeeping, never the records
+    or the job: a failed round is logged once and the next round tries again."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        partition: TopicPartition,
+        *,
+        every_s: float = 0.5,
+        on_lag: Callable[[int], None] | None = None,
+    ) -> None:
+        self.consumer, self.partition, self.every_s, self.on_lag = consumer, partition, every_s, on_lag
+        self._round: asyncio.Task[None] | None = None
+        self._next = 0.0
+        self._failing = False
+
+    def after_records(self) -> None:
+        """Start a round if one is due and none is running (call it after consuming records)."""
+        now = time.monotonic()
+        if now >= self._next and (self._round is None or self._round.done()):
+            self._next = now + self.every_s
+            self._round = asyncio.create_task(self._run(), name=f"offsets of {self.partition}")
+
+    async def _run(self) -> None:
+        try:
+            await self.consumer.commit()
+            if self.on_lag is not None:
+                end = (await self.consumer.end_offsets([self.partition]))[self.partition]
+                self.on_lag(end - await self.consumer.position(self.partition))
+        except KafkaError as err:
+            if not self._failing:
+                logger.warning(f"offsets of {self.partition}: a round failed, retried in {self.every_s}s: {err!r}")
+            self._failing = True
+        else:
+            if self._failing:
+                logger.info(f"offsets of {self.partition}: committed again")
+            self._failing = False
+
+    async def close(self) -> None:
+        """Cancel the round in flight (before the consumer stops)."""
+        if self._round is not None and not self._round.done():
+            self._round.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._round
 
 
 # Every record a worker writes says which attempt of the job wrote it (see trillium.job.record): a
