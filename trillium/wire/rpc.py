@@ -7,9 +7,8 @@ it the token crosses the network in clear, which suits loopback and a private ne
 
 The calls every training step makes (a batch's lookup and its gradients between an NN rank and
 its embedding worker, the worker's lookups on the PS shards) ride on long-lived bidi streams,
-one call per message (`OrderedStream`, and `streamed` on the servers): on this project's 2-core hosts a
-unary call costs its two ends about 0.9 ms of CPU, a message on an open stream about 0.4
-(docs/performance.md).
+one call per message (`OrderedStream`, and `streamed` on the servers): no call is set up per
+step and the token is checked once per stream (docs/performance.md, "sixth part").
 """
 
 from __future__ import annotations
@@ -125,7 +124,7 @@ CLOSE_GRACE_S = 5.0  # how long closing a stream waits for the server to end its
 
 
 class StreamEnded(ConnectionError):
-    """The stream closed with calls on it unanswered."""
+    """The stream is over: closed by its client, or ended by its server with calls unanswered."""
 
 
 class OrderedStream(Generic[Request, Response]):
