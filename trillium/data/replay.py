@@ -12,8 +12,13 @@ time, so each partition's events are in event-time order however far the sender 
 as fast as it goes: stamped and sent by the clock). A `malformed_fraction` of the messages are replaced by
 garbage (not JSON, a field missing, a NaN value), which the job sends to its dead-letter topic.
 For a job whose events carry their label (`topics`), each row is one event with its label field.
-Messages are keyed by the event key, so Kafka's partitioner co-partitions impressions and clicks;
-topics that do not exist yet are created with `partitions` partitions each.
+Messages are keyed by the event key and partitioned as a keyed send is (Kafka's default
+partitioner), so impressions and clicks are co-partitioned; topics that do not exist yet are
+created with `partitions` partitions each.
+
+The sender shares its machine with what it feeds (a benchmark's stack), so it is built to cost
+little: a chunk of rows at a time is encoded as JSON column by column in Arrow
+(`trillium.data.events_out`), and sent as one record batch per partition, every few milliseconds.
 """
 
 from __future__ import annotations
@@ -21,18 +26,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import msgpack
 import numpy as np
+import pyarrow as pa
 
 from trillium.config import KafkaConnection
+from trillium.data.events_out import EventEncoder, Outbox, malformed
 from trillium.data.sources import open_source
 from trillium.data.sources.cells import as_text
 from trillium.job import AdultData, CriteoData, JobConfig, KafkaData
@@ -41,6 +44,9 @@ from trillium.wire import kafka
 
 # The label column and its positive value of the formats replay reads.
 LABELS = {"criteo": ("label", "1"), "adult": ("income_bracket", ">50K")}
+CHUNK_ROWS = 2048  # rows encoded and sent at once (as fast as it goes, or a backlog when late)
+PACE_TICK_S = 0.005  # paced: rows due are sent together, at most this often
+BATCH_BYTES = 1 << 20  # a record batch per partition and chunk, up to this size
 
 
 @dataclass
@@ -56,42 +62,24 @@ class ReplayReport:
         return (self.impressions + self.clicks) / self.seconds if self.seconds else 0.0
 
 
-def _nest(event: dict[str, Any], path: str, value: Any) -> None:
-    *parents, leaf = path.split(".")
-    node = event
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
-
-
-def rows_of(file: Path, fmt: str, columns: list[str]) -> Iterator[dict[str, str | None]]:
-    """The rows of a data set file (a preset's format), the given columns as text."""
+def blocks_of(file: Path, fmt: str, columns: list[str]) -> Iterator[pa.Table]:
+    """The rows of a data set file (a preset's format), the given columns, a block at a time."""
     config = (CriteoData if fmt == "criteo" else AdultData)(source=fmt, train=file)
     for task in open_source(config).blocks("train", columns):
-        block = task()
-        table = {c: as_text(block.table.column(c)).to_pylist() for c in columns}
-        for i in range(block.rows):
-            yield {c: table[c][i] for c in columns}
+        yield task().table.select(columns)
 
 
-def _value(path: str, text: str | None, dense: set[str]) -> Any:
-    if text is None or text == "":
-        return None
-    if path in dense:
-        return float(text)
-    return text
-
-
-def _malformed(kind: int, event: dict[str, Any], job: JobConfig) -> bytes:
-    if kind == 0:
-        return b"{not json"
-    if kind == 1 and job.dense:
-        broken = json.loads(json.dumps(event))
-        _nest(broken, job.dense[0].column, math.nan)
-        return json.dumps(broken).encode()  # NaN: refused as an absurd value
-    broken = dict(event)
-    broken.pop(next(iter(broken)))
-    return json.dumps(broken).encode()  # a mapped field missing
+def chunks_of(blocks: Iterator[pa.Table], limit: int | None) -> Iterator[pa.Table]:
+    """The rows in slices of at most CHUNK_ROWS, `limit` rows in all."""
+    left = limit
+    for block in blocks:
+        for start in range(0, block.num_rows, CHUNK_ROWS):
+            if left is not None and left <= 0:
+                return
+            chunk = block.slice(start, min(CHUNK_ROWS, left if left is not None else CHUNK_ROWS))
+            yield chunk
+            if left is not None:
+                left -= chunk.num_rows
 
 
 async def replay(
@@ -121,72 +109,114 @@ async def replay(
             f"the job maps fields {missing}; a {fmt} row has {', '.join(known)} (replay names each "
             "event field by its column, at any depth: C1, user.C1)"
         )
-    dense = {d.column for d in job.dense}
-    key_path, time_path = data.event_key or "id", data.event_time
-    window = data.join.window_seconds if data.join is not None else 0.0
-    encode = json.dumps if data.format == "json" else None
-    rng = np.random.default_rng(seed)
-    report = ReplayReport()
+    label_path = job.label.column if data.join is None else None
+    encoder = EventEncoder(
+        data.event_key or "id", data.event_time, paths, {d.column for d in job.dense}, label_path, data.format
+    )
     topics = [data.join.impressions, data.join.labels] if data.join is not None else list(data.topics or [])
     await kafka.ensure_topics(conn, {t: partitions for t in topics})  # co-partitioned: the same count
-    producer = kafka.producer(conn)
+    producer = kafka.producer(conn, max_batch_size=BATCH_BYTES)
     await producer.start()
-    clicks: list[tuple[float, int, bytes, bytes]] = []  # heap of (event time, seq, key, message)
-    seq = itertools.count()
-    started, wall = time.monotonic(), time.time()
-
-    def pack(event: dict[str, Any]) -> bytes:
-        return encode(event).encode() if encode is not None else msgpack.packb(event)
-
-    async def send(topic: str, key: bytes, value: bytes) -> None:
-        await producer.send(topic, value, key=key)
-
-    async def send_due(until: float) -> None:
-        """Send the clicks of event time up to `until`."""
-        while clicks and clicks[0][0] <= until:
-            _, _, key, value = heapq.heappop(clicks)
-            await send(data.join.labels, key, value)
-
     try:
+        sender = _Sender(
+            job,
+            encoder,
+            await Outbox.open(producer, topics[0]),
+            await Outbox.open(producer, data.join.labels) if data.join is not None else None,
+            label_column,
+            positive,
+            np.random.default_rng(seed),
+            late_fraction,
+            malformed_fraction,
+        )
         columns = list(dict.fromkeys([p.split(".")[-1] for p in paths] + [label_column]))
-        for i, row in enumerate(rows_of(file, fmt, columns)):
-            if limit is not None and i >= limit:
-                break
-            if rate > 0:  # pace: row i goes out at started + i / rate
-                if (wait := started + i / rate - time.monotonic()) > 0:
-                    await asyncio.sleep(wait)
-            now = wall + i / rate if rate > 0 else time.time()
-            await send_due(now)
-            key = f"r{seed}-{i}"
-            event: dict[str, Any] = {}
-            _nest(event, key_path, key)
-            _nest(event, time_path, now)
-            for path in paths:
-                _nest(event, path, _value(path, row[path.split(".")[-1]], dense))
-            clicked = row[label_column] == positive
-            if data.join is None:
-                _nest(event, job.label.column, row[label_column])
-            value = pack(event)
-            if malformed_fraction and rng.random() < malformed_fraction:
-                value = _malformed(int(rng.integers(3)), event, job)
-                report.malformed += 1
-            topic = data.join.impressions if data.join is not None else data.topics[0]
-            await send(topic, key.encode(), value)
-            report.impressions += 1
-            if data.join is not None and clicked:
-                late = late_fraction and rng.random() < late_fraction
-                delay = window * (1 + rng.random() * 0.5) + 1e-3 if late else window * rng.random()
-                click: dict[str, Any] = {}
-                _nest(click, key_path, key)
-                _nest(click, time_path, now + delay)
-                heapq.heappush(clicks, (now + delay, next(seq), key.encode(), pack(click)))
-                report.clicks += 1
-                report.late_clicks += bool(late)
-        while clicks:  # the clicks still to come, when their time comes
-            await asyncio.sleep(max(0.0, clicks[0][0] - time.time()))
-            await send_due(time.time())
-        await producer.flush()
+        started, wall, sent = time.monotonic(), time.time(), 0
+        for chunk in chunks_of(blocks_of(file, fmt, columns), limit):
+            at = 0
+            while at < chunk.num_rows:
+                n = chunk.num_rows - at
+                if rate > 0:  # paced: row i is due at started + i / rate; what is due goes out together
+                    if (wait := started + sent / rate - time.monotonic()) > 0:
+                        await asyncio.sleep(max(wait, PACE_TICK_S))
+                    n = min(n, max(1, int((time.monotonic() - started) * rate) + 1 - sent))
+                rows = np.arange(sent, sent + n)
+                times = wall + rows / rate if rate > 0 else np.full(n, time.time())
+                await sender.send(chunk.slice(at, n), [f"r{seed}-{i}".encode() for i in rows], times)
+                at, sent = at + n, sent + n
+        await sender.finish()
     finally:
         await producer.stop()
-    report.seconds = time.monotonic() - started
-    return report
+    sender.report.seconds = time.monotonic() - started
+    return sender.report
+
+
+class _Sender:
+    """Rows to impression (or labelled) events, and positive rows to clicks held until their
+    event time comes; each `send` queues its chunk's messages and sends them."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        encoder: EventEncoder,
+        events: Outbox,
+        labels: Outbox | None,
+        label_column: str,
+        positive: str,
+        rng: np.random.Generator,
+        late_fraction: float,
+        malformed_fraction: float,
+    ) -> None:
+        self.job, self.encoder, self.events, self.labels = job, encoder, events, labels
+        self.label_column, self.positive, self.rng = label_column, positive, rng
+        self.late_fraction, self.malformed_fraction = late_fraction, malformed_fraction
+        self.window = job.data.join.window_seconds if job.data.join is not None else 0.0
+        self.clicks: list[tuple[float, int, bytes, bytes]] = []  # heap of (event time, seq, key, message)
+        self.seq = itertools.count()
+        self.report = ReplayReport()
+
+    async def send(self, rows: pa.Table, keys: list[bytes], times: np.ndarray) -> None:
+        n = rows.num_rows
+        messages = self.encoder.events(rows, keys, times)
+        if self.malformed_fraction:
+            for i in np.flatnonzero(self.rng.random(n) < self.malformed_fraction):
+                messages[i] = malformed(int(self.rng.integers(3)), messages[i], self.job)
+                self.report.malformed += 1
+        if self.labels is not None:
+            self._hold_clicks(rows, keys, times)
+            await self._queue_clicks(float(times[-1]))  # before the impressions of a later event time
+        await self.events.add(keys, messages)
+        self.report.impressions += n
+        await self.events.flush()
+        if self.labels is not None:
+            await self.labels.flush()
+
+    def _hold_clicks(self, rows: pa.Table, keys: list[bytes], times: np.ndarray) -> None:
+        labels = as_text(rows.column(self.label_column).combine_chunks()).to_pylist()
+        clicked = [i for i, label in enumerate(labels) if label == self.positive]
+        late = (
+            self.rng.random(len(clicked)) < self.late_fraction if self.late_fraction else np.zeros(len(clicked), bool)
+        )
+        draws = self.rng.random(len(clicked))
+        at = times[clicked] + np.where(late, self.window * (1 + draws * 0.5) + 1e-3, self.window * draws)
+        clicked_keys = [keys[i] for i in clicked]
+        for key, when, value in zip(clicked_keys, at, self.encoder.clicks(clicked_keys, at), strict=True):
+            heapq.heappush(self.clicks, (float(when), next(self.seq), key, value))
+        self.report.clicks += len(clicked)
+        self.report.late_clicks += int(late.sum())
+
+    async def _queue_clicks(self, until: float) -> None:
+        """Queue the clicks of event time up to `until`."""
+        due = []
+        while self.clicks and self.clicks[0][0] <= until:
+            due.append(heapq.heappop(self.clicks))
+        await self.labels.add([key for _, _, key, _ in due], [value for _, _, _, value in due])
+
+    async def finish(self) -> None:
+        """Send the clicks still to come, each when its time comes, and wait for every delivery."""
+        while self.clicks:
+            await asyncio.sleep(max(0.0, self.clicks[0][0] - time.time()))
+            await self._queue_clicks(time.time())
+            await self.labels.flush()
+        await self.events.delivered()
+        if self.labels is not None:
+            await self.labels.delivered()
