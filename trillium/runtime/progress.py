@@ -30,6 +30,16 @@ logger = logging.getLogger("trillium.runtime.progress")
 
 # Staleness histogram buckets: 0, 1, ..., 15, and "16+" (unbounded async can go far).
 STALENESS_BUCKETS = 17
+# KEYS[1]: a rank's staleness hash; ARGV: the bucket's field, the staleness.
+RECORD_STALENESS = """
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HINCRBY', KEYS[1], 'count', 1)
+redis.call('HINCRBY', KEYS[1], 'sum', ARGV[2])
+if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') then
+    redis.call('HSET', KEYS[1], 'max', ARGV[2])
+end
+return 0
+"""
 
 
 @dataclass
@@ -70,6 +80,7 @@ class JobProgress:
         # Not per attempt: a loader's step count of an epoch is the same in every attempt.
         self._loader_steps = state.job_key(job_id, "loader_steps")
         self._dense_stats = state.job_key(job_id, "dense_stats")
+        self._record_staleness: Any = None  # the script, registered at its first use
 
     # ---- applied watermarks (PS) -----------------------------------------------------
     async def set_applied_all(self, shard: int, ranks: int, step: int) -> None:
@@ -97,20 +108,12 @@ class JobProgress:
         return None if raw in (None, "inf") else int(raw)
 
     async def record_staleness(self, rank: int, staleness: int) -> None:
-        key = f"{self._staleness}:{rank}"
+        """One lookup's staleness into the rank's histogram, count, sum and max: one script call
+        (EVALSHA) per lookup, not four commands."""
+        if self._record_staleness is None:
+            self._record_staleness = self.redis.register_script(RECORD_STALENESS)
         bucket = min(staleness, STALENESS_BUCKETS - 1)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(key, f"b{bucket}", 1)
-        pipe.hincrby(key, "count", 1)
-        pipe.hincrby(key, "sum", staleness)
-        pipe.eval(
-            "local m = tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') "
-            "if tonumber(ARGV[1]) > m then redis.call('HSET', KEYS[1], 'max', ARGV[1]) end return 0",
-            1,
-            key,
-            staleness,
-        )
-        await pipe.execute()
+        await self._record_staleness(keys=[f"{self._staleness}:{rank}"], args=[f"b{bucket}", staleness])
 
     async def staleness(self, ranks: int) -> dict[int, StalenessStats]:
         bound = await self.bound()
