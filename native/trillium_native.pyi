@@ -108,6 +108,22 @@ def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.u
     Accepts int64 (also int32, uint64, uint32) 1-D arrays.
     """
 
+def hash_cells(
+    namespace: str, cells: Sequence[str | None], separator: str | None = None, max_len: int | None = None
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]:
+    """A column of text cells as a slot's IDs: `(lengths, ids)`, `lengths[i]` IDs for cell `i`,
+    in order. A cell that is None or "" has none; otherwise it is one ID (`hash_ids` of the
+    text), or with a `separator` each of its non-empty parts is, the first `max_len` of them.
+    Raises ValueError for an empty separator, TypeError for a cell not str or None.
+    """
+
+def parse_floats(cells: Sequence[str | None]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """A column of text cells as numbers: `(values, odd)`, NaN where a cell is None or "". `odd`
+    lists the other cells left NaN: those Rust's float grammar does not read, or reads as not
+    finite (`inf`, `nan`): the caller reads them as it must (Python's `float` takes more: spaces,
+    underscores, other scripts' digits).
+    """
+
 class CaptureMark:
     """Where a capture stood (`StoreCapture.mark`): the version clock, and per table its
     counters and how many rows had left it. Small; it outlives the capture's release."""

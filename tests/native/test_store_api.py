@@ -76,6 +76,35 @@ def test_hash_strings_errors_name_the_bad_input():
         tn.hash_strings("n", data, np.array([0.0, 1.0]))
 
 
+def test_hash_cells_is_hash_ids_of_each_cells_parts():
+    cells = ["a|b||c", None, "", "x", "|", "é|é|é|é", ("t" * 300)]
+    for separator, max_len in ((None, None), ("|", None), ("|", 2), ("||", 1), (None, 0)):
+        lengths, ids = tn.hash_cells("s", cells, separator, max_len)
+        want_lengths, want_texts = [], []
+        for cell in cells:
+            parts = [] if not cell else [cell] if separator is None else [p for p in cell.split(separator) if p]
+            parts = parts[:max_len] if max_len is not None else parts
+            want_lengths.append(len(parts))
+            want_texts += parts
+        assert lengths.dtype == np.int32 and lengths.tolist() == want_lengths
+        assert np.array_equal(ids, tn.hash_ids("s", want_texts) if want_texts else np.zeros(0, np.uint64))
+    assert np.array_equal(tn.hash_cells("s", tuple(cells))[1], tn.hash_cells("s", cells)[1])
+    with pytest.raises(ValueError, match="separator"):
+        tn.hash_cells("s", cells, "")
+    with pytest.raises(TypeError, match=r"cells\[1\] must be str or None, got int"):
+        tn.hash_cells("s", ["a", 1])
+
+
+def test_parse_floats_reads_what_rust_reads_and_names_the_rest():
+    cells = ["1", "-2.5", "1e-7", ".5", "+3", "1.7976931348623157e308", None, "", " 4", "1_000", "x", "nan",
+             "-inf", "1e400", "0x1p3", "٣"]  # fmt: skip
+    values, odd = tn.parse_floats(cells)
+    assert values.dtype == np.float64 and odd.dtype == np.int64
+    assert values[:6].tolist() == [float(c) for c in cells[:6]]  # the same double as Python's float()
+    assert np.isnan(values[6:]).all()
+    assert odd.tolist() == list(range(8, len(cells)))  # missing cells are not odd: everything else after is
+
+
 def test_hash_inputs_errors():
     with pytest.raises(TypeError):
         tn.hash_ids("n", "abc")

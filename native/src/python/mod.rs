@@ -1,5 +1,5 @@
-//! PyO3 bindings, one module per area (store, captures, hashing, pooling, serving, events, the
-//! join, the wire's fp16); this one registers them and holds the helpers they share. Every
+//! PyO3 bindings, one module per area (store, captures, hashing, text cells, pooling, serving,
+//! events, the join, the wire's fp16); this one registers them and holds the helpers they share. Every
 //! batched call releases the GIL and runs on the store's own rayon pool; every entry point
 //! catches panics and maps errors to ValueError / TypeError / KeyError / OSError.
 
@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use crate::config::StoreError;
 use crate::snapshot::FORMAT_VERSION;
 
+mod cells;
 mod events;
 mod hash;
 mod join;
@@ -141,6 +142,8 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_strings, m)?)?;
+    m.add_function(wrap_pyfunction!(cells::hash_cells, m)?)?;
+    m.add_function(wrap_pyfunction!(cells::parse_floats, m)?)?;
     m.add_function(wrap_pyfunction!(wire16::to_fp16_scaled, m)?)?;
     m.add_function(wrap_pyfunction!(wire16::from_fp16_scaled, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
