@@ -40,11 +40,20 @@ async def _deny(request: Any, context: grpc.aio.ServicerContext) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token")
 
 
+async def _deny_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+    # The stream's first request is read before refusing it: the client's write of it, were it
+    # still in flight when the refusal came, would fail in gRPC core, and grpc.aio then reports
+    # that failure (INTERNAL, "Internal error from Core") in place of this status.
+    async for _ in requests:
+        break
+    await _deny(None, context)
+
+
 class _RequireToken(grpc.aio.ServerInterceptor):
     def __init__(self, creds: GrpcCredentials) -> None:
         self._expected = _bearer(creds).encode()
         self._deny_unary = grpc.unary_unary_rpc_method_handler(_deny)
-        self._deny_stream = grpc.stream_stream_rpc_method_handler(_deny)
+        self._deny_stream = grpc.stream_stream_rpc_method_handler(_deny_stream)
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         given = next((value for key, value in details.invocation_metadata or () if key == AUTH_METADATA), "")
