@@ -117,6 +117,34 @@ def _steps(rows: EventRows, now: float) -> list[list[int]]:
     ]
 
 
+def test_picked_rows_come_in_the_order_asked_and_the_rest_keep_theirs() -> None:
+    rows = _pooled([(10, 0.0)])
+    for i in range(10):
+        rows.arrived[i], rows.times[i], rows.labels[i] = float(i), 100.0 + i, str(i)
+    for indices, left in (([7, 2, 9], [0, 1, 3, 4, 5, 6, 8]), ([4], [0, 1, 3, 4, 6, 8]), ([], [0, 1, 3, 4, 6, 8])):
+        before = {int(e.key): (e, rows.labels[i], rows.times[i], rows.arrived[i]) for i, e in enumerate(rows.events)}
+        want = [int(rows.events[i].key) for i in indices]
+        picked = rows.pick(np.array(indices, np.int64))
+        for part, keys in ((picked, want), (rows, left)):
+            assert [int(e.key) for e in part.events] == keys
+            assert list(zip(part.events, part.labels, part.times, part.arrived, strict=True)) == [
+                before[k] for k in keys
+            ]
+    assert len(rows.pick(np.arange(len(rows))).events) == 6 and len(rows) == 0
+
+
+def test_columns_are_each_fields_values_and_refuse_an_event_of_other_fields() -> None:
+    rows = EventRows(_job())
+    assert rows.columns() == {"user.id": [], "user.recent": [], "price": [], "click": []}
+    for i in range(3):
+        rows.add(Event(FIELD_SEP.join([f"u{i}", "", str(i), "1"]), str(i), 0.0))
+    assert rows.columns() == {"user.id": ["u0", "u1", "u2"], "user.recent": [""] * 3, "price": ["0", "1", "2"],
+                              "click": ["1", "1", "1"]}  # fmt: skip
+    rows.add(Event(FIELD_SEP.join(["u3", "", "3"]), "3", 0.0))
+    with pytest.raises(ValueError, match="not the 4 fields"):
+        rows.columns()
+
+
 def test_a_fast_stream_goes_out_in_whole_steps_and_no_sample_waits_past_the_timeout() -> None:
     # 100 rows waiting 1.2 s, 40 just in: 8 whole steps (4 drawn from the whole pool while more
     # than `pool` stay, 4 from its oldest) take every old row; 12 of the newest wait.
