@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from aiokafka import TopicPartition
+from topic_records import read_all
 from typer.testing import CliRunner
 
 import trillium_native
@@ -74,23 +74,6 @@ async def _produce(conn: KafkaConnection, messages: list[tuple[str, int, bytes]]
         await producer.flush()
     finally:
         await producer.stop()
-
-
-async def _read_all(conn: KafkaConnection, topic: str, partitions: int) -> list:
-    consumer = kafka.consumer(conn, group_id=None)
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    consumer.assign(tps)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
-        records = []
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for batch in (await consumer.getmany(timeout_ms=1000)).values():
-                records += batch
-        return records
-    finally:
-        await consumer.stop()
 
 
 def _replaying(path: Path, job: JobConfig, conn: KafkaConnection, *, rate: float, seed: int) -> threading.Thread:
@@ -163,7 +146,7 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
         "duplicate_labels": 1,
     }, view["stream"]["joined"]
     assert view["stream"]["dead_letters"] == {"undecodable": 1, "missing_field": 1, "bad_value": 1}
-    letters = asyncio.run(_read_all(conn, view["job"]["topics"]["dlq"], 1))
+    letters = asyncio.run(read_all(conn, view["job"]["topics"]["dlq"], 1))
     headers = [{k: v.decode() for k, v in r.headers} for r in letters]
     assert sorted(
         (h["trillium-source-topic"], h["trillium-source-partition"], h["trillium-source-offset"]) for h in headers
@@ -229,7 +212,7 @@ def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(trai
         assert view["progressive"]["delay_seconds"] is None or view["progressive"]["delay_seconds"]["p50"] >= 0
     else:
         assert view["stream"]["joined"]["impressions"] == 2 and view["stream"]["dead_letters"] == {"clock": 2}
-        letters = asyncio.run(_read_all(conn, view["job"]["topics"]["dlq"], 1))
+        letters = asyncio.run(read_all(conn, view["job"]["topics"]["dlq"], 1))
         reasons = [dict(r.headers)["trillium-dlq-reason"].decode() for r in letters]
         assert len(reasons) == 2 and all(r.startswith("event time") and "future" in r for r in reasons), reasons
 
@@ -377,7 +360,7 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
     lineage = final["job"]["lineage"].get(topic, {})
     ranks = job.topology.nn_ranks
     ids = []
-    for record in asyncio.run(_read_all(infra.kafka, topic, ranks)):
+    for record in asyncio.run(read_all(infra.kafka, topic, ranks)):
         segments = lineage.get(str(record.partition)) or lineage.get(record.partition)
         if PartitionLineage(segments).counts(record.offset, kafka.attempt_of(record.headers)):
             ids.append(codec.decode_batch(record.value).sample_ids)

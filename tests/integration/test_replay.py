@@ -10,14 +10,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
+from topic_records import read_all
 
 from trillium.data import load_job
 from trillium.data.replay import replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import JobConfig
-from trillium.wire import kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
@@ -29,23 +28,6 @@ def _job(run: str, window: float) -> JobConfig:
     return JobConfig.model_validate(raw)
 
 
-async def _records(conn, topic: str) -> list:
-    consumer = kafka.consumer(conn, group_id=None)
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]  # replay makes PARTITIONS of each
-    consumer.assign(tps)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
-        records = []
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for batch in (await consumer.getmany(timeout_ms=1000)).values():
-                records += batch
-        return records
-    finally:
-        await consumer.stop()
-
-
 @pytest.mark.parametrize("rate", [0.0, 4000.0])
 async def test_replay_sends_each_row_once_co_partitioned_in_event_time_order(infra, tmp_path, rate) -> None:
     rows, window = 3000, 1.0
@@ -55,7 +37,10 @@ async def test_replay_sends_each_row_once_co_partitioned_in_event_time_order(inf
     report = await replay(
         data.path, job, infra.kafka, fmt="criteo", rate=rate, late_fraction=0.1, malformed_fraction=0.02, seed=4
     )
-    imps, clicks = await _records(infra.kafka, f"imps-{run}"), await _records(infra.kafka, f"clicks-{run}")
+    imps, clicks = (
+        await read_all(infra.kafka, f"imps-{run}", PARTITIONS),
+        await read_all(infra.kafka, f"clicks-{run}", PARTITIONS),
+    )
     positives = sum(1 for line in data.path.read_text().splitlines() if line.split("\t")[0] == "1")
 
     assert report.impressions == len(imps) == rows
