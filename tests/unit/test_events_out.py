@@ -100,5 +100,11 @@ def test_msgpack_events_are_the_rows_events() -> None:
 def test_a_layout_that_cannot_be_one_event_is_refused() -> None:
     with pytest.raises(ValueError, match="nests inside 'C1'"):
         EventEncoder("id", "ts", ["C1", "C1.x"], set(), None, "json")
-    with pytest.raises(ValueError, match="mapped twice"):
-        EventEncoder("id", "ts", ["C1", "user.C2", "user.C2"], set(), None, "json")
+    with pytest.raises(ValueError, match="'id' is mapped twice"):
+        EventEncoder("id", "ts", ["C1", "id"], set(), None, "json")
+
+
+def test_slots_sharing_a_column_read_it_once() -> None:
+    encoder = EventEncoder("id", "ts", ["user.C1", "C2", "user.C1"], set(), None, "json")
+    [event] = encoder.events(pa.table({"C1": ["a|b"], "C2": ["c"]}), [b"k"], np.array([1.5]))
+    assert json.loads(event) == {"id": "k", "ts": 1.5, "user": {"C1": "a|b"}, "C2": "c"}

@@ -104,6 +104,7 @@ class EventEncoder:
     def __init__(
         self, key_path: str, time_path: str, paths: list[str], dense: set[str], label: str | None, fmt: str
     ) -> None:
+        paths = list(dict.fromkeys(paths))  # slots may share a column: the event holds it once
         self.paths, self.dense, self.label, self.fmt = paths, dense, label, fmt
         leaves = [key_path, time_path, *paths, *([label] if label else [])]
         self.key_path, self.time_path = key_path, time_path
