@@ -87,12 +87,13 @@ def due_steps(
     def waited_out() -> bool:
         return bool(rows) and now - rows.arrived[0] >= timeout
 
-    while len(rows) >= pool + step:
-        yield rows.pick(rng.choice(len(rows), step, replace=False))
+    # Each group of steps is drawn in one pick (a pick copies the whole pool): drawing a step at a
+    # time out of what the last left is drawing them all at once, then cutting that in steps.
+    if (whole := max(len(rows) - pool, 0) // step) > 0:
+        yield from rows.pick(rng.choice(len(rows), whole * step, replace=False)).split(step)
     if waited_out():
         # The rows are in arrival order, and what is picked leaves the rest in it.
-        for oldest in range(len(rows) // step * step, 0, -step):
-            yield rows.pick(rng.choice(oldest, step, replace=False))
+        yield from rows.pick(rng.permutation(len(rows) // step * step)).split(step)
         if waited_out():
             yield rows.pick(rng.permutation(len(rows)))
 
@@ -427,7 +428,7 @@ class StreamLoader:
         start = 0
         for i, rank in enumerate(self.share.ranks):
             n = min(sizes[i], encoded.rows - start)
-            part = encoded.take(np.arange(start, start + n))
+            part = encoded.slice(start, start + n)
             batch = batch_of(
                 self.config,
                 part,

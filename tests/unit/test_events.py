@@ -133,6 +133,16 @@ def test_picked_rows_come_in_the_order_asked_and_the_rest_keep_theirs() -> None:
     assert len(rows.pick(np.arange(len(rows))).events) == 6 and len(rows) == 0
 
 
+def test_split_cuts_rows_in_consecutive_parts_of_a_size() -> None:
+    rows = _pooled([(7, 0.0)])
+    rows.times = [float(i) for i in range(7)]
+    parts = rows.split(3)
+    assert [[int(e.key) for e in p.events] for p in parts] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert [p.times for p in parts] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0]]
+    assert [len(p.labels) == len(p.arrived) == len(p) for p in parts] == [True] * 3
+    assert rows.pick([]).split(3) == [] and len(rows) == 7
+
+
 def test_columns_are_each_fields_values_and_refuse_an_event_of_other_fields() -> None:
     rows = EventRows(_job())
     assert rows.columns() == {"user.id": [], "user.recent": [], "price": [], "click": []}

@@ -331,6 +331,21 @@ def test_the_shuffle_buffer_moves_rows_at_most_about_its_size(tmp_path: Path) ->
     assert ids == order  # IDs and dense values move together
 
 
+@given(lengths=st.lists(st.lists(st.integers(0, 3), min_size=6, max_size=6), min_size=1, max_size=3),
+       start=st.integers(0, 6), size=st.integers(0, 6))  # fmt: skip
+def test_a_slice_of_rows_is_the_take_of_them(lengths: list[list[int]], start: int, size: int) -> None:
+    counts = np.array(lengths, np.int32)
+    values = tuple(np.arange(100 * k, 100 * k + n, dtype=np.uint64) for k, n in enumerate(counts.sum(axis=1)))
+    block = EncodedBlock.from_lengths(counts, values, np.arange(6, dtype=np.float32)[:, None], np.ones(6, np.float32))
+    stop = min(start + size, 6)
+    got, want = block.slice(start, stop), block.take(np.arange(start, stop))
+    np.testing.assert_array_equal(got.offsets, want.offsets)
+    for x, y in zip(got.values, want.values, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(got.dense, want.dense)
+    np.testing.assert_array_equal(got.labels, want.labels)
+
+
 def test_statistics_merged_over_chunks_match_numpy() -> None:
     rng = np.random.default_rng(0)
     values = rng.lognormal(3, 1, 3 * _STATS_CHUNK + 12345) + 1e6  # a large mean: no cancellation

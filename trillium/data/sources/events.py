@@ -282,6 +282,17 @@ class EventRows:
             setattr(self, name, _taken(items, kept))
         return chosen
 
+    def split(self, size: int) -> list[EventRows]:
+        """These rows in consecutive parts of `size` (the last may be smaller)."""
+        parts = []
+        for start in range(0, len(self.events), size):
+            part = EventRows.__new__(EventRows)
+            part.paths, part.label = self.paths, self.label
+            for name in ("events", "labels", "times", "arrived"):
+                setattr(part, name, getattr(self, name)[start : start + size])
+            parts.append(part)
+        return parts
+
     def columns(self) -> dict[str, Sequence[str | None]]:
         """Every mapped field's column as text ("": missing), the label's too."""
         fields = len(self.paths)
