@@ -19,10 +19,10 @@ One run measures, side by side:
     python bench/online.py --joiner-only   # the joiner alone, no stack
     python bench/online.py --saturation --seconds 30 --json   # the most it sustains
 
-- **saturation** (`--saturation`): the same, at rates doubling from `--rate` (then once halfway
-  back from the first that was too fast) until the lag is no longer bounded; the highest bounded
-  one's events/s is `saturation.max_events_per_sec`, with the click-to-trained delay at 50% and
-  90% of its rate. Replay shares the cores with the stack: `offered_events_per_sec` says what it
+- **saturation** (`--saturation`): the same, at rates doubling from `--rate` until the lag is no
+  longer bounded, then halving the gap to the first rate that was too fast until it is within 15%
+  of the highest bounded one; that one's events/s is `saturation.max_events_per_sec`, with the
+  click-to-trained delay at 50% and 90% of its rate. Replay shares the cores with the stack: `offered_events_per_sec` says what it
   managed to send; a rate it fell short of (`sender_kept_up: false`) ends the search, as
   `sender_limited_at`, with no verdict on the stack. `stack_saturated: false` says no rate
   offered was too fast. Then a catch-up (`saturation.drain`): a backlog of 400k impressions and
@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 from joiner_reference import ReferenceJoin  # noqa: E402
 
 DRAIN_IMPRESSIONS = 400_000  # --saturation's catch-up: a backlog of a minute or more
+SEARCH_WITHIN = 0.15  # --saturation narrows the bounded and unbounded rates to within this share
 SENDER_SHORT = 0.9  # replay sent slower than this share of the rate asked: the rate was not offered
 FETCH = 1000  # the joiner alone: messages decoded at once (the loader takes what a Kafka fetch brings)
 TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1)
@@ -239,8 +240,9 @@ def drained(run_dir: Path, window: float, data: Path, conn: KafkaConnection, imp
 def saturation(
     run_dir: Path, window: float, data: Path, conn: KafkaConnection, rate: float, max_rate: float, seconds: float
 ) -> dict[str, Any]:
-    """Raise the offered rate (doubling from `rate`, then once halfway back) until the lag stops
-    being bounded; the highest rate with a bounded lag is the most the stack sustains. Then the
+    """Raise the offered rate (doubling from `rate`) until the lag stops being bounded, then halve
+    the gap between the highest bounded rate and the lowest unbounded one until it is within
+    `SEARCH_WITHIN` of the former: that rate is the most the stack sustains. Then the
     click-to-trained delay at 50% and 90% of it."""
     runs: list[dict[str, Any]] = []
 
@@ -259,10 +261,15 @@ def saturation(
             failed = rate
             break
         best, rate = result, rate * 2
-    if best is not None and failed is not None:
+    while best is not None and failed is not None and failed > (1 + SEARCH_WITHIN) * best["rate_impressions_per_sec"]:
         halfway = run((best["rate_impressions_per_sec"] + failed) / 2)
-        if halfway["sender_kept_up"] and halfway["lag_bounded"]:
+        if not halfway["sender_kept_up"]:
+            sender_limited = halfway["rate_impressions_per_sec"]
+            break
+        if halfway["lag_bounded"]:
             best = halfway
+        else:
+            failed = halfway["rate_impressions_per_sec"]
     if best is None:
         return {"runs": runs, "max_events_per_sec": None, "sender_limited_at": sender_limited}
     top = best["rate_impressions_per_sec"]
