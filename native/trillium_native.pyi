@@ -101,6 +101,12 @@ def hash_ids(namespace: str, values: Sequence[str | bytes]) -> npt.NDArray[np.ui
     values are hashed as given. Identical across processes, runs and machines.
     """
 
+def kafka_partitions(keys: list[bytes], partitions: int) -> npt.NDArray[np.uint32]:
+    """The partition Kafka's default partitioner gives each key: `(murmur2(key) & 0x7fffffff)
+    % partitions`, murmur2 as Java's `Utils.murmur2` (aiokafka's and librdkafka's agree).
+    Raises TypeError for a key that is not bytes; ValueError unless `partitions` is in [1, 2**31).
+    """
+
 def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
     """Like `hash_ids` over the canonical decimal text of each integer.
 

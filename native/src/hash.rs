@@ -206,6 +206,35 @@ pub fn format_int(v: i128, tmp: &mut [u8; 48]) -> &[u8] {
     &tmp[i..]
 }
 
+/// Kafka's murmur2 (`org.apache.kafka.common.utils.Utils.murmur2`): the hash of a record's key
+/// that Kafka's default partitioner (Java's, librdkafka's `murmur2_random`, aiokafka's) places it
+/// by, as `(murmur2(key) & 0x7fffffff) % partitions`.
+pub fn kafka_murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        let mut k = u32::from_le_bytes([w[0], w[1], w[2], w[3]]).wrapping_mul(M);
+        k ^= k >> 24;
+        h = h.wrapping_mul(M) ^ k.wrapping_mul(M);
+    }
+    let tail = words.remainder();
+    if !tail.is_empty() {
+        for (i, &b) in tail.iter().enumerate() {
+            h ^= u32::from(b) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^ (h >> 15)
+}
+
+/// The partition of `partitions` Kafka's default partitioner gives a record keyed `key`.
+pub fn kafka_partition(key: &[u8], partitions: u32) -> u32 {
+    (kafka_murmur2(key) & 0x7fff_ffff) % partitions
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,5 +306,20 @@ mod tests {
         assert_eq!(format_int(0, &mut t), b"0");
         assert_eq!(format_int(i64::MIN as i128, &mut t), b"-9223372036854775808");
         assert_eq!(format_int(u64::MAX as i128, &mut t), b"18446744073709551615");
+    }
+
+    #[test]
+    fn kafka_murmur2_matches_the_java_clients_values() {
+        // org.apache.kafka.common.utils.UtilsTest#testMurmur2
+        for (key, want) in [
+            (&b"21"[..], -973932308i32),
+            (b"foobar", -790332482),
+            (b"a-little-bit-long-string", -985981536),
+            (b"a-little-bit-longer-string", -1486304829),
+            (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+            (&[b'a', b'b', b'c'][..], 479470107),
+        ] {
+            assert_eq!(kafka_murmur2(key) as i32, want, "{:?}", std::str::from_utf8(key));
+        }
     }
 }

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from splitmix import M64, mix64
 
 import trillium_native as tn
@@ -103,6 +104,19 @@ def test_parse_floats_reads_what_rust_reads_and_names_the_rest():
     assert values[:6].tolist() == [float(c) for c in cells[:6]]  # the same double as Python's float()
     assert np.isnan(values[6:]).all()
     assert odd.tolist() == list(range(8, len(cells)))  # missing cells are not odd: everything else after is
+
+
+def test_kafka_partitions_are_the_default_partitioners():
+    rng = np.random.default_rng(5)
+    keys = [rng.bytes(int(n)) for n in rng.integers(0, 40, 2000)] + [b"", b"r2-17", "é".encode()]
+    for partitions in (1, 3, 4, 7, 64):
+        want = [DefaultPartitioner()(k, list(range(partitions)), []) for k in keys]
+        got = tn.kafka_partitions(keys, partitions)
+        assert got.dtype == np.uint32 and got.tolist() == want
+    with pytest.raises(TypeError, match=r"keys\[1\] must be bytes"):
+        tn.kafka_partitions([b"a", "b"], 4)
+    with pytest.raises(ValueError, match="partitions"):
+        tn.kafka_partitions([b"a"], 0)
 
 
 def test_hash_inputs_errors():

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
 
+import trillium_native
 from trillium.data.sources.cells import as_text
 from trillium.job import JobConfig
 
@@ -183,7 +183,6 @@ class Outbox:
 
     def __init__(self, producer: AIOKafkaProducer, topic: str, partitions: list[int]) -> None:
         self._producer, self._topic, self._partitions = producer, topic, partitions
-        self._partitioner = DefaultPartitioner()
         self._batches: dict[int, Any] = {}  # partition -> aiokafka BatchBuilder
         self._deliveries: list[asyncio.Future] = []
 
@@ -192,8 +191,9 @@ class Outbox:
         return cls(producer, topic, sorted(await producer.partitions_for(topic)))
 
     async def add(self, keys: list[bytes], values: list[bytes]) -> None:
-        for key, value in zip(keys, values, strict=True):
-            partition = self._partitioner(key, self._partitions, self._partitions)
+        partitions = trillium_native.kafka_partitions(keys, len(self._partitions)).tolist()
+        for key, value, index in zip(keys, values, partitions, strict=True):
+            partition = self._partitions[index]
             batch = self._batches.get(partition)
             if batch is None:
                 batch = self._batches[partition] = self._producer.create_batch()

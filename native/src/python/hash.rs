@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use super::{get_array, guard, type_name};
-use crate::hash::{hash_strings as hash_strings_core, shard_of as shard_of_one, ValueHasher};
+use crate::hash::{hash_strings as hash_strings_core, kafka_partition, shard_of as shard_of_one, ValueHasher};
 
 /// shard_of(ids, num_shards) -> uint32 array: splitmix64_mix(id) % num_shards.
 #[pyfunction]
@@ -22,6 +22,27 @@ pub(crate) fn shard_of<'py>(
     let ids = get_array::<u64, Ix1>(py, ids, "ids", "uint64", 1)?;
     let s = ids.slice()?;
     let out = py.detach(|| guard(|| Ok(s.iter().map(|&i| shard_of_one(i, n)).collect::<Vec<u32>>())))?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+/// kafka_partitions(keys, partitions) -> uint32 array: the partition Kafka's default partitioner
+/// gives each key (bytes), `(murmur2(key) & 0x7fffffff) % partitions`.
+#[pyfunction]
+pub(crate) fn kafka_partitions<'py>(
+    py: Python<'py>,
+    keys: &Bound<'py, PyList>,
+    partitions: i64,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    if partitions < 1 || partitions > i64::from(i32::MAX) {
+        return Err(PyValueError::new_err(format!("partitions must be in [1, 2**31), got {partitions}")));
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        let key = key
+            .cast::<PyBytes>()
+            .map_err(|_| PyTypeError::new_err(format!("keys[{i}] must be bytes, got {}", type_name(&key))))?;
+        out.push(kafka_partition(key.as_bytes(), partitions as u32));
+    }
     Ok(PyArray1::from_vec(py, out))
 }
 

@@ -140,6 +140,7 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<join::PyEventJoin>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(hash::kafka_partitions, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ints, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_strings, m)?)?;
     m.add_function(wrap_pyfunction!(cells::hash_cells, m)?)?;
