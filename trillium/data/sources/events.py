@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from time import monotonic
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -61,6 +61,7 @@ __all__ = [
 MULTI_SEP = "\x1f"  # the ASCII unit separator: joins a list value's items into one cell
 FIELD_SEP = "\x1e"  # the ASCII record separator: joins an event's field values into one text
 MAX_VALUE_BYTES = 1 << 16  # a string value longer than this is no ID: the event is refused
+ROW_LISTS = ("events", "labels", "times", "arrived")  # an `EventRows`' lists, a row's item in each
 
 
 class BadEvent(ValueError):
@@ -270,28 +271,27 @@ class EventRows:
 
     def pick(self, indices: Sequence[int]) -> EventRows:
         """These events (in this order), removed from these (the rest keep their order)."""
-        chosen = EventRows.__new__(EventRows)
-        chosen.paths, chosen.label = self.paths, self.label
         picked = np.asarray(indices, np.int64).tolist()
         left = np.ones(len(self.events), bool)
         left[picked] = False
         kept = np.flatnonzero(left).tolist()
-        for name in ("events", "labels", "times", "arrived"):  # a step out of a pool of steps: in C, not a loop
-            items = getattr(self, name)
-            setattr(chosen, name, _taken(items, picked))
-            setattr(self, name, _taken(items, kept))
+        # A step out of a pool of steps: in C, not a loop.
+        chosen = self._part(lambda items: _taken(items, picked))
+        for name in ROW_LISTS:
+            setattr(self, name, _taken(getattr(self, name), kept))
         return chosen
 
     def split(self, size: int) -> list[EventRows]:
         """These rows in consecutive parts of `size` (the last may be smaller)."""
-        parts = []
-        for start in range(0, len(self.events), size):
-            part = EventRows.__new__(EventRows)
-            part.paths, part.label = self.paths, self.label
-            for name in ("events", "labels", "times", "arrived"):
-                setattr(part, name, getattr(self, name)[start : start + size])
-            parts.append(part)
-        return parts
+        return [self._part(lambda items, at=at: items[at : at + size]) for at in range(0, len(self.events), size)]
+
+    def _part(self, cut: Callable[[list[Any]], list[Any]]) -> EventRows:
+        """Rows of these: each of their lists as `cut` makes it of ours."""
+        part = EventRows.__new__(EventRows)
+        part.paths, part.label = self.paths, self.label
+        for name in ROW_LISTS:
+            setattr(part, name, cut(getattr(self, name)))
+        return part
 
     def columns(self) -> dict[str, Sequence[str | None]]:
         """Every mapped field's column as text ("": missing), the label's too."""
