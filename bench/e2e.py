@@ -71,7 +71,7 @@ def _scrape(run_dir: Path) -> dict[str, float]:
     return totals
 
 
-def _cpu_seconds(run_dir: Path) -> dict[str, float]:
+def cpu_seconds(run_dir: Path) -> dict[str, float]:
     """CPU seconds (user + system, all threads, reaped children too) of every process of the
     stack, Kafka's broker and Redis included, from /proc/<pid>/stat."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -105,7 +105,7 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
     job = job.model_copy(update={"training": job.training.model_copy(update={"staleness_bound": bound})})
     before = _scrape(run_dir)
     client = CoordinatorClient.for_stack(run_dir)
-    cpu_before = _cpu_seconds(run_dir)
+    cpu_before = cpu_seconds(run_dir)
     points: list[tuple[int, int, int]] = []  # (samples trained, busy, total ticks) at each job view
     started = time.monotonic()
     try:
@@ -117,7 +117,7 @@ def run_mode(run_dir: Path, job: JobConfig, bound: int | None, mode: str) -> dic
     finally:
         client.close()
     elapsed = time.monotonic() - started
-    cpu_after = _cpu_seconds(run_dir)
+    cpu_after = cpu_seconds(run_dir)
     report = summarize(view, elapsed)
     if report["state"] != "finished":
         raise RuntimeError(f"{mode} run {report['state']}: {report['error']}")

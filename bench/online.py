@@ -9,6 +9,9 @@ One run measures, side by side:
   input's lag (messages, seconds of event time) and the click-to-trained delay (p50/p99). The lag
   is *bounded* when its largest value over the second half of the run is no more than over the
   first half plus one second of input: a stream faster than training shows a lag that keeps growing.
+  Beside them, every process's CPU per sample trained over the same views (`cpu_us_per_sample`,
+  Kafka's broker and Redis included) and replay's per event sent (`replay_cpu_us_per_event`):
+  a stream arriving live costs the stack more per sample than the same stream drained as a backlog.
 - **the joiner alone**: the same events decoded (JSON) and joined in this process, no Kafka, no
   training: how far the joiner is from being the limit. Beside it, alternating (best of three
   each), the same with the join as it was in Python (tests/unit/joiner_reference.py) in place of
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from e2e import cpu_seconds  # noqa: E402  (bench/ is the script's directory)
 
 from trillium import stack
 from trillium.config import KafkaConnection, StackTopology
@@ -131,12 +135,14 @@ def joined_and_trained(
     run_dir: Path, job: JobConfig, data: Path, rate: float, seconds: float, conn: KafkaConnection
 ) -> dict[str, Any]:
     offered: list[ReplayReport] = []
-    feed = threading.Thread(
-        target=lambda: offered.append(
-            asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1))
-        ),
-        daemon=True,
-    )
+    sender_cpu: list[float] = []
+
+    def send() -> None:  # replay's CPU is its thread's: the event loop it runs on is that thread's own
+        started = time.thread_time()
+        offered.append(asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=1)))
+        sender_cpu.append(time.thread_time() - started)
+
+    feed = threading.Thread(target=send, daemon=True)
     feed.start()
     time.sleep(2)  # the topics exist: replay makes them
     samples: list[dict[str, Any]] = []
@@ -154,6 +160,7 @@ def joined_and_trained(
                 samples.append(
                     {
                         "t": time.monotonic() - first,
+                        "cpu": cpu_seconds(run_dir),
                         "messages": stream["events"].get("messages", 0),
                         "trained": view["progress"]["samples"],
                         "lag_messages": sum(i["lag_messages"] for i in stream["inputs"]),
@@ -176,6 +183,8 @@ def joined_and_trained(
     max_early = max(s["lag_messages"] for s in early)
     max_late = max(s["lag_messages"] for s in late)
     delay = late[-1]["delay"] or {}
+    trained = late[-1]["trained"] - early[0]["trained"]
+    cpu = {name: late[-1]["cpu"][name] - early[0]["cpu"].get(name, 0.0) for name in late[-1]["cpu"]}
     return {
         "rate_impressions_per_sec": rate,
         # What replay managed to send: below the rate asked, the sender (sharing the cores) is the limit.
@@ -184,7 +193,7 @@ def joined_and_trained(
         "sender_kept_up": bool(offered) and offered[0].seconds <= seconds / SENDER_SHORT + job.data.join.window_seconds,
         "seconds": round(span, 1),
         "events_per_sec": round(events_per_sec),
-        "samples_trained_per_sec": round((late[-1]["trained"] - early[0]["trained"]) / span),
+        "samples_trained_per_sec": round(trained / span),
         "lag_messages_max_first_half": max_early,
         "lag_messages_max_second_half": max_late,
         "lag_seconds_end": round(late[-1]["lag_seconds"], 2),
@@ -192,6 +201,13 @@ def joined_and_trained(
         "click_to_trained_p50_s": delay.get("p50"),
         "click_to_trained_p99_s": delay.get("p99"),
         "progressive_auc_end": late[-1]["auc"],
+        # What each process of the stack spent per sample trained while the stream ran (its
+        # whole CPU between the first and last view), and replay's per event it sent.
+        "cpu_us_per_sample": {name: round(s / max(trained, 1) * 1e6, 1) for name, s in cpu.items()}
+        | {"total": round(sum(cpu.values()) / max(trained, 1) * 1e6, 1)},
+        "replay_cpu_us_per_event": (
+            round(sender_cpu[0] / (offered[0].impressions + offered[0].clicks) * 1e6, 1) if sender_cpu else None
+        ),
     }
 
 
@@ -205,7 +221,7 @@ def drained(run_dir: Path, window: float, data: Path, conn: KafkaConnection, imp
     print(f"[saturation] draining a backlog of {total:,} events", file=sys.stderr)
     client = CoordinatorClient.for_stack(run_dir)
     job_id = client.submit(job)["id"]
-    points: list[tuple[float, int, int]] = []  # (when, messages read, samples trained)
+    points: list[tuple[float, int, int, dict[str, float]]] = []  # (when, messages read, samples trained, CPU)
     try:
         deadline = time.monotonic() + 900
         while not points or points[-1][2] < report.impressions * 0.9:
@@ -215,18 +231,30 @@ def drained(run_dir: Path, window: float, data: Path, conn: KafkaConnection, imp
             if view["job"]["state"] == "failed":
                 raise RuntimeError(view["job"]["error"])
             stream = view.get("stream") or {"events": {}}
-            points.append((time.monotonic(), stream["events"].get("messages", 0), view["progress"]["samples"]))
+            points.append(
+                (
+                    time.monotonic(),
+                    stream["events"].get("messages", 0),
+                    view["progress"]["samples"],
+                    cpu_seconds(run_dir),
+                )
+            )
             time.sleep(0.5)
     finally:
         client.stop(job_id)
         client.close()
 
+    def middle(column: int, of: int) -> tuple[tuple, tuple]:
+        """The first points past a tenth and nine tenths of `of` in `column`."""
+        return next(p for p in points if p[column] >= of * 0.1), next(p for p in points if p[column] >= of * 0.9)
+
     def rate(column: int, of: int) -> float:
-        lo = next(p for p in points if p[column] >= of * 0.1)
-        hi = next(p for p in points if p[column] >= of * 0.9)
+        lo, hi = middle(column, of)
         return (hi[column] - lo[column]) / (hi[0] - lo[0])
 
     read, trained = rate(1, total), rate(2, report.impressions)
+    lo, hi = middle(2, report.impressions)
+    cpu = {name: hi[3][name] - lo[3].get(name, 0.0) for name in hi[3]}
     return {
         "events": total,
         "replayed_events_per_sec": round(report.events_per_sec),
@@ -237,6 +265,8 @@ def drained(run_dir: Path, window: float, data: Path, conn: KafkaConnection, imp
         # steps allowed ahead, then waits, so its rate between a tenth and nine tenths of the
         # backlog says where that wait fell more than how fast the stream is joined and trained.
         "events_per_sec": round(trained * total / report.impressions),
+        "cpu_us_per_sample": {name: round(s / (hi[2] - lo[2]) * 1e6, 1) for name, s in cpu.items()}
+        | {"total": round(sum(cpu.values()) / (hi[2] - lo[2]) * 1e6, 1)},
     }
 
 
