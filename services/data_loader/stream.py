@@ -245,7 +245,13 @@ class StreamLoader:
 
     async def run(self, producer) -> None:
         group = self.data.group or f"trillium.{self.job.id}.input"
-        consumer = kafka.consumer(self._input_connection(), group_id=group, auto_offset_reset=self.data.start)
+        consumer = kafka.consumer(
+            self._input_connection(),
+            group_id=group,
+            auto_offset_reset=self.data.start,
+            fetch_min_bytes=self.data.fetch_min_bytes,
+            fetch_max_wait_ms=self.data.fetch_max_wait_ms,
+        )
         await consumer.start()
         try:
             tps = await self._partitions(consumer)

@@ -210,3 +210,13 @@ def test_store_kwargs_are_what_the_native_store_accepts(table: dict[str, Any]) -
     again = trillium_native.EmbeddingStore()
     again.create_table("t", **config.store_kwargs(seed=5))
     np.testing.assert_array_equal(again.lookup("t", np.arange(3, dtype=np.uint64)), rows)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("fetch_min_bytes", 0), ("fetch_max_wait_ms", -1), ("fetch_max_wait_ms", 60_000)]
+)
+def test_a_streams_fetch_settings_out_of_range_name_the_field(key: str, value: int) -> None:
+    raw = yaml.safe_load((ROOT / "examples" / "online" / "job.yaml").read_text())
+    assert JobConfig.model_validate(raw).data.fetch_max_wait_ms == 50  # the default: a slow stream waits this long
+    raw["data"][key] = value
+    assert f"data.kafka.{key}" in errors(raw)
