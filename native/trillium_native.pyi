@@ -107,6 +107,19 @@ def kafka_partitions(keys: list[bytes], partitions: int) -> npt.NDArray[np.uint3
     Raises TypeError for a key that is not bytes; ValueError unless `partitions` is in [1, 2**31).
     """
 
+def json_rows(
+    template: list[bytes | int],
+    columns: list[tuple[list[str | bytes | None], bool] | tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]],
+) -> list[bytes]:
+    """Row i's JSON text: the template's `bytes` literals, and at each `int` c column c's row i.
+    A column `(cells, empty_is_null)` is text, each cell a JSON string (`"` and `\\` escaped,
+    control characters as `\\n`-style or `\\u00XX` escapes, the rest as it is), null where None
+    (or "" with `empty_is_null`); `(values, missing)` is numbers in their shortest round-trip form,
+    null where `missing` (NaN and the infinities as `json.dumps` writes them). Raises TypeError
+    for a cell, a template piece or a column of another kind; ValueError for columns of
+    different lengths or a template naming a column that is not there.
+    """
+
 def hash_ints(namespace: str, values: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
     """Like `hash_ids` over the canonical decimal text of each integer.
 

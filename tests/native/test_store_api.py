@@ -3,11 +3,15 @@ and clean errors for bad inputs."""
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 
 import numpy as np
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
+from hypothesis import given
+from hypothesis import strategies as st
 from splitmix import M64, mix64
 
 import trillium_native as tn
@@ -117,6 +121,39 @@ def test_kafka_partitions_are_the_default_partitioners():
         tn.kafka_partitions([b"a", "b"], 4)
     with pytest.raises(ValueError, match="partitions"):
         tn.kafka_partitions([b"a"], 0)
+
+
+@given(
+    st.lists(st.tuples(st.one_of(st.none(), st.text()), st.one_of(st.none(), st.floats(allow_nan=True))), max_size=20)
+)
+def test_json_rows_read_back_as_the_values(rows):
+    texts = [t for t, _ in rows]
+    numbers = np.array([0.0 if v is None else v for _, v in rows], np.float64)
+    missing = np.array([v is None for _, v in rows], bool)
+    template = [b'{"t":', 0, b',"e":', 1, b',"n":', 2, b"}"]
+    out = tn.json_rows(template, [(texts, False), ([t.encode() if t else t for t in texts], True), (numbers, missing)])
+    assert len(out) == len(rows)
+    for message, (text, number) in zip(out, rows, strict=True):
+        event = json.loads(message)  # Python's reader takes NaN and Infinity, as json.dumps writes them
+        assert event["t"] == text and event["e"] == (text or None)
+        assert (
+            event["n"] is None
+            if number is None
+            else (math.isnan(event["n"]) if math.isnan(number) else event["n"] == number)
+        )
+
+
+def test_json_rows_refuse_what_they_cannot_write():
+    with pytest.raises(TypeError, match=r"columns\[0\]\[1\] must be str, bytes or None"):
+        tn.json_rows([0], [(["a", 3], False)])
+    with pytest.raises(TypeError, match=r"template\[1\] must be bytes or int"):
+        tn.json_rows([0, "}"], [(["a"], False)])
+    with pytest.raises(ValueError, match="column 1 has 2 rows"):
+        tn.json_rows([0, 1], [(["a"], False), (np.zeros(2), np.zeros(2, bool))])
+    with pytest.raises(ValueError, match="names column 2 of 1"):
+        tn.json_rows([2], [(["a"], False)])
+    with pytest.raises(TypeError, match="dtype float64"):
+        tn.json_rows([0], [(np.zeros(1, np.float32), np.zeros(1, bool))])
 
 
 def test_hash_inputs_errors():
