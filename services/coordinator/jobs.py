@@ -479,20 +479,30 @@ async def lost_workers(registry: WorkerRegistry, job: JobRecord) -> list[str]:
 
 
 def _cause(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[str, Worker]) -> str:
-    """One line naming the process at fault: a restarted or silent one if any; else the first
-    report, with the process it could not reach when its error names that one's address."""
+    """One line naming the process at fault: a restarted or silent one if any; else a report
+    that names no other failed process (the root, not those that failed calling it), with the
+    process it could not reach when its error names that one's address."""
     restarted = [f"{name}: {error}" for name, error in failed if error and "restarted while" in error]
     if restarted:
         return restarted[0]
     if lost:
         return f"lost contact with {', '.join(lost)}"
-    name, error = failed[0]
-    error = error or "failed"
-    for other in workers.values():
-        addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
-        if other.name != name and any(a in error for a in addresses):
-            return f"{other.name} unreachable ({name}: {error})"
-    return f"{name}: {error}"
+
+    def reached(name: str, error: str) -> Worker | None:
+        """The other process whose address the error names."""
+        for other in workers.values():
+            addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
+            if other.name != name and any(a in error for a in addresses):
+                return other
+        return None
+
+    reports = [(name, error or "failed") for name, error in failed]
+    failing = {name for name, _ in reports}
+    name, error = next(
+        ((n, e) for n, e in reports if (r := reached(n, e)) is None or r.name not in failing), reports[0]
+    )
+    other = reached(name, error)
+    return f"{other.name} unreachable ({name}: {error})" if other is not None else f"{name}: {error}"
 
 
 async def advance(

@@ -43,7 +43,7 @@ from trillium.runtime.checkpoint import (
 from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, run_service
+from trillium.runtime.service import Service, describe_error, run_service
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import GradientUpdate
 from trillium.wire.kafka import KafkaConnection
@@ -109,7 +109,11 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
                 flat, dims = await asyncio.to_thread(lookup) if self.ps.disk_tier else lookup()
             except (KeyError, ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            except OSError as err:  # a table's disk tier failed (a full disk): the shard's next update fails it too
+            except OSError as err:  # a table's disk tier failed (a full disk): the shard's part of the job
+                # fails here, reported before its callers fail on the aborted stream, so the job's
+                # error names the disk (a caller's write racing the abort sees only grpc's own
+                # "Internal error from Core", not this status).
+                self.ps.set_job_phase("failed", describe_error(err))
                 await context.abort(grpc.StatusCode.INTERNAL, str(err))
         return pb.ShardLookupResponse(rows=pb.Array(data=codec.pack_array(flat)), dims=dims)
 
