@@ -48,7 +48,7 @@ from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.runtime.progress import JobProgress
 from trillium.wire import kafka, state
 
-from .registry import Worker, WorkerRegistry
+from .registry import WorkerRegistry, failure_cause
 
 logger = logging.getLogger("trillium.coordinator.jobs")
 
@@ -478,33 +478,6 @@ async def lost_workers(registry: WorkerRegistry, job: JobRecord) -> list[str]:
     return [n for n in needed(job.config) if n not in workers or workers[n].status == "lost"]
 
 
-def _cause(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[str, Worker]) -> str:
-    """One line naming the process at fault: a restarted or silent one if any; else a report
-    that names no other failed process (the root, not those that failed calling it), with the
-    process it could not reach when its error names that one's address."""
-    restarted = [f"{name}: {error}" for name, error in failed if error and "restarted while" in error]
-    if restarted:
-        return restarted[0]
-    if lost:
-        return f"lost contact with {', '.join(lost)}"
-
-    def reached(name: str, error: str) -> Worker | None:
-        """The other process whose address the error names."""
-        for other in workers.values():
-            addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
-            if other.name != name and any(a in error for a in addresses):
-                return other
-        return None
-
-    reports = [(name, error or "failed") for name, error in failed]
-    failing = {name for name, _ in reports}
-    name, error = next(
-        ((n, e) for n, e in reports if (r := reached(n, e)) is None or r.name not in failing), reports[0]
-    )
-    other = reached(name, error)
-    return f"{other.name} unreachable ({name}: {error})" if other is not None else f"{name}: {error}"
-
-
 async def advance(
     store: JobStore, registry: WorkerRegistry, writing: Callable[[JobRecord, dict[int, dict]], bool]
 ) -> None:
@@ -541,7 +514,7 @@ async def _advance(
             return
         lost = [f"{name} (not back after {RECOVERY_GRACE_S:.0f}s)" for name in lost]
     if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
-        await recover_or_fail(store, job, _cause(failed, lost, workers))
+        await recover_or_fail(store, job, failure_cause(failed, lost, workers))
         return
 
     if job.state == "submitted":

@@ -103,3 +103,30 @@ class WorkerRegistry:
                 worker.status = "healthy" if worker.health.get("status") == "ok" else "starting"
             workers.append(worker)
         return sorted(workers, key=lambda w: (w.role, w.index))
+
+
+def failure_cause(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[str, Worker]) -> str:
+    """One line naming the process at fault: a restarted or silent one if any; else a report
+    that names no other failed process (the root, not those that failed calling it), with the
+    process it could not reach when its error names that one's address."""
+    restarted = [f"{name}: {error}" for name, error in failed if error and "restarted while" in error]
+    if restarted:
+        return restarted[0]
+    if lost:
+        return f"lost contact with {', '.join(lost)}"
+
+    def reached(name: str, error: str) -> Worker | None:
+        """The other process whose address the error names."""
+        for other in workers.values():
+            addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
+            if other.name != name and any(a in error for a in addresses):
+                return other
+        return None
+
+    reports = [(name, error or "failed") for name, error in failed]
+    failing = {name for name, _ in reports}
+    name, error = next(
+        ((n, e) for n, e in reports if (r := reached(n, e)) is None or r.name not in failing), reports[0]
+    )
+    other = reached(name, error)
+    return f"{other.name} unreachable ({name}: {error})" if other is not None else f"{name}: {error}"

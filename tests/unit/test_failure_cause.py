@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trillium.services.coordinator.jobs import _cause
-from trillium.services.coordinator.registry import Worker
+from trillium.services.coordinator.registry import Worker, failure_cause
 
 WORKERS = {
     w.name: w
@@ -28,20 +27,23 @@ CALLER = "gRPC UNAVAILABLE: embedding_ps-1 at 127.0.0.1:7201: INTERNAL: Internal
 
 
 @pytest.mark.parametrize("order", [1, -1])
-def test_the_process_whose_error_names_no_failed_one_is_the_cause(order: int) -> None:
+def test_the_process_whose_error_names_no_failed_one_is_thefailure_cause(order: int) -> None:
     """A PS's disk fills: it reports that, and an NN rank reports the stream to it broken, in
     whichever order they are listed."""
     failed = [("nn_worker-0", CALLER), ("embedding_ps-1", DISK)][::order]
-    assert _cause(failed, [], WORKERS) == f"embedding_ps-1: {DISK}"
+    assert failure_cause(failed, [], WORKERS) == f"embedding_ps-1: {DISK}"
 
 
 def test_a_caller_alone_names_the_process_it_could_not_reach() -> None:
-    assert _cause([("nn_worker-0", CALLER)], [], WORKERS) == f"embedding_ps-1 unreachable (nn_worker-0: {CALLER})"
+    assert (
+        failure_cause([("nn_worker-0", CALLER)], [], WORKERS) == f"embedding_ps-1 unreachable (nn_worker-0: {CALLER})"
+    )
 
 
 def test_restarts_and_silence_come_first() -> None:
     restarted = ("embedding_worker-0", "restarted while the job ran")
     assert (
-        _cause([("nn_worker-0", CALLER), restarted], [], WORKERS) == "embedding_worker-0: restarted while the job ran"
+        failure_cause([("nn_worker-0", CALLER), restarted], [], WORKERS)
+        == "embedding_worker-0: restarted while the job ran"
     )
-    assert _cause([("nn_worker-0", CALLER)], ["embedding_ps-1"], WORKERS) == "lost contact with embedding_ps-1"
+    assert failure_cause([("nn_worker-0", CALLER)], ["embedding_ps-1"], WORKERS) == "lost contact with embedding_ps-1"
