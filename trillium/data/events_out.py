@@ -97,6 +97,7 @@ def _numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _at(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Event times for `json_rows`: numbers, none missing."""
     times = np.ascontiguousarray(times, np.float64)
     return times, np.zeros(len(times), bool)
 
