@@ -110,8 +110,6 @@ class Feed(_Supervised):
             item = self.queue.get_nowait()
             if isinstance(item, Fetched):
                 item.lookup.cancel()
-                if item.lookup.done() and not item.lookup.cancelled():
-                    item.lookup.exception()  # retrieved: no "exception never retrieved" noise
 
     async def _read(self) -> None:
         consumer = kafka.consumer(self.conn, group_id=self.group_id)
@@ -130,7 +128,7 @@ class Feed(_Supervised):
                     if epoch is not None:
                         await self.queue.put(EpochEnd(record.offset, epoch))
                     else:
-                        lookup = asyncio.ensure_future(self.lookup(record.value))
+                        lookup = started(self.lookup(record.value))
                         await self.queue.put(Fetched(record.offset, record.value, lookup))
                 if records and bookkeeping is not None:
                     bookkeeping.after_records()
@@ -138,6 +136,21 @@ class Feed(_Supervised):
             if bookkeeping is not None:
                 await bookkeeping.close()
             await consumer.stop()
+
+
+def started(lookup: Awaitable[pb.BatchLookupResponse]) -> asyncio.Future[pb.BatchLookupResponse]:
+    """A lookup started ahead of its step. Its error is marked as seen when it comes: a step that
+    fails before it awaits its lookup (or a feed stopped with lookups queued, or cancelled while
+    queueing one) leaves the lookup to fail with the stream whose error is reported where the
+    step failed; asyncio would log it again, as "Task exception was never retrieved"."""
+    future = asyncio.ensure_future(lookup)
+    future.add_done_callback(_seen)
+    return future
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class GradientPusher(_Supervised):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
 from trillium.data import load_job
 from trillium.services.nn_worker.evaluate import score
-from trillium.services.nn_worker.feed import EpochEnd, GradientPusher
+from trillium.services.nn_worker.feed import EpochEnd, GradientPusher, started
 from trillium.services.nn_worker.server import PREFETCH, prefetch
 from trillium.stack import REPO_ROOT
 from trillium.wire.pb import embedding_pb2 as pb
@@ -44,6 +45,27 @@ async def test_pushes_are_joined_in_order_when_all_goes_well() -> None:
     await asyncio.wait_for(pusher.join(), timeout=5)
     assert pushed == list(range(20))
     await pusher.stop()
+
+
+async def test_a_lookup_no_step_awaits_fails_without_noise_and_one_awaited_still_raises() -> None:
+    # A rank whose step failed (or whose feed stopped) with lookups prefetched logged each of
+    # them as "Task exception was never retrieved" when the stream they were on failed too.
+    loop = asyncio.get_running_loop()
+    logged: list[dict] = []
+    loop.set_exception_handler(lambda _, context: logged.append(context))
+
+    async def lookup() -> pb.BatchLookupResponse:
+        await asyncio.sleep(0)
+        raise ConnectionError("the lookup stream ended")
+
+    left = started(lookup())
+    awaited = started(lookup())
+    await asyncio.wait({left, awaited})
+    with pytest.raises(ConnectionError, match="stream ended"):
+        await awaited  # whoever awaits a lookup still gets its error
+    del left, awaited
+    gc.collect()
+    assert logged == []
 
 
 class _EndedFeed:
