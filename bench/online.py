@@ -24,8 +24,10 @@ One run measures, side by side:
 
 - **saturation** (`--saturation`): the same, at rates doubling from `--rate` until the lag is no
   longer bounded, then halving the gap to the first rate that was too fast until it is within 15%
-  of the highest bounded one; that one's events/s is `saturation.max_events_per_sec`, with the
-  click-to-trained delay at 50% and 90% of its rate. Replay shares the cores with the stack: `offered_events_per_sec` says what it
+  of the highest bounded one. That one is run again: a rate is reported only when bounded twice
+  (else the highest bounded rate below it is run again in its place), and the lower events/s of
+  its two runs is `saturation.max_events_per_sec`, with the click-to-trained delay at 50% and 90%
+  of its rate (each with its own `lag_bounded`). Replay shares the cores with the stack: `offered_events_per_sec` says what it
   managed to send; a rate it fell short of (`sender_kept_up: false`) ends the search, as
   `sender_limited_at`, with no verdict on the stack. `stack_saturated: false` says no rate
   offered was too fast. Then a catch-up (`saturation.drain`): a backlog of 400k impressions and
@@ -275,8 +277,8 @@ def saturation(
 ) -> dict[str, Any]:
     """Raise the offered rate (doubling from `rate`) until the lag stops being bounded, then halve
     the gap between the highest bounded rate and the lowest unbounded one until it is within
-    `SEARCH_WITHIN` of the former: that rate is the most the stack sustains. Then the
-    click-to-trained delay at 50% and 90% of it."""
+    `SEARCH_WITHIN` of the former: that rate, once bounded again, is the most the stack sustains.
+    Then the click-to-trained delay at 50% and 90% of it."""
     runs: list[dict[str, Any]] = []
 
     def run(at: float) -> dict[str, Any]:
@@ -303,19 +305,40 @@ def saturation(
             best = halfway
         else:
             failed = halfway["rate_impressions_per_sec"]
-    if best is None:
+    # One run's verdict can be the machine's speed in that minute (this VM's moves 2-5x): the top
+    # rate is run again and only a rate bounded twice is reported. One that is not is too fast
+    # after all, and the highest bounded rate below it is run again in its place.
+    confirmed = None
+    while best is not None:
+        top = best["rate_impressions_per_sec"]
+        again = run(top)
+        if again["sender_kept_up"] and again["lag_bounded"]:
+            confirmed = again
+            break
+        failed = min(failed or top, top)
+        best = max(
+            (r for r in runs if r["lag_bounded"] and r["sender_kept_up"] and r["rate_impressions_per_sec"] < top),
+            key=lambda r: r["rate_impressions_per_sec"],
+            default=None,
+        )
+    if best is None or confirmed is None:
         return {"runs": runs, "max_events_per_sec": None, "sender_limited_at": sender_limited}
     top = best["rate_impressions_per_sec"]
     at = {f"{int(share * 100)}%": run(top * share) for share in (0.5, 0.9)}
     return {
         "runs": runs,
         "max_rate_impressions_per_sec": top,
-        "max_events_per_sec": best["events_per_sec"],
+        # The lower of its two bounded runs.
+        "max_events_per_sec": min(best["events_per_sec"], confirmed["events_per_sec"]),
         "stack_saturated": failed is not None,  # false: no rate offered was too fast for it
         # The first rate replay could not send: the stack's own limit is above the max (the drain says by how much).
         "sender_limited_at": sender_limited,
         "click_to_trained": {
-            share: {"p50_s": r["click_to_trained_p50_s"], "p99_s": r["click_to_trained_p99_s"]}
+            share: {
+                "p50_s": r["click_to_trained_p50_s"],
+                "p99_s": r["click_to_trained_p99_s"],
+                "lag_bounded": r["lag_bounded"],
+            }
             for share, r in at.items()
         },
     }
