@@ -4,9 +4,11 @@ on the same pre-made batches in one process.
 
 The model is trillium.models:DNN at Criteo-like shapes (13 dense columns, 26 slots of dim 16,
 hidden [512, 256]) with SGD (lr 0.1, as in bench/e2e.py's job). A step of either loop takes
-numpy arrays (dense, labels, the 26 looked-up embeddings) and gives back numpy arrays (the
-embeddings' gradients, the probabilities) and the loss sum as a float: what an NN rank
-exchanges with the rest of the stack. The plain loop does it the obvious way
+numpy arrays (dense, labels, the 26 looked-up embeddings, side by side in one block as the wire
+carries them) and gives back numpy arrays (the embeddings' gradients, the probabilities) and the
+loss sum as a float: what an NN rank exchanges with the rest of the stack. The plain loop takes
+the slots one by one (column views of the block) and gives their gradients one by one; the
+Trainer gives them joined in one block, as the wire takes them. The plain loop does it the obvious way
 (`torch.from_numpy(x).to(device)`, `.cpu().numpy()`, `.item()`) with no DDP, staging or
 warm-up; the Trainer runs under DDP in a 1-rank gloo group (a file:// store in a temporary
 directory), so it runs anywhere, and is warmed up as the NN worker warms it on CUDA.
@@ -42,16 +44,17 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from trillium.models import DNN
+from trillium.services.nn_worker.embeddings import SlotEmbeddings
 from trillium.services.nn_worker.step import Trainer
 from trillium.wire.batch import Batch, KeyedIds
 
 NUM_DENSE, SLOTS, DIM, HIDDEN, LR = 13, 26, 16, (512, 256), 0.1
 
 # (batch, embeddings) -> (loss sum, the embeddings' gradients, probabilities), all on the host
-Step = Callable[[Batch, list[np.ndarray]], tuple[float, list[np.ndarray], np.ndarray]]
+Step = Callable[[Batch, SlotEmbeddings], tuple[float, Any, np.ndarray]]
 
 
-def make_batches(count: int, size: int) -> list[tuple[Batch, list[np.ndarray]]]:
+def make_batches(count: int, size: int) -> list[tuple[Batch, SlotEmbeddings]]:
     rng = np.random.default_rng(0)
     ids = KeyedIds.from_slots(
         {f"c{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32)) for i in range(SLOTS)}
@@ -66,7 +69,7 @@ def make_batches(count: int, size: int) -> list[tuple[Batch, list[np.ndarray]]]:
                 dense=rng.normal(size=(size, NUM_DENSE)).astype(np.float32),
                 labels=(rng.random(size) < 0.25).astype(np.float32),
             ),
-            [rng.normal(scale=0.01, size=(size, DIM)).astype(np.float32) for _ in range(SLOTS)],
+            SlotEmbeddings.of([rng.normal(scale=0.01, size=(size, DIM)).astype(np.float32) for _ in range(SLOTS)]),
         )
         for i in range(count)
     ]
@@ -81,10 +84,10 @@ def plain_loop(device: torch.device, bf16: bool) -> Step:
     model = new_model(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
-    def step(batch: Batch, embeddings: list[np.ndarray]) -> tuple[float, list[np.ndarray], np.ndarray]:
+    def step(batch: Batch, embeddings: SlotEmbeddings) -> tuple[float, list[np.ndarray], np.ndarray]:
         dense = torch.from_numpy(batch.dense).to(device)
         labels = torch.from_numpy(batch.labels).to(device)
-        embs = [torch.from_numpy(e).to(device).requires_grad_() for e in embeddings]
+        embs = [torch.from_numpy(e).to(device).requires_grad_() for e in embeddings.slots()]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(dense, embs)
         loss_sum = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="sum")
@@ -105,7 +108,7 @@ def trainer_loop(device: torch.device, precision: str, batch: int) -> Step:
     if device.type == "cuda":
         trainer.warm_up(batch, NUM_DENSE, [(DIM,)] * SLOTS)
 
-    def step(b: Batch, embeddings: list[np.ndarray]) -> tuple[float, list[np.ndarray], np.ndarray]:
+    def step(b: Batch, embeddings: SlotEmbeddings) -> tuple[float, SlotEmbeddings, np.ndarray]:
         result = trainer.step(b, embeddings)
         return result.loss_sum, result.grads, result.probs
 

@@ -4,26 +4,58 @@ messages and numpy arrays (the arrays inside are the one codec's frames)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
 from trillium.wire import codec
 from trillium.wire.pb import embedding_pb2 as pb
 
 
-def embeddings_of(response: pb.BatchLookupResponse) -> list[np.ndarray]:
-    """A lookup's embeddings, one float32 array per slot in slot order: a pooled slot's are its
-    columns of one copy of the wire's `pooled` (a copy: torch wants writable arrays, and fp16
-    wire values become float32), a sequence slot's a copy of its own."""
-    pooled = _float32(codec.unpack_array(response.pooled.data))
-    sequences = iter(response.slots)
-    out, start = [], 0
-    for width in response.widths:
-        if width:
-            out.append(pooled[:, start : start + width])
-            start += width
-        else:
-            out.append(_float32(codec.unpack_array(next(sequences).values.data)))
-    return out
+@dataclass(frozen=True)
+class SlotEmbeddings:
+    """A batch's embeddings, slot by slot, in the form the wire carries them (TorchRec's
+    KeyedTensor, in numpy): the pooled slots side by side in one float32 block, each sequence slot
+    apart. A step takes its embeddings in this form and gives their gradients back in it: one
+    autograd leaf for the block, and no per-slot copies on either side."""
+
+    pooled: np.ndarray  # float32 [B, sum of the pooled slots' dims], writable
+    widths: list[int]  # per slot, in slot order: its columns in `pooled` (0: a sequence slot)
+    sequences: list[np.ndarray]  # float32 [B, max_len, dim] per sequence slot, in slot order
+
+    @classmethod
+    def of(cls, slots: Sequence[np.ndarray]) -> SlotEmbeddings:
+        """From one float32 array per slot, in slot order: [B, dim] pooled, [B, max_len, dim] a
+        sequence (the pooled ones copied side by side)."""
+        pooled = [s for s in slots if s.ndim == 2]
+        rows = len(slots[0]) if len(slots) else 0
+        return cls(
+            np.concatenate(pooled, axis=1, dtype=np.float32) if pooled else np.zeros((rows, 0), np.float32),
+            [s.shape[1] if s.ndim == 2 else 0 for s in slots],
+            [np.array(s, dtype=np.float32) for s in slots if s.ndim != 2],
+        )
+
+    def slots(self) -> list[np.ndarray]:
+        """One array per slot, in slot order: a pooled slot's columns of `pooled` (views)."""
+        sequences, out, start = iter(self.sequences), [], 0
+        for width in self.widths:
+            if width:
+                out.append(self.pooled[:, start : start + width])
+                start += width
+            else:
+                out.append(next(sequences))
+        return out
+
+
+def embeddings_of(response: pb.BatchLookupResponse) -> SlotEmbeddings:
+    """A lookup's embeddings as float32 copies (torch wants writable arrays, and fp16 wire values
+    become float32)."""
+    return SlotEmbeddings(
+        _float32(codec.unpack_array(response.pooled.data)),
+        list(response.widths),
+        [_float32(codec.unpack_array(s.values.data)) for s in response.slots],
+    )
 
 
 def _float32(values: np.ndarray) -> np.ndarray:
@@ -32,20 +64,17 @@ def _float32(values: np.ndarray) -> np.ndarray:
 
 
 def gradients_request(
-    response: pb.BatchLookupResponse, grads: list[np.ndarray], *, fp16: bool = False
+    response: pb.BatchLookupResponse, grads: SlotEmbeddings, *, fp16: bool = False
 ) -> pb.PushGradientsRequest:
-    """The gradients of a lookup's embeddings (`embeddings_of`'s order) as the wire carries them:
-    with `fp16`, the pooled ones scaled and cast (`codec.to_fp16`)."""
-    pooled = [g for g, width in zip(grads, response.widths, strict=True) if width]
-    sequences = [
-        (s.slot, g)
-        for s, g in zip(response.slots, (g for g, w in zip(grads, response.widths, strict=True) if not w), strict=True)
-    ]
-    joined = np.concatenate(pooled, axis=1) if pooled else np.zeros((len(grads[0]) if grads else 0, 0), np.float32)
-    joined, scale = codec.to_fp16(joined) if fp16 else (joined, 1.0)
+    """The gradients of a lookup's embeddings as the wire carries them: with `fp16`, the pooled
+    ones scaled and cast (`codec.to_fp16`)."""
+    pooled, scale = codec.to_fp16(grads.pooled) if fp16 else (grads.pooled, 1.0)
     return pb.PushGradientsRequest(
         ref=response.ref,
-        pooled=pb.Array(data=codec.pack_array(joined)),
+        pooled=pb.Array(data=codec.pack_array(pooled)),
         pooled_scale=scale,
-        slots=[pb.SlotGradient(slot=slot, grad=pb.Array(data=codec.pack_array(g))) for slot, g in sequences],
+        slots=[
+            pb.SlotGradient(slot=s.slot, grad=pb.Array(data=codec.pack_array(g)))
+            for s, g in zip(response.slots, grads.sequences, strict=True)
+        ],
     )

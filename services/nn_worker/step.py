@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from trillium.models import logits
 from trillium.wire.batch import Batch
 
+from .embeddings import SlotEmbeddings
+
 logger = logging.getLogger("trillium.nn_worker")
 
 ENV_DEVICE = "TRILLIUM_DEVICE"  # cpu, cuda or cuda:N: overrides the automatic choice
@@ -103,7 +105,7 @@ class Control:
 @dataclass(frozen=True)
 class StepResult:
     loss_sum: float  # of this rank's batch
-    grads: list[np.ndarray]  # the embedding gradients, as the embeddings came
+    grads: SlotEmbeddings  # the embedding gradients, in the embeddings' form
     probs: np.ndarray  # the batch's predicted probabilities before the update: its progressive validation
     control: Control  # the step's agreement
 
@@ -135,6 +137,22 @@ class HostStaging:
         return self.buffer[:total]
 
 
+def _parts(flat: torch.Tensor, embeddings: SlotEmbeddings) -> list[torch.Tensor]:
+    """A flat tensor holding the pooled block then each sequence slot (`HostStaging`'s order), as
+    views of their shapes."""
+    shapes = [embeddings.pooled.shape, *(s.shape for s in embeddings.sequences)]
+    return [part.view(shape) for part, shape in zip(flat.split([int(np.prod(s)) for s in shapes]), shapes, strict=True)]
+
+
+def _per_slot(parts: list[torch.Tensor], widths: Sequence[int]) -> list[torch.Tensor]:
+    """The model's inputs, one per slot: the pooled block's columns of each pooled slot (views:
+    autograd joins their gradients back into the block's), each sequence slot's own tensor."""
+    pooled, *sequences = parts
+    columns = iter(pooled.split([w for w in widths if w], dim=1))
+    rest = iter(sequences)
+    return [next(columns) if width else next(rest) for width in widths]
+
+
 def _reduce_hook(trainer: weakref.ref[Trainer], bucket):  # DDP refuses a string annotation on `bucket`
     return trainer()._reduce(bucket)
 
@@ -142,12 +160,15 @@ def _reduce_hook(trainer: weakref.ref[Trainer], bucket):  # DDP refuses a string
 class Trainer:
     """The dense model of one rank under DDP, and its optimizer.
 
-    On CUDA a batch's inputs arrive in one non-blocking copy (`HostStaging`) and all the
-    embeddings are one leaf tensor, so their gradients leave in one copy; results go back into
-    pinned memory without waiting, then one synchronization ends the step. On the CPU the
-    embeddings are used in place. Either way the arithmetic is the same, so a step on the CPU gives the
-    same bits as before staging existed (the golden test). `staged` runs the CUDA path's host
-    side on the CPU (unpinned), for tests without a GPU.
+    The pooled slots' embeddings are one leaf tensor, as the wire carries them, split into the
+    model's per-slot inputs: their gradients come back joined in one block (what the wire takes)
+    instead of a leaf, a gradient and a copy per slot. On CUDA a batch's inputs arrive in one
+    non-blocking copy (`HostStaging`) and all the embeddings are one leaf, so their gradients
+    leave in one copy; results go back into pinned memory without waiting, then one
+    synchronization ends the step. On the CPU the embeddings are used in place. Either way the
+    arithmetic is the same, so a step on the CPU gives the same bits as before staging existed
+    (the golden test). `staged` runs the CUDA path's host side on the CPU (unpinned), for tests
+    without a GPU.
     """
 
     def __init__(
@@ -193,7 +214,7 @@ class Trainer:
         return Control.of(table)
 
     def step(
-        self, batch: Batch, embeddings: list[np.ndarray], paused: bool = False, seq: int = 0, publish: int = 0
+        self, batch: Batch, embeddings: SlotEmbeddings, paused: bool = False, seq: int = 0, publish: int = 0
     ) -> StepResult:
         """One synchronous step, telling the other ranks what this one has heard (`paused`, the
         checkpoint request `seq`, the model version request `publish`).
@@ -220,10 +241,11 @@ class Trainer:
             [loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed, *grads]
         )
         if self.staging is not None:  # one leaf for every slot: split it
-            grads = [
-                g.view(e.shape) for g, e in zip(grads[0].split([e.size for e in embeddings]), embeddings, strict=True)
-            ]
-        return StepResult(loss.item(), [g.numpy() for g in grads], probs.numpy(), Control.of(table))
+            grads = _parts(grads[0], embeddings)
+        pooled, *sequences = (g.numpy() for g in grads)
+        return StepResult(
+            loss.item(), SlotEmbeddings(pooled, embeddings.widths, sequences), probs.numpy(), Control.of(table)
+        )
 
     def _reduce(self, bucket):  # a dist.GradBucket -> a Future of a tensor (DDP refuses string annotations)
         """DDP's communication hook: a bucket's gradients all-reduced with the step's control words,
@@ -247,7 +269,7 @@ class Trainer:
 
         return reduced.then(finish)
 
-    def scores(self, batch: Batch, embeddings: list[np.ndarray]) -> np.ndarray:
+    def scores(self, batch: Batch, embeddings: SlotEmbeddings) -> np.ndarray:
         """Predicted probabilities of a batch (evaluation: no gradients, the model in eval mode)."""
         self.model.eval()
         try:
@@ -272,7 +294,7 @@ class Trainer:
         dense, labels, leaves, embs = self._inputs(
             np.zeros((batch_size, num_dense), np.float32),
             np.zeros(batch_size, np.float32),
-            [np.zeros((batch_size, *shape), np.float32) for shape in shapes],
+            SlotEmbeddings.of([np.zeros((batch_size, *shape), np.float32) for shape in shapes]),
             grad=True,
         )
         logits = self._forward(copy.deepcopy(self.model), dense, embs)
@@ -283,32 +305,32 @@ class Trainer:
         self,
         dense: np.ndarray,
         labels: np.ndarray,
-        embeddings: list[np.ndarray],
+        embeddings: SlotEmbeddings,
         grad: bool,
         words: tuple[int, int, int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """On the device: dense [B, num_dense], labels [B], the leaves whose `.grad` are the
-        embedding gradients, and embeddings[f] as the model takes them; `words` (this rank's
-        control words) become `self._words`, in the same copy on CUDA."""
+        embedding gradients (the pooled block's, then each sequence slot's; on CUDA one leaf
+        for all), and embeddings[f] as the model takes them; `words` (this rank's control words)
+        become `self._words`, in the same copy on CUDA."""
         table = np.zeros((self.world, WORDS), np.float32)
         if words is not None:
             table[self.rank] = words
         if self.staging is None:  # the CPU: tensors share the arrays' memory
-            embs = [torch.from_numpy(e).requires_grad_(grad) for e in embeddings]
+            leaves = [torch.from_numpy(e).requires_grad_(grad) for e in (embeddings.pooled, *embeddings.sequences)]
             self._words = torch.from_numpy(table.ravel())
             return (
                 torch.from_numpy(np.array(dense, dtype=np.float32)),
                 torch.from_numpy(np.array(labels, dtype=np.float32)),
-                embs,
-                embs,
+                leaves,
+                _per_slot(leaves, embeddings.widths),
             )
-        flat = self.staging.pack([dense, labels, *embeddings, table]).to(self.device, non_blocking=True)
+        parts = (embeddings.pooled, *embeddings.sequences)
+        flat = self.staging.pack([dense, labels, *parts, table]).to(self.device, non_blocking=True)
         head, tail = dense.size + labels.size, flat.numel() - table.size
         leaf = flat[head:tail].detach().requires_grad_(grad)
-        embs = [
-            part.view(e.shape) for part, e in zip(leaf.split([e.size for e in embeddings]), embeddings, strict=True)
-        ]
         self._words = flat[tail:]
+        embs = _per_slot(_parts(leaf, embeddings), embeddings.widths)
         return flat[: dense.size].view(dense.shape), flat[dense.size : head], [leaf], embs
 
     def _forward(self, model: torch.nn.Module, dense: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from trillium.models import DNN
+from trillium.services.nn_worker.embeddings import SlotEmbeddings
 from trillium.services.nn_worker.step import Control, Trainer
 from trillium.wire.batch import Batch, KeyedIds
 
@@ -35,25 +36,30 @@ def one_rank_group(tmp_path_factory):
     dist.destroy_process_group()
 
 
-def batch_of(dense: np.ndarray, labels: np.ndarray) -> Batch:
+def batch_of(dense: np.ndarray, labels: np.ndarray, shapes=SHAPES) -> Batch:
     size = len(labels)
     ids = KeyedIds.from_slots(
-        {f"s{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32)) for i in range(len(SHAPES))}
+        {f"s{i}": (np.arange(size, dtype=np.uint64), np.ones(size, np.int32)) for i in range(len(shapes))}
     )
     return Batch(batch_id=0, epoch=0, rank=0, ids=ids, dense=dense, labels=labels)
 
 
-def make_batch(rng: np.random.Generator, size: int) -> tuple[Batch, list[np.ndarray]]:
-    batch = batch_of(rng.normal(size=(size, NUM_DENSE)).astype(np.float32), (rng.random(size) < 0.3).astype(np.float32))
-    return batch, [rng.normal(size=(size, *shape)).astype(np.float32) for shape in SHAPES]
+def make_batch(rng: np.random.Generator, size: int, shapes=SHAPES) -> tuple[Batch, SlotEmbeddings]:
+    dense, labels = rng.normal(size=(size, NUM_DENSE)).astype(np.float32), (rng.random(size) < 0.3).astype(np.float32)
+    embeddings = SlotEmbeddings.of([rng.normal(size=(size, *shape)).astype(np.float32) for shape in shapes])
+    return batch_of(dense, labels, shapes), embeddings
+
+
+def copied(embeddings: SlotEmbeddings) -> SlotEmbeddings:
+    return SlotEmbeddings.of([e.copy() for e in embeddings.slots()])
 
 
 def make_trainer(
-    precision="fp32", staged=False, world=1, rank=0
+    precision="fp32", staged=False, world=1, rank=0, shapes=SHAPES
 ) -> tuple[Trainer, torch.nn.Module, torch.optim.Optimizer]:
     """A Trainer, and a copy of its model and optimizer for the plain computation."""
     torch.manual_seed(0)
-    model = DNN(NUM_DENSE, [s[-1] for s in SHAPES], hidden=(8, 4), dense_proj=4, sparse_proj=8)
+    model = DNN(NUM_DENSE, [s[-1] for s in shapes], hidden=(8, 4), dense_proj=4, sparse_proj=8)
     plain = copy.deepcopy(model)
     ddp = DistributedDataParallel(model)
     trainer = Trainer(
@@ -70,10 +76,10 @@ def make_trainer(
     return trainer, plain, torch.optim.Adam(plain.parameters(), lr=0.01)
 
 
-def plain_step(model, optimizer, batch: Batch, embeddings: list[np.ndarray]):
-    """What a step is, written out: the gradient of the loss summed over the batch divided by its
-    sample count (the mean loss's), the optimizer on it."""
-    embs = [torch.from_numpy(e.copy()).requires_grad_() for e in embeddings]
+def plain_step(model, optimizer, batch: Batch, embeddings: SlotEmbeddings):
+    """What a step is, written out, one tensor per slot: the gradient of the loss summed over the
+    batch divided by its sample count (the mean loss's), the optimizer on it."""
+    embs = [torch.from_numpy(e.copy()).requires_grad_() for e in embeddings.slots()]
     logits = model(torch.from_numpy(batch.dense), embs)
     loss_sum = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels), reduction="sum")
     optimizer.zero_grad()
@@ -88,24 +94,26 @@ def plain_step(model, optimizer, batch: Batch, embeddings: list[np.ndarray]):
     )
 
 
+@pytest.mark.parametrize("shapes", [SHAPES, [(3, 4)], [(4,), (5,)]], ids=["mixed", "sequence", "pooled"])
 @pytest.mark.parametrize("staged", [False, True])
-def test_a_step_gives_the_plain_computations_bits(staged: bool) -> None:
-    trainer, plain, optimizer = make_trainer(staged=staged)
+def test_a_step_gives_the_plain_computations_bits(staged: bool, shapes) -> None:
+    trainer, plain, optimizer = make_trainer(staged=staged, shapes=shapes)
     rng = np.random.default_rng(7)
     for size in (16, 40, 9):  # the staging buffer grows, then a smaller batch reuses it
-        batch, embeddings = make_batch(rng, size)
-        result = trainer.step(batch, [e.copy() for e in embeddings], paused=size == 40, seq=size, publish=size + 1)
+        batch, embeddings = make_batch(rng, size, shapes)
+        result = trainer.step(batch, copied(embeddings), paused=size == 40, seq=size, publish=size + 1)
         loss, grads, probs = result.loss_sum, result.grads, result.probs
         assert result.control == Control(samples=size, paused=size == 40, seq=size, publish=size + 1)
         want_loss, want_grads, want_probs = plain_step(plain, optimizer, batch, embeddings)
         assert loss == want_loss
-        assert all(g.shape == w.shape and np.array_equal(g, w) for g, w in zip(grads, want_grads, strict=True))
+        assert grads.widths == embeddings.widths and grads.pooled.shape == embeddings.pooled.shape
+        assert all(g.shape == w.shape and np.array_equal(g, w) for g, w in zip(grads.slots(), want_grads, strict=True))
         assert np.array_equal(probs, want_probs)
     for mine, theirs in zip(trainer.model.parameters(), plain.parameters(), strict=True):
         assert torch.equal(mine, theirs)
-    batch, embeddings = make_batch(rng, 12)
+    batch, embeddings = make_batch(rng, 12, shapes)
     with torch.no_grad():
-        want = torch.sigmoid(plain(torch.from_numpy(batch.dense), [torch.from_numpy(e) for e in embeddings]))
+        want = torch.sigmoid(plain(torch.from_numpy(batch.dense), [torch.from_numpy(e) for e in embeddings.slots()]))
     assert np.array_equal(trainer.scores(batch, embeddings), want.numpy())
 
 
@@ -130,14 +138,14 @@ def test_bf16_autocast_trains_on_the_cpu() -> None:
     batch, embeddings = make_batch(rng, 64)
     losses = []
     for _ in range(30):  # one batch over and over: the loss must fall
-        result = trainer.step(batch, [e.copy() for e in embeddings])
+        result = trainer.step(batch, copied(embeddings))
         loss, grads, probs = result.loss_sum, result.grads, result.probs
-        assert np.isfinite(loss) and all(g.dtype == np.float32 and np.isfinite(g).all() for g in grads)
+        assert np.isfinite(loss) and all(g.dtype == np.float32 and np.isfinite(g).all() for g in grads.slots())
         assert probs.dtype == np.float32
         losses.append(loss)
     assert losses[-1] < losses[0]
     fp32, _, _ = make_trainer()
-    assert fp32.step(batch, [e.copy() for e in embeddings]).loss_sum != losses[0]  # autocast did run in bf16
+    assert fp32.step(batch, copied(embeddings)).loss_sum != losses[0]  # autocast did run in bf16
 
 
 def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
@@ -151,7 +159,7 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
             (
                 rank,
                 result.loss_sum,
-                result.grads,
+                result.grads.slots(),
                 result.control,
                 held,
                 [p.detach().numpy().copy() for p in trainer.model.parameters()],
@@ -180,7 +188,8 @@ def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_contro
         assert p.exitcode == 0
     _, plain, optimizer = make_trainer()
     both = batch_of(np.concatenate([b0.dense, b1.dense]), np.concatenate([b0.labels, b1.labels]))
-    want_loss, want_grads, _ = plain_step(plain, optimizer, both, [np.concatenate(p) for p in zip(e0, e1, strict=True)])
+    joined = SlotEmbeddings.of([np.concatenate(p) for p in zip(e0.slots(), e1.slots(), strict=True)])
+    want_loss, want_grads, _ = plain_step(plain, optimizer, both, joined)
     assert got[0][0] + got[1][0] == pytest.approx(want_loss, rel=1e-6)
     for rank, rows in ((0, slice(0, 24)), (1, slice(24, 64))):
         loss, grads, control, held, params = got[rank]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import trillium_native
 from trillium import pooling
 from trillium.job import FeatureSlot, TableConfig
-from trillium.services.nn_worker.embeddings import embeddings_of, gradients_request
+from trillium.services.nn_worker.embeddings import SlotEmbeddings, embeddings_of, gradients_request
 from trillium.wire import codec
 from trillium.wire.batch import KeyedIds
 from trillium.wire.pb import embedding_pb2 as pb
@@ -228,11 +228,11 @@ def test_embeddings_and_gradients_cross_the_wire_intact(case, seed):
             for s, (v, m) in zip(sequence_slots, got.sequences, strict=True)
         ],
     )
-    for received, (sent, _) in zip(embeddings_of(response), got.slots(), strict=True):
+    for received, (sent, _) in zip(embeddings_of(response).slots(), got.slots(), strict=True):
         np.testing.assert_array_equal(received, sent)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal(np.shape(v)).astype(np.float32) for v, _ in got.slots()]
-    request = gradients_request(response, grads)
+    request = gradients_request(response, SlotEmbeddings.of(grads))
     assert [s.slot for s in request.slots] == [s.name for s in sequence_slots]
     wire = pooling.scatter_wire(
         p, codec.unpack_array(request.pooled.data), [codec.unpack_array(s.grad.data) for s in request.slots]
