@@ -4,7 +4,8 @@ A model is a plain `torch.nn.Module` whose `forward(dense, embeddings)` takes
 
 - `dense`: float32 (B, num_dense), the normalized dense columns in the job's order;
 - `embeddings`: one tensor per feature slot, in the job's slot order: (B, dim) for pooled slots,
-  (B, max_len, dim) for sequence slots (pooling `none`), whose padding rows are zero;
+  (B, max_len, dim) for sequence slots (pooling `none`), whose padding rows are zero; training
+  and evaluation pass a `SlotTensors` (a list that may also hold them `joined`);
 
 and returns logits of shape (B,) (the loss is BCE with logits).
 """
@@ -27,7 +28,17 @@ from trillium.job import (
     ModelSpec,
 )
 
-__all__ = ["DNN", "build_dense_optimizer", "build_model", "load_model", "logits"]
+__all__ = ["DNN", "SlotTensors", "build_dense_optimizer", "build_model", "load_model", "logits"]
+
+
+class SlotTensors(list):
+    """A batch's embeddings as training and evaluation hand them to a model: one tensor per slot,
+    in slot order (a list, as the contract says), and, when every slot is a pooled one, `joined`:
+    all of them side by side, (B, sum of dims), the tensor the per-slot ones are column views of
+    (TorchRec's `KeyedTensor.values()`). A model that concatenates the slots takes `joined`
+    instead: the same values, without a copy forward and another backward."""
+
+    joined: Tensor | None = None
 
 
 class DNN(nn.Module):
@@ -71,8 +82,10 @@ class DNN(nn.Module):
         if self.dense_proj is not None:
             parts.append(self.dense_proj(dense))
         if self.sparse_proj is not None:
-            pooled = [e.sum(dim=1) if e.dim() == 3 else e for e in embeddings]
-            parts.append(self.sparse_proj(torch.cat(pooled, dim=1)))
+            joined = getattr(embeddings, "joined", None)
+            if joined is None:
+                joined = torch.cat([e.sum(dim=1) if e.dim() == 3 else e for e in embeddings], dim=1)
+            parts.append(self.sparse_proj(joined))
         return self.mlp(torch.cat(parts, dim=1)).squeeze(-1)
 
 

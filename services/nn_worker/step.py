@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trillium.models import logits
+from trillium.models import SlotTensors, logits
 from trillium.wire.batch import Batch
 
 from .embeddings import SlotEmbeddings
@@ -144,13 +144,17 @@ def _parts(flat: torch.Tensor, embeddings: SlotEmbeddings) -> list[torch.Tensor]
     return [part.view(shape) for part, shape in zip(flat.split([int(np.prod(s)) for s in shapes]), shapes, strict=True)]
 
 
-def _per_slot(parts: list[torch.Tensor], widths: Sequence[int]) -> list[torch.Tensor]:
+def _per_slot(parts: list[torch.Tensor], widths: Sequence[int]) -> SlotTensors:
     """The model's inputs, one per slot: the pooled block's columns of each pooled slot (views:
-    autograd joins their gradients back into the block's), each sequence slot's own tensor."""
+    autograd joins their gradients back into the block's), each sequence slot's own tensor; with
+    no sequence slot, the block itself as `joined`."""
     pooled, *sequences = parts
     columns = iter(pooled.split([w for w in widths if w], dim=1))
     rest = iter(sequences)
-    return [next(columns) if width else next(rest) for width in widths]
+    slots = SlotTensors(next(columns) if width else next(rest) for width in widths)
+    if widths and all(widths):
+        slots.joined = pooled
+    return slots
 
 
 def _reduce_hook(trainer: weakref.ref[Trainer], bucket):  # DDP refuses a string annotation on `bucket`
