@@ -315,7 +315,7 @@ def saturation(
         if again["sender_kept_up"] and again["lag_bounded"]:
             confirmed = again
             break
-        failed = min(failed or top, top)
+        failed = top  # below any rate that failed before (the search only ever lowered it)
         best = max(
             (r for r in runs if r["lag_bounded"] and r["sender_kept_up"] and r["rate_impressions_per_sec"] < top),
             key=lambda r: r["rate_impressions_per_sec"],
