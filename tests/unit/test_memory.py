@@ -4,7 +4,8 @@ each has its own), and freed large buffers leave the RSS even after a larger one
 without it, neither holds. An NN rank caps its arenas alone, glibc tuning its thresholds. A data
 loader, a PS shard and an embedding worker map only blocks larger than their hot path's buffers
 and keep as much free heap as those take, so each step's buffers reuse the heap's pages instead
-of faulting fresh ones in."""
+of faulting fresh ones in. `collect_cycles_less_often` leaves a stream's window of live events to
+the young generation, and still collects a garbage cycle."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from trillium.runtime.memory import (
     MMAP_THRESHOLD,
     PS_MMAP_THRESHOLD,
     PS_TRIM_THRESHOLD,
+    YOUNG_COLLECTION_THRESHOLD,
 )
 
 PROGRAM = """
@@ -119,3 +121,46 @@ def test_hot_path_buffers_reuse_the_heaps_pages_and_states_are_still_given_back(
     assert glibcs[0] > 10 * pages(2_000_000, 10) and kept[0] < 2 * pages(2_000_000, 10)
     for _, given_back in (lean, loader, ps, glibcs, kept):
         assert given_back > 35
+
+
+WINDOW = """
+import collections, gc, sys, weakref
+from typing import NamedTuple
+from trillium.runtime.memory import collect_cycles_less_often
+if sys.argv[1] == "less often":
+    collect_cycles_less_often()
+class Event(NamedTuple):  # a tuple subclass: tracked for as long as it lives
+    values: str
+    key: str
+    time: float
+window = collections.deque(Event(str(i), str(i), float(i)) for i in range(50_000))
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
+for i in range(500_000):  # events in, the window's oldest out: a join at a steady rate
+    window.append(Event(str(i), str(i), float(i)))
+    window.popleft()
+class Node:
+    pass
+cycle = Node()
+cycle.me = cycle
+dead = weakref.ref(cycle)
+del cycle
+garbage = [[] for _ in range(60_000)]  # a young generation's worth of allocations later
+print(len(full), dead() is None)
+"""
+
+
+def _window(mode: str) -> tuple[int, bool]:
+    """(full collections while a window of 50k events turned over ten times, whether a garbage
+    cycle was collected after the young generation's threshold of allocations)"""
+    out = subprocess.run([sys.executable, "-c", WINDOW, mode], capture_output=True, text=True, check=True).stdout
+    full, collected = out.split()
+    return int(full), collected == "True"
+
+
+def test_a_window_of_live_events_costs_no_full_collections_and_cycles_still_go() -> None:
+    assert YOUNG_COLLECTION_THRESHOLD < 60_000  # the garbage list above is a young generation's worth
+    full, _ = _window("CPython's")
+    assert full > 0  # the window's events reached the oldest generation, walked whole
+    full, collected = _window("less often")
+    assert full == 0 and collected

@@ -1,24 +1,28 @@
-"""Giving freed heap memory back to the operating system.
+"""Giving freed heap memory back to the operating system, and collecting cycles less often.
 
 A service that parses or encodes a large state frees it again, but glibc's malloc keeps freed
 pages that are not at the top of its heaps: the RSS stays at the high-water mark. A data loader
 restoring its joiner (tens of MB of JSON, several times that as Python objects) rose by about as
 much at every recovery of a long-running job. `malloc_trim(0)` returns every free whole page
 (glibc 2.8 and later), and `keep_malloc_lean` keeps a service from growing on what it freed;
-without glibc (musl, macOS) both are no-ops.
+without glibc (musl, macOS) both are no-ops. `collect_cycles_less_often` is the other side of the
+same trade: Python's cycle collector, tuned for a service's data plane.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 
 __all__ = [
     "EMBEDDING_WORKER_MMAP_THRESHOLD",
     "EMBEDDING_WORKER_TRIM_THRESHOLD",
     "LOADER_MMAP_THRESHOLD",
+    "YOUNG_COLLECTION_THRESHOLD",
     "PS_MMAP_THRESHOLD",
     "PS_TRIM_THRESHOLD",
+    "collect_cycles_less_often",
     "keep_malloc_lean",
     "release_free_memory",
 ]
@@ -93,3 +97,19 @@ def keep_malloc_lean(
             _MALLOPT(_M_TRIM_THRESHOLD, mmap_threshold if trim_threshold is None else trim_threshold)
         if arenas is not None:
             _MALLOPT(_M_ARENA_MAX, arenas)
+
+
+# Net container allocations between two collections of the youngest generation (CPython's: 700).
+# A data loader holds a join window of events (5 s of them live at 15,000 impressions/s, each a
+# tuple the collector tracks) and a fetch's records at once: at 700 each was walked by several
+# young collections, every event reached the oldest generation, and full collections walked the
+# heap every few seconds: 9.2-9.3% of a loader's CPU live, none at 50,000. An object that dies
+# young (a fetch's records, a step's futures) is never walked at all; a cycle of garbage still
+# goes at the next young collection, a few MB of allocations away.
+YOUNG_COLLECTION_THRESHOLD = 50_000
+
+
+def collect_cycles_less_often() -> None:
+    """Run the cycle collector's youngest generation every `YOUNG_COLLECTION_THRESHOLD` net
+    allocations (the older generations' ratios stay CPython's)."""
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])

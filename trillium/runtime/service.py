@@ -58,7 +58,13 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
-from trillium.runtime.memory import LEAN_ARENAS, MMAP_THRESHOLD, keep_malloc_lean, release_free_memory
+from trillium.runtime.memory import (
+    LEAN_ARENAS,
+    MMAP_THRESHOLD,
+    collect_cycles_less_often,
+    keep_malloc_lean,
+    release_free_memory,
+)
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -530,6 +536,7 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
         print(f"{cls.role}: configuration error:\n{err}", file=sys.stderr)
         raise SystemExit(2) from None
     log.configure(settings.name, settings.log_level)
+    collect_cycles_less_often()
     if cls.lean_malloc:
         keep_malloc_lean(
             arenas=cls.malloc_arenas, mmap_threshold=cls.malloc_mmap_threshold, trim_threshold=cls.malloc_trim_threshold
