@@ -88,18 +88,10 @@ class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
 
         def lookup() -> tuple[np.ndarray, list[int]]:
             ids = codec.unpack_array(request.ids.data)
-            if len(request.tables) != len(request.counts) or sum(request.counts) != len(ids):
-                raise ValueError(
-                    f"{len(ids)} ids do not fit the counts {list(request.counts)} of tables {list(request.tables)}"
-                )
-            rows, start = [], 0
-            for table, n in zip(request.tables, request.counts, strict=True):
-                rows.append(
-                    store.lookup(table, ids[start : start + n], create=not request.read_only, out_dtype=out_dtype)
-                )
-                start += n
-            flat = np.concatenate([r.ravel() for r in rows]) if rows else np.zeros(0, out_dtype)
-            return flat, [r.shape[1] for r in rows]
+            create = not request.read_only
+            return store.lookup_tables(
+                list(request.tables), list(request.counts), ids, create=create, out_dtype=out_dtype
+            )
 
         with LOOKUP_SECONDS.labels(self.ps.settings.index).time():
             try:

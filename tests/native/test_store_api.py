@@ -364,6 +364,38 @@ def test_readonly_and_noncontiguous_inputs():
     assert s.update("t", np.array([], np.uint64), np.zeros((0, 4), np.float32)) == 0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_lookup_tables_is_each_tables_lookup_in_turn(threads):
+    """A PS shard's request in one call: the rows the per-table lookups give, flat, in order."""
+    s, per_table = tn.EmbeddingStore(threads=threads), tn.EmbeddingStore(threads=threads)
+    for store in (s, per_table):
+        store.create_table("a", 4, seed=1)
+        store.create_table("b", 2, seed=2, dtype="fp16")
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 2**64, 50, np.uint64), rng.integers(0, 2**64, 7, np.uint64)
+    for out_dtype in ("float32", "float16"):
+        rows, dims = s.lookup_tables(["a", "b", "a"], [50, 7, 0], np.concatenate([a, b]), out_dtype=out_dtype)
+        expected = [per_table.lookup(t, ids, out_dtype=out_dtype).ravel() for t, ids in (("a", a), ("b", b))]
+        assert dims == [4, 2, 4] and rows.dtype == out_dtype
+        np.testing.assert_array_equal(rows, np.concatenate(expected))
+    unknown = np.array([7], np.uint64)
+    rows, _ = s.lookup_tables(["b"], [1], unknown, create=False)
+    assert rows.tolist() == [0, 0] and s.num_rows("b") == 7  # read-only: zeros, no row made
+    rows, dims = s.lookup_tables([], [], np.array([], np.uint64))
+    assert rows.shape == (0,) and dims == []
+    bad = [
+        (ValueError, "3 ids do not fit the counts \\[2\\] of tables", lambda: s.lookup_tables(["a"], [2], a[:3])),
+        (ValueError, "do not fit", lambda: s.lookup_tables(["a", "b"], [3], a[:3])),
+        (ValueError, "a count must be >= 0", lambda: s.lookup_tables(["a", "b"], [4, -1], a[:3])),
+        (KeyError, "missing", lambda: s.lookup_tables(["missing"], [3], a[:3])),
+        (TypeError, "uint64", lambda: s.lookup_tables(["a"], [3], a[:3].astype(np.int64))),
+        (ValueError, "out_dtype", lambda: s.lookup_tables(["a"], [3], a[:3], out_dtype="float64")),
+    ]
+    for exc, match, fn in bad:
+        with pytest.raises(exc, match=match):
+            fn()
+
+
 # ---------------------------------------------------------------- errors
 
 

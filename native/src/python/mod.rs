@@ -22,6 +22,7 @@ mod pooling;
 mod serving;
 mod snapshot;
 mod store;
+mod store_tables;
 mod wire16;
 
 pub(crate) fn to_py(e: StoreError) -> PyErr {

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::snapshot::{written, PyCapture, PyCaptureMark};
+use super::store_tables;
 use super::{extract_u64, get_array, guard, nonneg, opt_nonneg, to_py};
 use crate::config::{AdmissionKind, DType, InitKind, OptKind, TableConfig};
 use crate::snapshot;
@@ -294,6 +295,23 @@ impl PyStore {
         let n = py.detach(|| guard(|| Ok(store.update(&t, ids_s, g))))?;
         tier_ok(&t)?;
         Ok(n)
+    }
+
+    /// Every table's rows of one request: `ids` holds `counts[i]` IDs of `tables[i]` in turn; the
+    /// rows come back in that order as one flat array, with each table's dim.
+    #[pyo3(signature = (tables, counts, ids, *, create=true, out_dtype="float32"))]
+    fn lookup_tables<'py>(
+        &self,
+        py: Python<'py>,
+        tables: Vec<String>,
+        counts: Vec<i64>,
+        ids: &Bound<'py, PyAny>,
+        create: bool,
+        out_dtype: &str,
+    ) -> PyResult<(Bound<'py, PyAny>, Vec<usize>)> {
+        let tables = tables.iter().map(|n| self.table(n)).collect::<PyResult<Vec<_>>>()?;
+        let counts = counts.iter().map(|&n| Ok(nonneg(n, "a count")? as usize)).collect::<PyResult<Vec<_>>>()?;
+        store_tables::lookup_tables(py, &self.store, &tables, &counts, ids, create, out_dtype)
     }
 
     fn get_row<'py>(
