@@ -274,10 +274,9 @@ class EmbeddingPS(Service):
                     if kafka.attempt_of(record.headers) != job.attempt:
                         continue  # in flight when an earlier attempt was abandoned
                     update = codec.decode_gradients(record.value)
-                    # Ranks step in lock-step, so a rank's batch_id // nn_ranks is its step.
-                    step = update.batch_id // ranks
-                    publish = kafka.publishes(record.headers)
-                    pending.setdefault(step, {})[update.rank] = (update, record.offset, publish)
+                    entry = (update, record.offset, kafka.publishes(record.headers))
+                    for rank in update.ranks:  # an embedding worker's message holds its ranks' gradients
+                        pending.setdefault(update.step, {})[rank] = entry
                     while (first := min(pending, default=None)) is not None and len(pending[first]) == ranks:
                         complete.append((first, pending.pop(first)))
                 if complete:
@@ -381,7 +380,8 @@ class EmbeddingPS(Service):
             cut = next((i for i, (_, u) in enumerate(steps) if any(p for _, _, p in u.values())), len(steps) - 1)
             group, steps = steps[: cut + 1], steps[cut + 1 :]
             last, updates = group[-1]
-            ordered = [[u[rank][0] for rank in sorted(u)] for _, u in group]
+            messages = [_messages(u) for _, u in group]
+            ordered = [[update for update, _, _ in step] for step in messages]
             async with self._apply_lock:
                 # On the loop, as a lookup is: an update in RAM takes less than a hop to a worker
                 # thread and back. One that reads rows back from a disk tier may wait on the disk.
@@ -396,7 +396,7 @@ class EmbeddingPS(Service):
                 if self._exporter is not None and any(publish for _, _, publish in updates.values()):
                     await self._export(store, last)
             ROWS_APPLIED.labels(str(self.settings.index)).inc(rows)
-            self.applied_messages += sum(len(u) for _, u in group)
+            self.applied_messages += sum(len(step) for step in messages)
             await progress.set_applied_all(self.settings.index, len(updates), last)
 
     @staticmethod
@@ -410,6 +410,12 @@ class EmbeddingPS(Service):
                     grads = np.concatenate([grads for _, grads in parts])
                     rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
         return rows
+
+
+def _messages(step: dict[int, tuple[GradientUpdate, int, bool]]) -> list[tuple[GradientUpdate, int, bool]]:
+    """A step's messages by rank, each once (one holds the gradients of every rank an embedding
+    worker serves), in rank order."""
+    return list({id(entry): entry for _, entry in sorted(step.items())}.values())
 
 
 class _AppliedTrim:

@@ -3,9 +3,11 @@ their gradients back to the parameter servers (Kafka).
 
 LookupBatches: wait while the lookup would exceed the staleness bound, dedup the batch's
 IDs per table, look them up on every owning PS shard in parallel, pool per slot.
-PushGradients: sum the gradient per unique ID and produce one message per PS shard to
-the gradients topic (partition = shard). A rank's pushes arrive in step order, are handled
-one at a time, and go out through one idempotent producer, so each shard applies them in that order.
+PushGradients: sum the gradient per unique ID and, once every rank this worker serves has pushed
+the step, produce one message per PS shard to the gradients topic (partition = shard) holding
+all of their gradients. A rank's pushes arrive in step order and are handled one at a time, so
+the steps complete in order and go out through one idempotent producer: each shard applies
+them in that order.
 Both are streams, one per NN rank and job (trillium.wire.rpc.OrderedStream), as are the
 lookups on each PS shard.
 """
@@ -55,6 +57,7 @@ class _JobContext:
         ps_addresses: list[str],
         producer,
         progress: JobProgress,
+        worker_index: int,
     ) -> None:
         self.job = job
         self.ps = ps
@@ -65,6 +68,19 @@ class _JobContext:
         self.layout = pooling.Layout(job.config.slots, job.config.tables, job.config.topology.ps_shards)
         self.widths = [c[1] - c[0] if c is not None else 0 for c in self.layout.columns]
         self.pending: OrderedDict[tuple[int, int], pooling.BatchPlan] = OrderedDict()
+        topology = job.config.topology
+        # The ranks whose lookups and gradients come here (an NN rank's worker is rank % workers).
+        self.ranks = [r for r in range(topology.nn_ranks) if r % topology.embedding_workers == worker_index]
+        self.steps: dict[int, _StepGradients] = {}  # steps some of our ranks have pushed, not all
+
+
+class _StepGradients:
+    """A step's gradients as its ranks push them, until the last one's: they go out together."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, tuple[pooling.BatchPlan, dict[str, np.ndarray]]] = {}
+        self.publish = False
+        self.sent: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
 
 class _Servicer(pb_grpc.EmbeddingWorkerServicer):
@@ -142,6 +158,11 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             epoch=request.ref.epoch,
             attempt=request.ref.attempt,
         )
+        if ref.rank not in ctx.ranks:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.worker.name} takes the gradients of ranks {ctx.ranks}, not of rank {ref.rank}",
+            )
         plan = ctx.pending.pop((ref.rank, ref.batch_id), None)
         if plan is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
@@ -153,7 +174,7 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
                 grads = pooling.scatter_wire(plan, pooled, [codec.unpack_array(s.grad.data) for s in request.slots])
             except (ValueError, TypeError, codec.CodecError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
-            sent = await self.worker.produce_gradients(ctx, ref, plan, grads, publish=request.publish)
+            sent = await self.worker.push_gradients(ctx, ref, plan, grads, publish=request.publish)
         return pb.PushGradientsResponse(messages=sent)
 
 
@@ -197,11 +218,14 @@ class EmbeddingWorker(Service):
                 [w["grpc_address"] for w in shards],
                 producer,
                 JobProgress(self.redis, job.id, job.attempt),
+                self.settings.index,
             )
             self.set_job_phase("ready")
             await self.ctx.watermark.run()  # serve until the job ends (this task is cancelled)
         finally:
             if self.ctx is not None:
+                for step in self.ctx.steps.values():  # pushes waiting for ranks that will not come
+                    step.sent.cancel()
                 for stream in self.ctx.ps:
                     await stream.close()
             self.ctx = None
@@ -273,7 +297,7 @@ class EmbeddingWorker(Service):
                 start = end
         return rows
 
-    async def produce_gradients(
+    async def push_gradients(
         self,
         ctx: _JobContext,
         ref: EmbeddingRef,
@@ -281,20 +305,49 @@ class EmbeddingWorker(Service):
         grads: dict[str, np.ndarray],
         publish: bool = False,
     ) -> int:
-        """One message per shard — empty ones too: they advance that shard's watermark (and, at a
-        publish cut, carry the cut to it in step order)."""
+        """Hold a rank's gradients of a step until every rank we serve has pushed that step, then
+        send them all (`produce_gradients`); answers the messages sent, once they are durable."""
+        step_id = ref.batch_id // ctx.job.config.topology.nn_ranks
+        step = ctx.steps.setdefault(step_id, _StepGradients())
+        step.ranks[ref.rank] = (plan, grads)
+        step.publish |= publish
+        if len(step.ranks) == len(ctx.ranks):
+            del ctx.steps[step_id]
+            try:
+                step.sent.set_result(await self.produce_gradients(ctx, step_id, ref.epoch, step))
+            except asyncio.CancelledError:
+                step.sent.cancel()
+                raise
+            except Exception as err:  # noqa: BLE001 (every rank's push of the step fails with it, below)
+                step.sent.set_exception(err)
+        # Shielded: a rank's stream that ends leaves the others' wait for the step as it is.
+        return await asyncio.shield(step.sent)
+
+    async def produce_gradients(self, ctx: _JobContext, step_id: int, epoch: int, step: _StepGradients) -> int:
+        """One message per shard with every rank's gradients of the step, in rank order — empty
+        ones too: they advance that shard's watermark (and, at a publish cut, carry the cut to
+        it in step order)."""
         topic = ctx.job.topics.gradients
+        ranks = sorted(step.ranks)
+        held = [step.ranks[rank] for rank in ranks]
         deliveries = []
         for shard in range(len(ctx.ps)):
-            tables = {t: (p.ids[p.shard_rows[shard]], grads[t][p.shard_rows[shard]]) for t, p in plan.tables.items()}
-            update = GradientUpdate(rank=ref.rank, batch_id=ref.batch_id, epoch=ref.epoch, shard=shard, tables=tables)
+            tables = {}
+            for table in ctx.layout.tables:
+                ids, grads = [], []
+                for plan, rank_grads in held:
+                    rows = plan.tables[table].shard_rows[shard]
+                    ids.append(plan.tables[table].ids[rows])
+                    grads.append(rank_grads[table][rows])
+                tables[table] = (ids[0], grads[0]) if len(held) == 1 else (np.concatenate(ids), np.concatenate(grads))
+            update = GradientUpdate(ranks=tuple(ranks), step=step_id, epoch=epoch, shard=shard, tables=tables)
             deliveries.append(
                 await ctx.producer.send(
                     topic,
                     codec.encode_gradients(update, fp16=ctx.job.config.training.wire_dtype == "fp16"),
                     partition=shard,
-                    key=str(ref.rank).encode(),
-                    headers=kafka.headers(ref.attempt, publish=publish),
+                    key=str(ranks[0]).encode(),
+                    headers=kafka.headers(ctx.job.attempt, publish=step.publish),
                 )
             )
         await asyncio.gather(*deliveries)  # acks=all: the updates are durable before we answer

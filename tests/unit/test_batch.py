@@ -100,13 +100,17 @@ def test_embedding_ref() -> None:
 
 def test_gradient_update() -> None:
     grads = np.ones((2, 4), np.float32)
-    update = GradientUpdate(rank=0, batch_id=3, epoch=1, shard=1, tables={"t": (u64(5, 9), grads)})
+    update = GradientUpdate(ranks=(0, 1), step=3, epoch=1, shard=1, tables={"t": (u64(5, 9), grads)})
     with pytest.raises(TypeError):
         update.tables["u"] = (u64(), np.zeros((0, 4), np.float32))  # type: ignore[index]
-    assert update == GradientUpdate(0, 3, 1, 1, {"t": (u64(5, 9), grads.copy())})
-    # A repeated ID is not refused (the PS sums an ID's rows before updating it: one update).
-    assert GradientUpdate(0, 0, 0, 0, {"t": (u64(5, 5), grads)}).tables["t"][0].tolist() == [5, 5]
+    assert update == GradientUpdate([0, 1], 3, 1, 1, {"t": (u64(5, 9), grads.copy())})
+    assert update.ranks == (0, 1) and update != GradientUpdate((0,), 3, 1, 1, {"t": (u64(5, 9), grads)})
+    # A repeated ID is not refused (two ranks' rows of one ID: the PS sums them, one update).
+    assert GradientUpdate((0,), 0, 0, 0, {"t": (u64(5, 5), grads)}).tables["t"][0].tolist() == [5, 5]
     with pytest.raises(ValueError, match="2 ids but 3 gradient rows"):
-        GradientUpdate(0, 0, 0, 0, {"t": (u64(5, 6), np.ones((3, 4), np.float32))})
+        GradientUpdate((0,), 0, 0, 0, {"t": (u64(5, 6), np.ones((3, 4), np.float32))})
     with pytest.raises(ValueError, match="grads must have dtype float32"):
-        GradientUpdate(0, 0, 0, 0, {"t": (u64(5, 6), np.ones((2, 4)))})
+        GradientUpdate((0,), 0, 0, 0, {"t": (u64(5, 6), np.ones((2, 4)))})
+    for ranks in ((), (1, 0), (0, 0), 0, (0, -1)):
+        with pytest.raises(ValueError, match="rank"):
+            GradientUpdate(ranks, 0, 0, 0, {})  # type: ignore[arg-type]

@@ -53,8 +53,8 @@ def gradient_updates(draw: st.DrawFn) -> GradientUpdate:
         grads = draw(hnp.arrays(np.float32, (len(ids), dim), elements=st.floats(width=32, allow_nan=False)))
         tables[name] = (ids, grads)
     return GradientUpdate(
-        rank=draw(st.integers(0, 8)),
-        batch_id=draw(st.integers(0, 2**40)),
+        ranks=tuple(draw(st.lists(st.integers(0, 8), min_size=1, max_size=4, unique=True).map(sorted))),
+        step=draw(st.integers(0, 2**40)),
         epoch=draw(st.integers(0, 9)),
         shard=draw(st.integers(0, 16)),
         tables=tables,
@@ -125,7 +125,7 @@ def test_the_native_fp16_cast_is_numpys_bit_for_bit(values: np.ndarray) -> None:
 def test_fp16_gradients_round_trip_within_rounding() -> None:
     rng = np.random.default_rng(0)
     grads = (rng.standard_normal((50, 8)) * 1e-7).astype(np.float32)  # below fp16's normal range
-    update = GradientUpdate(rank=1, batch_id=7, epoch=0, shard=0, tables={"t": (np.arange(50, dtype=np.uint64), grads)})
+    update = GradientUpdate(ranks=(1,), step=7, epoch=0, shard=0, tables={"t": (np.arange(50, dtype=np.uint64), grads)})
     message = encode_gradients(update, fp16=True)
     assert len(message) <= len(encode_gradients(update)) - 50 * 8 * 2 + 64
     decoded = decode_gradients(message).tables["t"][1]

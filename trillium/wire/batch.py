@@ -4,7 +4,8 @@
 - `Batch`: one training/eval batch as produced by the data loader.
 - `EmbeddingRef`: the handle an embedding worker returns with a batch's embeddings, so the NN
   worker can route the gradients back to it.
-- `GradientUpdate`: the embedding gradients of one batch destined for one PS shard.
+- `GradientUpdate`: the embedding gradients of one step's batches of one or more NN ranks, destined
+  for one PS shard.
 
 They are frozen and validated on construction (a `ValueError` naming the problem), so a value that
 exists is well formed. Arrays are referenced, not copied: they may be read-only views into a decoded
@@ -198,22 +199,31 @@ class EmbeddingRef:
 
 @dataclass(frozen=True, eq=False)
 class GradientUpdate:
-    """The embedding gradients of one batch for one PS shard.
+    """The embedding gradients of one step's batches of `ranks` (the NN ranks an embedding worker
+    serves, in order) for one PS shard: one message per shard and step, however many ranks.
 
-    `tables[name] = (ids, grads)`: `ids` uint64[n], `grads` float32[n, dim]. The embedding
-    worker sends each ID once (it sums a batch's gradients per ID); uniqueness is not checked
-    here (a sort per table per message, twice on the hot path) because the PS sums the rows of
-    one ID in a step before its optimizer sees them, so a repeated ID would still be one update.
+    `tables[name] = (ids, grads)`: `ids` uint64[n], `grads` float32[n, dim]: each rank's rows in
+    turn, in the order of `ranks`. The embedding worker sends each of a rank's IDs once (it sums a
+    batch's gradients per ID), so an ID repeats only across ranks; nothing is checked here (a sort
+    per table per message, twice on the hot path) because the PS sums the rows of one ID in a step,
+    in this order, before its optimizer sees them: one update, as one process training the ranks'
+    batches together would make.
     """
 
-    rank: int
-    batch_id: int
+    ranks: tuple[int, ...]
+    step: int
     epoch: int
     shard: int
     tables: Mapping[str, tuple[np.ndarray, np.ndarray]]
 
     def __post_init__(self) -> None:
-        for name in ("rank", "batch_id", "epoch", "shard"):
+        ranks = tuple(self.ranks) if isinstance(self.ranks, (tuple, list)) else None
+        if not ranks or list(ranks) != sorted(set(ranks)):
+            raise ValueError(f"ranks must be distinct NN ranks in increasing order, got {self.ranks!r}")
+        for rank in ranks:
+            _require_index("rank", rank)
+        object.__setattr__(self, "ranks", ranks)
+        for name in ("step", "epoch", "shard"):
             _require_index(name, getattr(self, name))
         if not isinstance(self.tables, Mapping):
             raise ValueError(f"tables must be a mapping, got {type(self.tables).__name__}")
@@ -233,7 +243,7 @@ class GradientUpdate:
         if not isinstance(other, GradientUpdate):
             return NotImplemented
         return (
-            (self.rank, self.batch_id, self.epoch, self.shard) == (other.rank, other.batch_id, other.epoch, other.shard)
+            (self.ranks, self.step, self.epoch, self.shard) == (other.ranks, other.step, other.epoch, other.shard)
             and self.tables.keys() == other.tables.keys()
             and all(
                 np.array_equal(self.tables[t][0], other.tables[t][0])

@@ -207,8 +207,8 @@ def encode_gradients(update: GradientUpdate, *, fp16: bool = False) -> bytes:
     `fp16` halves the gradient bytes (`to_fp16`: scaled so that none underflows)."""
     tables = list(update.tables.values())
     meta = {
-        "rank": int(update.rank),
-        "batch_id": int(update.batch_id),
+        "ranks": [int(rank) for rank in update.ranks],
+        "step": int(update.step),
         "epoch": int(update.epoch),
         "shard": int(update.shard),
         "tables": list(update.tables),
@@ -239,8 +239,8 @@ def from_fp16(values: np.ndarray, scale: float) -> np.ndarray:
 def decode_gradients(data: BytesLike) -> GradientUpdate:
     """Decode `encode_gradients`' output; the arrays are read-only views into `data`."""
     meta, arrays = _decode(data, "gradients")
-    rank, batch_id, epoch, shard, tables, counts, dims = _meta_fields(
-        meta, "rank", "batch_id", "epoch", "shard", "tables", "counts", "dims", optional=("scale",)
+    ranks, step, epoch, shard, tables, counts, dims = _meta_fields(
+        meta, "ranks", "step", "epoch", "shard", "tables", "counts", "dims", optional=("scale",)
     )
     if not (
         isinstance(tables, list)
@@ -273,7 +273,7 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
         for table, n, dim in zip(tables, counts, dims, strict=True):
             per_table[table] = (ids[row : row + n], grads[value : value + n * dim].reshape(n, dim))
             row, value = row + n, value + n * dim
-        return GradientUpdate(rank=rank, batch_id=batch_id, epoch=epoch, shard=shard, tables=per_table)
+        return GradientUpdate(ranks=ranks, step=step, epoch=epoch, shard=shard, tables=per_table)
     except (ValueError, TypeError) as e:  # TypeError: an unhashable table name
         raise CodecError(f"invalid gradients message: {e}") from None
 
