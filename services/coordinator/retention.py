@@ -25,7 +25,7 @@ from trillium.runtime.checkpoint import Manifest
 from trillium.wire import kafka
 from trillium.wire.kafka import KafkaConnection
 
-from .jobs import JobStore, needed
+from .jobs import JobNotFound, JobStore, needed
 from .registry import WorkerRegistry
 
 logger = logging.getLogger("trillium.coordinator.retention")
@@ -74,7 +74,10 @@ class TopicRetention:
         if any(phase in ("setting_up", "ready") for phase in phases):
             return
         await kafka.delete_topics(self.conn, [job.topics.samples, job.topics.eval, job.topics.gradients])
-        await jobs.update(job.id, _topics_deleted)
+        try:
+            await jobs.update(job.id, _topics_deleted)
+        except JobNotFound:
+            return  # the job was deleted meanwhile (the warm-up's is, once finished), topics and all
         logger.info("finished job's topics deleted", extra={"job": job.id})
 
     async def close(self) -> None:
