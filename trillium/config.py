@@ -226,7 +226,12 @@ class ServiceSettings(BaseModel):
     token: str = Field(min_length=16, repr=False)
     grpc_tls: GrpcTls | None = None
     run_dir: Path
-    heartbeat_s: float = Field(1.0, gt=0, le=60)
+    heartbeat_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="between periodic heartbeats; a changed job record is heard at once (Redis pub/sub)",
+    )
     threads: int | None = Field(
         None,
         ge=1,

@@ -3,6 +3,7 @@ included), live staleness, embedding tables and checkpoints. Every route needs t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Annotated, Any
@@ -50,7 +51,11 @@ class ErrorResponse(BaseModel):
 
 class HeartbeatResponse(BaseModel):
     worker: Worker
-    job: JobRecord | None  # the current job: how the coordinator hands out work
+    job: JobRecord | None = Field(
+        description="the current job, how the coordinator hands out work; null when there is "
+        "none, and when it is the record the heartbeat's job_digest names (unchanged)"
+    )
+    job_digest: str | None = Field(description="names the current job's record as it stands; null: no job")
 
 
 class JobProgressView(BaseModel):
@@ -176,6 +181,16 @@ JobConfigBody = Annotated[JobConfig, BeforeValidator(_parsed)]
 
 class HeartbeatRequest(BaseModel):
     health: Annotated[dict[str, Any], AfterValidator(_bounded)] = {}
+    job_digest: str | None = Field(
+        None, max_length=64, description="the job_digest of the last answer whose job the worker holds"
+    )
+
+
+def record_digest(record: str) -> str:
+    """Names a job record's JSON: a worker that holds this record is not sent it again (an
+    18 KB record parsed on both sides every second, by every worker, would be most of what an
+    idle stack does)."""
+    return hashlib.blake2b(record.encode(), digest_size=16).hexdigest()
 
 
 def _absolute_data_paths(config: JobConfig) -> None:
@@ -228,14 +243,18 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         worker = await coord.registry.heartbeat(name, body.health)
         if worker is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered by this process")
-        # Serialized as built, not validated again on the way out: every worker, every second.
-        answer = HeartbeatResponse(worker=worker, job=await coord.jobs.current())
-        return Response(answer.model_dump_json(), media_type="application/json")
+        # Built from the record as stored, neither parsed nor validated on the way out: every
+        # worker, every second.
+        record = await coord.jobs.current_json()
+        digest = record_digest(record) if record is not None else None
+        job = record if record is not None and digest != body.job_digest else "null"
+        answer = f'{{"worker":{worker.model_dump_json()},"job":{job},"job_digest":{json.dumps(digest)}}}'
+        return Response(answer, media_type="application/json")
 
     @v1.get("/workers", response_model=list[Worker], tags=["workers"])
     async def list_workers() -> list[Worker]:
         """Every registered instance: role, index (NN rank or PS shard), addresses, last
-        heartbeat, health, and status (`lost` after 10 missed heartbeats)."""
+        heartbeat, health, and status (`lost` after 5 missed heartbeats: 10 s by default)."""
         return await coord.registry.workers()
 
     @v1.delete("/workers/{name}", status_code=status.HTTP_204_NO_CONTENT, tags=["workers"], responses=_errors(404))

@@ -98,7 +98,7 @@ class JobStore:
         # Records as last parsed, by their JSON: the loops and the API read the current job many
         # times a second, and validating a JobConfig is most of the coordinator's CPU. A record
         # read here is never changed in place (`update` parses its own).
-        self._parsed: collections.OrderedDict[str, tuple[bytes, JobRecord]] = collections.OrderedDict()
+        self._parsed: collections.OrderedDict[str, tuple[str, JobRecord]] = collections.OrderedDict()
         self.waiting_for_kafka: dict[str, float] = {}  # job -> since when its recovery waits for Kafka
 
     @staticmethod
@@ -145,6 +145,11 @@ class JobStore:
     async def current(self) -> JobRecord | None:
         job_id = await self.redis.get(self._current)
         return await self.get(job_id) if job_id else None
+
+    async def current_json(self) -> str | None:
+        """The current job's record as stored (JSON), unparsed: what a heartbeat answers."""
+        job_id = await self.redis.get(self._current)
+        return await self.redis.get(self._key(job_id)) if job_id else None
 
     def _warm_start(self, config: JobConfig) -> CheckpointRef | None:
         """The checkpoint `config.init_from` names, which must exist and be complete."""
@@ -205,6 +210,7 @@ class JobStore:
                     pipe.set(self._key(job_id), job.model_dump_json())
                     pipe.zadd(self._ids, {job_id: now})
                     pipe.set(self._current, job_id)
+                    pipe.publish(state.JOB_CHANGED, job_id)
                     await pipe.execute()
                     return job
                 except WatchError:
@@ -225,6 +231,7 @@ class JobStore:
                     job.updated_at = time.time()
                     pipe.multi()
                     pipe.set(key, job.model_dump_json())
+                    pipe.publish(state.JOB_CHANGED, job_id)
                     await pipe.execute()
                     return job
                 except WatchError:
@@ -329,6 +336,7 @@ class JobStore:
                         raise IllegalTransition(f"job {current.id} is {current.state}; one job runs at a time")
                     pipe.multi()
                     pipe.set(self._current, job_id)
+                    pipe.publish(state.JOB_CHANGED, job_id)
                     await pipe.execute()
                     break
                 except WatchError:
@@ -403,6 +411,7 @@ class JobStore:
                     pipe.zrem(self._ids, job_id)
                     if is_current:
                         pipe.delete(self._current)
+                    pipe.publish(state.JOB_CHANGED, job_id)
                     await pipe.execute()
                     break
                 except WatchError:

@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field, model_validator
 from trillium.config import Role
 from trillium.wire import state
 
-# A worker is lost after this many heartbeat intervals without one.
-LOST_AFTER_MISSED = 10
+# A worker is lost after this many heartbeat intervals without one (10 s at the default 2 s).
+LOST_AFTER_MISSED = 5
 
 
 class WorkerRegistration(BaseModel):

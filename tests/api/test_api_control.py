@@ -84,7 +84,8 @@ def test_stop_and_live_control_through_the_cli(api_stack, tiny_job) -> None:
     assert "paused" in run("job", job_id)
     assert f"job {job_id}: running" in run("resume", job_id)
 
-    assert f"job {job_id}: stopping" in run("stop", job_id)
+    # At once: a stop with its final checkpoint would depend on whether a step was trained yet.
+    assert f"job {job_id}: stopping" in run("stop", job_id, "--no-checkpoint")
     view = api_stack.wait_for(job_id, {"stopped", "failed"}, timeout_s=60)
     assert view["job"]["state"] == "stopped", view["job"]["error"]
     assert view["progress"]["samples"] < 20 * 1000  # it did not run to the end

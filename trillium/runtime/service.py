@@ -46,6 +46,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Response, status
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis.exceptions import RedisError
 
 from trillium import log
 from trillium.config import EXIT_RESTART, ConfigError, Role, ServiceSettings
@@ -66,6 +67,7 @@ from trillium.runtime.memory import (
     release_free_memory,
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
+from trillium.wire import state
 
 logger = logging.getLogger("trillium.runtime.service")
 
@@ -332,9 +334,10 @@ class Service:
         return f"{self.advertised_host}:{port}" if port else None
 
     # ---- admin HTTP ------------------------------------------------------------------
-    def require_token(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    async def require_token(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         """FastAPI dependency: the stack's bearer token, compared in constant time so that
-        response timing leaks nothing about it."""
+        response timing leaks nothing about it. A coroutine: FastAPI runs a plain function
+        dependency on a worker thread, a thread hand-off on every request (every heartbeat)."""
         if creds is None or not secrets.compare_digest(creds.credentials.encode(), self.settings.token.encode()):
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
@@ -422,12 +425,46 @@ class Service:
         }
 
     # ---- coordinator -----------------------------------------------------------------
+    async def _heartbeat_on_job_changes(self) -> None:
+        """Heartbeat at once whenever the coordinator announces a changed job record (Redis
+        pub/sub), so that a job's start, pause or stop reaches this worker in milliseconds
+        while the periodic heartbeats stay seconds apart. Through Redis restarts: a lost
+        announcement is made up for by the next periodic heartbeat."""
+        redis = state.connect(self.settings.redis_url)
+        try:
+            while True:
+                pubsub = redis.pubsub()
+                try:
+                    await pubsub.subscribe(state.JOB_CHANGED)
+                    self._heartbeat_now.set()  # whatever changed while we were not subscribed
+                    while True:
+                        if await pubsub.get_message(ignore_subscribe_messages=True, timeout=30.0):
+                            self._heartbeat_now.set()
+                except (RedisError, OSError) as err:
+                    logger.warning("job announcements: Redis unavailable", extra={"error": str(err)})
+                    await asyncio.sleep(self.settings.heartbeat_s)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+        finally:
+            await redis.aclose()
+
     async def _heartbeat_loop(self) -> None:
         """Register, then heartbeat; re-register whenever the coordinator forgot us
         (e.g. it restarted), and keep retrying while it is unreachable."""
+        announcements = asyncio.create_task(self._heartbeat_on_job_changes(), name="job-announcements")
+        try:
+            await self._heartbeats()
+        finally:
+            announcements.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcements
+
+    async def _heartbeats(self) -> None:
         headers = {"Authorization": f"Bearer {self.settings.token}"}
         base = self.settings.coordinator_url
         registered = False
+        job_digest: str | None = None  # names the record `_on_job` last took: not sent again
         async with httpx.AsyncClient(timeout=5.0, headers=headers) as client:
             while not self._stopping.is_set():
                 try:
@@ -438,14 +475,18 @@ class Service:
                         logger.info("registered with coordinator", extra={"coordinator": base})
                     self._heartbeat_now.clear()
                     r = await client.post(
-                        f"{base}/v1/workers/{self.name}/heartbeat", json={"health": self.health_report()}
+                        f"{base}/v1/workers/{self.name}/heartbeat",
+                        json={"health": self.health_report(), "job_digest": job_digest},
                     )
                     if r.status_code == 404:
                         registered = False
                         continue
                     r.raise_for_status()
-                    job = r.json()["job"]
-                    await self._on_job(JobRecord.model_validate(job) if job else None)
+                    answer = r.json()
+                    job = answer["job"]
+                    if job is not None or answer.get("job_digest") is None:  # else: the record we hold
+                        await self._on_job(JobRecord.model_validate(job) if job else None)
+                        job_digest = answer.get("job_digest")
                 except httpx.HTTPError as exc:
                     registered = False  # re-register once it answers again
                     logger.warning("coordinator unreachable", extra={"error": str(exc)})

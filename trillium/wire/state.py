@@ -26,6 +26,9 @@ def key(*parts: object) -> str:
 WORKERS = key("workers")  # hash: worker name -> its registration and last health (coordinator)
 JOBS = key("jobs")  # sorted set: every job id, by creation time
 CURRENT_JOB = key("current_job")  # string: the id of the stack's current (or last) job
+# pub/sub channel: a job's id whenever its record or the current job changes, so that workers
+# heartbeat at once instead of hearing of it with their next periodic heartbeat (coordinator).
+JOB_CHANGED = key("job_changed")
 MODELS = key("models")  # hash: model -> where its versions are (dir, topic), the newest, its job (JSON)
 
 # A job's keys: JOB_KEYS[name] says what each holds; `applied` and `rendezvous` are per attempt.
