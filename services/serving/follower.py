@@ -104,12 +104,17 @@ class ModelFollower:
 
     # ---- following -----------------------------------------------------------------------------
     async def _run(self) -> None:
-        notices = asyncio.create_task(self._notices(), name=f"notices {self.name}")
+        listening = asyncio.Event()
+        notices = asyncio.create_task(self._notices(listening), name=f"notices {self.name}")
         try:
+            # The store is first read once the notices are followed, so that no version committed
+            # in between waits for the poll (unless Kafka is away: then the poll it is).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listening.wait(), POLL_S)
             while True:
+                self._wake.clear()  # before reading the store: a notice meanwhile reads it again
                 if self.state.pinned is None:
                     await self._catch_up()
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), POLL_S)
         finally:
@@ -117,8 +122,9 @@ class ModelFollower:
             with contextlib.suppress(asyncio.CancelledError):
                 await notices
 
-    async def _notices(self) -> None:
-        """Wake the follower for every notice on the topic (from its end: the store says the rest)."""
+    async def _notices(self, listening: asyncio.Event) -> None:
+        """Wake the follower for every notice on the topic (from its end: the store says the rest);
+        `listening` is set once the end is found."""
         while True:
             consumer = kafka.consumer(self.conn, group_id=None)
             try:
@@ -126,6 +132,8 @@ class ModelFollower:
                 consumer.assign([partition])
                 await consumer.start()
                 await consumer.seek_to_end(partition)
+                await consumer.position(partition)  # the end, resolved now rather than at the first fetch
+                listening.set()
                 while True:
                     records = await consumer.getmany(partition, timeout_ms=1000)
                     if records.get(partition):
