@@ -43,6 +43,7 @@ from trillium.runtime.model_store import (
     ModelStore,
     PublishCut,
     VersionManifest,
+    cuts_after,
     model_topic,
     parts_name,
     ps_values,
@@ -196,8 +197,13 @@ class Publisher:
             lambda record: setattr(record, "published", Published(version=version, attempt=job.attempt, step=cut.step)),
         )
         await self._announce(store, manifest)
-        writing = {parts_name(job.id, job.attempt, step) for step in held.pending}
-        deleted = await asyncio.to_thread(store.retain, job.config.publish.keep_last, writing)
+        # A cut after this one may be being written before any rank has reported it (rank 0
+        # writes its dense weights at the cut): its directory is not an abandoned one.
+        pending = {parts_name(job.id, job.attempt, step) for step in held.pending}
+        after = cuts_after(job.id, job.attempt, cut.step)
+        deleted = await asyncio.to_thread(
+            store.retain, job.config.publish.keep_last, lambda name: name in pending or after(name)
+        )
         VERSIONS.labels(job.id).set(version)
         PUBLISH_SECONDS.labels(job.id).observe(manifest.created_at - manifest.cut_at)
         logger.info(

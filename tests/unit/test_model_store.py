@@ -16,6 +16,7 @@ from trillium.runtime.model_store import (
     ModelStore,
     VersionFile,
     VersionManifest,
+    cuts_after,
     parts_name,
     ps_values,
 )
@@ -86,7 +87,19 @@ def test_retention_keeps_the_newest_and_what_they_need(tmp_path: Path) -> None:
     _version(store, 4, 3, 40)
     _version(store, 5, 4, 50)
     store.parts(parts_name("job-1", 0, 60)).write_bytes(DENSE, b"being written")
-    assert store.retain(2, writing={parts_name("job-1", 0, 60)}) == [1, 2]
+    store.parts(parts_name("job-1", 0, 45)).write_bytes(DENSE, b"abandoned")
+    store.parts(parts_name("job-0", 0, 70)).write_bytes(DENSE, b"another job's, abandoned")
+    assert store.retain(2, writing=cuts_after("job-1", 0, 50)) == [1, 2]
     assert store.versions() == [3, 4, 5]  # 5 and 4 kept, and 3 under them
     parts = sorted(p.name for p in (tmp_path / "tiny" / "parts").iterdir())
     assert parts == [parts_name("job-1", 0, s) for s in (30, 40, 50, 60)]
+
+
+def test_a_cut_after_the_committed_one_is_being_written() -> None:
+    # Rank 0 writes the dense weights at the cut, before any rank reports it: retention after
+    # committing step 50 must not take step 55's directory for an abandoned one.
+    after = cuts_after("job-1", 2, 50)
+    assert after(parts_name("job-1", 2, 55)) and after(parts_name("job-1", 2, 51))
+    assert not after(parts_name("job-1", 2, 50)) and not after(parts_name("job-1", 2, 20))
+    assert not after(parts_name("job-1", 1, 90))  # an older attempt's: abandoned
+    assert not after(parts_name("job-10", 2, 90)) and not after(parts_name("job-1", 2, 90) + "x")

@@ -27,6 +27,7 @@ of (its chain back to a full one), as checkpoints do.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +105,18 @@ def parts_name(job_id: str, attempt: int, step: int) -> str:
     return f"{job_id}.{attempt}.{step}"
 
 
+def cuts_after(job_id: str, attempt: int, step: int) -> Callable[[str], bool]:
+    """Whether a parts directory holds a cut of this attempt after `step`: one that may be being
+    written, rank 0's dense weights before any rank has reported the cut."""
+    prefix = f"{job_id}.{attempt}."
+
+    def after(name: str) -> bool:
+        cut = name.removeprefix(prefix)
+        return cut != name and cut.isdigit() and int(cut) > step
+
+    return after
+
+
 def model_topic(model: str) -> str:
     """The topic a model's versions are announced on (one partition, one notice per version)."""
     return f"trillium.{model}.model"
@@ -175,10 +188,10 @@ class ModelStore:
             out.append(self.manifest(base))
         return out[::-1]
 
-    def retain(self, keep_last: int, writing: set[str] = frozenset()) -> list[int]:
+    def retain(self, keep_last: int, writing: Callable[[str], bool] = lambda name: False) -> list[int]:
         """Delete all but the newest `keep_last` versions and those they are loaded on top of, and
-        every parts directory no kept version names but those `writing` (cuts whose versions are
-        not committed yet); returns the deleted versions."""
+        every parts directory no kept version names but those `writing` says are (cuts whose
+        versions are not committed yet); returns the deleted versions."""
         versions = self.versions()
         manifests: dict[int, VersionManifest] = {}
         for v in versions:
@@ -197,15 +210,15 @@ class ModelStore:
         self.remove_unreferenced({manifests[v].parts for v in keep}, writing)
         return deleted
 
-    def remove_unreferenced(self, referenced: set[str], protect: set[str] = frozenset()) -> list[str]:
-        """Remove parts directories no version names (abandoned cuts), but those in `protect`
-        (being written now)."""
+    def remove_unreferenced(self, referenced: set[str], protect: Callable[[str], bool]) -> list[str]:
+        """Remove parts directories no version names (abandoned cuts), but those `protect` says
+        are being written now."""
         try:
             entries = self.fs.ls(posixpath.join(self.root, "parts"), detail=False)
         except FileNotFoundError:
             return []
         gone = [posixpath.basename(e) for e in entries]
-        gone = [name for name in gone if name not in referenced and name not in protect]
+        gone = [name for name in gone if name not in referenced and not protect(name)]
         for name in gone:
             self.parts(name).remove()
         return gone
