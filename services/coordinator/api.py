@@ -187,9 +187,9 @@ class HeartbeatRequest(BaseModel):
 
 
 def record_digest(record: str) -> str:
-    """Names a job record's JSON: a worker that holds this record is not sent it again (an
-    18 KB record parsed on both sides every second, by every worker, would be most of what an
-    idle stack does)."""
+    """Names a job record's JSON: a worker that holds this record is not sent it again (every
+    worker would otherwise parse the record it holds, 18 KB for a 26-table job, at every
+    heartbeat, and the coordinator serialize it)."""
     return hashlib.blake2b(record.encode(), digest_size=16).hexdigest()
 
 
