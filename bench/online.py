@@ -97,19 +97,32 @@ def joiner_alone(job: JobConfig, events: int, seed: int) -> dict[str, Any]:
     ]
     reader = EventReader(job)
 
+    def take(join: Any, raws: list[bytes], impression: bool) -> float:
+        """A fetch into `join` as the stream loader takes it (the reference: an event at a time):
+        the newest event time."""
+        if isinstance(join, PartitionJoin):
+            stop, latest = join.take(reader.native, raws, 0, impression, -np.inf, np.inf)
+            assert stop == len(raws), stop  # every message is good
+            return latest
+        events = reader.events(raws, impression=impression)
+        for event in events:
+            if impression:
+                join.impression(event)
+            else:
+                join.label(event.key, event.time)
+        return max((e.time for e in events), default=-np.inf)
+
     def run(join: Any) -> float:
         started = time.perf_counter()
         out = 0
         c = 0
         for first in range(0, events, FETCH):  # as the stream loader takes them: a fetch at a time
-            for event in reader.events(imps[first : first + FETCH], impression=True):
-                join.impression(event)
+            latest = take(join, imps[first : first + FETCH], True)
             last = first + FETCH - 1
             upto = int(np.searchsorted(clicked, last, side="right"))
-            for label in reader.events(clicks[c:upto], impression=False):
-                join.label(label.key, label.time)
+            take(join, clicks[c:upto], False)
             c = upto
-            out += len(samples(join.advance(event.time - data.join.window_seconds)))
+            out += len(samples(join.advance(latest - data.join.window_seconds)))
         out += len(samples(join.advance(float("inf"))))
         assert out == events, (out, events)  # every impression once
         return time.perf_counter() - started

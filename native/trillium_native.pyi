@@ -143,6 +143,21 @@ def parse_floats(cells: Sequence[str | None]) -> tuple[npt.NDArray[np.float64], 
     underscores, other scripts' digits).
     """
 
+def row_cells(
+    texts: list[str],
+    separator: str,
+    fields: int,
+    slots: list[tuple[str, int, str | None, int | None]],
+    dense: list[int],
+) -> tuple[npt.NDArray[np.int32], list[npt.NDArray[np.uint64]], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Rows given as one text each, their `fields` cells joined by `separator` (a stream's
+    events), read in one pass: `(lengths[len(slots), rows], ids per slot, values[rows, len(dense)],
+    odd[n, 2])`. Each slot, (namespace, field, separator, max_len), reads its field as
+    `hash_cells` reads a column; each dense field as `parse_floats` does, `odd` giving (row,
+    dense column) of the cells it leaves to the caller. Raises ValueError for a row of another
+    number of fields, a field out of range or an empty separator; TypeError for a text not str.
+    """
+
 class CaptureMark:
     """Where a capture stood (`StoreCapture.mark`): the version clock, and per table its
     counters and how many rows had left it. Small; it outlives the capture's release."""

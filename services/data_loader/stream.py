@@ -297,32 +297,52 @@ class StreamLoader:
         join = self.data.join
         impression = join is None or tp.topic == join.impressions
         joiner = self.joins[tp.partition] if join is not None else None
-        events = self.reader.events([r.value for r in records], impression=impression)
+        raws = [r.value for r in records]
         latest = self.max_time.get(where, -np.inf)
         now = time.time()
         earliest, newest = self._clock_bounds(now)
+        self.counts["messages"] += len(records)
         try:
-            for record, event in zip(records, events, strict=True):
-                self.positions[where] = record.offset + 1
-                self.counts["messages"] += 1
-                if isinstance(event, BadEvent):
-                    await self._dead_letter(producer, tp, record.offset, record.value, str(event))
-                    continue
-                try:
-                    if not earliest <= event.time <= newest:
-                        event = self._clocked(event, now)
-                    if joiner is None:
-                        self.rows.add(event)
-                    elif impression:
-                        joiner.impression(event)
-                    else:
-                        joiner.label(event.key, event.time)
-                    latest = max(latest, event.time)
-                except BadEvent as err:
-                    await self._dead_letter(producer, tp, record.offset, record.value, str(err))
+            if joiner is not None and self.reader.native is not None:
+                # Decoded and joined in native code, message after message, up to one that needs
+                # this: a bad message, or an event time out of the clock's bounds.
+                i = 0
+                while i < len(raws):
+                    i, joined = joiner.take(self.reader.native, raws, i, impression, earliest, newest)
+                    latest = max(latest, joined)
+                    if i < len(raws):
+                        [event] = self.reader.events([raws[i]], impression=impression)
+                        latest = max(latest, await self._accept(producer, tp, records[i], event, now))
+                        i += 1
+            else:
+                for record, event in zip(records, self.reader.events(raws, impression=impression), strict=True):
+                    latest = max(latest, await self._accept(producer, tp, record, event, now))
         finally:
             if latest > -np.inf:
                 self.max_time[where] = latest
+        self.positions[where] = records[-1].offset + 1
+
+    async def _accept(self, producer, tp: TopicPartition, record, event: Event | BadEvent, now: float) -> float:
+        """One message's event into the joiner (or the rows), or to the dead letters: the event
+        time it took (-inf: none)."""
+        if isinstance(event, BadEvent):
+            await self._dead_letter(producer, tp, record.offset, record.value, str(event))
+            return -np.inf
+        join = self.data.join
+        earliest, newest = self._clock_bounds(now)
+        try:
+            if not earliest <= event.time <= newest:
+                event = self._clocked(event, now)
+            if join is None:
+                self.rows.add(event)
+            elif tp.topic == join.impressions:
+                self.joins[tp.partition].impression(event)
+            else:
+                self.joins[tp.partition].label(event.key, event.time)
+        except BadEvent as err:
+            await self._dead_letter(producer, tp, record.offset, record.value, str(err))
+            return -np.inf
+        return event.time
 
     def _clock_bounds(self, now: float) -> tuple[float, float]:
         """The event times `data.clock` takes as they are, at `now`."""

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from test_events import _job as events_job
 
 from trillium.data.sources.events import BadEvent, Event, EventReader
+from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JobConfig
 
 
@@ -105,6 +106,50 @@ def test_a_batch_decodes_to_what_the_reference_makes_of_each_message(raws) -> No
 @given(st.lists(messages(), max_size=8), st.booleans())
 def test_a_joined_batch_of_impressions_or_labels_decodes_as_the_reference(raws, impression) -> None:
     _same(EventReader(_job(joined=True)), raws, impression=impression)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(messages(), max_size=10),
+    st.booleans(),
+    st.sampled_from([(-math.inf, math.inf), (0.0, 1e6), (-1e300, 0.0), (1.0, 1.0)]),
+)
+def test_a_fetch_taken_into_the_join_joins_what_the_reference_would(raws, impression, bounds) -> None:
+    """`EventJoin.take`, as the stream loader calls it: decoded and joined natively up to each
+    message it leaves to the caller, which takes that one as the reference does. The joins end
+    equal to one fed event by event, and every bad or out-of-bounds message was left to the caller."""
+    job = _job(joined=True)
+    reader, (earliest, newest) = EventReader(job), bounds
+
+    def reference_take(join: PartitionJoin, event: Event | BadEvent) -> float:
+        if isinstance(event, BadEvent) or not earliest <= event.time <= newest:
+            return -math.inf
+        if impression:
+            join.impression(event)
+        else:
+            join.label(event.key, event.time)
+        return event.time
+
+    expected, want_latest = PartitionJoin(job.data.join), -math.inf
+    must_leave = []
+    for i, event in enumerate(reader.events(raws, impression=impression)):
+        taken = reference_take(expected, event)
+        want_latest = max(want_latest, taken)
+        if taken == -math.inf:
+            must_leave.append(i)
+    join, latest, left, i = PartitionJoin(job.data.join), -math.inf, [], 0
+    while i < len(raws):
+        i, joined = join.take(reader.native, raws, i, impression, earliest, newest)
+        latest = max(latest, joined)
+        if i < len(raws):
+            left.append(i)
+            [event] = reader.events([raws[i]], impression=impression)
+            latest = max(latest, reference_take(join, event))
+            i += 1
+    assert set(must_leave) <= set(left)
+    assert latest == want_latest
+    assert join.counts == expected.counts
+    assert join.advance(math.inf) == expected.advance(math.inf)
 
 
 @settings(max_examples=300, deadline=None)

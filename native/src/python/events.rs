@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 use super::type_name;
-use crate::events::{EventSpec, Kind};
+use crate::events::{Decoded, EventSpec, Kind};
 
 /// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes, event_type):
 /// decodes JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind),
@@ -13,7 +13,7 @@ use crate::events::{EventSpec, Kind};
 /// loader's `Event`.
 #[pyclass(name = "EventDecoder", module = "trillium_native", frozen)]
 pub(crate) struct PyEventDecoder {
-    spec: EventSpec,
+    pub(crate) spec: EventSpec,
     event_type: Py<PyAny>,
     /// `tuple.__new__`: makes an `event_type` of a tuple without running the named tuple's
     /// Python constructor (a frame an event).
@@ -22,6 +22,14 @@ pub(crate) struct PyEventDecoder {
 
 fn split(path: &str) -> Vec<String> {
     path.split('.').map(str::to_string).collect()
+}
+
+impl PyEventDecoder {
+    /// `decoded` as an `event_type`.
+    pub(crate) fn event<'py>(&self, py: Python<'py>, decoded: Decoded) -> PyResult<Bound<'py, PyAny>> {
+        let fields = (PyString::new(py, &decoded.values), decoded.key.map(|k| PyString::new(py, &k)), decoded.time);
+        self.tuple_new.bind(py).call1((self.event_type.bind(py), fields))
+    }
 }
 
 #[pymethods]
@@ -67,7 +75,6 @@ impl PyEventDecoder {
     ) -> PyResult<(Bound<'py, PyList>, Vec<usize>)> {
         let events = PyList::empty(py);
         let mut undecided = Vec::new();
-        let (event_type, tuple_new) = (self.event_type.bind(py), self.tuple_new.bind(py));
         for (i, item) in messages.iter().enumerate() {
             let decoded = if item.is_none() {
                 None
@@ -84,10 +91,7 @@ impl PyEventDecoder {
                     undecided.push(i);
                     events.append(py.None())?;
                 }
-                Some(d) => {
-                    let fields = (PyString::new(py, &d.values), d.key.map(|k| PyString::new(py, &k)), d.time);
-                    events.append(tuple_new.call1((event_type, fields))?)?;
-                }
+                Some(d) => events.append(self.event(py, d)?)?,
             }
         }
         Ok((events, undecided))

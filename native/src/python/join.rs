@@ -3,8 +3,9 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
+use super::events::PyEventDecoder;
 use super::type_name;
 use crate::join::{Closed, Join, Kind, Sample, COUNTS};
 
@@ -93,6 +94,44 @@ impl PyEventJoin {
     /// label(key, time): a label (a click) of the impression `key`.
     fn label(&mut self, key: &str, time: f64) {
         self.join.label(key, time);
+    }
+
+    /// take(decoder, messages, start, impressions, earliest, newest) -> (stop, latest): the
+    /// messages from `start` on decoded (as `decoder.decode` does) and joined here, in order, as
+    /// impressions or as labels, up to the first one this leaves to the caller: one the decoder
+    /// does not decide, one without a key, or one whose event time is outside [earliest, newest].
+    /// `stop` is its index (len(messages): none), `latest` the newest event time joined (-inf: none).
+    /// A label makes no Python object at all.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        py: Python<'_>,
+        decoder: &Bound<'_, PyEventDecoder>,
+        messages: &Bound<'_, PyList>,
+        start: usize,
+        impressions: bool,
+        earliest: f64,
+        newest: f64,
+    ) -> PyResult<(usize, f64)> {
+        let decoder = decoder.get();
+        let mut latest = f64::NEG_INFINITY;
+        for i in start..messages.len() {
+            let item = messages.get_item(i)?;
+            let Ok(raw) = item.cast::<PyBytes>() else { return Ok((i, latest)) };
+            let decoded = match decoder.spec.decode(raw.as_bytes(), impressions) {
+                Some(d) if d.key.is_some() && earliest <= d.time && d.time <= newest => d,
+                _ => return Ok((i, latest)),
+            };
+            let (time, key) = (decoded.time, decoded.key.clone().expect("checked above"));
+            if impressions {
+                let event = decoder.event(py, decoded)?;
+                self.join.impression(&key, time, Event(event.unbind()));
+            } else {
+                self.join.label(&key, time);
+            }
+            latest = latest.max(time);
+        }
+        Ok((messages.len(), latest))
     }
 
     /// advance(watermark) -> (events, positive, times, kinds): the samples decided at or before
