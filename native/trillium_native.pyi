@@ -626,6 +626,20 @@ class EventJoin:
     def impression(self, event: tuple[str, str | None, float]) -> None:
         """An impression (ValueError: it has no key)."""
     def label(self, key: str, time: float) -> None: ...
+    def take(
+        self,
+        decoder: EventDecoder,
+        messages: list[bytes | None],
+        start: int,
+        impressions: bool,
+        earliest: float,
+        newest: float,
+    ) -> tuple[int, float]:
+        """(stop, latest): the messages from `start` on decoded as `decoder.decode` does and
+        joined, as impressions or as labels, in order, up to the first one left to the caller:
+        one the decoder leaves to the reference, one without a key, or one whose event time is
+        outside [earliest, newest]. `stop` is its index (len(messages): none); `latest` the
+        newest event time joined (-inf: none)."""
     def advance(self, watermark: float) -> tuple[list[Any], list[bool], list[float], list[str]]:
         """(events, positive, times, kinds) of the samples decided at or before the watermark, in
         the order of their decisions."""

@@ -31,8 +31,9 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 import trillium_native
-from trillium.data.features import Encoder, OnlineStats, batch_of
+from trillium.data.features import Encoder, OnlineStats, TextCells, batch_of
 from trillium.data.sources.events import (
+    FIELD_SEP,
     BadEvent,
     Event,
     EventReader,
@@ -436,13 +437,13 @@ class StreamLoader:
 
     async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
         """One step: a batch of `sizes[i]` samples for each of our ranks."""
-        columns = rows.columns()
+        cells = TextCells.of_rows(self.encoder.job, [e.values for e in rows.events], FIELD_SEP, rows.paths, rows.labels)
         checked = self.encoder.check_cells(
-            columns, lambda i: (i, msgpack.packb(self.reader.named(rows.events[i])).hex()), file="kafka"
+            cells, lambda i: (i, msgpack.packb(self.reader.named(rows.events[i])).hex()), file="kafka"
         )
         self.stats.update(checked.dense[checked.keep])
         self.encoder.stats = self.stats.stats()
-        encoded = self.encoder.encode_cells(columns, checked)
+        encoded = self.encoder.encode_cells(cells, checked)
         keep = np.flatnonzero(checked.keep)
         for bad in checked.bad:  # a label the job does not know, say
             self.dead["bad_value"] += 1

@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 from aiokafka import TopicPartition
 
-from trillium.data.sources.events import FIELD_SEP, MULTI_SEP, BadEvent, Event, EventReader, EventRows, events_of
+from trillium.data.features import TextCells
+from trillium.data.sources.events import (
+    FIELD_SEP,
+    MULTI_SEP,
+    BadEvent,
+    Event,
+    EventReader,
+    EventRows,
+    events_of,
+    stream_encoder_config,
+)
 from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JobConfig
 from trillium.services.data_loader.stream import ahead, due_steps, upgrade_state
@@ -143,16 +153,24 @@ def test_split_cuts_rows_in_consecutive_parts_of_a_size() -> None:
     assert rows.pick([]).split(3) == [] and len(rows) == 7
 
 
-def test_columns_are_each_fields_values_and_refuse_an_event_of_other_fields() -> None:
-    rows = EventRows(_job())
-    assert rows.columns() == {"user.id": [], "user.recent": [], "price": [], "click": []}
+def test_the_cells_of_events_are_their_fields_and_an_event_of_other_fields_is_refused() -> None:
+    job = stream_encoder_config(_job())
+    rows = EventRows(job)
     for i in range(3):
-        rows.add(Event(FIELD_SEP.join([f"u{i}", "", str(i), "1"]), str(i), 0.0))
-    assert rows.columns() == {"user.id": ["u0", "u1", "u2"], "user.recent": [""] * 3, "price": ["0", "1", "2"],
-                              "click": ["1", "1", "1"]}  # fmt: skip
+        rows.add(Event(FIELD_SEP.join([f"u{i}", MULTI_SEP.join(["a", "b"][:i]), str(i), "1"]), str(i), 0.0))
+    cells = TextCells.of_rows(job, [e.values for e in rows.events], FIELD_SEP, rows.paths, rows.labels)
+    columns = {"user.id": ["u0", "u1", "u2"], "user.recent": ["", "a", f"a{MULTI_SEP}b"], "price": ["0", "1", "2"],
+               "click": ["1", "1", "1"]}  # fmt: skip
+    expected = TextCells.of_columns(job, columns)
+    np.testing.assert_array_equal(cells.lengths, [[1, 1, 1], [0, 1, 2]])
+    np.testing.assert_array_equal(cells.lengths, expected.lengths)
+    for got, want in zip(cells.ids, expected.ids, strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(cells.dense, [[0.0], [1.0], [2.0]])
+    assert cells.labels == ["1", "1", "1"] and cells.cell(2, "user.recent") == f"a{MULTI_SEP}b"
     rows.add(Event(FIELD_SEP.join(["u3", "", "3"]), "3", 0.0))
-    with pytest.raises(ValueError, match="not the 4 fields"):
-        rows.columns()
+    with pytest.raises(ValueError, match="row 3 has 3 fields, not 4"):
+        TextCells.of_rows(job, [e.values for e in rows.events], FIELD_SEP, rows.paths, rows.labels)
 
 
 def test_a_fast_stream_goes_out_in_whole_steps_and_no_sample_waits_past_the_timeout() -> None:
@@ -238,6 +256,7 @@ def test_a_stream_state_of_an_older_checkpoint_format_reads_as_todays(format: in
     assert state["rows"] == {"values": [today], "keys": ["r1"], "times": [1.0], "labels": ["1"], "sample_times": [1.5]}
     rows = EventRows(job)
     rows.add(next(events_of(state["rows"])), "1")
-    assert {k: list(v) for k, v in rows.columns().items()} == {
-        "user.id": ["42"], "user.recent": [""], "price": ["3"], "click": ["1"]
+    assert dict(zip(rows.paths, rows.events[0].values.split(FIELD_SEP), strict=True)) == {
+        "user.id": "42", "user.recent": "", "price": "3"
     }  # fmt: skip
+    assert rows.labels == ["1"]

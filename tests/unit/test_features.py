@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import trillium_native
 from trillium.data import load_job
-from trillium.data.features import BatchBuilder, EncodedBlock, Encoder, dense_stats, epoch_batches
+from trillium.data.features import BatchBuilder, EncodedBlock, Encoder, TextCells, dense_stats, epoch_batches
 from trillium.data.features.epochs import _encoded, _shuffle
 from trillium.data.features.stats import _STATS_CHUNK, _Moments
 from trillium.data.sources import RowBlock, open_source
@@ -394,8 +394,9 @@ _CELLS = st.one_of(
 @given(data=st.data())
 @settings(max_examples=150, deadline=None)
 def test_rows_as_text_cells_encode_as_a_block_of_them(data) -> None:
-    """Events and prediction requests take `check_cells`/`encode_cells`; files take `check`/`encode`
-    on Arrow blocks: the same rows give the same bits, the same bad rows and reasons, either way."""
+    """Events and prediction requests take `check_cells`/`encode_cells` (cells of events read a
+    text per row, of requests a column per field); files take `check`/`encode` on Arrow blocks:
+    the same rows give the same bits, the same bad rows and reasons, every way."""
     slots = [
         {"name": "one", "column": "a"},
         {"name": "many", "column": "b", "separator": "|", "pooling": "mean", "max_len": 2},
@@ -417,15 +418,23 @@ def test_rows_as_text_cells_encode_as_a_block_of_them(data) -> None:
     table = pa.table({name: pa.array(cells, pa.string()) for name, cells in columns.items()})
     block = RowBlock("f", table, (), lambda idx: [(int(i), "") for i in idx])
     by_arrow = encoder.check(block)
-    by_cells = encoder.check_cells(columns, lambda i: (i, ""), file="f")
-    assert by_cells.bad == by_arrow.bad
-    np.testing.assert_array_equal(by_cells.keep, by_arrow.keep)
-    np.testing.assert_array_equal(by_cells.labels, by_arrow.labels)
-    kept = by_arrow.keep
-    np.testing.assert_array_equal(by_cells.dense[kept], by_arrow.dense[kept])
-    a, b = encoder.encode(block, by_arrow), encoder.encode_cells(columns, by_cells)
-    np.testing.assert_array_equal(a.offsets, b.offsets)
-    for x, y in zip(a.values, b.values, strict=True):
-        np.testing.assert_array_equal(x, y)
-    np.testing.assert_array_equal(a.dense, b.dense)
+    a = encoder.encode(block, by_arrow)
+    # As prediction requests come (a column per field) and as a stream's events (a text per row).
+    fields = ("a", "b", "x", "y")
+    texts = ["\x1e".join(columns[f][i] or "" for f in fields) for i in range(rows)]
+    for cells in (
+        TextCells.of_columns(job, columns),
+        TextCells.of_rows(job, texts, "\x1e", fields, columns["l"]),
+    ):
+        by_cells = encoder.check_cells(cells, lambda i: (i, ""), file="f")
+        assert by_cells.bad == by_arrow.bad
+        np.testing.assert_array_equal(by_cells.keep, by_arrow.keep)
+        np.testing.assert_array_equal(by_cells.labels, by_arrow.labels)
+        kept = by_arrow.keep
+        np.testing.assert_array_equal(by_cells.dense[kept], by_arrow.dense[kept])
+        b = encoder.encode_cells(cells, by_cells)
+        np.testing.assert_array_equal(a.offsets, b.offsets)
+        for x, y in zip(a.values, b.values, strict=True):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(a.dense, b.dense)
     np.testing.assert_array_equal(a.labels, b.labels)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trillium.data.features import DenseStats, Encoder, batch_of
+from trillium.data.features import DenseStats, Encoder, TextCells, batch_of
 from trillium.data.sources.events import MAX_VALUE_BYTES, MULTI_SEP, BadEvent, scalar_text, stream_encoder_config
 from trillium.job import JobConfig, KafkaData
 from trillium.wire.batch import Batch
@@ -99,11 +99,12 @@ class InstanceEncoder:
         """The instances as one batch (rank 0, batch 0); `BadInstance` for the first that cannot be one."""
         rows = [self._cells(i, instance) for i, instance in enumerate(instances)]
         columns = {column: [row[column] for row in rows] for column in [*(c for c, _ in self.slots), *self.dense]}
-        checked = self.encoder.check_cells(columns, lambda i: (i, ""), file="request", labelled=False)
+        cells = TextCells.of_columns(self.encoder.job, columns, labelled=False)
+        checked = self.encoder.check_cells(cells, lambda i: (i, ""), file="request", labelled=False)
         if checked.bad:
             bad = checked.bad[0]
             raise BadInstance(bad.line, _field_of(bad.reason), bad.reason)
-        return batch_of(self.config, self.encoder.encode_cells(columns, checked), batch_id=0, rank=0)
+        return batch_of(self.config, self.encoder.encode_cells(cells, checked), batch_id=0, rank=0)
 
 
 def _field_of(reason: str) -> str | None:

@@ -147,6 +147,7 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash::hash_strings, m)?)?;
     m.add_function(wrap_pyfunction!(cells::hash_cells, m)?)?;
     m.add_function(wrap_pyfunction!(cells::parse_floats, m)?)?;
+    m.add_function(wrap_pyfunction!(cells::row_cells, m)?)?;
     m.add_function(wrap_pyfunction!(json_out::json_rows, m)?)?;
     m.add_function(wrap_pyfunction!(wire16::to_fp16_scaled, m)?)?;
     m.add_function(wrap_pyfunction!(wire16::from_fp16_scaled, m)?)?;

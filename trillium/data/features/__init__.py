@@ -34,7 +34,7 @@ cutting) <- `builder` (in memory).
 """
 
 from .builder import BatchBuilder, EncodedSplit
-from .encode import DenseStats, EncodedBlock, Encoder, batch_of
+from .encode import DenseStats, EncodedBlock, Encoder, TextCells, batch_of
 from .epochs import epoch_batches
 from .quarantine import Quarantine
 from .stats import OnlineStats, dense_stats, given_stats, stats_from_data
@@ -47,6 +47,7 @@ __all__ = [
     "Encoder",
     "OnlineStats",
     "Quarantine",
+    "TextCells",
     "batch_of",
     "dense_stats",
     "epoch_batches",

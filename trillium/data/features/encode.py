@@ -107,6 +107,60 @@ class _Checked:
     bad: tuple[Malformed, ...]  # the block's malformed rows, in line order
 
 
+@dataclass(frozen=True, eq=False)
+class TextCells:
+    """Rows as Python text cells (None or "": missing), read natively for `Encoder.check_cells`
+    and `encode_cells`: each slot's IDs (`hash_cells`) and the dense values (`parse_floats`),
+    with the cells left to Python's float() (`odd`) and the labels as they are."""
+
+    rows: int
+    lengths: np.ndarray  # int32[slots, rows]: each row's IDs of each slot
+    ids: tuple[np.ndarray, ...]  # uint64 per slot, the rows' IDs in order
+    dense: np.ndarray  # float64[rows, num_dense], NaN: missing, or an `odd` cell
+    odd: list[tuple[int, int]]  # (row, dense column) of the cells the native parser left to Python
+    labels: Sequence[str | None]
+    cell: Callable[[int, str], str | None]  # (row, column) -> the cell's text
+
+    @staticmethod
+    def of_columns(job: JobConfig, columns: Mapping[str, Sequence[str | None]], *, labelled: bool = True) -> TextCells:
+        """Cells given as a column of each of the job's columns (a label column only if `labelled`)."""
+        rows = len(columns[job.label.column]) if labelled else len(next(iter(columns.values()), ()))
+        ids = [trillium_native.hash_cells(s.name, columns[s.column], s.separator, s.max_len) for s in job.slots]
+        dense, odd = np.empty((rows, len(job.dense))), []
+        for j, d in enumerate(job.dense):
+            dense[:, j], odd_rows = trillium_native.parse_floats(columns[d.column])
+            odd += [(i, j) for i in odd_rows.tolist()]
+        return TextCells(
+            rows,
+            np.array([lengths for lengths, _ in ids], np.int32).reshape(len(job.slots), rows),
+            tuple(i for _, i in ids),
+            dense,
+            sorted(odd),
+            columns[job.label.column] if labelled else (),
+            lambda row, column: columns[column][row],
+        )
+
+    @staticmethod
+    def of_rows(
+        job: JobConfig, texts: list[str], separator: str, fields: Sequence[str], labels: Sequence[str | None]
+    ) -> TextCells:
+        """Cells given as one text a row, the cells of `fields` (column names) joined by
+        `separator` (a stream's events), read in one native pass; the labels apart."""
+        at = {f: i for i, f in enumerate(fields)}
+        slots = [(s.name, at[s.column], s.separator, s.max_len) for s in job.slots]
+        dense_fields = [at[d.column] for d in job.dense]
+        lengths, ids, dense, odd = trillium_native.row_cells(texts, separator, len(fields), slots, dense_fields)
+        return TextCells(
+            len(texts),
+            lengths,
+            tuple(ids),
+            dense,
+            [(int(i), int(j)) for i, j in odd],
+            labels,
+            lambda row, column: texts[row].split(separator)[at[column]],
+        )
+
+
 class Encoder:
     """A job's features: which columns to read, and a block's rows -> `EncodedBlock`.
 
@@ -176,54 +230,48 @@ class Encoder:
 
     # ---- rows as Python text cells: events and prediction requests, a few rows at a time ----------
     # Arrow's per-column calls cost tens of microseconds each, a batch of one event's worth several
-    # milliseconds; these take the cells as they come, with the very checks and encoding of `check`
-    # and `encode` (tests/unit/test_features.py holds the two paths to the same bits).
+    # milliseconds; these take the cells as they come (`TextCells`), with the very checks and
+    # encoding of `check` and `encode` (tests/unit/test_features.py holds the paths to the same bits).
 
     def check_cells(
-        self, cells: Mapping[str, Sequence[str | None]], locate: Callable[[int], tuple[int, str]],
-        *, file: str, labelled: bool = True,
-    ) -> _Checked:  # fmt: skip
-        """`check` of rows given as text cells per column (None or "": a missing value);
-        `locate(row)` says where a malformed row is. Rows to predict (`labelled=False`) have no
-        label to check: every label reads 0."""
+        self, cells: TextCells, locate: Callable[[int], tuple[int, str]], *, file: str, labelled: bool = True
+    ) -> _Checked:
+        """`check` of rows given as text cells; `locate(row)` says where a malformed row is. Rows
+        to predict (`labelled=False`) have no label to check: every label reads 0."""
         job = self.job
-        rows = len(cells[job.label.column]) if labelled else len(next(iter(cells.values()), ()))
         problems: dict[int, tuple[str, str]] = {}
-        dense = np.full((rows, len(job.dense)), np.nan)
-        for j, d in enumerate(job.dense):
-            column = cells[d.column]
-            dense[:, j], odd = trillium_native.parse_floats(column)
-            for i in odd.tolist():  # what the native parser left to Python's float(), as before
-                cell = column[i]
-                try:
-                    dense[i, j] = value = float(cell)
-                except ValueError:
-                    problems.setdefault(i, (DENSE_VALUE, f"{d.column}: non-numeric value {cell!r}"))
-                    continue
-                if not math.isfinite(value):
-                    problems.setdefault(i, (DENSE_VALUE, f"{d.column}: non-finite value {cell!r}"))
-        positive = np.zeros(rows, bool)
+        dense = cells.dense.copy()
+        for i, j in cells.odd:  # what the native parser left to Python's float(), as before
+            column = job.dense[j].column
+            cell = cells.cell(i, column)
+            try:
+                dense[i, j] = value = float(cell)
+            except ValueError:
+                problems.setdefault(i, (DENSE_VALUE, f"{column}: non-numeric value {cell!r}"))
+                continue
+            if not math.isfinite(value):
+                problems.setdefault(i, (DENSE_VALUE, f"{column}: non-finite value {cell!r}"))
+        positive = np.zeros(cells.rows, bool)
         if labelled:
             label, pos, neg = job.label, set(job.label.positive), set(job.label.negative or ())
-            for i, cell in enumerate(cells[label.column]):
+            for i, cell in enumerate(cells.labels):
                 if cell in pos:
                     positive[i] = True
                 elif not (cell in neg if label.negative is not None else bool(cell)):
                     problems.setdefault(i, (LABEL, f"{label.column}: unknown label {cell or ''!r}"))
-        keep = np.ones(rows, bool)
+        keep = np.ones(cells.rows, bool)
         keep[list(problems)] = False
         bad = tuple(Malformed(file, *locate(i), *problems[i]) for i in sorted(problems))
         return _Checked(keep, dense, positive, bad)
 
-    def encode_cells(self, cells: Mapping[str, Sequence[str | None]], checked: _Checked) -> EncodedBlock:
+    def encode_cells(self, cells: TextCells, checked: _Checked) -> EncodedBlock:
         """`encode` of rows given as text cells (`check_cells` checked them): the well-formed ones."""
         keep = np.flatnonzero(checked.keep)
         every = len(keep) == len(checked.keep)
         lengths = np.zeros((len(self.job.slots), len(keep)), np.int32)
         values = []
-        for k, slot in enumerate(self.job.slots):
-            # One ID per cell; or its non-empty values between separators, the first max_len.
-            counts, ids = trillium_native.hash_cells(slot.name, cells[slot.column], slot.separator, slot.max_len)
+        for k, ids in enumerate(cells.ids):
+            counts = cells.lengths[k]
             lengths[k] = counts if every else counts[keep]
             values.append(ids if every else ids[np.repeat(checked.keep, counts)])
         dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)

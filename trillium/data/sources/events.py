@@ -246,7 +246,6 @@ class EventRows:
 
     def __init__(self, job: JobConfig) -> None:
         self.paths = [p for p, _ in event_fields(job)]  # of each event's values, in order
-        self.label = job.label.column
         self.events: list[Event] = []
         self.labels: list[str] = []  # each event's label (set by the joiner, or read)
         self.times: list[float] = []  # when each became a sample (the click, else the event)
@@ -288,18 +287,7 @@ class EventRows:
     def _part(self, cut: Callable[[list[Any]], list[Any]]) -> EventRows:
         """Rows of these: each of their lists as `cut` makes it of ours."""
         part = EventRows.__new__(EventRows)
-        part.paths, part.label = self.paths, self.label
+        part.paths = self.paths
         for name in ROW_LISTS:
             setattr(part, name, cut(getattr(self, name)))
         return part
-
-    def columns(self) -> dict[str, Sequence[str | None]]:
-        """Every mapped field's column as text ("": missing), the label's too."""
-        fields = len(self.paths)
-        # One split of all the events' texts (no value holds FIELD_SEP: the reader refuses it).
-        flat = FIELD_SEP.join([e.values for e in self.events]).split(FIELD_SEP) if self.events else []
-        if len(flat) != len(self.events) * fields:
-            raise ValueError(f"an event's values are not the {fields} fields of its job")
-        out: dict[str, Sequence[str | None]] = {p: flat[j::fields] for j, p in enumerate(self.paths)}
-        out[self.label] = self.labels
-        return out
