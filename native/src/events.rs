@@ -15,8 +15,6 @@
 //! (shortest round-trip digits, exponent outside 1e-4 <= |x| < 1e16).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// Nesting deeper than this is left to Python.
 pub const MAX_DEPTH: usize = 64;
@@ -24,6 +22,19 @@ pub const MAX_DEPTH: usize = 64;
 pub const MULTI_SEP: char = '\x1f';
 /// The ASCII record separator: joins an event's field values (`FIELD_SEP` in events.py).
 pub const FIELD_SEP: char = '\x1e';
+
+/// Where a run of plain string bytes stops: a quote, a backslash, a control character.
+const STRING_STOP: [bool; 256] = {
+    let mut stop = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        stop[c] = true;
+        c += 1;
+    }
+    stop[b'"' as usize] = true;
+    stop[b'\\' as usize] = true;
+    stop
+};
 
 /// A parsed JSON value; a number is kept as its text (Python decides int or float by its form).
 #[derive(Debug)]
@@ -54,10 +65,20 @@ struct Parser<'a> {
 }
 
 impl<'a> Parser<'a> {
+    #[inline]
     fn ws(&mut self) {
-        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
-            self.i += 1;
+        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+            return; // most often: no whitespace at all
         }
+        let rest = &self.b[self.i..];
+        self.i += rest.iter().position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(rest.len());
+    }
+
+    /// The length of the run of plain string bytes from here: up to a quote, a backslash or a
+    /// control character (which JSON refuses unescaped). The loop a message spends most in.
+    fn plain_run(&self) -> usize {
+        let rest = &self.b[self.i..];
+        rest.iter().position(|&c| STRING_STOP[usize::from(c)]).unwrap_or(rest.len())
     }
 
     fn eat(&mut self, c: u8) -> Option<()> {
@@ -78,56 +99,77 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Option<Json<'a>> {
-        if depth > MAX_DEPTH {
-            return None;
+    /// An object from its `{` on: `member` is handed each key and parses the value after it.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, Cow<'a, str>) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        self.ws();
+        if self.eat(b'}').is_some() {
+            return Some(());
         }
+        loop {
+            self.ws();
+            let key = self.string()?;
+            self.ws();
+            self.eat(b':')?;
+            member(self, key)?;
+            self.ws();
+            if self.eat(b',').is_none() {
+                return self.eat(b'}');
+            }
+        }
+    }
+
+    /// The value here as a tree (`BUILD`), or only checked and passed: an object or array not
+    /// built reads as `Null`, so a member no path reads allocates nothing. Inlined for scalars,
+    /// what most members are; containers are `container`'s, out of line.
+    #[inline(always)]
+    fn value<const BUILD: bool>(&mut self, depth: usize) -> Option<Json<'a>> {
         self.ws();
         match *self.b.get(self.i)? {
-            b'{' => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.eat(b'}').is_some() {
-                    return Some(Json::Obj(items));
-                }
-                loop {
-                    self.ws();
-                    let key = self.string()?;
-                    self.ws();
-                    self.eat(b':')?;
-                    let v = self.value(depth + 1)?;
-                    items.push((key, v));
-                    self.ws();
-                    if self.eat(b',').is_none() {
-                        self.eat(b'}')?;
-                        return Some(Json::Obj(items));
-                    }
-                }
-            }
-            b'[' => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.eat(b']').is_some() {
-                    return Some(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    self.ws();
-                    if self.eat(b',').is_none() {
-                        self.eat(b']')?;
-                        return Some(Json::Arr(items));
-                    }
-                }
-            }
             b'"' => self.string().map(Json::Str),
+            b'-' | b'0'..=b'9' => self.number(),
             b'n' => self.lit("null").map(|_| Json::Null),
             b't' => self.lit("true").map(|_| Json::Bool(true)),
             b'f' => self.lit("false").map(|_| Json::Bool(false)),
-            b'-' | b'0'..=b'9' => self.number(),
+            b'{' | b'[' => self.container::<BUILD>(depth),
             _ => None,
         }
+    }
+
+    /// An object or an array, as `value` reads it; out of line, as it recurses.
+    #[inline(never)]
+    fn container<const BUILD: bool>(&mut self, depth: usize) -> Option<Json<'a>> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        if self.b[self.i] == b'{' {
+            let mut items = Vec::new();
+            self.object(|p, key| {
+                let v = p.value::<BUILD>(depth + 1)?;
+                if BUILD {
+                    items.push((key, v));
+                }
+                Some(())
+            })?;
+            return Some(if BUILD { Json::Obj(items) } else { Json::Null });
+        }
+        self.i += 1;
+        let mut items = Vec::new();
+        self.ws();
+        if self.eat(b']').is_none() {
+            loop {
+                let v = self.value::<BUILD>(depth + 1)?;
+                if BUILD {
+                    items.push(v);
+                }
+                self.ws();
+                if self.eat(b',').is_none() {
+                    self.eat(b']')?;
+                    break;
+                }
+            }
+        }
+        Some(if BUILD { Json::Arr(items) } else { Json::Null })
     }
 
     /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?`, Python's NUMBER_RE.
@@ -174,22 +216,23 @@ impl<'a> Parser<'a> {
         u32::from_str_radix(h, 16).ok()
     }
 
+    /// A string, borrowed from the message where it has no escape (inlined: a message's most
+    /// common token; the rest is `escaped`'s, out of line).
+    #[inline]
     fn string(&mut self) -> Option<Cow<'a, str>> {
         self.eat(b'"')?;
         let start = self.i;
-        // The common case: no escape, borrowed.
-        while self.i < self.b.len() {
-            match self.b[self.i] {
-                b'"' => {
-                    let s = &self.s[start..self.i];
-                    self.i += 1;
-                    return Some(Cow::Borrowed(s));
-                }
-                b'\\' => break,
-                c if c < 0x20 => return None,
-                _ => self.i += 1,
-            }
+        self.i += self.plain_run();
+        if self.eat(b'"').is_some() {
+            return Some(Cow::Borrowed(&self.s[start..self.i - 1]));
         }
+        self.escaped(start)
+    }
+
+    /// The rest of a string from `start` on, where its plain run stopped at other than its end.
+    #[cold]
+    #[inline(never)]
+    fn escaped(&mut self, start: usize) -> Option<Cow<'a, str>> {
         let mut out = String::from(&self.s[start..self.i]);
         loop {
             let c = *self.b.get(self.i)?;
@@ -235,23 +278,12 @@ impl<'a> Parser<'a> {
                 _ => {
                     // Copy up to the next quote or backslash (whole UTF-8 sequences).
                     let from = self.i;
-                    while self.i < self.b.len() && !matches!(self.b[self.i], b'"' | b'\\') && self.b[self.i] >= 0x20 {
-                        self.i += 1;
-                    }
+                    self.i += self.plain_run();
                     out.push_str(&self.s[from..self.i]);
                 }
             }
         }
     }
-}
-
-/// The message as a JSON object, or None (not JSON, or not one this parser is sure of).
-fn parse(raw: &[u8]) -> Option<Json<'_>> {
-    let s = std::str::from_utf8(raw).ok()?;
-    let mut p = Parser { s, b: s.as_bytes(), i: 0 };
-    let v = p.value(0)?;
-    p.ws();
-    (p.i == p.b.len() && matches!(v, Json::Obj(_))).then_some(v)
 }
 
 /// Python's `repr(x)` of a finite float.
@@ -317,7 +349,8 @@ fn even_on_tie(x: f64, digits: String, exp: i32) -> String {
 /// Java and JavaScript write for most values.
 fn written_as_repr(text: &str) -> bool {
     let unsigned = text.strip_prefix('-').unwrap_or(text);
-    let Some((int, frac)) = unsigned.split_once('.') else { return false };
+    let Some(dot) = unsigned.bytes().position(|c| c == b'.') else { return false };
+    let (int, frac) = (&unsigned[..dot], &unsigned[dot + 1..]);
     let digits = |t: &str| !t.is_empty() && t.bytes().all(|c| c.is_ascii_digit());
     if !digits(int) || !digits(frac) || (int.len() > 1 && int.starts_with('0')) {
         return false;
@@ -361,14 +394,16 @@ fn int_text(text: &str) -> Option<Cow<'_, str>> {
 }
 
 /// Python's `scalar_text`, or None where it would refuse the value (or this path is unsure).
-fn scalar_text<'j>(v: &'j Json<'_>, max_value_bytes: usize) -> Option<Cow<'j, str>> {
+fn scalar_text<'a>(v: &Json<'a>, max_value_bytes: usize) -> Option<Cow<'a, str>> {
     match v {
         Json::Bool(b) => Some(Cow::Borrowed(if *b { "true" } else { "false" })),
         Json::Int(t) => int_text(t),
         Json::Float(t) => float_text(t),
-        Json::Str(s) => {
-            (s.len() <= max_value_bytes && !s.contains([MULTI_SEP, FIELD_SEP])).then(|| Cow::Borrowed(s.as_ref()))
-        }
+        // A separator is a control character, which a JSON string holds only escaped: only a
+        // string with an escape (owned) can hold one.
+        Json::Str(s) => (s.len() <= max_value_bytes
+            && !matches!(s, Cow::Owned(o) if o.contains([MULTI_SEP, FIELD_SEP])))
+        .then(|| s.clone()),
         _ => None,
     }
 }
@@ -392,33 +427,76 @@ pub struct EventSpec {
     pub event_key: Option<Vec<String>>,
     pub max_message_bytes: usize,
     pub max_value_bytes: usize,
-    /// Each top-level name a path starts with -> the paths (`fields` by index, then the event
-    /// time, then the key): an event's members are matched in one pass, not searched per path.
-    roots: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>>,
+    /// The top-level names the paths start with: an event's members are matched as they are
+    /// read, and one no path reads is only checked.
+    roots: Roots,
+    /// The root of each path (`fields` by index, then the event time, then the key).
+    root_of: Vec<usize>,
 }
 
-/// FNV-1a: the roots are a few dozen short names, hashed once per member of every event.
-#[derive(Default)]
-struct Fnv(u64);
+/// Top-level names, numbered in the order first given: an open-addressed table probed by FNV-1a
+/// and compared byte by byte. A few dozen short names, looked up once per member of every event;
+/// a general map's hashing and `memcmp` call were a tenth of a decode.
+#[derive(Clone, Debug)]
+struct Roots {
+    names: Vec<Box<[u8]>>,
+    /// A power of two of slots, at most half full: 1 + the index of a name, 0 where empty.
+    slots: Vec<usize>,
+}
 
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
+impl Roots {
+    fn new<'n>(paths: impl Iterator<Item = &'n str>) -> (Self, Vec<usize>) {
+        let mut names: Vec<Box<[u8]>> = Vec::new();
+        let root_of = paths
+            .map(|name| {
+                names.iter().position(|n| **n == *name.as_bytes()).unwrap_or_else(|| {
+                    names.push(name.as_bytes().into());
+                    names.len() - 1
+                })
+            })
+            .collect();
+        let mut roots = Self { slots: vec![0; (2 * names.len()).next_power_of_two().max(8)], names: Vec::new() };
+        for name in names {
+            let mut slot = roots.first_slot(&name);
+            while roots.slots[slot] != 0 {
+                slot = (slot + 1) & (roots.slots.len() - 1);
+            }
+            roots.names.push(name);
+            roots.slots[slot] = roots.names.len();
+        }
+        (roots, root_of)
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    fn first_slot(&self, name: &[u8]) -> usize {
+        let hash =
+            name.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        hash as usize & (self.slots.len() - 1)
+    }
+
+    #[inline]
+    fn get(&self, name: &[u8]) -> Option<usize> {
+        let mut slot = self.first_slot(name);
+        loop {
+            let index = self.slots[slot].checked_sub(1)?;
+            let known = &self.names[index];
+            if known.len() == name.len() && known.iter().zip(name).all(|(a, b)| a == b) {
+                return Some(index);
+            }
+            slot = (slot + 1) & (self.slots.len() - 1);
         }
+    }
+
+    fn len(&self) -> usize {
+        self.names.len()
     }
 }
 
 /// One decoded event: its time, key and the text of each field of the spec, in its order and
 /// joined by `FIELD_SEP` (a missing value is empty: the event's one text, as events.py keeps it).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Decoded {
+pub struct Decoded<'a> {
     pub time: f64,
-    pub key: Option<String>,
+    pub key: Option<Cow<'a, str>>,
     pub values: String,
 }
 
@@ -434,41 +512,41 @@ impl EventSpec {
         max_message_bytes: usize,
         max_value_bytes: usize,
     ) -> Self {
-        let mut roots: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>> = HashMap::default();
         let paths = fields.iter().map(|(p, _)| p).chain([&event_time]).chain(&event_key);
-        for (i, path) in paths.enumerate() {
-            roots.entry(path[0].clone()).or_default().push(i);
-        }
-        Self { fields, event_time, event_key, max_message_bytes, max_value_bytes, roots }
+        let (roots, root_of) = Roots::new(paths.map(|path| path[0].as_str()));
+        Self { fields, event_time, event_key, max_message_bytes, max_value_bytes, roots, root_of }
     }
 
-    /// Each path's value in `event` (`fields`, then the event time, then the key), None where
-    /// it has none.
-    fn values_at<'j, 'a>(&self, event: &'j Json<'a>) -> Vec<Option<&'j Json<'a>>> {
-        let mut found = vec![None; self.fields.len() + 1 + usize::from(self.event_key.is_some())];
-        if let Json::Obj(members) = event {
-            for (name, value) in members {
-                // In member order: the last of duplicate keys wins, as in a Python dict.
-                for &i in self.roots.get(name.as_ref()).map_or(&[][..], Vec::as_slice) {
-                    found[i] = Some(value);
-                }
+    /// Each root's value in the message (the last of duplicate members wins, as in a Python
+    /// dict), or None: not a JSON object this parser is sure of.
+    fn roots_in<'a>(&self, raw: &'a [u8]) -> Option<Vec<Option<Json<'a>>>> {
+        let s = std::str::from_utf8(raw).ok()?;
+        let mut p = Parser { s, b: s.as_bytes(), i: 0 };
+        let mut found: Vec<Option<Json<'a>>> = (0..self.roots.len()).map(|_| None).collect();
+        p.ws();
+        p.object(|p, name| {
+            match self.roots.get(name.as_bytes()) {
+                Some(root) => found[root] = Some(p.value::<true>(1)?),
+                None => drop(p.value::<false>(1)?),
             }
-        }
-        let paths = self.fields.iter().map(|(p, _)| p).chain([&self.event_time]).chain(&self.event_key);
-        for (slot, path) in found.iter_mut().zip(paths) {
-            *slot = slot.and_then(|root| at(root, &path[1..]));
-        }
-        found
+            Some(())
+        })?;
+        p.ws();
+        (p.i == p.b.len()).then_some(found)
     }
 
     /// The event in `raw`, with every field (`with_fields`) or its time and key only; None:
     /// let the reference decoder decide.
-    pub fn decode(&self, raw: &[u8], with_fields: bool) -> Option<Decoded> {
+    pub fn decode<'a>(&self, raw: &'a [u8], with_fields: bool) -> Option<Decoded<'a>> {
         if raw.len() > self.max_message_bytes {
             return None;
         }
-        let event = parse(raw)?;
-        let found = self.values_at(&event);
+        let roots = self.roots_in(raw)?;
+        let paths = self.fields.iter().map(|(p, _)| p).chain([&self.event_time]).chain(&self.event_key);
+        let found: Vec<Option<&Json<'a>>> = paths
+            .zip(&self.root_of)
+            .map(|(path, &root)| roots[root].as_ref().and_then(|v| at(v, &path[1..])))
+            .collect();
         let n = self.fields.len();
         let time = match found[n]? {
             Json::Int(t) => t.parse::<i64>().ok()? as f64,
@@ -476,11 +554,12 @@ impl EventSpec {
             _ => return None,
         };
         let key = match &self.event_key {
-            Some(_) => Some(scalar_text(found[n + 1]?, self.max_value_bytes)?.into_owned()),
+            Some(_) => Some(scalar_text(found[n + 1]?, self.max_value_bytes)?),
             None => None,
         };
         let mut values = String::new();
         if with_fields {
+            values.reserve(raw.len());
             for (i, ((_, kind), value)) in self.fields.iter().zip(&found).enumerate() {
                 if i > 0 {
                     values.push(FIELD_SEP);
@@ -577,11 +656,42 @@ mod tests {
     }
 
     #[test]
-    fn parses_and_refuses() {
-        assert!(parse(br#" {"a": [1, 2.5, "x\u00e9\ud83d\ude00", null, true]} "#).is_some());
-        for bad in [&b"{\"a\": 01}"[..], b"{\"a\": 1,}", b"[1]", b"{\"a\": \"\\ud800\"}", b"{\"a\": NaN}", b"{} x"] {
-            assert!(parse(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+    fn parses_and_refuses_what_a_path_reads_and_what_none_does() {
+        let spec = EventSpec::new(vec![(vec!["a".into()], Kind::Slot)], vec!["t".into()], None, 1 << 20, 1 << 16);
+        let good = r#"[1, 2.5, "x\u00e9\ud83d\ude00", null, true, {"c": [{}, []]}]"#;
+        let bad = ["01", "[1,]", r#"{"c": 1,}"#, r#""\ud800""#, "NaN", r#""a	b""#, "[[[", "{\"c\"}"];
+        for name in ["a", "unread"] {
+            let message = |value: &str| format!(r#" {{"t": 1, "{name}": {value}}} "#);
+            assert!(spec.roots_in(message(good).as_bytes()).is_some(), "{name}");
+            for value in bad {
+                assert!(spec.roots_in(message(value).as_bytes()).is_none(), "{name}: {value}");
+            }
         }
+        for bad in [&b"[1]"[..], b"{} x", b"{\"t\": 1,}", b"\"t\""] {
+            assert!(spec.roots_in(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn every_root_is_found_under_its_number_and_no_other_name_is() {
+        let names: Vec<String> = (0..300).map(|i| format!("n{}", i * 7919 % 1000)).collect();
+        let (roots, root_of) = Roots::new(names.iter().chain(&names).map(String::as_str));
+        assert_eq!((roots.len(), root_of.len()), (300, 600));
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!((roots.get(name.as_bytes()), root_of[i], root_of[300 + i]), (Some(i), i, i));
+        }
+        for other in ["", "n", "n10000", "x1", "n1 "] {
+            assert_eq!(roots.get(other.as_bytes()), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_nested_path_and_the_last_of_duplicate_members_are_read() {
+        let fields = vec![(vec!["u".into(), "id".into()], Kind::Slot), (vec!["u".into(), "age".into()], Kind::Dense)];
+        let spec = EventSpec::new(fields, vec!["t".into()], Some(vec!["k".into()]), 1 << 20, 1 << 16);
+        let raw = br#"{"u": {"id": 1}, "k": "a", "x": [2], "t": 5, "u": {"age": 3, "id": "z"}}"#;
+        let decoded = spec.decode(raw, true).expect("decoded");
+        assert_eq!((decoded.time, decoded.key.as_deref(), decoded.values.as_str()), (5.0, Some("a"), "z\x1e3"));
     }
 
     #[test]

@@ -59,7 +59,8 @@ values = scalars | st.lists(scalars, max_size=4) | st.dictionaries(st.sampled_fr
 @st.composite
 def messages(draw) -> bytes | None:
     event: dict = {}
-    for key, field in [("id", scalars), ("ts", numbers | scalars), ("price", values), ("n", values), ("click", values)]:
+    members = [("id", scalars), ("ts", numbers | scalars), ("price", values), ("n", values), ("click", values)]
+    for key, field in members + [("unread", values)]:  # no field maps "unread": only checked
         if draw(st.integers(0, 9)) > 0:
             event[key] = draw(field)
     if draw(st.integers(0, 9)) > 0:

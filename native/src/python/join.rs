@@ -122,6 +122,7 @@ impl PyEventJoin {
                 Some(d) if d.key.is_some() && earliest <= d.time && d.time <= newest => d,
                 _ => return Ok((i, latest)),
             };
+            // The key borrows from the message: cloning it copies nothing.
             let (time, key) = (decoded.time, decoded.key.clone().expect("checked above"));
             if impressions {
                 let event = decoder.event(py, decoded)?;
