@@ -12,6 +12,7 @@ pub mod events;
 pub mod hash;
 pub mod index;
 pub mod join;
+pub mod json_in;
 pub mod json_out;
 pub mod mem;
 pub mod optim;
