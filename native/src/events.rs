@@ -27,14 +27,16 @@ fn scalar_text<'a>(v: &Json<'a>, max_value_bytes: usize) -> Option<Cow<'a, str>>
     match v {
         Json::Bool(b) => Some(Cow::Borrowed(if *b { "true" } else { "false" })),
         Json::Int(t) => int_text(t),
-        Json::Float(t) => float_text(t),
-        // A separator is a control character, which a JSON string holds only escaped: only a
-        // string with an escape (owned) can hold one.
-        Json::Str(s) => (s.len() <= max_value_bytes
-            && !matches!(s, Cow::Owned(o) if o.contains([MULTI_SEP, FIELD_SEP])))
-        .then(|| s.clone()),
+        Json::Float(t, as_repr) => float_text(t, *as_repr),
+        Json::Str(s) => string_taken(s, matches!(s, Cow::Owned(_)), max_value_bytes).then(|| s.clone()),
         _ => None,
     }
+}
+
+/// Whether `scalar_text` takes a string value as it is.
+fn string_taken(s: &str, escaped: bool, max_value_bytes: usize) -> bool {
+    // A separator is a control character, which a JSON string holds only escaped.
+    s.len() <= max_value_bytes && !(escaped && s.contains([MULTI_SEP, FIELD_SEP]))
 }
 
 /// What a field is read as.
@@ -129,8 +131,86 @@ pub struct Decoded<'a> {
     pub values: String,
 }
 
-fn at<'j, 'a>(event: &'j Json<'a>, path: &[String]) -> Option<&'j Json<'a>> {
-    path.iter().try_fold(event, |node, part| node.get(part))
+/// A top-level member a path starts at, as the first pass leaves it: a scalar already as its
+/// text, so that most members need no tree and nothing to drop.
+#[derive(Clone, Copy, Debug)]
+enum Member<'a> {
+    /// Not in the message, or a value no path can take (a string too long, an integer beyond
+    /// i64, a float that is not finite, a separator): a path that reads it leaves the event to
+    /// Python.
+    Absent,
+    Null,
+    /// A scalar's text (`scalar_text`) in the message; whether it is a number.
+    Text(&'a str, bool),
+    /// A scalar's text made anew (`Members::made`): "-0", a float not written as repr writes
+    /// it, an escaped string.
+    Made(usize, bool),
+    /// An object or an array (`Members::trees`).
+    Tree(usize),
+}
+
+/// The first pass's members, by root, and what they hold that the message does not.
+struct Members<'a> {
+    roots: Vec<Member<'a>>,
+    made: Vec<String>,
+    trees: Vec<Json<'a>>,
+}
+
+/// What a path reads.
+enum Value<'j, 'a> {
+    Null,
+    /// A scalar's text in the message, whether it is a number.
+    Raw(&'a str, bool),
+    /// A scalar's text made anew, whether it is a number.
+    Made(&'j str, bool),
+    /// A container, or any value under a nested path.
+    Json(&'j Json<'a>),
+}
+
+impl<'a> Members<'a> {
+    /// A root's value, as `scalar_text` takes a scalar (matched by value: nothing to drop).
+    #[inline]
+    fn add(&mut self, root: usize, value: Json<'a>, max_value_bytes: usize) {
+        let text = |text: Option<Cow<'a, str>>, number: bool, made: &mut Vec<String>| match text {
+            Some(Cow::Borrowed(text)) => Member::Text(text, number),
+            Some(Cow::Owned(text)) => {
+                made.push(text);
+                Member::Made(made.len() - 1, number)
+            }
+            None => Member::Absent,
+        };
+        self.roots[root] = match value {
+            Json::Null => Member::Null,
+            Json::Bool(b) => Member::Text(if b { "true" } else { "false" }, false),
+            Json::Int(t) => text(int_text(t), true, &mut self.made),
+            Json::Float(t, as_repr) => text(float_text(t, as_repr), true, &mut self.made),
+            Json::Str(s) => {
+                let taken = string_taken(&s, matches!(s, Cow::Owned(_)), max_value_bytes);
+                text(taken.then_some(s), false, &mut self.made)
+            }
+            Json::Arr(_) | Json::Obj(_) => {
+                self.trees.push(value);
+                Member::Tree(self.trees.len() - 1)
+            }
+        };
+    }
+
+    /// What `path` reads from the member at its root, or None: nothing, or a value refused.
+    #[inline(always)]
+    fn at<'j>(&'j self, root: usize, path: &[String]) -> Option<Value<'j, 'a>> {
+        let member = self.roots[root];
+        if path.len() > 1 {
+            let Member::Tree(t) = member else { return None };
+            return path[1..].iter().try_fold(&self.trees[t], |node, part| node.get(part)).map(Value::Json);
+        }
+        match member {
+            Member::Absent => None,
+            Member::Null => Some(Value::Null),
+            Member::Text(text, number) => Some(Value::Raw(text, number)),
+            Member::Made(i, number) => Some(Value::Made(&self.made[i], number)),
+            Member::Tree(t) => Some(Value::Json(&self.trees[t])),
+        }
+    }
 }
 
 impl EventSpec {
@@ -146,20 +226,20 @@ impl EventSpec {
         Self { fields, event_time, event_key, max_message_bytes, max_value_bytes, roots, root_of }
     }
 
-    /// Each root's value in the message (the last of duplicate members wins, as in a Python
+    /// Each root's member in the message (the last of duplicate members wins, as in a Python
     /// dict), or None: not a JSON object this parser is sure of.
-    fn roots_in<'a>(&self, raw: &'a [u8]) -> Option<Vec<Option<Json<'a>>>> {
+    fn members_in<'a>(&self, raw: &'a [u8]) -> Option<Members<'a>> {
         let mut p = Parser::of(std::str::from_utf8(raw).ok()?);
-        let mut found: Vec<Option<Json<'a>>> = (0..self.roots.len()).map(|_| None).collect();
+        let mut members = Members { roots: vec![Member::Absent; self.roots.len()], made: vec![], trees: vec![] };
         p.ws();
         p.object(|p, name| {
             match self.roots.get(name.as_bytes()) {
-                Some(root) => found[root] = Some(p.value::<true>(1)?),
+                Some(root) => members.add(root, p.value::<true>(1)?, self.max_value_bytes),
                 None => drop(p.value::<false>(1)?),
             }
             Some(())
         })?;
-        p.at_end().then_some(found)
+        p.at_end().then_some(members)
     }
 
     /// The event in `raw`, with every field (`with_fields`) or its time and key only; None:
@@ -168,32 +248,35 @@ impl EventSpec {
         if raw.len() > self.max_message_bytes {
             return None;
         }
-        let roots = self.roots_in(raw)?;
-        let paths = self.fields.iter().map(|(p, _)| p).chain([&self.event_time]).chain(&self.event_key);
-        let found: Vec<Option<&Json<'a>>> = paths
-            .zip(&self.root_of)
-            .map(|(path, &root)| roots[root].as_ref().and_then(|v| at(v, &path[1..])))
-            .collect();
+        let members = self.members_in(raw)?;
         let n = self.fields.len();
-        let time = match found[n]? {
-            Json::Int(t) => t.parse::<i64>().ok()? as f64,
-            Json::Float(t) => finite(t)?,
+        let time = match members.at(self.root_of[n], &self.event_time)? {
+            Value::Raw(t, true) | Value::Made(t, true) => finite(t)?,
+            Value::Json(Json::Int(t)) => t.parse::<i64>().ok()? as f64,
+            Value::Json(Json::Float(t, _)) => finite(t)?,
             _ => return None,
         };
         let key = match &self.event_key {
-            Some(_) => Some(scalar_text(found[n + 1]?, self.max_value_bytes)?),
+            Some(path) => Some(match members.at(self.root_of[n + 1], path)? {
+                Value::Raw(text, _) => Cow::Borrowed(text),
+                Value::Made(text, _) => Cow::Owned(text.to_owned()),
+                Value::Json(v) => scalar_text(v, self.max_value_bytes)?,
+                Value::Null => return None,
+            }),
             None => None,
         };
         let mut values = String::new();
         if with_fields {
             values.reserve(raw.len());
-            for (i, ((_, kind), value)) in self.fields.iter().zip(&found).enumerate() {
+            for (i, ((path, kind), &root)) in self.fields.iter().zip(&self.root_of).enumerate() {
                 if i > 0 {
                     values.push(FIELD_SEP);
                 }
-                match (kind, (*value)?) {
-                    (_, Json::Null) => {}
-                    (Kind::Slot, Json::Arr(items)) => {
+                match (kind, members.at(root, path)?) {
+                    (_, Value::Null | Value::Json(Json::Null)) => {}
+                    (Kind::Dense, Value::Raw(_, false) | Value::Made(_, false)) => return None,
+                    (_, Value::Raw(text, _) | Value::Made(text, _)) => values.push_str(text),
+                    (Kind::Slot, Value::Json(Json::Arr(items))) => {
                         for (j, item) in items.iter().filter(|i| !matches!(i, Json::Null)).enumerate() {
                             if j > 0 {
                                 values.push(MULTI_SEP);
@@ -201,10 +284,12 @@ impl EventSpec {
                             values.push_str(&scalar_text(item, self.max_value_bytes)?);
                         }
                     }
-                    (Kind::Dense, Json::Int(t)) => values.push_str(&int_text(t)?),
-                    (Kind::Dense, Json::Float(t)) => values.push_str(&float_text(t)?),
-                    (Kind::Dense, _) => return None,
-                    (Kind::Slot | Kind::Label, v) => values.push_str(&scalar_text(v, self.max_value_bytes)?),
+                    (Kind::Dense, Value::Json(Json::Int(t))) => values.push_str(&int_text(t)?),
+                    (Kind::Dense, Value::Json(Json::Float(t, as_repr))) => values.push_str(&float_text(t, *as_repr)?),
+                    (Kind::Dense, Value::Json(_)) => return None,
+                    (Kind::Slot | Kind::Label, Value::Json(v)) => {
+                        values.push_str(&scalar_text(v, self.max_value_bytes)?)
+                    }
                 }
             }
         }
@@ -223,13 +308,13 @@ mod tests {
         let bad = ["01", "[1,]", r#"{"c": 1,}"#, r#""\ud800""#, "NaN", r#""a	b""#, "[[[", "{\"c\"}"];
         for name in ["a", "unread"] {
             let message = |value: &str| format!(r#" {{"t": 1, "{name}": {value}}} "#);
-            assert!(spec.roots_in(message(good).as_bytes()).is_some(), "{name}");
+            assert!(spec.members_in(message(good).as_bytes()).is_some(), "{name}");
             for value in bad {
-                assert!(spec.roots_in(message(value).as_bytes()).is_none(), "{name}: {value}");
+                assert!(spec.members_in(message(value).as_bytes()).is_none(), "{name}: {value}");
             }
         }
         for bad in [&b"[1]"[..], b"{} x", b"{\"t\": 1,}", b"\"t\""] {
-            assert!(spec.roots_in(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+            assert!(spec.members_in(bad).is_none(), "{}", String::from_utf8_lossy(bad));
         }
     }
 
@@ -253,6 +338,41 @@ mod tests {
         let raw = br#"{"u": {"id": 1}, "k": "a", "x": [2], "t": 5, "u": {"age": 3, "id": "z"}}"#;
         let decoded = spec.decode(raw, true).expect("decoded");
         assert_eq!((decoded.time, decoded.key.as_deref(), decoded.values.as_str()), (5.0, Some("a"), "z\x1e3"));
+    }
+
+    #[test]
+    fn each_kind_of_top_level_value_reads_as_python_writes_it() {
+        let spec = EventSpec::new(
+            vec![(vec!["a".into()], Kind::Slot), (vec!["d".into()], Kind::Dense)],
+            vec!["t".into()],
+            Some(vec!["k".into()]),
+            1 << 20,
+            8,
+        );
+        let read = |a: &str, d: &str, t: &str, k: &str| {
+            let raw = format!(r#"{{"a": {a}, "d": {d}, "t": {t}, "k": {k}}}"#);
+            spec.decode(raw.as_bytes(), true).map(|e| (e.values, e.time, e.key.map(Cow::into_owned)))
+        };
+        let want = |values: &str, time: f64, key: &str| Some((values.to_owned(), time, Some(key.to_owned())));
+        assert_eq!(read("true", "-0", "-0", "false"), want("true\x1e0", 0.0, "false"));
+        assert_eq!(read(r#""x\u00e9""#, "2.50", "1e2", "-0"), want("xé\x1e2.5", 100.0, "0"));
+        assert_eq!(read("null", "1e-05", "1.5", r#""\/""#), want("\x1e1e-05", 1.5, "/"));
+        assert_eq!(read("[1, null, 0.10]", "null", "7", "3"), want("1\x1f0.1\x1e", 7.0, "3"));
+        // Refused: a dense string or boolean, a time not a number, a key or value too long.
+        for (a, d, t, k) in [
+            ("1", r#""1""#, "1", "1"),
+            ("1", "true", "1", "1"),
+            ("1", "1", r#""1""#, "1"),
+            ("1", "1", "true", "1"),
+            ("1", "1", "1", r#""123456789""#),
+            (r#""123456789""#, "1", "1", "1"),
+            ("{}", "1", "1", "1"),
+            ("1", "[1]", "1", "1"),
+            ("1", "1", "1e400", "1"),
+            ("1", "1", "1", "123456789012345678901"),
+        ] {
+            assert_eq!(read(a, d, t, k), None, "{a} {d} {t} {k}");
+        }
     }
 
     #[test]

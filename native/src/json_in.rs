@@ -31,7 +31,8 @@ pub(crate) enum Json<'a> {
     Null,
     Bool(bool),
     Int(&'a str),
-    Float(&'a str),
+    /// A float's text, and whether it is what Python's `repr` writes of it (`written_as_repr`).
+    Float(&'a str, bool),
     Str(Cow<'a, str>),
     Arr(Vec<Json<'a>>),
     Obj(Vec<(Cow<'a, str>, Json<'a>)>),
@@ -67,8 +68,14 @@ impl<'a> Parser<'a> {
 
     #[inline]
     pub(crate) fn ws(&mut self) {
-        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
-            return; // most often: no whitespace at all
+        // Most often no whitespace, or the one space after a `:` or `,` that most writers put.
+        match self.b.get(self.i) {
+            Some(&c) if c > b' ' => return,
+            Some(b' ') if self.b.get(self.i + 1).is_some_and(|&c| c > b' ') => {
+                self.i += 1;
+                return;
+            }
+            _ => {}
         }
         let rest = &self.b[self.i..];
         self.i += rest.iter().position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(rest.len());
@@ -172,7 +179,8 @@ impl<'a> Parser<'a> {
         Some(if BUILD { Json::Arr(items) } else { Json::Null })
     }
 
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?`, Python's NUMBER_RE.
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?`, Python's NUMBER_RE. A float's form is
+    /// judged as it is scanned (`written_as_repr`).
     fn number(&mut self) -> Option<Json<'a>> {
         let start = self.i;
         let digits = |p: &mut Self| {
@@ -183,15 +191,19 @@ impl<'a> Parser<'a> {
             p.i - from
         };
         self.eat(b'-');
-        if self.eat(b'0').is_none() && digits(self) == 0 {
+        let int_is_zero = self.eat(b'0').is_some();
+        let int_digits = if int_is_zero { 1 } else { digits(self) };
+        if int_digits == 0 {
             return None;
         }
-        let mut float = false;
+        let mut fraction = None;
         if self.b.get(self.i) == Some(&b'.') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
             self.i += 1;
+            let from = self.i;
             digits(self);
-            float = true;
+            fraction = Some(&self.b[from..self.i]);
         }
+        let mut exponent = false;
         if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
             let mut j = self.i + 1;
             if matches!(self.b.get(j), Some(b'+' | b'-')) {
@@ -200,11 +212,15 @@ impl<'a> Parser<'a> {
             if self.b.get(j).is_some_and(u8::is_ascii_digit) {
                 self.i = j;
                 digits(self);
-                float = true;
+                exponent = true;
             }
         }
         let text = &self.s[start..self.i];
-        Some(if float { Json::Float(text) } else { Json::Int(text) })
+        Some(match (fraction, exponent) {
+            (None, false) => Json::Int(text),
+            (Some(fraction), false) => Json::Float(text, written_as_repr(int_digits, int_is_zero, fraction)),
+            (_, true) => Json::Float(text, false),
+        })
     }
 
     fn hex4(&mut self) -> Option<u32> {
@@ -342,40 +358,29 @@ fn even_on_tie(x: f64, digits: String, exp: i32) -> String {
     digits
 }
 
-/// Whether Python's `repr(float(text))` is `text` itself, with no parse: plain notation
-/// (`-?digits.digits`), at most 15 significant digits (so that they are the shortest that round
-/// trip: no two such decimals are the same double), no trailing zero but in `.0`, and within the
-/// range repr writes without an exponent (1e-4 <= |x| < 1e16). What JSON writers of Python,
-/// Java and JavaScript write for most values.
-fn written_as_repr(text: &str) -> bool {
-    let unsigned = text.strip_prefix('-').unwrap_or(text);
-    let Some(dot) = unsigned.bytes().position(|c| c == b'.') else { return false };
-    let (int, frac) = (&unsigned[..dot], &unsigned[dot + 1..]);
-    let digits = |t: &str| !t.is_empty() && t.bytes().all(|c| c.is_ascii_digit());
-    if !digits(int) || !digits(frac) || (int.len() > 1 && int.starts_with('0')) {
+/// Whether Python's `repr(float(text))` is the text itself, for a JSON number written
+/// `-?int.fraction` (no exponent; `int` has no leading zero), with no parse: at most 15
+/// significant digits (so that they are the shortest that round trip: no two such decimals are
+/// the same double), no trailing zero but in `.0`, and within the range repr writes without an
+/// exponent (1e-4 <= |x| < 1e16). What JSON writers of Python, Java and JavaScript write for most
+/// values.
+fn written_as_repr(int_digits: usize, int_is_zero: bool, fraction: &[u8]) -> bool {
+    if fraction.len() > 1 && fraction.ends_with(b"0") {
         return false;
     }
-    if frac.len() > 1 && frac.ends_with('0') {
-        return false;
+    if fraction == b"0" {
+        return int_digits <= 15; // 0.0 included
     }
-    let significant = if int == "0" {
-        let zeros = frac.len() - frac.trim_start_matches('0').len();
-        if frac == "0" {
-            return true; // 0.0
-        }
-        if zeros > 3 {
-            return false; // below 1e-4: repr writes an exponent
-        }
-        frac.len() - zeros
-    } else {
-        int.len() + if frac == "0" { 0 } else { frac.len() }
-    };
-    significant <= 15
+    if int_is_zero {
+        let zeros = fraction.iter().take_while(|&&c| c == b'0').count();
+        return zeros <= 3 && fraction.len() - zeros <= 15; // below 1e-4 repr writes an exponent
+    }
+    int_digits + fraction.len() <= 15
 }
 
-/// Python's `repr(float(text))` of a JSON number's text, or None if it is not finite.
-pub(crate) fn float_text(text: &str) -> Option<Cow<'_, str>> {
-    if written_as_repr(text) {
+/// Python's `repr(float(text))` of a JSON float's text (`Json::Float`), or None if it is not finite.
+pub(crate) fn float_text(text: &str, as_repr: bool) -> Option<Cow<'_, str>> {
+    if as_repr {
         return Some(Cow::Borrowed(text));
     }
     finite(text).map(|x| Cow::Owned(py_float_repr(x)))
@@ -426,6 +431,17 @@ mod tests {
         }
     }
 
+    /// A whole text read as one JSON number.
+    fn number(text: &str) -> Option<Json<'_>> {
+        let mut p = Parser::of(text);
+        let n = p.number()?;
+        p.at_end().then_some(n)
+    }
+
+    fn taken_as_written(text: &str) -> bool {
+        matches!(number(text), Some(Json::Float(_, true)))
+    }
+
     #[test]
     fn a_float_written_as_repr_is_taken_as_written() {
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -447,7 +463,7 @@ mod tests {
                 let digits = (next() % 19) as usize;
                 for text in [py_float_repr(v), format!("{v}"), format!("{v:.1}"), format!("{v:.digits$}")] {
                     tried += 1;
-                    if written_as_repr(&text) {
+                    if taken_as_written(&text) {
                         taken += 1;
                         assert_eq!(py_float_repr(text.parse().unwrap()), text);
                     }
@@ -456,10 +472,11 @@ mod tests {
         }
         assert!(taken > tried / 4, "{taken} of {tried}");
         for (text, taken) in [("1.5", true), ("2.50", false), ("0.0001", true), ("0.00001", false), ("1e3", false)] {
-            assert_eq!(written_as_repr(text), taken, "{text}");
+            assert_eq!(taken_as_written(text), taken, "{text}");
         }
-        for text in ["1234567890123456.0", "0.30000000000000004", "-0.0", "10.0", "1.0e+2", "007.5"] {
-            assert_eq!(float_text(text).map(Cow::into_owned), finite(text).map(py_float_repr), "{text}");
+        for text in ["1234567890123456.0", "0.30000000000000004", "-0.0", "0.0", "0.00012", "10.0", "1.0e+2"] {
+            let Some(Json::Float(t, as_repr)) = number(text) else { panic!("{text} is a float") };
+            assert_eq!(float_text(t, as_repr).map(Cow::into_owned), finite(text).map(py_float_repr), "{text}");
         }
     }
 }
