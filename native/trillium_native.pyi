@@ -599,7 +599,8 @@ class EventDecoder:
     """The stream loader's JSON fast path (trillium/data/sources/events.py). `fields`: (dotted
     path, kind) with kind "slot", "dense" or "label"; each accepted message gives every field as
     the text Python's `scalar_text` makes of it. A message it is not sure of (malformed, or read
-    differently by `json.loads`) is left to the Python reference decoder."""
+    differently by `json.loads`) is left to the Python reference decoder. `event_type`: a
+    subclass of tuple made in Python (a named tuple), of (values, key, time)."""
 
     def __init__(
         self,

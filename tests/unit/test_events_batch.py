@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import msgpack
+import pytest
+import trillium_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_events import _job as events_job
@@ -41,9 +44,9 @@ def _same(reader: EventReader, raws: list[bytes | None], impression: bool = True
     got = [("bad", str(e)) if isinstance(e, BadEvent) else e for e in reader.events(raws, impression=impression)]
     want = [_reference(reader, raw, impression) for raw in raws]
     assert got == want
-    for g in got:  # the same value types too (a float's time, not only an equal value)
-        if isinstance(g, Event):
-            assert isinstance(g.time, float)
+    for g in got:  # the same types too (an Event of a float's time, not only equal values)
+        if not isinstance(g, tuple) or g[0] != "bad":
+            assert type(g) is Event and isinstance(g.time, float)
 
 
 texts = st.text(max_size=6) | st.sampled_from(["", "a\x1fb", "a\x1eb", "\ud800", "é", "x" * 70000, '"', "\\"])
@@ -170,6 +173,17 @@ def test_msgpack_batches_decode_as_the_reference() -> None:
     good = {"id": "e1", "ts": 1.5, "user": {"id": 42, "recent": ["a", None]}, "price": 3, "n": 2.5, "click": 1}
     raws = [msgpack.packb(good), b"\xc1", None, msgpack.packb(good | {"price": "x"}), msgpack.packb([1])]
     _same(EventReader(_job(format="msgpack")), raws)
+
+
+def test_the_native_decoder_makes_events_of_a_tuple_class_made_in_python_only() -> None:
+    fields = [("id", "slot")]
+    for wrong in (tuple, time.struct_time, list):
+        with pytest.raises(TypeError, match="subclass of tuple made in Python"):
+            trillium_native.EventDecoder(fields, "ts", "id", 1024, 64, wrong)
+    (event,), undecided = trillium_native.EventDecoder(fields, "ts", "id", 1024, 64, Event).decode(
+        [b'{"id": "a", "ts": 2}'], True
+    )
+    assert (type(event), event, undecided) == (Event, ("a", "a", 2.0), [])
 
 
 def test_a_message_over_the_size_limit_is_refused_in_a_batch_too() -> None:

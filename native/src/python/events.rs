@@ -1,23 +1,36 @@
 //! Bindings of the stream loader's event decoding fast path (`crate::events`).
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple, PyType};
 
 use super::type_name;
 use crate::events::{Decoded, EventSpec, Kind};
 
 /// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes, event_type):
 /// decodes JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind),
-/// kind one of "slot", "dense", "label"; `event_type` is a tuple type of (values, key, time), the
-/// loader's `Event`.
+/// kind one of "slot", "dense", "label"; `event_type` is a subclass of tuple made in Python, of
+/// (values, key, time): the loader's `Event`.
 #[pyclass(name = "EventDecoder", module = "trillium_native", frozen)]
 pub(crate) struct PyEventDecoder {
     pub(crate) spec: EventSpec,
-    event_type: Py<PyAny>,
-    /// `tuple.__new__`: makes an `event_type` of a tuple without running the named tuple's
-    /// Python constructor (a frame an event).
-    tuple_new: Py<PyAny>,
+    /// A subclass of tuple (a named tuple's class: a heap type).
+    event_type: Py<PyType>,
+}
+
+/// Whether `t` allocates and frees its instances as a class made by a class statement does (the
+/// same slots as such a class's): `PyEventDecoder::event` allocates them itself. A struct
+/// sequence (`os.stat_result`) is a heap subclass of tuple too, but its deallocator reads hidden
+/// items.
+fn made_by_class_statement(t: &Bound<'_, PyType>) -> PyResult<bool> {
+    let py = t.py();
+    let probe = py.get_type::<PyType>().call1(("probe", (py.get_type::<PyTuple>(),), PyDict::new(py)))?;
+    let probe = probe.cast::<PyType>()?;
+    // SAFETY: reads slots of two live type objects (both heap types, or `t` a static one: 3.10+).
+    Ok([ffi::Py_tp_alloc, ffi::Py_tp_dealloc].into_iter().all(|slot| unsafe {
+        ffi::PyType_GetSlot(t.as_type_ptr(), slot) == ffi::PyType_GetSlot(probe.as_type_ptr(), slot)
+    }))
 }
 
 fn split(path: &str) -> Vec<String> {
@@ -25,10 +38,29 @@ fn split(path: &str) -> Vec<String> {
 }
 
 impl PyEventDecoder {
-    /// `decoded` as an `event_type`.
+    /// `decoded` as an `event_type`, made as `tuple.__new__` makes a subclass's instance (its
+    /// type's allocator, then the items) without the call, its arguments and the temporary tuple
+    /// it copies from: they were most of an event's cost.
     pub(crate) fn event<'py>(&self, py: Python<'py>, decoded: Decoded) -> PyResult<Bound<'py, PyAny>> {
-        let fields = (PyString::new(py, &decoded.values), decoded.key.map(|k| PyString::new(py, &k)), decoded.time);
-        self.tuple_new.bind(py).call1((self.event_type.bind(py), fields))
+        let items = [
+            PyString::new(py, &decoded.values).into_any(),
+            decoded.key.map_or_else(|| py.None().into_bound(py), |k| PyString::new(py, &k).into_any()),
+            PyFloat::new(py, decoded.time).into_any(),
+        ];
+        // SAFETY: `event_type` is a subclass of tuple made as a class statement makes one (checked
+        // in `new`), whose allocator is PyType_GenericAlloc: it answers a new reference to an instance of 3 empty items (or
+        // NULL and an exception set). PyTuple_SetItem steals each item's reference, onto a new
+        // tuple of reference count 1; no Python code runs in between.
+        unsafe {
+            let event = ffi::PyType_GenericAlloc(self.event_type.bind(py).as_type_ptr(), 3);
+            let event = Bound::from_owned_ptr_or_err(py, event)?;
+            for (i, item) in items.into_iter().enumerate() {
+                if ffi::PyTuple_SetItem(event.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) != 0 {
+                    return Err(PyErr::fetch(py));
+                }
+            }
+            Ok(event)
+        }
     }
 }
 
@@ -36,7 +68,6 @@ impl PyEventDecoder {
 impl PyEventDecoder {
     #[new]
     fn new(
-        py: Python<'_>,
         fields: Vec<(String, String)>,
         event_time: &str,
         event_key: Option<&str>,
@@ -44,8 +75,8 @@ impl PyEventDecoder {
         max_value_bytes: usize,
         event_type: &Bound<'_, PyType>,
     ) -> PyResult<Self> {
-        if !event_type.is_subclass_of::<PyTuple>()? {
-            return Err(PyTypeError::new_err("event_type must be a tuple type"));
+        if !event_type.is_subclass_of::<PyTuple>()? || !made_by_class_statement(event_type)? {
+            return Err(PyTypeError::new_err("event_type must be a subclass of tuple made in Python"));
         }
         let mut spec_fields = Vec::with_capacity(fields.len());
         for (path, kind) in &fields {
@@ -59,8 +90,7 @@ impl PyEventDecoder {
         }
         let spec =
             EventSpec::new(spec_fields, split(event_time), event_key.map(split), max_message_bytes, max_value_bytes);
-        let tuple_new = py.get_type::<PyTuple>().getattr("__new__")?.unbind();
-        Ok(Self { spec, event_type: event_type.clone().into_any().unbind(), tuple_new })
+        Ok(Self { spec, event_type: event_type.clone().unbind() })
     }
 
     /// decode(messages, with_fields) -> (events, undecided): an `event_type` of (values, key,
