@@ -10,11 +10,11 @@ import time
 
 import msgpack
 import pytest
-import trillium_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_events import _job as events_job
 
+import trillium_native
 from trillium.data.sources.events import BadEvent, Event, EventReader
 from trillium.data.sources.joiner import PartitionJoin
 from trillium.job import JobConfig
