@@ -14,6 +14,7 @@
 //! make it. Only the members a path reads are built; any other is checked and passed.
 
 use std::borrow::Cow;
+use std::mem::ManuallyDrop;
 
 use crate::json_in::{finite, float_text, int_text, Json, Parser};
 
@@ -21,17 +22,6 @@ use crate::json_in::{finite, float_text, int_text, Json, Parser};
 pub const MULTI_SEP: char = '\x1f';
 /// The ASCII record separator: joins an event's field values (`FIELD_SEP` in events.py).
 pub const FIELD_SEP: char = '\x1e';
-
-/// Python's `scalar_text`, or None where it would refuse the value (or this path is unsure).
-fn scalar_text<'a>(v: &Json<'a>, max_value_bytes: usize) -> Option<Cow<'a, str>> {
-    match v {
-        Json::Bool(b) => Some(Cow::Borrowed(if *b { "true" } else { "false" })),
-        Json::Int(t) => int_text(t),
-        Json::Float(t, as_repr) => float_text(t, *as_repr),
-        Json::Str(s) => string_taken(s, matches!(s, Cow::Owned(_)), max_value_bytes).then(|| s.clone()),
-        _ => None,
-    }
-}
 
 /// Whether `scalar_text` takes a string value as it is.
 fn string_taken(s: &str, escaped: bool, max_value_bytes: usize) -> bool {
@@ -131,65 +121,85 @@ pub struct Decoded<'a> {
     pub values: String,
 }
 
-/// A top-level member a path starts at, as the first pass leaves it: a scalar already as its
-/// text, so that most members need no tree and nothing to drop.
+/// A value a path reads. A number keeps its text as the message has it: a field's text of it is
+/// made only where a field takes it (a float not written as repr writes it costs a formatting),
+/// and an event time is parsed from it.
+#[derive(Clone, Copy, Debug)]
+enum Value<'j, 'a> {
+    Null,
+    /// A string or a boolean, as the message has it.
+    Raw(&'a str),
+    /// A string with an escape, unescaped.
+    Made(&'j str),
+    Int(&'a str),
+    /// A float's text, and whether repr writes it so.
+    Float(&'a str, bool),
+    /// An object or an array.
+    Tree(&'j Json<'a>),
+}
+
+impl<'j, 'a> Value<'j, 'a> {
+    /// A value of a tree, or None: a string `scalar_text` refuses.
+    fn of(v: &'j Json<'a>, max_value_bytes: usize) -> Option<Self> {
+        Some(match v {
+            Json::Null => Value::Null,
+            Json::Bool(b) => Value::Raw(if *b { "true" } else { "false" }),
+            Json::Int(t) => Value::Int(t),
+            Json::Float(t, as_repr) => Value::Float(t, *as_repr),
+            Json::Str(Cow::Borrowed(s)) => string_taken(s, false, max_value_bytes).then_some(Value::Raw(s))?,
+            Json::Str(Cow::Owned(s)) => string_taken(s, true, max_value_bytes).then_some(Value::Made(s))?,
+            Json::Arr(_) | Json::Obj(_) => Value::Tree(v),
+        })
+    }
+
+    /// Python's `scalar_text` of a scalar, or None where it refuses the value (or this path is
+    /// unsure of it).
+    #[inline(always)]
+    fn text(self) -> Option<Cow<'a, str>> {
+        match self {
+            Value::Raw(s) => Some(Cow::Borrowed(s)),
+            Value::Made(s) => Some(Cow::Owned(s.to_owned())),
+            Value::Int(t) => int_text(t),
+            Value::Float(t, as_repr) => float_text(t, as_repr),
+            Value::Null | Value::Tree(_) => None,
+        }
+    }
+}
+
+/// A top-level member a path starts at, as the first pass leaves it: a scalar as its text in the
+/// message, so that most members need no tree and nothing to drop.
 #[derive(Clone, Copy, Debug)]
 enum Member<'a> {
-    /// Not in the message, or a value no path can take (a string too long, an integer beyond
-    /// i64, a float that is not finite, a separator): a path that reads it leaves the event to
-    /// Python.
     Absent,
     Null,
-    /// A scalar's text (`scalar_text`) in the message; whether it is a number.
-    Text(&'a str, bool),
-    /// A scalar's text made anew (`Members::made`): "-0", a float not written as repr writes
-    /// it, an escaped string.
-    Made(usize, bool),
-    /// An object or an array (`Members::trees`).
+    Raw(&'a str),
+    Int(&'a str),
+    Float(&'a str, bool),
+    /// An object, an array or a string with an escape (`Members::trees`).
     Tree(usize),
 }
 
-/// The first pass's members, by root, and what they hold that the message does not.
+/// The first pass's members, by root, and the trees they hold.
 struct Members<'a> {
     roots: Vec<Member<'a>>,
-    made: Vec<String>,
     trees: Vec<Json<'a>>,
-}
-
-/// What a path reads.
-enum Value<'j, 'a> {
-    Null,
-    /// A scalar's text in the message, whether it is a number.
-    Raw(&'a str, bool),
-    /// A scalar's text made anew, whether it is a number.
-    Made(&'j str, bool),
-    /// A container, or any value under a nested path.
-    Json(&'j Json<'a>),
+    max_value_bytes: usize,
 }
 
 impl<'a> Members<'a> {
-    /// A root's value, as `scalar_text` takes a scalar (matched by value: nothing to drop).
+    /// A root's value.
     #[inline]
-    fn add(&mut self, root: usize, value: Json<'a>, max_value_bytes: usize) {
-        let text = |text: Option<Cow<'a, str>>, number: bool, made: &mut Vec<String>| match text {
-            Some(Cow::Borrowed(text)) => Member::Text(text, number),
-            Some(Cow::Owned(text)) => {
-                made.push(text);
-                Member::Made(made.len() - 1, number)
-            }
-            None => Member::Absent,
-        };
-        self.roots[root] = match value {
+    fn add(&mut self, root: usize, value: Json<'a>) {
+        // A scalar owns no memory: not dropping it spares a call to drop glue a member.
+        let value = ManuallyDrop::new(value);
+        self.roots[root] = match *value {
             Json::Null => Member::Null,
-            Json::Bool(b) => Member::Text(if b { "true" } else { "false" }, false),
-            Json::Int(t) => text(int_text(t), true, &mut self.made),
-            Json::Float(t, as_repr) => text(float_text(t, as_repr), true, &mut self.made),
-            Json::Str(s) => {
-                let taken = string_taken(&s, matches!(s, Cow::Owned(_)), max_value_bytes);
-                text(taken.then_some(s), false, &mut self.made)
-            }
-            Json::Arr(_) | Json::Obj(_) => {
-                self.trees.push(value);
+            Json::Bool(b) => Member::Raw(if b { "true" } else { "false" }),
+            Json::Int(t) => Member::Int(t),
+            Json::Float(t, as_repr) => Member::Float(t, as_repr),
+            Json::Str(Cow::Borrowed(s)) => Member::Raw(s),
+            Json::Str(Cow::Owned(_)) | Json::Arr(_) | Json::Obj(_) => {
+                self.trees.push(ManuallyDrop::into_inner(value));
                 Member::Tree(self.trees.len() - 1)
             }
         };
@@ -201,15 +211,17 @@ impl<'a> Members<'a> {
         let member = self.roots[root];
         if path.len() > 1 {
             let Member::Tree(t) = member else { return None };
-            return path[1..].iter().try_fold(&self.trees[t], |node, part| node.get(part)).map(Value::Json);
+            let v = path[1..].iter().try_fold(&self.trees[t], |node, part| node.get(part))?;
+            return Value::of(v, self.max_value_bytes);
         }
-        match member {
-            Member::Absent => None,
-            Member::Null => Some(Value::Null),
-            Member::Text(text, number) => Some(Value::Raw(text, number)),
-            Member::Made(i, number) => Some(Value::Made(&self.made[i], number)),
-            Member::Tree(t) => Some(Value::Json(&self.trees[t])),
-        }
+        Some(match member {
+            Member::Absent => return None,
+            Member::Null => Value::Null,
+            Member::Raw(s) => string_taken(s, false, self.max_value_bytes).then_some(Value::Raw(s))?,
+            Member::Int(t) => Value::Int(t),
+            Member::Float(t, as_repr) => Value::Float(t, as_repr),
+            Member::Tree(t) => Value::of(&self.trees[t], self.max_value_bytes)?,
+        })
     }
 }
 
@@ -230,11 +242,12 @@ impl EventSpec {
     /// dict), or None: not a JSON object this parser is sure of.
     fn members_in<'a>(&self, raw: &'a [u8]) -> Option<Members<'a>> {
         let mut p = Parser::of(std::str::from_utf8(raw).ok()?);
-        let mut members = Members { roots: vec![Member::Absent; self.roots.len()], made: vec![], trees: vec![] };
+        let roots = vec![Member::Absent; self.roots.len()];
+        let mut members = Members { roots, trees: vec![], max_value_bytes: self.max_value_bytes };
         p.ws();
         p.object(|p, name| {
             match self.roots.get(name.as_bytes()) {
-                Some(root) => members.add(root, p.value::<true>(1)?, self.max_value_bytes),
+                Some(root) => members.add(root, p.value::<true>(1)?),
                 None => drop(p.value::<false>(1)?),
             }
             Some(())
@@ -251,18 +264,12 @@ impl EventSpec {
         let members = self.members_in(raw)?;
         let n = self.fields.len();
         let time = match members.at(self.root_of[n], &self.event_time)? {
-            Value::Raw(t, true) | Value::Made(t, true) => finite(t)?,
-            Value::Json(Json::Int(t)) => t.parse::<i64>().ok()? as f64,
-            Value::Json(Json::Float(t, _)) => finite(t)?,
+            Value::Int(t) => t.parse::<i64>().ok()? as f64,
+            Value::Float(t, _) => finite(t)?,
             _ => return None,
         };
         let key = match &self.event_key {
-            Some(path) => Some(match members.at(self.root_of[n + 1], path)? {
-                Value::Raw(text, _) => Cow::Borrowed(text),
-                Value::Made(text, _) => Cow::Owned(text.to_owned()),
-                Value::Json(v) => scalar_text(v, self.max_value_bytes)?,
-                Value::Null => return None,
-            }),
+            Some(path) => Some(members.at(self.root_of[n + 1], path)?.text()?),
             None => None,
         };
         let mut values = String::new();
@@ -273,23 +280,18 @@ impl EventSpec {
                     values.push(FIELD_SEP);
                 }
                 match (kind, members.at(root, path)?) {
-                    (_, Value::Null | Value::Json(Json::Null)) => {}
-                    (Kind::Dense, Value::Raw(_, false) | Value::Made(_, false)) => return None,
-                    (_, Value::Raw(text, _) | Value::Made(text, _)) => values.push_str(text),
-                    (Kind::Slot, Value::Json(Json::Arr(items))) => {
+                    (_, Value::Null) => {}
+                    (Kind::Dense, Value::Raw(_) | Value::Made(_) | Value::Tree(_)) => return None,
+                    (Kind::Slot, Value::Tree(Json::Arr(items))) => {
                         for (j, item) in items.iter().filter(|i| !matches!(i, Json::Null)).enumerate() {
                             if j > 0 {
                                 values.push(MULTI_SEP);
                             }
-                            values.push_str(&scalar_text(item, self.max_value_bytes)?);
+                            values.push_str(&Value::of(item, self.max_value_bytes)?.text()?);
                         }
                     }
-                    (Kind::Dense, Value::Json(Json::Int(t))) => values.push_str(&int_text(t)?),
-                    (Kind::Dense, Value::Json(Json::Float(t, as_repr))) => values.push_str(&float_text(t, *as_repr)?),
-                    (Kind::Dense, Value::Json(_)) => return None,
-                    (Kind::Slot | Kind::Label, Value::Json(v)) => {
-                        values.push_str(&scalar_text(v, self.max_value_bytes)?)
-                    }
+                    (_, Value::Raw(text) | Value::Made(text)) => values.push_str(text),
+                    (_, value) => values.push_str(&value.text()?),
                 }
             }
         }
