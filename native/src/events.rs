@@ -23,7 +23,7 @@ pub const MULTI_SEP: char = '\x1f';
 /// The ASCII record separator: joins an event's field values (`FIELD_SEP` in events.py).
 pub const FIELD_SEP: char = '\x1e';
 
-/// Whether `scalar_text` takes a string value as it is.
+/// Whether Python's `scalar_text` takes a string value as it is.
 fn string_taken(s: &str, escaped: bool, max_value_bytes: usize) -> bool {
     // A separator is a control character, which a JSON string holds only escaped.
     s.len() <= max_value_bytes && !(escaped && s.contains([MULTI_SEP, FIELD_SEP]))
@@ -139,7 +139,7 @@ enum Value<'j, 'a> {
 }
 
 impl<'j, 'a> Value<'j, 'a> {
-    /// A value of a tree, or None: a string `scalar_text` refuses.
+    /// A value of a tree, or None: a string Python's `scalar_text` refuses.
     fn of(v: &'j Json<'a>, max_value_bytes: usize) -> Option<Self> {
         Some(match v {
             Json::Null => Value::Null,
@@ -170,8 +170,10 @@ impl<'j, 'a> Value<'j, 'a> {
 /// message, so that most members need no tree and nothing to drop.
 #[derive(Clone, Copy, Debug)]
 enum Member<'a> {
+    /// Not in the message.
     Absent,
     Null,
+    /// As `Value`'s.
     Raw(&'a str),
     Int(&'a str),
     Float(&'a str, bool),
