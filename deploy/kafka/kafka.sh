@@ -16,12 +16,16 @@ umask 077  # the files below hold the password
 mkdir -p "$conf"
 
 if [ "${1:-}" = health ]; then
-  printf '%s\n' "security.protocol=SASL_PLAINTEXT" "sasl.mechanism=SCRAM-SHA-512" "sasl.jaas.config=$jaas" \
-    > "$conf/client.properties"
+  # Each check its own file: compose's periodic check and one run by hand (another user, another
+  # password) may overlap, and a shared file would let one read the other's credentials.
+  client=$(mktemp "$conf/client.XXXXXX")
+  trap 'rm -f "$client"' EXIT
+  printf '%s\n' "security.protocol=SASL_PLAINTEXT" "sasl.mechanism=SCRAM-SHA-512" "sasl.jaas.config=$jaas" > "$client"
   # A small, short-lived JVM: this runs every few seconds beside the broker.
-  exec java -Xmx64m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dlog4j.configuration=file:"$conf/log4j.properties" \
+  java -Xmx64m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dlog4j.configuration=file:"$conf/log4j.properties" \
     -cp '/opt/kafka/libs/*' kafka.admin.BrokerApiVersionsCommand --bootstrap-server "$host:9092" \
-    --command-config "$conf/client.properties" > /dev/null
+    --command-config "$client" > /dev/null
+  exit
 fi
 
 cat > "$conf/server.properties" <<PROPS
