@@ -62,6 +62,17 @@ class WorkerRegistry:
         # restart is not the workers' fault.
         self.listening_since = time.time()
         self._key = state.WORKERS
+        # name -> (the record as stored, parsed): the job state machine, the checkpointer and the
+        # publisher each read every worker several times a second, and a record changes only
+        # with its worker's heartbeat, every 2 s.
+        self._parsed: dict[str, tuple[str, Worker]] = {}
+
+    def _parse(self, name: str, raw: str) -> Worker:
+        """The stored record `raw` of worker `name`, as a copy of its own to change."""
+        cached = self._parsed.get(name)
+        if cached is None or cached[0] != raw:
+            cached = self._parsed[name] = (raw, Worker.model_validate_json(raw))
+        return cached[1].model_copy()
 
     async def register(self, reg: WorkerRegistration) -> Worker:
         now = time.time()
@@ -80,7 +91,7 @@ class WorkerRegistry:
         raw = await self.redis.hget(self._key, name)
         if raw is None:
             return None
-        worker = Worker.model_validate_json(raw)
+        worker = self._parse(name, raw)
         if "pid" in health and health["pid"] != worker.pid:
             return None
         worker.last_heartbeat = time.time()
@@ -93,10 +104,12 @@ class WorkerRegistry:
 
     async def workers(self) -> list[Worker]:
         raw = await self.redis.hgetall(self._key)
+        for gone in self._parsed.keys() - raw.keys():
+            del self._parsed[gone]
         now = time.time()
         workers = []
-        for value in raw.values():
-            worker = Worker.model_validate_json(value)
+        for name, value in raw.items():
+            worker = self._parse(name, value)
             if now - max(worker.last_heartbeat, self.listening_since) > self.lost_after_s:
                 worker.status = "lost"
             else:

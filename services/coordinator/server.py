@@ -69,8 +69,11 @@ class Coordinator(Service):
         job = await self.jobs.current()
         await self.publisher.tick(job)  # before the state machine: a cut reported with the results is seen
         await advance(self.jobs, self.registry, self._writing)
-        await self.checkpointer.tick(await self.jobs.current())
-        await self.retention.tick(self.jobs, self.registry, await self.jobs.current())
+        # One read for both: the checkpointer acts on a running or paused job, retention on a
+        # finished one, so neither's change can alter what the other does with it.
+        job = await self.jobs.current()
+        await self.checkpointer.tick(job)
+        await self.retention.tick(self.jobs, self.registry, job)
 
     def _writing(self, job, results: dict[int, dict]) -> bool:
         """A job finishes once its last checkpoint and its last model version are written."""
