@@ -137,14 +137,16 @@ class OffsetBookkeeping:
     """A consumer's committed offset (what the lag metrics read) and, with `on_lag`, its lag,
     kept off the data path: each round is a task of its own, one at a time, at most every
     `every_s`. A broker that is away (restarting) holds up the bookkeeping, never the records
-    or the job: a failed round is logged once and the next round tries again."""
+    or the job: a failed round is logged once and the next round tries again. Every 2 s: each
+    round is a request or two to the broker (about 0.8 ms of its CPU each on a 2-core machine),
+    and what reads the offsets (the coordinator's lag gauges) samples them every 5 s."""
 
     def __init__(
         self,
         consumer: AIOKafkaConsumer,
         partition: TopicPartition,
         *,
-        every_s: float = 0.5,
+        every_s: float = 2.0,
         on_lag: Callable[[int], None] | None = None,
     ) -> None:
         self.consumer, self.partition, self.every_s, self.on_lag = consumer, partition, every_s, on_lag
