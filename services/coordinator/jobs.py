@@ -48,12 +48,13 @@ from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.runtime.progress import JobProgress
 from trillium.wire import kafka, state
 
-from .registry import WorkerRegistry, failure_cause
+from .registry import WorkerRegistry, failure_cause, failure_explained
 
 logger = logging.getLogger("trillium.coordinator.jobs")
 
 REGISTRATION_GRACE_S = 60.0  # how long a new job waits for the workers it needs to register
 RECOVERY_GRACE_S = 300.0  # how long a recovering job waits for a silent worker (being restarted)
+FAILURE_SETTLE_S = 5.0  # how long a failure no report explains waits for one that does
 KAFKA_PROBE_S = 1.0  # how long a recovery asks Kafka whether it is there
 PARSED_RECORDS = 64  # job records kept parsed (the current job's, and a listing's)
 # A job's topics are kept until trimmed behind its checkpoints or deleted with it (retention.py),
@@ -100,6 +101,7 @@ class JobStore:
         # read here is never changed in place (`update` parses its own).
         self._parsed: collections.OrderedDict[str, tuple[str, JobRecord]] = collections.OrderedDict()
         self.waiting_for_kafka: dict[str, float] = {}  # job -> since when its recovery waits for Kafka
+        self.unexplained_since: dict[tuple[str, int], float] = {}  # (job, attempt) -> a failure first seen
 
     @staticmethod
     def _key(job_id: str) -> str:
@@ -523,6 +525,13 @@ async def _advance(
             return
         lost = [f"{name} (not back after {RECOVERY_GRACE_S:.0f}s)" for name in lost]
     if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
+        if not failure_explained(failed, lost, workers):
+            # Named now, the cause would be the caller that saw gRPC hide the status: wait a
+            # moment for the restarted process's report, or the one that names the process lost.
+            since = store.unexplained_since.setdefault((job.id, job.attempt), time.time())
+            if time.time() - since < FAILURE_SETTLE_S:
+                return
+        store.unexplained_since.pop((job.id, job.attempt), None)
         await recover_or_fail(store, job, failure_cause(failed, lost, workers))
         return
 

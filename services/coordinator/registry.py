@@ -127,19 +127,30 @@ def failure_cause(failed: list[tuple[str, str | None]], lost: list[str], workers
         return restarted[0]
     if lost:
         return f"lost contact with {', '.join(lost)}"
-
-    def reached(name: str, error: str) -> Worker | None:
-        """The other process whose address the error names."""
-        for other in workers.values():
-            addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
-            if other.name != name and any(a in error for a in addresses):
-                return other
-        return None
-
     reports = [(name, error or "failed") for name, error in failed]
     failing = {name for name, _ in reports}
     name, error = next(
-        ((n, e) for n, e in reports if (r := reached(n, e)) is None or r.name not in failing), reports[0]
+        ((n, e) for n, e in reports if (r := _reached(n, e, workers)) is None or r.name not in failing), reports[0]
     )
-    other = reached(name, error)
+    other = _reached(name, error, workers)
     return f"{other.name} unreachable ({name}: {error})" if other is not None else f"{name}: {error}"
+
+
+def failure_explained(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[str, Worker]) -> bool:
+    """Whether the reports say which process is at fault: a silent one, or a report that is not
+    a call's error naming no process (its own failure, a restart, or a peer it could not reach).
+    gRPC's own "Internal error from Core" (a write racing the status a server ended the stream
+    with, which it then hides) names none; the reports that do are seconds behind it."""
+    return bool(lost) or any(
+        error and (not error.startswith("gRPC ") or _reached(name, error, workers) is not None)
+        for name, error in failed
+    )
+
+
+def _reached(name: str, error: str, workers: dict[str, Worker]) -> Worker | None:
+    """The other process whose address the error names."""
+    for other in workers.values():
+        addresses = [a for a in (other.grpc_address, other.http_url.removeprefix("http://")) if a]
+        if other.name != name and any(a in error for a in addresses):
+            return other
+    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trillium.services.coordinator.registry import Worker, failure_cause
+from trillium.services.coordinator.registry import Worker, failure_cause, failure_explained
 
 WORKERS = {
     w.name: w
@@ -47,3 +47,14 @@ def test_restarts_and_silence_come_first() -> None:
         == "embedding_worker-0: restarted while the job ran"
     )
     assert failure_cause([("nn_worker-0", CALLER)], ["embedding_ps-1"], WORKERS) == "lost contact with embedding_ps-1"
+
+
+def test_a_call_hidden_by_grpc_alone_does_not_explain_a_failure() -> None:
+    """A caller's write racing the status its server ended the stream with: gRPC reports its own
+    INTERNAL error, naming no process; the state machine waits for a report that does."""
+    hidden = ("nn_worker-0", "gRPC INTERNAL: Internal error from Core")
+    assert not failure_explained([hidden], [], WORKERS)
+    assert failure_explained([hidden, ("embedding_ps-1", "restarted while the job was running")], [], WORKERS)
+    assert failure_explained([hidden, ("embedding_worker-0", CALLER)], [], WORKERS)
+    assert failure_explained([hidden], ["embedding_ps-1"], WORKERS)
+    assert failure_explained([("embedding_ps-1", DISK)], [], WORKERS)
