@@ -526,8 +526,7 @@ async def _advance(
         lost = [f"{name} (not back after {RECOVERY_GRACE_S:.0f}s)" for name in lost]
     if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
         if not failure_explained(failed, lost, workers):
-            # Named now, the cause would be the caller that saw gRPC hide the status: wait a
-            # moment for the restarted process's report, or the one that names the process lost.
+            # gRPC hid the status: wait for the restarted process's report, or a caller's naming it.
             since = store.unexplained_since.setdefault((job.id, job.attempt), time.time())
             if time.time() - since < FAILURE_SETTLE_S:
                 return
