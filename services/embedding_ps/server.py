@@ -261,7 +261,7 @@ class EmbeddingPS(Service):
         # A step's updates, by rank, until every rank's has arrived (see _apply_steps).
         pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
         self.set_job_phase("ready")
-        # Offsets and lag are bookkeeping, not on the training path: twice a second, beside it.
+        # Offsets and lag are bookkeeping, not on the training path: every 2 s, beside it.
         bookkeeping = kafka.OffsetBookkeeping(consumer, partition, on_lag=GRADIENT_LAG.labels(str(shard)).set)
         loop = asyncio.get_running_loop()
         trim = _AppliedTrim(self.settings.kafka, partition) if config.checkpoint is None else None
