@@ -1,19 +1,26 @@
 """deploy/k8s renders (kustomize, the base and the production and persia-100t overlays) and every object it renders
 validates, in strict mode, against the Kubernetes OpenAPI schemas kubernetes-validate ships, for the
 oldest version the manifests support (1.28: the pod-index label) and the newest bundled. What no
-schema says is checked below: probes, resources, the token from a Secret, scrape annotations, and
-only trillium/config.py's variable names. No cluster runs them here."""
+schema says is checked below: probes, resources, the token from a Secret, scrape annotations,
+only trillium/config.py's variable names, and the persia-100t overlay's PS shards against what a
+reshard accepts and their memory and disk against the sizes it declares, with a row's bytes
+measured on the native store. No cluster runs them here."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import kubernetes_validate
+import numpy as np
 import pytest
 import yaml
+from pydantic import BaseModel
 
+import trillium_native
 from trillium import config
+from trillium.services.coordinator.api import ReshardRequest
 
 REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZE = REPO / ".cache/bin/kustomize"  # built by `make setup` from the Go module proxy
@@ -110,7 +117,7 @@ def test_the_persia_100t_overlay_is_sized_as_docs_scaling_says() -> None:
     replicas = {name: w["spec"]["replicas"] for name, w in workloads.items()}
     assert replicas == {
         "coordinator": 1,
-        "embedding-ps": 144,
+        "embedding-ps": 64,
         "embedding-worker": 64,
         "nn-worker": 64,
         "data-loader": 32,
@@ -121,14 +128,99 @@ def test_the_persia_100t_overlay_is_sized_as_docs_scaling_says() -> None:
         return workloads[name]["spec"]["template"]["spec"]["containers"][0]
 
     ps = container("embedding-ps")
-    assert ps["resources"]["requests"]["memory"] == ps["resources"]["limits"]["memory"] == "2450Gi"
-    assert {"name": "TRILLIUM_THREADS", "value": "16"} in ps["env"]
+    assert ps["resources"]["requests"]["memory"] == ps["resources"]["limits"]["memory"] == "10000Gi"
+    assert {"name": "TRILLIUM_THREADS", "value": "32"} in ps["env"]
     assert {"name": "spill", "mountPath": "/var/lib/trillium-spill"} in ps["volumeMounts"]
     (spill,) = [v for v in workloads["embedding-ps"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "spill"]
-    assert spill["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "2Ti"
+    assert spill["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "5Ti"
     nn = container("nn-worker")
     assert nn["resources"]["requests"]["nvidia.com/gpu"] == nn["resources"]["limits"]["nvidia.com/gpu"] == 1
     for name, w in workloads.items():
         if w["kind"] == "StatefulSet":
             assert "$(POD_INDEX)" in container(name)["args"], name
             assert container(name)["image"].startswith("registry.example.com/"), name
+
+
+def _upper_bound(model: type[BaseModel], field: str) -> int:
+    """The `le` a pydantic field declares (Field(le=...)): what a request or a setting accepts at most."""
+    return min(m.le for m in model.model_fields[field].metadata if getattr(m, "le", None) is not None)
+
+
+# What a reshard accepts: the API's ReshardRequest, and the local stack's topology (the launcher's
+# --ps-shards), whose processes a reshard needs registered.
+RESHARD_CAP = min(_upper_bound(ReshardRequest, "ps_shards"), _upper_bound(config.StackTopology, "ps_shards"))
+_UNITS = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+_UNITS |= {"Ti": 1 << 40, "Pi": 1 << 50}
+
+
+def _bytes(quantity: str) -> float:
+    """A Kubernetes quantity ("10000Gi", "5Ti", "1e3") in bytes."""
+    number, unit = re.fullmatch(r"([0-9.eE+-]+?)([KMGTP]i|[kMGTP])?", quantity).groups()
+    return float(number) * _UNITS[unit or ""]
+
+
+def _per_row(table: dict[str, str], tmp_path: Path) -> dict[str, float]:
+    """Bytes a row of `table` takes, measured on the native store (2^17 rows in one internal shard,
+    each updated once): resident (the store's own count), in a full capture's copy, in the
+    snapshot file the capture writes, and in a disk tier's spill file with every row spilled."""
+    dim, n = int(table["dim"]), 1 << 17
+    kind = {"dtype": table["dtype"], "optimizer": table["optimizer"]}
+    ids, grads = np.arange(1, n + 1, dtype=np.uint64), np.full((n, dim), 0.01, np.float32)
+    store = trillium_native.EmbeddingStore(num_internal_shards=1, threads=1)
+    store.create_table("t", dim, **kind)
+    store.lookup("t", ids)
+    store.update("t", ids, grads)
+    with store.capture() as copy:
+        copied = copy.memory_bytes
+        written, _ = copy.write(tmp_path / "t.snap")
+    tiered = trillium_native.EmbeddingStore(num_internal_shards=1, threads=1)
+    tiered.create_table("t", dim, **kind, memory_budget_bytes=1 << 12, disk=str(tmp_path / "spill"))
+    tiered.lookup("t", ids)
+    stats = tiered.stats("t")
+    assert stats["disk_rows"] > 0.9 * n, stats
+    return {
+        "resident": store.memory_bytes("t") / n,
+        "copy": copied / n,
+        "snapshot": written / n,
+        "spill": stats["disk_bytes"] / stats["disk_rows"],
+    }
+
+
+def test_the_persia_100t_shards_fit_a_reshard_and_hold_their_rows_and_the_first_full_checkpoint(tmp_path) -> None:
+    """From the sizes the overlay declares (its embedding-ps annotations): the PS shards are no
+    more than a reshard accepts, and a shard's memory limit holds its rows resident (the measured
+    RSS a value, or the store's own count if larger, with the declared headroom) plus the first
+    full checkpoint's in-memory copy of them (each attempt's first checkpoint is full, and the
+    capture copies the rows' columns whole); its /tmp holds that checkpoint's file (a checkpoint to
+    object storage is written there first) and its disk-tier volume every row spilled. The bytes
+    of a row are measured on the native store with the declared table's config, not assumed."""
+    ps = _workloads(_render(PERSIA_100T))["embedding-ps"]
+    declared = ps["metadata"]["annotations"]
+    shards = ps["spec"]["replicas"]
+    assert shards <= RESHARD_CAP, f"{shards} PS shards: a reshard accepts at most {RESHARD_CAP}"
+    table = dict(kv.split("=") for kv in declared["sizing.trillium/table"].split(","))
+    rows = float(declared["sizing.trillium/parameters"]) / int(table["dim"]) / shards
+    row = _per_row(table, tmp_path)
+    resident = max(float(declared["sizing.trillium/ram-bytes-per-value"]) * int(table["dim"]), row["resident"])
+    needed = rows * (resident * float(declared["sizing.trillium/headroom"]) + row["copy"])
+    resources = ps["spec"]["template"]["spec"]["containers"][0]["resources"]
+    for kind in ("requests", "limits"):
+        memory = _bytes(resources[kind]["memory"])
+        assert memory >= needed, f"{kind}.memory {resources[kind]['memory']} < {needed / (1 << 30):,.0f} GiB needed"
+    volumes = {v["name"]: v for v in ps["spec"]["template"]["spec"]["volumes"]}
+
+    def size(name: str) -> float:
+        return _bytes(volumes[name]["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"])
+
+    assert size("tmp") >= rows * row["snapshot"], (size("tmp"), rows * row["snapshot"])
+    # A spill file grows an eighth ahead of its rows: the volume holds the largest it may be.
+    assert size("spill") >= rows * row["spill"] * 9 / 8, (size("spill"), rows * row["spill"] * 9 / 8)
+
+
+def test_the_sizing_check_can_fail(tmp_path) -> None:
+    """The check above refuses the overlay as it was (144 shards of 2,450 GiB: more shards than a
+    reshard accepts, and no room for the first full checkpoint's copy)."""
+    assert 144 > RESHARD_CAP
+    row = _per_row({"dim": "16", "dtype": "fp16", "optimizer": "rowwise_adagrad"}, tmp_path)
+    rows = 1e14 / 16 / 144
+    assert _bytes("2450Gi") < rows * (3.43 * 16 * 1.10 + row["copy"])
