@@ -1,9 +1,9 @@
 """Whole-stack scale run: a synthetic Criteo-layout job trained by the full local stack (2 PS
 shards, 1 NN rank, 1 embedding worker, no serving replica) until its tables hold a target number
-of materialized parameters, once with the disk tier and once all in RAM, and the same job at
-1/100 of the size.
+of materialized parameters, once with the disk tier and once all in RAM, at the same size, and
+the same job at 1/100 of the size.
 
-    python bench/scale.py --json                            # 1.3e8 parameters (a few minutes)
+    python bench/scale.py --json                            # 2e8 parameters, most rows on disk (~5 min)
     python bench/scale.py --json --params 4.25e10 --ram-params 2.05e10 --dim 512 \
         --rows-per-id 1 --hot 0.05                          # 2.1e10 on disk, 1.0e10 in RAM (65 min)
 
@@ -14,17 +14,27 @@ changed: all of them). Each slot's vocabulary is params / (26 × dim) IDs drawn 
 exponent `--zipf` (0.5: the tail is reached, as a scale run needs, and popular IDs still repeat);
 one epoch of `--rows-per-id` (2.5) × the vocabulary's rows materializes about 78% of it (49% at
 1 row an ID; what the run reports is what the PS shards hold, not the target). The disk-tier run
-keeps `--hot` (10%) of each shard's target rows in RAM (`tables.X.memory_budget_gb`) and spills
-the rest under `--spill`. The small run and the disk-tier run share a stack; the all-in-RAM run
-has one of its own.
+keeps `--hot` (10%) of each shard's target rows in RAM (`tables.X.memory_budget_gb`: the hot
+set, the most recently looked-up rows) and spills the rest under `--spill`. The small run and
+the disk-tier run share a stack; the all-in-RAM run has one of its own.
 
-Reported, per run: parameters materialized, the samples/s while the tables held 10%, 50% and
-100% of what the run ended with (±5% of it), every PS shard's anonymous RSS (the spill files it
-maps are page cache) and spill bytes, the looked-up IDs read from RAM and from disk, the most
-the broker's data and the least the machine's available memory were, the run's wall time, and
-the test AUC against the job at 1/100 of the disk-tier run's size (same model and rows per ID, so
-it must not be worse). Keys the issue names: `max_params_ram`, `max_params_disk`,
-`disk_vs_ram_samples_per_sec` (the disk run's samples/s at 10% of its size over the RAM run's).
+**Disk vs RAM at the same size** (`disk_vs_ram_same_size`): both runs train the same samples
+(one seed), so after n samples their tables hold the same rows. The window starts at the first
+sample count at which the disk run held most of its rows on disk (`disk_share_of_rows` >= 0.5)
+and ends with training; the ratio is the disk run's samples/s over that window to the RAM run's
+over the same samples. Beside it, over the same window, what limits the tier: the hot set's hit
+rate (looked-up IDs answered from RAM / all looked up), IDs read back from the spill files per
+step, and read amplification (bytes the PS processes read from the block device, per
+/proc/PID/io, over the bytes of the records they needed: 0 when the spill files sat in the page
+cache, as they do at the default size, up to a 4 KiB page a record, 144 bytes at dim 64, when they did not).
+`curve`: each run's samples/s, rows held, share on disk and hit rate in each tenth of its
+samples. Training ends, for all of these, at the last reading before the final sample count.
+
+Reported too, per run: every PS shard's anonymous RSS (the spill files it maps are page cache)
+and spill bytes, the most the broker's data and the least the machine's available memory were,
+the load average, the run's wall time, and the test AUC against the job at 1/100 of the size
+(same model and rows per ID, so it must not be worse). Keys the issue names: `max_params_ram`,
+`max_params_disk`, `disk_vs_ram_same_size` with `disk_share_of_rows`.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs import criteo_layout_job  # bench/jobs.py: the script's own folder is on sys.path
 
@@ -89,16 +99,43 @@ def scale_job(
     return criteo_layout_job("scale", data, tables, names, dim, TOPOLOGY, training, checkpoint=None, publish=None)
 
 
-def _rss(run_dir: Path) -> dict[str, int]:
+def spill_record_bytes(dim: int) -> int:
+    """Bytes of a spilled fp16 row with row-wise Adagrad (native tier.rs `record_bytes`: id 8,
+    weights, accumulator 4, LRU tick 4): what a lookup of a row on disk needs to read."""
+    return 8 + dim * 2 + 4 + 4
+
+
+def _ps_pids(run_dir: Path) -> dict[str, int]:
+    return {
+        proc["name"]: proc["pid"]
+        for proc in stack.read_state(run_dir)["processes"]
+        if proc["role"] == "embedding_ps" and proc.get("pid")
+    }
+
+
+def _rss(pids: dict[str, int]) -> dict[str, int]:
     """Each PS shard's anonymous RSS: its own memory, not the pages of the spill files it maps
     (page cache, given back under memory pressure)."""
     out = {}
-    for proc in stack.read_state(run_dir)["processes"]:
-        if proc["role"] == "embedding_ps" and proc.get("pid"):
-            for line in Path(f"/proc/{proc['pid']}/status").read_text().splitlines():
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):  # a process restarting
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("RssAnon:"):
-                    out[proc["name"]] = int(line.split()[1]) * 1024
+                    out[name] = int(line.split()[1]) * 1024
     return out
+
+
+def _device_reads(pids: dict[str, int]) -> int:
+    """The PS processes' bytes read from the block device (/proc/PID/io `read_bytes`: a fault on
+    a mapped spill file that the page cache could not answer counts here, a cached one does not;
+    major faults would not do, as the first touch of a file's newly allocated blocks is one)."""
+    read_bytes = 0
+    for pid in pids.values():
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                if line.startswith("read_bytes:"):
+                    read_bytes += int(line.split()[1])
+    return read_bytes
 
 
 def _du(path: Path) -> int:
@@ -109,15 +146,62 @@ def _du(path: Path) -> int:
     return total
 
 
-def _rate_at(points: list[tuple[float, int, int]], params: int, final: int) -> float | None:
-    """Samples/s while the tables grew from `params` less 5% of `final` to `params` plus 5% of it
-    (clipped to what they ended with): the speed at that size, start-up and the end's slow growth
-    left out."""
-    lo, hi = max(params - final // 20, 0), min(params + final // 20, final)
-    inside = [p for p in points if lo <= p[2] <= hi]
-    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-        return None
-    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+class Point(NamedTuple):
+    """One reading of a run, twice a second: the job's samples and its tables summed over shards."""
+
+    seconds: float
+    samples: int
+    rows: int
+    resident_rows: int
+    disk_rows: int
+    lookups: int
+    disk_lookup_hits: int  # looked-up IDs read back from the spill files
+    device_read_bytes: int  # the PS processes', from /proc/PID/io
+
+
+def _at(points: list[Point], samples: float) -> Point:
+    """The reading at `samples` trained, each field interpolated linearly between the readings
+    either side (the first reading at or past it when the samples stood still)."""
+    after = next(i for i, p in enumerate(points) if p.samples >= samples)
+    if after == 0 or points[after].samples == samples:
+        return points[after]
+    p, q = points[after - 1], points[after]
+    f = (samples - p.samples) / (q.samples - p.samples)
+    return Point(*(a + (b - a) * f for a, b in zip(p, q, strict=True)))
+
+
+def _trained(points: list[Point]) -> list[Point]:
+    """The readings before the first with the run's final sample count: training, and none of
+    the evaluation after it (which looks up the test split's IDs, most of them on disk), however
+    late the final count was reported."""
+    final = points[-1].samples
+    return points[: max(next(i for i, p in enumerate(points) if p.samples == final), 2)]
+
+
+def _span(points: list[Point], lo: float, hi: float, step_samples: int, dim: int) -> dict[str, Any]:
+    """What a run did between `lo` and `hi` samples trained."""
+    a, b = _at(points, lo), _at(points, hi)
+    lookups, from_disk = b.lookups - a.lookups, b.disk_lookup_hits - a.disk_lookup_hits
+    steps = (b.samples - a.samples) / step_samples
+    needed = from_disk * spill_record_bytes(dim)
+    return {
+        "samples_per_sec": round((b.samples - a.samples) / (b.seconds - a.seconds)) if b.seconds > a.seconds else None,
+        "params_held": int(b.rows) * dim,
+        "disk_share_of_rows": round(b.disk_rows / b.rows, 4) if b.rows else 0.0,
+        "hit_rate": round(1 - from_disk / lookups, 4) if lookups else None,
+        "disk_reads_per_step": round(from_disk / steps, 1) if steps else None,
+        "read_amplification": round((b.device_read_bytes - a.device_read_bytes) / needed, 3) if needed else None,
+    }
+
+
+def _curve(points: list[Point], step_samples: int, dim: int) -> list[dict[str, Any]]:
+    """The run in tenths of its samples: each tenth's samples/s, and what the tables held at its end."""
+    points = _trained(points)
+    final = points[-1].samples
+    return [
+        {"samples": int(final * (i + 1) / 10), **_span(points, final * i / 10, final * (i + 1) / 10, step_samples, dim)}
+        for i in range(10)
+    ]
 
 
 @contextlib.contextmanager
@@ -144,14 +228,17 @@ def _mem_available() -> int:
     raise RuntimeError("/proc/meminfo has no MemAvailable")
 
 
-def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
-    """Train `job` to its end, reading the job view and its tables twice a second."""
+def run(run_dir: Path, job: JobConfig) -> tuple[dict[str, Any], list[Point]]:
+    """Train `job` to its end, reading the job view and its tables twice a second; the outcome
+    and the readings."""
     dim = next(iter(job.tables.values())).dim
     client = CoordinatorClient.for_stack(run_dir)
-    points: list[tuple[float, int, int]] = []  # (seconds, samples trained, parameters held)
+    pids = _ps_pids(run_dir)
+    points: list[Point] = []
     last_tables: dict[str, Any] = {}
     rss_max: dict[str, int] = {}
     mem_available_min, broker_max = _mem_available(), 0
+    load = [os.getloadavg()[0]]
     started = time.monotonic()
     try:
         job_id = client.submit(job)["id"]
@@ -165,9 +252,17 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
                 except Exception:  # noqa: BLE001 (a shard still setting up: the next read will do)
                     pass
                 else:
-                    held = sum(t["rows"] for t in last_tables["tables"].values()) * dim
-                    points.append((time.monotonic() - started, view["progress"]["samples"], held))
-                for name, rss in _rss(run_dir).items():
+                    t = last_tables["tables"].values()
+                    points.append(
+                        Point(
+                            time.monotonic() - started,
+                            view["progress"]["samples"],
+                            *(sum(x[k] for x in t) for k in ("rows", "resident_rows", "disk_rows", "lookups")),
+                            sum(x["disk_lookup_hits"] for x in t),
+                            _device_reads(pids),
+                        )
+                    )
+                for name, rss in _rss(pids).items():
                     rss_max[name] = max(rss_max.get(name, 0), rss)
                 mem_available_min = min(mem_available_min, _mem_available())
                 broker_max = max(broker_max, _du(run_dir / "kafka"))
@@ -178,18 +273,18 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
         tables = last_tables["tables"]
     finally:
         client.close()
+    load.append(os.getloadavg()[0])
     params = sum(t["rows"] for t in tables.values()) * dim
     lookups = sum(t["lookups"] for t in tables.values())
     from_disk = sum(t["disk_lookup_hits"] for t in tables.values())
-    return {
+    step_samples = job.training.batch_size * job.topology.nn_ranks
+    outcome = {
         "params_materialized": params,
         "samples_trained": view["progress"]["samples"],
         "seconds": round(time.monotonic() - started, 1),
-        "samples_per_sec_at": {
-            f"{int(f * 100)}%": round(r) if (r := _rate_at(points, int(f * params), params)) is not None else None
-            for f in (0.1, 0.5, 1.0)
-        },
+        "training_seconds": round(_trained(points)[-1].seconds - points[0].seconds, 1),
         "auc": view["job"]["metrics"].get("auc"),
+        "load_average_1min_at_start_and_end": [round(x, 2) for x in load],
         "ps_rss_anon_bytes_max": rss_max,
         "machine_mem_available_min_bytes": mem_available_min,
         "broker_data_bytes_max": broker_max,
@@ -206,13 +301,15 @@ def run(run_dir: Path, job: JobConfig) -> dict[str, Any]:
         "lookups": lookups,
         "lookups_from_ram": lookups - from_disk,
         "lookups_from_disk": from_disk,
+        "curve": _curve(points, step_samples, dim),
     }
+    return outcome, points
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
-    parser.add_argument("--params", type=float, default=1.3e8, help="target parameters of each run [1.3e8]")
+    parser.add_argument("--params", type=float, default=2e8, help="target parameters of each run [2e8]")
     parser.add_argument("--ram-params", type=float, default=None, help="target of the all-in-RAM run [--params]")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--zipf", type=float, default=0.5, help="ID popularity exponent (0: uniform) [0.5]")
@@ -248,27 +345,69 @@ def main() -> None:
         }
         # Each large run on a stack of its own: a PS process keeps its heap's high-water mark
         # from job to job, and one run's would be read as the next one's RSS (or not fit beside it).
+        points: dict[str, list[Point]] = {}
+
+        def measure(name: str, run_dir: Path, job: JobConfig) -> None:
+            result[name], points[name] = run(run_dir, job)
+            if name == "small":
+                del result[name]["curve"]  # a second or two: too few readings for tenths
+            print(
+                f"[scale] {name}: {json.dumps(result[name])}", file=sys.stderr, flush=True
+            )  # a later failure loses none
+
         with _stack(tmp, "first") as run_dir:
             print("[scale] the job at 1/100 of the size", file=sys.stderr)
-            result["small"] = _finished("small", run(run_dir, scale_job(args.params / 100, *shape, None, seed=3)))
+            measure("small", run_dir, scale_job(args.params / 100, *shape, None, seed=3))
             if "disk" in runs:
                 print(f"[scale] {args.params:.3g} parameters with the disk tier", file=sys.stderr)
                 try:
-                    result["disk"] = _finished("disk", run(run_dir, scale_job(args.params, *shape, tier, seed=3)))
+                    measure("disk", run_dir, scale_job(args.params, *shape, tier, seed=3))
                 finally:
                     shutil.rmtree(spill, ignore_errors=True)
         if "ram" in runs:
             with _stack(tmp, "ram") as run_dir:
                 print(f"[scale] {ram_params:.3g} parameters all in RAM", file=sys.stderr)
-                result["ram"] = _finished("ram", run(run_dir, scale_job(ram_params, *shape, None, seed=3)))
+                measure("ram", run_dir, scale_job(ram_params, *shape, None, seed=3))
+        if "disk" in points and "ram" in points:
+            if ram_params == args.params:
+                step_samples = scale_job(args.params, *shape, None, seed=3).training.batch_size * TOPOLOGY.nn_ranks
+                result.update(_same_size(points["disk"], points["ram"], step_samples, args.dim))
+            else:  # another vocabulary: other rows, not the same tables at the same sample count
+                result["disk_vs_ram_same_size"] = None
+                result["same_size_window"] = {"why": "--ram-params differs from --params: not the same tables"}
     _summarize(result)
     print(json.dumps(result, indent=None if args.json else 2))
 
 
-def _finished(name: str, outcome: dict[str, Any]) -> dict[str, Any]:
-    """A run's result on stderr as soon as it has one: a later run failing an hour on loses none."""
-    print(f"[scale] {name}: {json.dumps(outcome)}", file=sys.stderr, flush=True)
-    return outcome
+def _same_size(disk: list[Point], ram: list[Point], step_samples: int, dim: int) -> dict[str, Any]:
+    """Disk vs RAM over the same samples (so the same tables), from the first at which the disk
+    run held most of its rows on disk to the end of training; and what limited the disk run there."""
+    disk, ram = _trained(disk), _trained(ram)
+    end = min(disk[-1].samples, ram[-1].samples)  # equal: one epoch of the same samples
+    start = next((p.samples for p in disk if p.rows and p.disk_rows >= p.rows / 2), None)
+    if start is None or start >= end:
+        return {"disk_vs_ram_same_size": None, "same_size_window": {"why": "most rows were never on disk"}}
+    d, r = _span(disk, start, end, step_samples, dim), _span(ram, start, end, step_samples, dim)
+    at_start, last = _at(disk, start), disk[-1]
+    return {
+        "disk_vs_ram_same_size": round(d["samples_per_sec"] / r["samples_per_sec"], 3),
+        "disk_share_of_rows": d["disk_share_of_rows"],  # at the end of training
+        "hot_set_share_of_rows": round(last.resident_rows / last.rows, 4),
+        "hot_set_hit_rate": d["hit_rate"],
+        "disk_reads_per_step": d["disk_reads_per_step"],
+        "read_amplification": d["read_amplification"],
+        "same_size_window": {
+            "from_samples": int(start),
+            "to_samples": int(end),
+            "share_of_training": round((end - start) / end, 3),
+            "disk_share_of_rows_at_start": round(at_start.disk_rows / at_start.rows, 4),
+            "params_held_at_end": int(last.rows) * dim,
+            "disk_samples_per_sec": d["samples_per_sec"],
+            "ram_samples_per_sec": r["samples_per_sec"],
+            "bytes_needed_per_disk_read": spill_record_bytes(dim),
+            "device_read_bytes": int(_at(disk, end).device_read_bytes - at_start.device_read_bytes),
+        },
+    }
 
 
 def _summarize(result: dict[str, Any]) -> None:
@@ -285,11 +424,9 @@ def _summarize(result: dict[str, Any]) -> None:
         targets["max_params_disk >= 2e10"] = result["max_params_disk"] >= 2e10
     if "ram" in result:
         targets["max_params_ram >= 1e10"] = result["max_params_ram"] >= 1e10
-    if "disk" in result and "ram" in result:
-        disk_rate, ram_rate = (result[name]["samples_per_sec_at"]["10%"] for name in ("disk", "ram"))
-        if disk_rate and ram_rate:
-            result["disk_vs_ram_samples_per_sec"] = disk_rate / ram_rate
-        targets["disk_vs_ram_samples_per_sec >= 0.5"] = result.get("disk_vs_ram_samples_per_sec", 0) >= 0.5
+    if (ratio := result.get("disk_vs_ram_same_size")) is not None:
+        most_on_disk = result["disk_share_of_rows"] >= 0.5
+        targets["disk_vs_ram_same_size >= 0.5 with most rows on disk"] = most_on_disk and ratio >= 0.5
     result["targets"] = targets
 
 
