@@ -25,6 +25,13 @@ def up(
     nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
     data_loaders: Annotated[int, typer.Option(min=1)] = 1,
     serving_replicas: Annotated[int, typer.Option(min=0, help="replicas serving the published models")] = 1,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            help="each process on a host of its own: a network namespace with its own address on a bridge "
+            "(needs root; see docs/operations.md, Running across hosts)"
+        ),
+    ] = False,
 ) -> None:
     """Start Kafka, Redis and the services in the background; returns once all are healthy.
 
@@ -40,7 +47,7 @@ def up(
     )
     with console.status("starting the stack…"):
         try:
-            st = stack.up(rd, topology)
+            st = stack.up(rd, topology, cluster=cluster)
         except stack.LauncherError as err:
             fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))

@@ -3,8 +3,9 @@
 `up()` starts a detached supervisor process for a run directory (`supervisor.py`) and waits
 until the stack is ready; `status()` probes every endpoint with its real protocol; `down()`
 stops the supervisor, which stops everything in reverse order. `procs.py` holds a process's
-spec, ports, pids and the run directory's files; `broker.py` the local Kafka node's
-configuration and command line; `client.py` the coordinator's REST client.
+spec, ports, pids and the run directory's files; `hosts.py` where each process runs (all on
+loopback, or each on a host of its own); `broker.py` the local Kafka node's configuration and
+command line; `client.py` the coordinator's REST client.
 
 Kafka and Redis are started only when no external server is configured
 (TRILLIUM_KAFKA_BOOTSTRAP / TRILLIUM_REDIS_URL). Ports are free ones chosen per run
@@ -50,9 +51,11 @@ def up(
     redis_url: str | None = None,
     timeout_s: float = 240.0,
     warm: bool = True,
+    cluster: bool = False,
 ) -> dict[str, Any]:
     """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
-    tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do."""
+    tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do.
+    With `cluster`, every process runs on a host of its own (`hosts.py`; needs root)."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
@@ -73,6 +76,8 @@ def up(
     ]
     if not services:
         argv.append("--no-services")
+    if cluster:
+        argv.append("--cluster")
     env = dict(os.environ)
     env.pop(ENV_KAFKA_BOOTSTRAP, None)
     env.pop(ENV_REDIS_URL, None)

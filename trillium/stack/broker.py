@@ -32,7 +32,7 @@ def kafka_connection(bootstrap: str, external: bool) -> KafkaConnection:
     return KafkaConnection.from_env(bootstrap) if external else KafkaConnection(bootstrap=bootstrap)
 
 
-def kafka_config(run_dir: Path, port: int, controller_port: int) -> Path:
+def kafka_config(run_dir: Path, address: str, port: int, controller_port: int) -> Path:
     kdir = run_dir / "kafka"
     kdir.mkdir(parents=True, exist_ok=True)
     props = kdir / "server.properties"
@@ -41,9 +41,9 @@ def kafka_config(run_dir: Path, port: int, controller_port: int) -> Path:
             [
                 "process.roles=broker,controller",
                 "node.id=1",
-                f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                f"controller.quorum.voters=1@{address}:{controller_port}",
+                f"listeners=PLAINTEXT://{address}:{port},CONTROLLER://{address}:{controller_port}",
+                f"advertised.listeners=PLAINTEXT://{address}:{port}",
                 "controller.listener.names=CONTROLLER",
                 "inter.broker.listener.name=PLAINTEXT",
                 "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",

@@ -89,12 +89,13 @@ class Proc:
     restarts: int = 0
     state: str = "pending"  # pending, starting, running, restarting, failed, stopped
     crash_times: list[float] = field(default_factory=list)
+    address: str = "127.0.0.1"  # its host's: bound and advertised
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
         for private in ("argv", "env", "crash_times"):
             d.pop(private)
         if self.http_port:
-            d["http_url"] = f"http://127.0.0.1:{self.http_port}"
-        d["grpc_address"] = f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
+            d["http_url"] = f"http://{self.address}:{self.http_port}"
+        d["grpc_address"] = f"{self.address}:{self.grpc_port}" if self.grpc_port else None
         return d

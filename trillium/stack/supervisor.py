@@ -41,7 +41,8 @@ from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
 
 from .broker import java_argv, kafka_config, kafka_connection
-from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, free_port, port_free, read_token, write_json
+from .hosts import Cluster, Loopback
+from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json
 
 logger = logging.getLogger("trillium.stack.supervisor")
 
@@ -55,7 +56,13 @@ COMPUTE_ROLES = ("embedding_ps", "nn_worker")
 
 class Supervisor:
     def __init__(
-        self, run_dir: Path, topology: StackTopology, services: bool, kafka_bootstrap: str | None, redis_url: str | None
+        self,
+        run_dir: Path,
+        topology: StackTopology,
+        services: bool,
+        kafka_bootstrap: str | None,
+        redis_url: str | None,
+        cluster: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.topology = topology
@@ -71,27 +78,28 @@ class Supervisor:
         self.stopping = False
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.ports = self._load_ports()
+        self.place: Loopback | Cluster = (
+            Cluster(run_dir, self._host_names()) if cluster else Loopback(self._load_ports(), self._save_ports)
+        )
 
-    # Ports are remembered per run directory (Kafka's data dir outlives a stack) and
-    # re-chosen only when taken.
+    # On loopback, ports are remembered per run directory (Kafka's data dir outlives a stack)
+    # and re-chosen only when taken; a cluster's hosts use compose's fixed ports.
     def _load_ports(self) -> dict[str, int]:
-        path = self.run_dir / "ports.json"
         try:
-            ports = json.loads(path.read_text())
+            return json.loads((self.run_dir / "ports.json").read_text())
         except (OSError, ValueError):
-            ports = {}
-        return {k: v for k, v in ports.items() if port_free(v)}
+            return {}
 
-    def port(self, name: str) -> int:
-        if name not in self.ports:
-            taken = set(self.ports.values())
-            port = free_port()
-            while port in taken:
-                port = free_port()
-            self.ports[name] = port
-            write_json(self.run_dir / "ports.json", self.ports)
-        return self.ports[name]
+    def _save_ports(self, ports: dict[str, int]) -> None:
+        write_json(self.run_dir / "ports.json", ports)
+
+    def _host_names(self) -> list[str]:
+        """A host each for what this supervisor starts: Kafka, Redis, then every service process."""
+        names = [] if self.kafka_external else ["kafka"]
+        names += [] if self.redis_external else ["redis"]
+        if self.with_services:
+            names += [f"{role}-{i}" for role in ROLES for i in range(self.topology.count(role))]
+        return names
 
     def save(self) -> None:
         write_json(
@@ -106,6 +114,7 @@ class Supervisor:
                 "coordinator_url": self.coordinator_url if self.with_services else None,
                 "token_file": str(self.run_dir / "token"),
                 "processes": [p.public() for p in self.procs],
+                "hosts": self.place.public(),
                 "updated_at": time.time(),
             },
         )
@@ -113,9 +122,9 @@ class Supervisor:
     # ---- processes
     def spawn(self, proc: Proc) -> None:
         logfile = open(proc.log, "ab")
-        env = os.environ | proc.env
+        env = os.environ | self.place.env(proc.name) | proc.env
         self.popen[proc.name] = subprocess.Popen(
-            proc.argv,
+            self.place.exec_prefix(proc.name) + proc.argv,
             stdout=logfile,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -162,10 +171,10 @@ class Supervisor:
                 "'redis-server' not found: install it (Debian: apt-get install redis-server), "
                 f"or set {ENV_REDIS_URL} to use an external Redis"
             )
-        port = self.port("redis")
+        address, port = self.place.address("redis"), self.place.port("redis", "redis")
         data = self.run_dir / "redis"
         data.mkdir(exist_ok=True)
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.redis_url = f"redis://{address}:{port}/0"
         # Append-only persistence: a restarted Redis (or coordinator) loses no state.
         proc = Proc(
             "redis",
@@ -173,7 +182,7 @@ class Supervisor:
             [
                 server,
                 "--bind",
-                "127.0.0.1",
+                address,
                 "--port",
                 str(port),
                 "--dir",
@@ -184,27 +193,31 @@ class Supervisor:
                 "everysec",
                 "--save",
                 "",
+                # Protected mode refuses every client but loopback's while Redis has no password:
+                # a cluster's hosts reach it over the bridge.
                 "--protected-mode",
-                "yes",
+                "yes" if address == "127.0.0.1" else "no",
                 "--daemonize",
                 "no",
             ],
             log=str(self.logs / "redis.log"),
+            address=address,
         )
         self.procs.append(proc)
         self.spawn(proc)
         await self.wait_ready(proc, lambda: wait_for_redis(self.redis_url, timeout_s=2), 30)
 
     async def start_kafka(self) -> None:
-        port, cport = self.port("kafka"), self.port("kafka_controller")
-        if KafkaConnection.from_env(f"127.0.0.1:{port}").secured:
+        address = self.place.address("kafka")
+        port, cport = self.place.port("kafka", "kafka"), self.place.port("kafka", "kafka_controller")
+        if KafkaConnection.from_env(f"{address}:{port}").secured:
             # The services would inherit the setting and fail against our plaintext broker.
             raise LauncherError(
                 f"{ENV_KAFKA_SECURITY_PROTOCOL} is set, but the launcher's own broker is plaintext "
                 f"on loopback: unset it, or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
             )
-        props = kafka_config(self.run_dir, port, cport)
-        self.kafka_bootstrap = f"127.0.0.1:{port}"
+        props = kafka_config(self.run_dir, address, port, cport)
+        self.kafka_bootstrap = f"{address}:{port}"
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             # "--cluster-id=" binds the value: an id starting with "-" (1 in 64) is no option.
@@ -219,7 +232,11 @@ class Supervisor:
             if fmt.returncode != 0:
                 raise LauncherError(f"formatting Kafka storage failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
         proc = Proc(
-            "kafka", "kafka", java_argv(self.run_dir, ["kafka.Kafka", str(props)]), log=str(self.logs / "kafka.log")
+            "kafka",
+            "kafka",
+            java_argv(self.run_dir, ["kafka.Kafka", str(props)]),
+            log=str(self.logs / "kafka.log"),
+            address=address,
         )
         self.procs.append(proc)
         self.spawn(proc)
@@ -236,13 +253,14 @@ class Supervisor:
 
     @property
     def coordinator_url(self) -> str:
-        return f"http://127.0.0.1:{self.port('coordinator-0.http')}"
+        return f"http://{self.place.address('coordinator-0')}:{self.place.port('coordinator-0', 'http')}"
 
     def service_proc(self, role: str, index: int) -> Proc:
         name = f"{role}-{index}"
-        http_port = self.port(f"{name}.http")
-        grpc_port = self.port(f"{name}.grpc") if role in ("embedding_ps", "embedding_worker", "serving") else None
+        address, http_port = self.place.address(name), self.place.port(name, "http")
+        grpc_port = self.place.port(name, "grpc") if role in ("embedding_ps", "embedding_worker", "serving") else None
         argv = [sys.executable, "-m", f"trillium.services.{role}", "--index", str(index), "--http-port", str(http_port)]
+        argv += ["--host", address]
         if grpc_port:
             argv += ["--grpc-port", str(grpc_port)]
         env = {
@@ -264,6 +282,7 @@ class Supervisor:
             http_port=http_port,
             grpc_port=grpc_port,
             env=env,
+            address=address,
         )
 
     def compute_threads(self) -> int:
@@ -278,7 +297,7 @@ class Supervisor:
         async with httpx.AsyncClient(timeout=2.0) as http:
 
             async def ready(proc: Proc) -> None:
-                (await http.get(f"http://127.0.0.1:{proc.http_port}/readyz")).raise_for_status()
+                (await http.get(f"http://{proc.address}:{proc.http_port}/readyz")).raise_for_status()
 
             for role in ROLES:  # coordinator first: the others register with it
                 group = [self.service_proc(role, i) for i in range(self.topology.count(role))]
@@ -288,6 +307,8 @@ class Supervisor:
                 await asyncio.gather(*(self.wait_ready(p, lambda p=p: ready(p), 90) for p in group))
 
     async def start(self) -> None:
+        await asyncio.to_thread(self.place.create)
+        self.save()
         if not self.redis_external:
             await self.start_redis()
         else:
@@ -350,6 +371,7 @@ class Supervisor:
                 popen.wait()
             proc.state = "stopped"
             logger.info("stopped", extra={"proc": proc.name, "code": popen.returncode})
+        self.place.destroy()
         self.save()
 
     async def main(self) -> int:
@@ -391,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", type=Path, default=None, help=f"default: ${ENV_RUN_DIR} or .trillium/run")
     parser.add_argument("--topology", default="{}", help="StackTopology as JSON")
     parser.add_argument("--no-services", action="store_true", help="only Kafka and Redis")
+    parser.add_argument("--cluster", action="store_true", help="each process on a host of its own (root)")
     args = parser.parse_args(argv)
     run_dir = (args.run_dir or default_run_dir()).absolute()
     log.configure("launcher")
@@ -400,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         not args.no_services,
         os.environ.get(ENV_KAFKA_BOOTSTRAP),
         os.environ.get(ENV_REDIS_URL),
+        cluster=args.cluster,
     )
     raise SystemExit(asyncio.run(sup.main()))
 

@@ -1,0 +1,191 @@
+"""Where the stack's processes run: all on loopback (`Loopback`), or each on a host of its own
+(`Cluster`), a Linux network namespace with its own address on a bridge, as a real deployment
+places them on machines.
+
+A cluster is a bridge in the machine's own namespace (the operator's host: the supervisor,
+the CLI and tests reach the stack from its address, `.1`) and one namespace per process, Kafka
+and Redis included, each joined to the bridge by a veth pair whose inner end is `eth0`. Every
+process binds and advertises its host's address on the ports docker compose and deploy/k8s
+use (HTTP 8080, gRPC 50051, Kafka 9092, Redis 6379), and nothing listens on a host's loopback
+(up only because Linux routes a host's traffic to its own address through it): a path that
+would fall back to 127.0.0.1 is refused at once instead of working by accident.
+
+The subnet is `TRILLIUM_CLUSTER_SUBNET` (default 10.250.0.0/24): it must be free on this
+machine, since its route is the bridge's. Namespaces and links are named from a digest of the
+run directory, so a cluster's leftovers (a supervisor killed with -9) are found and removed by
+the next start. Creating one needs root (CAP_NET_ADMIN).
+
+Faults and link costs (partitions, loss, bandwidth caps) act on each host's bridge-side
+interface (`Host.veth`); they are test support (tests/cluster/), never used by a service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .procs import LauncherError, free_port, port_free
+
+ENV_CLUSTER_SUBNET = "TRILLIUM_CLUSTER_SUBNET"
+DEFAULT_SUBNET = "10.250.0.0/24"
+# The ports every host uses, as docker-compose.yml and deploy/k8s do.
+HTTP_PORT = 8080
+GRPC_PORT = 50051
+KAFKA_PORT = 9092
+KAFKA_CONTROLLER_PORT = 9093
+REDIS_PORT = 6379
+# The name of a host's interface on the bridge, inside its namespace (GLOO_SOCKET_IFNAME).
+HOST_IFNAME = "eth0"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host of a cluster: the process it runs, its namespace, its address, and the bridge
+    side of its link (where tc and nftables act on its traffic)."""
+
+    name: str
+    netns: str
+    address: str
+    veth: str
+
+
+class Loopback:
+    """Every process on 127.0.0.1, each on a free port remembered per run directory."""
+
+    kind = "loopback"
+
+    def __init__(self, ports: dict[str, int], save: Any) -> None:
+        self.ports = {k: v for k, v in ports.items() if port_free(v)}
+        self._save = save
+
+    def address(self, name: str) -> str:
+        return "127.0.0.1"
+
+    def exec_prefix(self, name: str) -> list[str]:
+        return []
+
+    def env(self, name: str) -> dict[str, str]:
+        return {}
+
+    def port(self, name: str, kind: str) -> int:
+        key = f"{name}.{kind}" if kind not in ("kafka", "kafka_controller", "redis") else kind
+        if key not in self.ports:
+            taken = set(self.ports.values())
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            self.ports[key] = port
+            self._save(self.ports)
+        return self.ports[key]
+
+    def public(self) -> dict[str, Any] | None:
+        return None
+
+    def create(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    argv = ["ip", *(["-n", netns] if netns else []), *args]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise LauncherError(f"`{' '.join(argv)}` failed: {done.stderr.strip()}")
+    return done
+
+
+class Cluster:
+    """Each process on a host of its own (see the module's docstring)."""
+
+    kind = "cluster"
+
+    def __init__(self, run_dir: Path, names: list[str], subnet: str | None = None) -> None:
+        subnet = subnet or os.environ.get(ENV_CLUSTER_SUBNET, DEFAULT_SUBNET)
+        try:
+            self.subnet = ipaddress.ip_network(subnet)
+        except ValueError as err:
+            raise LauncherError(f"{ENV_CLUSTER_SUBNET}={subnet!r}: {err}") from None
+        if self.subnet.version != 4 or self.subnet.num_addresses < len(names) + 4:
+            raise LauncherError(f"{ENV_CLUSTER_SUBNET}={subnet!r}: an IPv4 subnet with room for {len(names)} hosts")
+        # Interface names hold 15 bytes: "trl" + 5 hex digits + a suffix of up to 7.
+        self.tag = "trl" + hashlib.sha1(str(run_dir.absolute()).encode()).hexdigest()[:5]
+        self.bridge = f"{self.tag}br"
+        addresses = list(self.subnet.hosts())
+        self.gateway = str(addresses[0])  # the bridge's own: the operator's host
+        self.hosts = {
+            name: Host(name, f"{self.tag}-{name}", str(addresses[i + 9]), f"{self.tag}v{i}")
+            for i, name in enumerate(names)
+        }
+
+    # ---- placement (what the supervisor asks) ----
+    def address(self, name: str) -> str:
+        return self.hosts[name].address
+
+    def exec_prefix(self, name: str) -> list[str]:
+        return ["ip", "netns", "exec", self.hosts[name].netns]
+
+    def env(self, name: str) -> dict[str, str]:
+        # torch.distributed's gloo binds its pairs to this interface (else: the host name's address).
+        return {"GLOO_SOCKET_IFNAME": HOST_IFNAME}
+
+    def port(self, name: str, kind: str) -> int:
+        return {
+            "http": HTTP_PORT,
+            "grpc": GRPC_PORT,
+            "kafka": KAFKA_PORT,
+            "kafka_controller": KAFKA_CONTROLLER_PORT,
+            "redis": REDIS_PORT,
+        }[kind]
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "subnet": str(self.subnet),
+            "bridge": self.bridge,
+            "gateway": self.gateway,
+            "hosts": {name: asdict(h) for name, h in self.hosts.items()},
+        }
+
+    # ---- the network ----
+    def create(self) -> None:
+        """The bridge, then each host's namespace and link; leftovers of this run directory's
+        last cluster are removed first. Raises LauncherError naming the command that failed."""
+        if os.geteuid() != 0:
+            raise LauncherError("a cluster of hosts needs root (network namespaces, veth, a bridge)")
+        self.destroy()
+        for line in _ip("-4", "-o", "addr", "show").stdout.splitlines():
+            address = ipaddress.ip_interface(line.split()[3])
+            if address.network.overlaps(self.subnet):
+                raise LauncherError(
+                    f"the cluster's subnet {self.subnet} overlaps {address} on {line.split()[1]}: "
+                    f"set {ENV_CLUSTER_SUBNET} to a free one"
+                )
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for host in self.hosts.values():
+            peer = f"{host.veth}p"
+            _ip("netns", "add", host.netns)
+            _ip("link", "add", host.veth, "type", "veth", "peer", "name", peer)
+            _ip("link", "set", peer, "netns", host.netns)
+            _ip("link", "set", peer, "name", HOST_IFNAME, netns=host.netns)
+            _ip("addr", "add", f"{host.address}/{self.subnet.prefixlen}", "dev", HOST_IFNAME, netns=host.netns)
+            _ip("link", "set", HOST_IFNAME, "up", netns=host.netns)
+            _ip("link", "set", "lo", "up", netns=host.netns)
+            _ip("link", "set", host.veth, "master", self.bridge)
+            _ip("link", "set", host.veth, "up")
+
+    def destroy(self) -> None:
+        """Remove every namespace and link of this run directory's cluster (idempotent)."""
+        for ns in _ip("netns", "list", check=False).stdout.splitlines():
+            name = ns.split()[0] if ns.strip() else ""
+            if name.startswith(f"{self.tag}-"):
+                _ip("netns", "delete", name, check=False)  # takes its end of each veth pair along
+        if _ip("link", "show", self.bridge, check=False).returncode == 0:
+            _ip("link", "delete", self.bridge, check=False)
