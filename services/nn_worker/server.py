@@ -26,6 +26,7 @@ import asyncio
 import collections
 import json
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -178,9 +179,20 @@ class NNWorker(Service):
         rank, world = self.settings.index, job.config.topology.nn_ranks
         loop = asyncio.get_running_loop()
         if rank == 0:
+            # TCPStore alone would listen on every interface: it serves the socket bound here instead.
+            listener = socket.create_server((self.settings.host, 0))
             store = await loop.run_in_executor(
                 thread,
-                lambda: dist.TCPStore(self.advertised_host, 0, world, True, COLLECTIVE_TIMEOUT, wait_for_workers=False),
+                partial(
+                    dist.TCPStore,
+                    self.advertised_host,
+                    listener.getsockname()[1],
+                    world,
+                    True,
+                    COLLECTIVE_TIMEOUT,
+                    wait_for_workers=False,
+                    master_listen_fd=listener.detach(),
+                ),
             )
             await progress.set_rendezvous(f"{self.advertised_host}:{store.port}")
         else:
