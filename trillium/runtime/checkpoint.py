@@ -8,6 +8,10 @@ Layout (a local directory by default, or any fsspec URL such as `s3://bucket/pre
                                             checkpoint its `delta_of` names (a chain: restore
                                             loads the full one, then each delta; retention and
                                             DELETE keep every checkpoint a kept one needs)
+                         ps-<shard>.ledger.json
+                                            the gradient ledger of that snapshot's state, always
+                                            whole (trillium.runtime.ledger; a checkpoint of before
+                                            ledgers has none: its state's content is unknown)
                          dense.pt           the dense model and optimizer (NN rank 0; torch.save of
                                             state_dicts, loadable with weights_only=True)
                          rank-<r>.json      each NN rank's progress (counters, loss curve)
@@ -35,6 +39,7 @@ from pydantic import BaseModel, Field
 from trillium.config import Role
 from trillium.job import JobConfig
 from trillium.job.record import Lineage
+from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.storage import StorageDir
 
 # What a checkpoint's files mean. Raise it with any change a reader of the old files would
@@ -53,6 +58,10 @@ Offsets = dict[str, dict[int, int]]
 
 def ps_file(shard: int) -> str:
     return f"ps-{shard}.snap"
+
+
+def ledger_file(shard: int) -> str:
+    return f"ps-{shard}.ledger.json"
 
 
 def rank_file(rank: int) -> str:
@@ -182,6 +191,18 @@ class CheckpointDir(StorageDir):
         """A small file of the checkpoint, checked against its manifest entry."""
         entry = manifest.file(name)
         return self.read_checked(name, entry.bytes, entry.sha256, CorruptCheckpoint)
+
+    def read_ledger(self, manifest: Manifest, shard: int) -> GradientLedger | None:
+        """PS shard `shard`'s gradient ledger, checked against the manifest; None when the
+        checkpoint has none (written before ledgers were)."""
+        name = ledger_file(shard)
+        if not any(f.name == name for f in manifest.files):
+            return None
+        raw = self.read_verified(manifest, name)
+        try:
+            return GradientLedger.loads(raw)
+        except (ValueError, TypeError) as err:  # its sha256 matched: written so, by a bug
+            raise CorruptCheckpoint(f"{self.location}/{name}: {err}") from None
 
     def write_manifest(self, manifest: Manifest) -> None:
         self.write_bytes(MANIFEST, manifest.model_dump_json(indent=1).encode())

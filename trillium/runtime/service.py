@@ -201,12 +201,13 @@ class Service:
         step: int,
         files: list[tuple[str, Callable[[], Awaitable[tuple[int, str]]]]],
         *,
-        delta_of: int | None = None,
+        deltas: dict[str, int] | None = None,
         metrics: dict[str, Any] | None = None,
     ) -> None:
         """Write this worker's files of the checkpoint at `step` — `(name, write)` each, `write`
         answering the file's size and sha256 — and report them (`report_part`), or why not: a
-        write that fails fails the checkpoint, not the job."""
+        write that fails fails the checkpoint, not the job. `deltas`: the files that are deltas,
+        with the step of the checkpoint each is loaded on top of (`PartFile.delta_of`)."""
         written = []
         try:
             for name, write in files:
@@ -221,7 +222,7 @@ class Service:
                         bytes=size,
                         sha256=sha,
                         seconds=seconds,
-                        delta_of=delta_of,
+                        delta_of=(deltas or {}).get(name),
                     )
                 )
         except Exception as err:  # noqa: BLE001 (the checkpoint fails, not the job)
