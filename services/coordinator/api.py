@@ -86,6 +86,12 @@ class JobView(BaseModel):
     progress: JobProgressView
     staleness: dict[int, StalenessView]  # per NN rank
     results: dict[int, dict[str, Any]]  # per NN rank, once it is done: samples, steps, loss curve, eval
+    ledgers: dict[int, dict[int, dict[str, Any]]] = Field(
+        default_factory=dict,
+        description="per attempt, per PS shard: the gradient ledger of its state as of its last applied step "
+        "(trillium.runtime.ledger: which (step, rank) it holds, applied by which attempt, and any applied twice); "
+        "the job's current attempt's are the model's",
+    )
     lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
     last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
     checkpoint_in_progress: bool
@@ -485,6 +491,7 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
         ),
         staleness={r: StalenessView(**s.as_dict()) for r, s in (await progress.staleness(ranks)).items()},
         results=await progress.rank_results(),
+        ledgers=await progress.ledgers(job.attempt + 1),
         lost_workers=await lost_workers(coord.registry, job),
         last_checkpoint=await coord.checkpointer.latest(job),
         checkpoint_in_progress=coord.checkpointer.busy(job.id),

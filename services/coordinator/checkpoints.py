@@ -47,6 +47,7 @@ from trillium.runtime.checkpoint import (
     PartFile,
     PartReport,
     ReleaseRequest,
+    ledger_file,
     loader_file,
     ps_file,
     rank_file,
@@ -255,6 +256,7 @@ class Checkpointer:
                 DENSE,
                 *(rank_file(r) for r in range(job.config.topology.nn_ranks)),
                 *(ps_file(s) for s in range(job.config.topology.ps_shards)),
+                *(ledger_file(s) for s in range(job.config.topology.ps_shards)),
                 *(loader_file(i) for i in range(job.config.topology.data_loaders)),
             }
             if {f.name for f in files} != expected:

@@ -3,15 +3,19 @@
 It holds the job's embedding tables in the native store, serves lookups over gRPC,
 and applies the gradients of its Kafka partition (`gradients` topic, partition =
 shard) with the native optimizers, recording per rank how far it has applied them —
-the watermark the staleness bound is enforced against.
+the watermark the staleness bound is enforced against — and in its gradient ledger which
+(step, rank) its state holds, applied by which attempt (trillium.runtime.ledger): a second
+application of one is counted and logged, never silent.
 
 Checkpoints: at a cut the coordinator asks the shard to capture its store. No gradient
 is applied meanwhile (the ranks hold, and the capture takes the apply lock), so the copy
 holds exactly the steps up to the cut; it is written while training goes on. When the shard
 captured the job's newest complete checkpoint itself, the copy is a delta: only the rows changed
-since (`checkpoint.full_every` bounds the chain). A new attempt loads the shard's snapshot, the
-chain's full file and then each delta (a warm start in a job with another number of shards, or
-a job resharded live, loads every old shard's chain, keeping the IDs it owns), seeks the
+since (`checkpoint.full_every` bounds the chain); the ledger is copied with it and written beside
+it, whole. A new attempt loads the shard's snapshot, the chain's full file and then each delta,
+and its ledger (a warm start in a job with another number of shards, or a job resharded live,
+loads every old shard's chain, keeping the IDs it owns; resharded, it merges their ledgers, and a
+warm start, of another job, begins a ledger of its own), seeks the
 gradients partition to the recorded position (resharded: to its end) and applies only what its
 own attempt writes there.
 """
@@ -38,8 +42,10 @@ from trillium.runtime.checkpoint import (
     CaptureResult,
     CheckpointDir,
     Manifest,
+    ledger_file,
     ps_file,
 )
+from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
 from trillium.runtime.progress import JobProgress
@@ -56,6 +62,9 @@ logger = logging.getLogger("trillium.embedding_ps")
 
 LOOKUP_SECONDS = Histogram("trillium_ps_lookup_seconds", "PS lookup latency", ["shard"])
 ROWS_APPLIED = Counter("trillium_ps_gradient_rows_applied_total", "embedding rows updated", ["shard"])
+DUPLICATES = Counter(
+    "trillium_ps_gradient_duplicates_total", "(step, rank) gradients applied to a state that held them", ["shard"]
+)
 GRADIENT_LAG = Gauge("trillium_ps_gradient_lag_messages", "gradient messages not yet applied", ["shard"])
 TABLE_ROWS = Gauge("trillium_ps_table_rows", "rows stored", ["shard", "table"])
 TABLE_BYTES = Gauge("trillium_ps_table_memory_bytes", "memory of a table", ["shard", "table"])
@@ -138,6 +147,7 @@ class EmbeddingPS(Service):
         self.applied_messages = 0
         self._apply_lock = asyncio.Lock()  # held while a gradient is applied; a capture takes it
         self._applied: dict[int, int] = {}  # rank -> last step applied
+        self._ledger = GradientLedger()  # what the store's state holds (trillium.runtime.ledger)
         self._position = 0  # the gradients record to apply next
         self._captures: dict[int, CaptureResult] = {}  # this attempt's, by step
         self._exporter: Exporter | None = None  # this attempt's model exports, when the job publishes
@@ -191,12 +201,14 @@ class EmbeddingPS(Service):
             "tables": {t: {k: s[k] for k in TABLE_STAT_FIELDS} for t, s in stats.items()},
         }
 
-    async def _restore(self, job: JobRecord, store: trillium_native.EmbeddingStore) -> tuple[int | None, int]:
-        """Load the attempt's checkpoint (or warm start); returns (gradients position, last step); a
-        position of None: the partition's end (a checkpoint of another number of shards)."""
+    async def _restore(
+        self, job: JobRecord, store: trillium_native.EmbeddingStore
+    ) -> tuple[int | None, int, GradientLedger]:
+        """Load the attempt's checkpoint (or warm start); returns (gradients position, last step,
+        ledger); a position of None: the partition's end (a checkpoint of another number of shards)."""
         source = job.restore or job.init_from
         if source is None:
-            return 0, -1
+            return 0, -1, GradientLedger()
         ckdir = CheckpointDir(source.location)
         manifest = await asyncio.to_thread(ckdir.manifest)
         if manifest is None:
@@ -209,12 +221,16 @@ class EmbeddingPS(Service):
             for old in range(old_shards):
                 await self._load(ckdir, manifest, store, ps_file(old), (shard, shards))
         if job.restore is None:
-            return 0, -1  # a warm start: this job's gradients and steps begin afresh
+            return 0, -1, GradientLedger()  # a warm start: this job's gradients and steps begin afresh
         if old_shards != shards:
             # The old shards' positions are not this partition's: every record on it now is of an
             # earlier attempt (this one pushes none before every shard is ready), so start at its end.
-            return None, manifest.step
-        return manifest.positions[job.topics.gradients][shard], manifest.step
+            olds = [await asyncio.to_thread(ckdir.read_ledger, manifest, old) for old in range(old_shards)]
+            return None, manifest.step, GradientLedger.merged(olds, manifest.step)
+        ledger = await asyncio.to_thread(ckdir.read_ledger, manifest, shard)
+        if ledger is None:
+            ledger = GradientLedger.unknown(manifest.step)  # a checkpoint of before ledgers
+        return manifest.positions[job.topics.gradients][shard], manifest.step, ledger
 
     @staticmethod
     async def _load(
@@ -241,7 +257,7 @@ class EmbeddingPS(Service):
         store = trillium_native.EmbeddingStore(threads=self.settings.threads)
         for name, table in config.tables.items():
             store.create_table(name, **table.store_kwargs(config.training.seed), **table.tier_kwargs())
-        position, last_step = await self._restore(job, store)
+        position, last_step, self._ledger = await self._restore(job, store)
         self._applied = {rank: last_step for rank in range(ranks)}
         self._captures = {}
         self._marks = {}
@@ -249,7 +265,7 @@ class EmbeddingPS(Service):
         self._exporter = Exporter(shard, models, self.report_model_part) if models is not None else None
         self.store = store
         progress = JobProgress(self.redis, job.id, job.attempt)
-        await progress.set_applied_all(shard, ranks, last_step)
+        await progress.set_applied_all(shard, ranks, last_step, self._ledger.dumps())
         consumer = kafka.consumer(self.settings.kafka, group_id=f"{job.id}.ps")
         partition = TopicPartition(job.topics.gradients, shard)
         consumer.assign([partition])
@@ -331,6 +347,7 @@ class EmbeddingPS(Service):
                 )
             started = time.monotonic()
             snapshot = await asyncio.to_thread(self.store.capture, self._marks.get(request.base))
+            ledger = self._ledger.copy()  # of the state just captured
             result = CaptureResult(positions={job.topics.gradients: {self.settings.index: self._position}})
         # The newest complete checkpoint's mark and this one's: the next base is one of them.
         self._marks = {k: m for k, m in self._marks.items() if k == request.base}
@@ -346,21 +363,33 @@ class EmbeddingPS(Service):
             },
         )
         self._captures[request.step] = result
-        asyncio.create_task(self._write(request, snapshot, delta_of))
+        asyncio.create_task(self._write(request, snapshot, ledger, delta_of))
         return result
 
     async def _write(
-        self, request: CaptureRequest, snapshot: trillium_native.StoreCapture, delta_of: int | None
+        self,
+        request: CaptureRequest,
+        snapshot: trillium_native.StoreCapture,
+        ledger: GradientLedger,
+        delta_of: int | None,
     ) -> None:
-        """Write a captured store into its checkpoint (training goes on meanwhile) and report it."""
+        """Write a captured store and its ledger into the checkpoint (training goes on meanwhile)
+        and report them."""
+        ckdir = CheckpointDir(request.location)
 
         async def write() -> tuple[int, str]:
-            with CheckpointDir(request.location).writing(name) as path:
+            with ckdir.writing(name) as path:
                 return await asyncio.to_thread(snapshot.write, path)
 
+        async def write_ledger() -> tuple[int, str]:
+            return await asyncio.to_thread(ckdir.write_bytes, ledger_file(self.settings.index), ledger.dumps().encode())
+
         name = ps_file(self.settings.index)
+        deltas = {name: delta_of} if delta_of is not None else None
         try:
-            await self.write_part(request.step, [(name, write)], delta_of=delta_of)
+            await self.write_part(
+                request.step, [(name, write), (ledger_file(self.settings.index), write_ledger)], deltas=deltas
+            )
         finally:
             snapshot.release()  # a failed write frees its copy too
 
@@ -392,12 +421,17 @@ class EmbeddingPS(Service):
                 )
                 for rank in updates:
                     self._applied[rank] = last
+                for step, by_rank in group:
+                    if again := self._ledger.record(progress.attempt, step, sorted(by_rank)):
+                        DUPLICATES.labels(str(self.settings.index)).inc(len(again))
+                        logger.error("gradients applied again", extra={"step": step, "ranks": again})
+                ledger = self._ledger.dumps()
                 self._position = max(offset for _, u in group for _, offset, _ in u.values()) + 1
                 if self._exporter is not None and any(publish for _, _, publish in updates.values()):
                     await self._export(store, last)
             ROWS_APPLIED.labels(str(self.settings.index)).inc(rows)
             self.applied_messages += sum(len(step) for step in messages)
-            await progress.set_applied_all(self.settings.index, len(updates), last)
+            await progress.set_applied_all(self.settings.index, len(updates), last, ledger)
 
     @staticmethod
     def _apply(store: trillium_native.EmbeddingStore, steps: list[list[GradientUpdate]]) -> int:

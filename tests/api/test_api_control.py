@@ -173,6 +173,8 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
         "rank-1.json",
         "ps-0.snap",
         "ps-1.snap",
+        "ps-0.ledger.json",
+        "ps-1.ledger.json",
         "loader-0.json",
     }
     assert http.get(f"/jobs/{job_id}").json()["last_checkpoint"]["step"] == steps - 1

@@ -70,6 +70,7 @@ class JobProgress:
         self.job_id = job_id
         self.attempt = attempt
         self.applied_key = state.job_key(job_id, "applied", attempt)  # a hash, and the pub/sub channel
+        self._ledger = state.job_key(job_id, "ledger", attempt)
         self._bound = state.job_key(job_id, "staleness_bound")
         self._staleness = state.job_key(job_id, "staleness")
         self._samples = state.job_key(job_id, "samples")
@@ -83,10 +84,14 @@ class JobProgress:
         self._record_staleness: Any = None  # the script, registered at its first use
 
     # ---- applied watermarks (PS) -----------------------------------------------------
-    async def set_applied_all(self, shard: int, ranks: int, step: int) -> None:
+    async def set_applied_all(self, shard: int, ranks: int, step: int, ledger: str | None = None) -> None:
         """Record and announce (pub/sub) that `shard` has applied every rank's gradients up to `step` (-1:
-        none yet, as a shard restored from no checkpoint says)."""
+        none yet, as a shard restored from no checkpoint says), with its gradient ledger then
+        (trillium.runtime.ledger, JSON): written first, so whoever sees the step applied (a
+        checkpoint's cut, the evaluation after the last step) finds the ledger that holds it."""
         pipe = self.redis.pipeline(transaction=False)
+        if ledger is not None:
+            pipe.hset(self._ledger, str(shard), ledger)
         pipe.hset(self.applied_key, mapping={f"{shard}:{rank}": step for rank in range(ranks)})
         pipe.publish(self.applied_key, f"{shard}:{ranks}:{step}")  # one message for the shard's ranks
         await pipe.execute()
@@ -95,6 +100,16 @@ class JobProgress:
         """The last applied step per (shard, rank)."""
         raw = await self.redis.hgetall(self.applied_key)
         return {(int(k.split(":")[0]), int(k.split(":")[1])): int(v) for k, v in raw.items()}
+
+    async def ledgers(self, attempts: int) -> dict[int, dict[int, Any]]:
+        """Each PS shard's last gradient ledger (JSON-ready) in each of attempts 0..attempts-1 that
+        has any: the last attempt's are the final model's, an earlier one's what its shards held
+        when it was abandoned."""
+        pipe = self.redis.pipeline(transaction=False)
+        for attempt in range(attempts):
+            pipe.hgetall(state.job_key(self.job_id, "ledger", attempt))
+        found = await pipe.execute()
+        return {a: {int(s): json.loads(v) for s, v in raw.items()} for a, raw in enumerate(found) if raw}
 
     def watermark(self, shards: int, ranks: int) -> "AppliedWatermark":
         return AppliedWatermark(self, shards, ranks)

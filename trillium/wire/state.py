@@ -31,10 +31,11 @@ CURRENT_JOB = key("current_job")  # string: the id of the stack's current (or la
 JOB_CHANGED = key("job_changed")
 MODELS = key("models")  # hash: model -> where its versions are (dir, topic), the newest, its job (JSON)
 
-# A job's keys: JOB_KEYS[name] says what each holds; `applied` and `rendezvous` are per attempt.
+# A job's keys: JOB_KEYS[name] says what each holds; `applied`, `ledger` and `rendezvous` are per attempt.
 JOB_KEYS = {
     "record": "string: the JobRecord (config, state, attempt, lineage)",
     "applied": "hash per attempt, and its pub/sub channel: 'shard:rank' -> last step applied",
+    "ledger": "hash per attempt: PS shard -> the gradient ledger of its state as of its last applied step (JSON)",
     "staleness_bound": "string: the live bound, 'inf' when unbounded",
     "staleness": "hash per rank (suffix ':<rank>'): the histogram, count, sum and max observed",
     "samples": "hash: each rank's samples, loss sum, steps, epoch, last loss",
