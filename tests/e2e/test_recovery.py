@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiokafka import TopicPartition
+from ledger import assert_exactly_once_at_the_ps
 from pipeline_helpers import DATA, run_to_end, with_training
 from typer.testing import CliRunner
 
@@ -75,6 +76,10 @@ def _wait(predicate, what: str, timeout_s: float = 300.0) -> None:
 
 
 def _assert_exactly_once(view: dict, job: JobConfig) -> None:
+    """Every sample trained once an epoch, as the ranks count (restored from the checkpoint with
+    them), and every step's gradients of every rank held once in the final model, as the PS shards
+    count what they applied (tests/ledger.py)."""
+    assert_exactly_once_at_the_ps(view, job)
     split = BatchBuilder(job).split("train")
     results = view["results"].values()
     for epoch in range(job.training.epochs):
@@ -216,7 +221,9 @@ def test_a_checkpoint_taken_under_async_training_is_consistent(stack, tiny_job) 
         middle = listing[1]
         assert middle["eval"]["samples"] == 300
         # Its PS snapshots are deltas on the first checkpoint's: the restore loads both, resharded.
-        assert [f["delta_of"] for f in middle["files"] if f["role"] == "embedding_ps"] == [listing[0]["step"]] * 2
+        snapshots = [f for f in middle["files"] if f["role"] == "embedding_ps" and f["name"].endswith(".snap")]
+        assert [f["delta_of"] for f in snapshots] == [listing[0]["step"]] * 2
+        assert [f["delta_of"] for f in middle["files"] if f["name"].endswith(".ledger.json")] == [None] * 2  # whole
         warm = JobConfig.model_validate(
             job.model_dump()
             | {
