@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from trillium.timeouts import HEARTBEAT_S
+
 ENV_KAFKA_BOOTSTRAP = "TRILLIUM_KAFKA_BOOTSTRAP"
 ENV_REDIS_URL = "TRILLIUM_REDIS_URL"
 ENV_COORDINATOR_URL = "TRILLIUM_COORDINATOR_URL"
@@ -227,7 +229,7 @@ class ServiceSettings(BaseModel):
     grpc_tls: GrpcTls | None = None
     run_dir: Path
     heartbeat_s: float = Field(
-        2.0,
+        HEARTBEAT_S,
         gt=0,
         le=60,
         description="between periodic heartbeats; a changed job record is heard at once (Redis pub/sub)",

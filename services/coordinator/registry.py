@@ -9,10 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trillium.config import Role
+from trillium.timeouts import LOST_AFTER_MISSED
 from trillium.wire import state
-
-# A worker is lost after this many heartbeat intervals without one (10 s at the default 2 s).
-LOST_AFTER_MISSED = 5
 
 
 class WorkerRegistration(BaseModel):
@@ -57,10 +55,13 @@ class Worker(WorkerRegistration):
 class WorkerRegistry:
     def __init__(self, redis: state.aioredis.Redis, heartbeat_s: float) -> None:
         self.redis = redis
+        self.heartbeat_s = heartbeat_s
         self.lost_after_s = heartbeat_s * LOST_AFTER_MISSED
-        # Heartbeats can only arrive while this process runs: silence during a coordinator
-        # restart is not the workers' fault.
+        # Heartbeats are heard only while this process runs and reaches Redis, where it records
+        # them: silence during a coordinator restart, or while Redis was out of its reach (a read
+        # that failed, or took longer than a heartbeat interval), is not the workers' fault.
         self.listening_since = time.time()
+        self._deaf = False
         self._key = state.WORKERS
         # name -> (the record as stored, parsed): the job state machine, the checkpointer and the
         # publisher each read every worker several times a second, and a record changes only
@@ -103,10 +104,18 @@ class WorkerRegistry:
         return bool(await self.redis.hdel(self._key, name))
 
     async def workers(self) -> list[Worker]:
-        raw = await self.redis.hgetall(self._key)
+        asked = time.time()
+        try:
+            raw = await self.redis.hgetall(self._key)
+        except Exception:
+            self._deaf = True
+            raise
+        now = time.time()
+        if self._deaf or now - asked > self.heartbeat_s:
+            self.listening_since = now
+            self._deaf = False
         for gone in self._parsed.keys() - raw.keys():
             del self._parsed[gone]
-        now = time.time()
         workers = []
         for name, value in raw.items():
             worker = self._parse(name, value)

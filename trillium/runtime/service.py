@@ -67,6 +67,7 @@ from trillium.runtime.memory import (
     release_free_memory,
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
+from trillium.timeouts import COORDINATOR_CALL_S
 from trillium.wire import state
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -115,7 +116,9 @@ class Service:
         self.ready = False
         self._stopping = asyncio.Event()
         # One client for every call to the coordinator: making one loads the CA bundle, 30 ms of CPU.
-        self.coordinator = httpx.AsyncClient(timeout=5.0, headers={"Authorization": f"Bearer {settings.token}"})
+        self.coordinator = httpx.AsyncClient(
+            timeout=COORDINATOR_CALL_S, headers={"Authorization": f"Bearer {settings.token}"}
+        )
         self._heartbeat_now = asyncio.Event()
         self._job_heard = asyncio.Event()  # set whenever a heartbeat's answer updates `job`
         self.job: JobRecord | None = None  # the current job as last heard, state included

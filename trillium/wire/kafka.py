@@ -17,6 +17,9 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
 from trillium.config import KafkaConnection
+from trillium.timeouts import KAFKA_REQUEST_S
+
+KAFKA_REQUEST_MS = int(KAFKA_REQUEST_S * 1000)
 
 logger = logging.getLogger("trillium.kafka")
 
@@ -56,7 +59,7 @@ async def wait_for_kafka(conn: KafkaConnection, timeout_s: float = 60.0) -> int:
 
 
 def admin(conn: KafkaConnection, **overrides: object) -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(**(_connection(conn) | overrides))
+    return AIOKafkaAdminClient(**(_connection(conn) | {"request_timeout_ms": KAFKA_REQUEST_MS} | overrides))
 
 
 async def ensure_topics(
@@ -114,7 +117,11 @@ async def delete_topics(conn: KafkaConnection, names: Sequence[str]) -> None:
 def producer(conn: KafkaConnection, **overrides: object) -> AIOKafkaProducer:
     """An idempotent producer: acks from all in-sync replicas, no duplicates on retry."""
     options = _connection(conn) | dict(
-        enable_idempotence=True, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        max_request_size=16 * 1024 * 1024,
+        request_timeout_ms=KAFKA_REQUEST_MS,
     )
     options.update(overrides)
     return AIOKafkaProducer(**options)

@@ -24,10 +24,24 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from trillium.config import GRPC_MAX_MESSAGE_BYTES, GrpcCredentials
+from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S, GRPC_MIN_PING_INTERVAL_S
 
+# Both ends of every connection ping it (trillium.timeouts): a peer cut off fails its calls in seconds.
+KEEPALIVE = [
+    ("grpc.keepalive_time_ms", int(GRPC_KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(GRPC_KEEPALIVE_TIMEOUT_S * 1000)),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 OPTIONS = [
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+    *KEEPALIVE,
+]
+SERVER_OPTIONS = [
+    *OPTIONS,
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", int(GRPC_MIN_PING_INTERVAL_S * 1000)),
+    ("grpc.http2.min_ping_interval_without_data_ms", int(GRPC_MIN_PING_INTERVAL_S * 1000)),
 ]
 AUTH_METADATA = "authorization"
 
@@ -106,7 +120,7 @@ async def serve(
     host: str, port: int, creds: GrpcCredentials, register: Callable[[grpc.aio.Server], None]
 ) -> grpc.aio.Server:
     """Start a server on host:port with the servicers `register` adds; calls need the token."""
-    server = grpc.aio.server(options=OPTIONS, interceptors=[_RequireToken(creds)])
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[_RequireToken(creds)])
     register(server)
     if creds.tls is None:
         server.add_insecure_port(f"{host}:{port}")

@@ -11,6 +11,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
+from trillium.timeouts import REDIS_SOCKET_S
+
 # A restarted Redis (AOF persistence: nothing acknowledged is lost) is back within seconds;
 # callers ride that out instead of failing the work in hand. About 30 s of retries.
 _RETRY = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=40)
@@ -65,6 +67,8 @@ def connect(url: str) -> aioredis.Redis:
         url,
         decode_responses=True,
         health_check_interval=30,
+        socket_timeout=REDIS_SOCKET_S,
+        socket_connect_timeout=REDIS_SOCKET_S,
         retry=_RETRY,
         retry_on_error=[ConnectionError, TimeoutError],
     )

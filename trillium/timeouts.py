@@ -1,0 +1,41 @@
+"""Every deadline and keepalive between hosts, named once, with the detection time it gives.
+
+Across a network a peer that is cut off answers nothing: no reset comes, a TCP connection to it
+stays established while its retransmissions back off towards minutes, and whoever waits on it
+waits until something gives up. Each wait between two hosts is bounded by a value here, and
+docs/operations.md ("Running across hosts") lists them with what a partition of each role does.
+"""
+
+from __future__ import annotations
+
+# A worker heartbeats the coordinator every HEARTBEAT_S (at once when a job changes), and the
+# coordinator declares it lost after LOST_AFTER_MISSED intervals without one: a worker cut off
+# from the coordinator is lost, and the job it serves recovers, 10 s after its last heartbeat.
+HEARTBEAT_S = 2.0
+LOST_AFTER_MISSED = 5
+
+# A service's call to the coordinator (registration, heartbeat): connecting and each read. One
+# that hangs fails, and the next heartbeat opens a new connection, so a healed worker is heard
+# again within COORDINATOR_CALL_S + HEARTBEAT_S = 7 s, whatever TCP's backoff on the old one.
+COORDINATOR_CALL_S = 5.0
+
+# Redis: connecting, and each command's reply (a pub/sub wait names its own). A command to a Redis
+# cut off fails after REDIS_SOCKET_S and is retried on a new connection: after a heal, clients
+# are back within 5 s, where a connection left to TCP's backoff waited 20-25 s (measured).
+REDIS_SOCKET_S = 5.0
+
+# Kafka: a produce or an admin request with no answer in KAFKA_REQUEST_S fails (aiokafka's default
+# is 40 s), and the next one opens a new connection. A data loader or embedding worker cut off
+# from the broker fails its attempt after this, and the job recovers from its checkpoint once the
+# broker is back. Consumers keep aiokafka's 40 s: a group's join may wait that long for its peers.
+KAFKA_REQUEST_S = 15.0
+
+# gRPC (lookups and gradients between NN ranks, embedding workers and PS shards; the coordinator's
+# stats calls; serving): both ends ping each connection every GRPC_KEEPALIVE_S, calls or none, and
+# close it when a ping has no answer within GRPC_KEEPALIVE_TIMEOUT_S. A call to a peer cut off
+# fails UNAVAILABLE within 10 s, not after TCP's retransmissions run out (about 15 minutes).
+GRPC_KEEPALIVE_S = 5.0
+GRPC_KEEPALIVE_TIMEOUT_S = 5.0
+# A server accepts a client's pings this often (gRPC's default refuses pings more often than
+# every 5 minutes without data, and answers them with GOAWAY).
+GRPC_MIN_PING_INTERVAL_S = 4.0
