@@ -10,7 +10,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test lint test-python test-native test-compose images images-offline compose-env bench up down status clean
+.PHONY: setup demo test lint test-python test-native test-compose test-cluster images images-offline compose-env bench up down status clean
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -64,6 +64,16 @@ test-python:
 
 test-native: $(VENV)/.native
 	cd native && cargo test --release -q
+
+# ---- a cluster of hosts on this machine (root; docs/operations.md, Running across hosts) ----
+.cache/cluster-tools.ok:
+	@mkdir -p .cache
+	scripts/setup-cluster.sh
+	touch $@
+
+# Every process on a network namespace of its own; partitions, a slow link, a lossy one (tests/cluster).
+test-cluster: setup .cache/cluster-tools.ok
+	$(PY) -m pytest -q -m cluster tests/cluster
 
 # ---- containers (docker-compose.yml, docs/operations.md) ----
 WHEELS := .cache/wheels

@@ -1,0 +1,86 @@
+"""A cluster of hosts on this machine (`trillium up --cluster`): every process of the stack, Kafka
+and Redis included, on a network namespace of its own, and the controls of its links
+(`net.Network`). Runs as root only (`make test-cluster`); elsewhere every test here is skipped,
+once, saying why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from net import Network
+from timeline import FAULTS
+
+from trillium import stack
+from trillium.config import StackTopology
+from trillium.job.record import ACTIVE
+from trillium.stack.client import CoordinatorClient
+
+TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1, serving_replicas=1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    missing = [tool for tool in ("ip", "nft", "tc", "ping", "iperf3") if shutil.which(tool) is None]
+    why = (
+        "a cluster of hosts needs root (network namespaces, veth, a bridge)"
+        if os.geteuid() != 0
+        else f"a cluster of hosts needs {', '.join(missing)} (make test-cluster installs them)"
+        if missing
+        else None
+    )
+    if why:
+        skip = pytest.mark.skip(reason=why)
+        for item in items:
+            if "tests/cluster/" in str(item.fspath):
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> Path:
+    """A cluster stack of the tests' own; or, for the edit-test loop, the one already running
+    (`trillium up --cluster`) in the run directory TRILLIUM_TEST_CLUSTER names, left running."""
+    if existing := os.environ.get("TRILLIUM_TEST_CLUSTER"):
+        yield Path(existing)
+        return
+    run_dir = tmp_path_factory.mktemp("cluster")
+    stack.up(run_dir, TOPOLOGY, cluster=True)
+    yield run_dir
+    stack.down(run_dir)
+
+
+@pytest.fixture(scope="session")
+def network(cluster) -> Network:
+    net = Network(stack.read_state(cluster)["hosts"])
+    yield net
+    net.heal()
+
+
+@pytest.fixture(autouse=True)
+def healed_and_idle(request):
+    """Each test starts on a healed network and an idle stack, and leaves it so."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    request.getfixturevalue("network").heal()
+    client = CoordinatorClient.for_stack(request.getfixturevalue("cluster"))
+    try:
+        left = [j for j in client.jobs() if j["state"] in ACTIVE]
+        for job in left:
+            if job["state"] != "stopping":
+                client.stop(job["id"])
+            client.follow(job["id"], timeout_s=180)
+    finally:
+        client.close()
+    assert not left, f"the test left jobs active: {[(j['id'], j['state']) for j in left]}"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if FAULTS:
+        terminalreporter.section("faults: seconds to detect (a new attempt) and to recover (training again)")
+        for row in FAULTS:
+            terminalreporter.write_line(
+                f"{row['fault']:<48} detect {row['detect_s']!s:>6}  recover {row['recover_s']!s:>6}  "
+                f"recoveries {row['recoveries']}  auc {row['auc']}"
+            )
