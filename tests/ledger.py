@@ -92,6 +92,12 @@ def assert_exactly_once_at_the_ps(
     assert not problems, "the PS shards' ledgers break exactly-once:\n  " + "\n  ".join(problems)
 
 
+def final_runs(view: dict[str, Any]) -> str:
+    """The final model's ledgers in a line: per shard, per rank, its [first, last, attempt] runs."""
+    final = view["ledgers"].get(str(view["job"]["attempt"]), {})
+    return "; ".join(f"shard {s}: {ledger['contained']}" for s, ledger in sorted(final.items()))
+
+
 def _steps(runs: list[list[int]]) -> list[tuple[int, int]]:
     """[first, last, attempt] runs as (first, last) ranges, adjacent ones joined."""
     out: list[tuple[int, int]] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiokafka import TopicPartition
-from ledger import assert_exactly_once_at_the_ps
+from ledger import assert_exactly_once_at_the_ps, final_runs
 from pipeline_helpers import DATA, run_to_end, with_training
 from typer.testing import CliRunner
 
@@ -80,6 +80,7 @@ def _assert_exactly_once(view: dict, job: JobConfig) -> None:
     them), and every step's gradients of every rank held once in the final model, as the PS shards
     count what they applied (tests/ledger.py)."""
     assert_exactly_once_at_the_ps(view, job)
+    print(f"the final model's ledgers: {final_runs(view)}")
     split = BatchBuilder(job).split("train")
     results = view["results"].values()
     for epoch in range(job.training.epochs):
