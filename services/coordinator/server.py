@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI
 
 from trillium.runtime.limits import BodyLimit
-from trillium.runtime.service import Service, run_service
+from trillium.runtime.process import run_service
+from trillium.runtime.service import Service
 from trillium.wire import state
 
 from .api import add_api

@@ -36,8 +36,9 @@ from trillium.job import KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import FORMAT_VERSION, CaptureRequest, CaptureResult, CheckpointDir, loader_file
 from trillium.runtime.memory import LOADER_MMAP_THRESHOLD, release_free_memory
+from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, run_service
+from trillium.runtime.service import Service
 from trillium.wire import codec, kafka, state
 from trillium.wire.batch import Batch
 

@@ -48,8 +48,9 @@ from trillium.runtime.checkpoint import (
 from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
+from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, describe_error, run_service
+from trillium.runtime.service import Service, describe_error
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import GradientUpdate
 from trillium.wire.kafka import KafkaConnection

@@ -27,8 +27,9 @@ from prometheus_client import Histogram
 from trillium import pooling
 from trillium.job.record import JobRecord
 from trillium.runtime.memory import EMBEDDING_WORKER_MMAP_THRESHOLD, EMBEDDING_WORKER_TRIM_THRESHOLD
+from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, run_service
+from trillium.runtime.service import Service
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import EmbeddingRef, GradientUpdate
 from trillium.wire.pb import embedding_pb2 as pb

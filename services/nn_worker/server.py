@@ -47,8 +47,9 @@ from trillium.models import build_dense_optimizer, build_model
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
+from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, describe_error, run_service
+from trillium.runtime.service import Service, describe_error
 from trillium.runtime.storage import StorageDir
 from trillium.train import progressive_validation
 from trillium.wire import codec, rpc, state

@@ -31,7 +31,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from trillium.data.instances import BadInstance
 from trillium.runtime.limits import BodyLimit
 from trillium.runtime.model_store import ModelStore, VersionManifest
-from trillium.runtime.service import Service, run_service
+from trillium.runtime.process import run_service
+from trillium.runtime.service import Service
 from trillium.wire import rpc, state
 from trillium.wire.pb import serving_pb2 as pb
 from trillium.wire.pb import serving_pb2_grpc as pb_grpc

@@ -4,7 +4,7 @@ structured logs, and a graceful stop on SIGTERM/SIGINT.
 
 A service subclasses `Service`, overrides `start`/`stop` (and `add_routes` for an
 HTTP API of its own, `run_job` to take part in jobs), and its `__main__` calls
-`run_service(MyService)`.
+`run_service(MyService)` (`trillium.runtime.process`).
 
 Jobs reach a worker in the coordinator's answers to its heartbeats. A job runs in
 attempts: the first, and one more for every recovery from a checkpoint. When an attempt
@@ -24,7 +24,6 @@ role answers by overriding `capture`/`release`, and reports each written part wi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import html
@@ -34,9 +33,8 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, ClassVar
 
 import grpc
@@ -48,8 +46,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.exceptions import RedisError
 
-from trillium import log
-from trillium.config import EXIT_RESTART, ConfigError, Role, ServiceSettings
+from trillium.config import EXIT_REPLACED, EXIT_RESTART, Role, ServiceSettings
 from trillium.job.record import TERMINAL, JobRecord
 from trillium.runtime.checkpoint import (
     CaptureRequest,
@@ -62,8 +59,6 @@ from trillium.runtime.checkpoint import (
 from trillium.runtime.memory import (
     LEAN_ARENAS,
     MMAP_THRESHOLD,
-    collect_cycles_less_often,
-    keep_malloc_lean,
     release_free_memory,
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
@@ -291,6 +286,13 @@ class Service:
         logging.shutdown()
         os._exit(EXIT_RESTART)
 
+    def _replaced(self, why: str | None) -> None:
+        """Another host's process holds this role and index (we were replaced while cut off):
+        exit at once, writing nothing more, with EXIT_REPLACED so that no supervisor restarts us."""
+        logger.error("replaced by another process: exiting", extra={"why": why})
+        logging.shutdown()
+        os._exit(EXIT_REPLACED)
+
     async def _on_job(self, job: JobRecord | None) -> None:
         if job is None:
             # No current job: ours was deleted, maybe before a heartbeat told us it had ended (the
@@ -471,6 +473,8 @@ class Service:
             try:
                 if not registered:
                     r = await client.post(f"{base}/v1/workers", json=self.registration())
+                    if r.status_code == status.HTTP_409_CONFLICT:
+                        self._replaced(r.json().get("detail"))
                     r.raise_for_status()
                     registered = True
                     logger.info("registered with coordinator", extra={"coordinator": base})
@@ -552,47 +556,3 @@ def describe_error(exc: BaseException, limit: int = 1000) -> str:
         text = f"{type(exc).__name__}: {exc}"
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
-    """Entry point of a service process: parse args + environment, run until SIGTERM."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m trillium.services.{cls.role}",
-        description=f"Trillium {cls.role} service. Endpoints come from the TRILLIUM_* environment (see README).",
-    )
-    parser.add_argument("--index", type=int, default=0, help="NN rank, PS shard, or instance number")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--http-port", type=int, required=True, help="health/metrics/API port")
-    parser.add_argument("--grpc-port", type=int, default=None, help="gRPC port (PS and embedding worker)")
-    parser.add_argument("--log-level", default=os.environ.get("TRILLIUM_LOG_LEVEL", "INFO"))
-    args = parser.parse_args(argv)
-    try:
-        settings = ServiceSettings.from_env(
-            role=cls.role,
-            index=args.index,
-            host=args.host,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            log_level=args.log_level.upper(),
-        )
-    except ConfigError as err:
-        print(f"{cls.role}: configuration error:\n{err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    log.configure(settings.name, settings.log_level)
-    collect_cycles_less_often()
-    if cls.lean_malloc:
-        keep_malloc_lean(
-            arenas=cls.malloc_arenas, mmap_threshold=cls.malloc_mmap_threshold, trim_threshold=cls.malloc_trim_threshold
-        )
-    _run_loop(cls(settings).run())
-
-
-def _run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run a service's event loop: uvloop's (libuv) where uvicorn[standard] installed it (the
-    stack trained 3.5-5% more samples/s on it than on asyncio's own loop); asyncio's elsewhere."""
-    try:
-        import uvloop
-    except ImportError:  # uvicorn[standard] leaves it out on Windows and PyPy
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
