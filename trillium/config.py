@@ -57,6 +57,10 @@ ENV_SERVING_MAX_BODY_BYTES = "TRILLIUM_SERVING_MAX_BODY_BYTES"
 # abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
 # and do not count it as a crash.
 EXIT_RESTART = 75
+# A service exits with this code when the coordinator refused its registration because a process
+# on another host has taken its role and index (it was replaced while cut off). Supervisors leave it
+# stopped: restarting it would only be refused again.
+EXIT_REPLACED = 76
 
 Role = Literal["coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader", "serving"]
 # In the order a stack starts them: the coordinator first (the others register with it).

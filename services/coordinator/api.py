@@ -31,7 +31,7 @@ from .observe import (
     stream_view,
 )
 from .parts import CoordinatorParts as Coordinator
-from .registry import Worker, WorkerRegistration
+from .registry import Replaced, Worker, WorkerRegistration, unreachable
 from .reshard import request_reshard
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
@@ -93,6 +93,11 @@ class JobView(BaseModel):
         "the job's current attempt's are the model's",
     )
     lost_workers: list[str] = Field(description="workers of this active job not heard from in time")
+    waiting_for: list[str] = Field(
+        default_factory=list,
+        description="what the active job waits for: each lost worker and since when it is unreachable "
+        "(its last heartbeat), e.g. 'embedding_ps-1 unreachable since 2026-11-29T00:51:02Z (no heartbeat for 42 s)'",
+    )
     last_checkpoint: CheckpointInfo | None = Field(description="the newest complete checkpoint")
     checkpoint_in_progress: bool
     ps_shards: int = Field(description="the PS shards the job runs on now (`job.reshards`: its live changes)")
@@ -238,10 +243,14 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(coord.require_token)], responses=_errors(401, 413))
 
     # ---- workers
-    @v1.post("/workers", response_model=Worker, tags=["workers"])
+    @v1.post("/workers", response_model=Worker, tags=["workers"], responses=_errors(409))
     async def register_worker(reg: WorkerRegistration) -> Worker:
-        """Register a service instance (services do this themselves at start)."""
-        return await coord.registry.register(reg)
+        """Register a service instance (services do this themselves at start). 409: the name is held
+        by a process on another host that is still heard from (this one was replaced: it exits)."""
+        try:
+            return await coord.registry.register(reg)
+        except Replaced as err:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
 
     @v1.post("/workers/{name}/heartbeat", response_model=HeartbeatResponse, tags=["workers"], responses=_errors(404))
     async def heartbeat(name: str, body: HeartbeatRequest) -> Response:
@@ -478,6 +487,8 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
     training = await progress.training(ranks)
     elapsed = (job.finished_at or time.time()) - job.started_at if job.started_at else 0.0
     nan_to_none = lambda x: None if x != x else x  # noqa: E731 (JSON has no NaN)
+    lost = await lost_workers(coord.registry, job)
+    workers = {w.name: w for w in await coord.registry.workers()} if lost else {}
     return JobView(
         job=job,
         progress=JobProgressView(
@@ -492,7 +503,8 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
         staleness={r: StalenessView(**s.as_dict()) for r, s in (await progress.staleness(ranks)).items()},
         results=await progress.rank_results(),
         ledgers=await progress.ledgers(job.attempt + 1),
-        lost_workers=await lost_workers(coord.registry, job),
+        lost_workers=lost,
+        waiting_for=[unreachable(name, workers.get(name), time.time()) for name in lost],
         last_checkpoint=await coord.checkpointer.latest(job),
         checkpoint_in_progress=coord.checkpointer.busy(job.id),
         ps_shards=job.config.topology.ps_shards,

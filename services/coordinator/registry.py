@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -52,6 +53,14 @@ class Worker(WorkerRegistration):
         return job.get("error") if isinstance(job, dict) else None
 
 
+class Replaced(Exception):
+    """A registration refused: the name is held by a process on another host that is still heard from."""
+
+
+def _host(url: str) -> str | None:
+    return urlsplit(url).hostname
+
+
 class WorkerRegistry:
     def __init__(self, redis: state.aioredis.Redis, heartbeat_s: float) -> None:
         self.redis = redis
@@ -75,10 +84,27 @@ class WorkerRegistry:
             cached = self._parsed[name] = (raw, Worker.model_validate_json(raw))
         return cached[1].model_copy()
 
+    def _lost(self, worker: Worker, now: float) -> bool:
+        return now - max(worker.last_heartbeat, self.listening_since) > self.lost_after_s
+
     async def register(self, reg: WorkerRegistration) -> Worker:
+        """Record `reg`, replacing the name's earlier holder: the same process, its restart on the
+        same host, or, once it is lost, a replacement on another host. A process of another host
+        does not displace a holder still heard from (Replaced): the holder that a partition cut
+        off, come back after its replacement took over, is fenced out so."""
         now = time.time()
         raw = await self.redis.hget(self._key, reg.name)
         previous = Worker.model_validate_json(raw) if raw else None
+        if (
+            previous is not None
+            and previous.pid != reg.pid
+            and _host(previous.http_url) != _host(reg.http_url)
+            and not self._lost(previous, now)
+        ):
+            raise Replaced(
+                f"{reg.name} is held by pid {previous.pid} at {previous.http_url}, heard from "
+                f"{now - previous.last_heartbeat:.0f} s ago: this process ({reg.http_url}) was replaced"
+            )
         # The same process registering again (the coordinator restarted) keeps its job report,
         # so the job state machine does not read its silence as "no phase".
         health = previous.health if previous is not None and previous.pid == reg.pid else {}
@@ -119,12 +145,20 @@ class WorkerRegistry:
         workers = []
         for name, value in raw.items():
             worker = self._parse(name, value)
-            if now - max(worker.last_heartbeat, self.listening_since) > self.lost_after_s:
+            if self._lost(worker, now):
                 worker.status = "lost"
             else:
                 worker.status = "healthy" if worker.health.get("status") == "ok" else "starting"
             workers.append(worker)
         return sorted(workers, key=lambda w: (w.role, w.index))
+
+
+def unreachable(name: str, worker: Worker | None, now: float) -> str:
+    """What a job waiting for the worker `name` waits for, in words, for the job's view."""
+    if worker is None:
+        return f"{name} not registered"
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(worker.last_heartbeat))
+    return f"{name} unreachable since {since} (no heartbeat for {now - worker.last_heartbeat:.0f} s)"
 
 
 def failure_cause(failed: list[tuple[str, str | None]], lost: list[str], workers: dict[str, Worker]) -> str:

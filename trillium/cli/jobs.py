@@ -69,7 +69,7 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
             )
         )
     if view["lost_workers"]:
-        rows.append(("lost workers", ", ".join(view["lost_workers"])))
+        rows.append(("waiting for", "; ".join(view.get("waiting_for") or view["lost_workers"])))
     rows += _stream_rows(view)
     if job.get("metrics"):
         rows.append(

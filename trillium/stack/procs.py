@@ -87,7 +87,7 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)
     pid: int | None = None
     restarts: int = 0
-    state: str = "pending"  # pending, starting, running, restarting, failed, stopped
+    state: str = "pending"  # pending, starting, running, restarting, failed, stopped, replaced
     crash_times: list[float] = field(default_factory=list)
     address: str = "127.0.0.1"  # its host's: bound and advertised
 

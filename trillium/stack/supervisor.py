@@ -31,6 +31,7 @@ from trillium.config import (
     ENV_RUN_DIR,
     ENV_THREADS,
     ENV_TOKEN,
+    EXIT_REPLACED,
     EXIT_RESTART,
     ROLES,
     KafkaConnection,
@@ -323,7 +324,12 @@ class Supervisor:
     # ---- supervision
     async def restart_if_crashed(self, proc: Proc) -> None:
         popen = self.popen.get(proc.name)
-        if popen is None or popen.poll() is None or proc.state in ("failed", "stopped"):
+        if popen is None or popen.poll() is None or proc.state in ("failed", "stopped", "replaced"):
+            return
+        if popen.returncode == EXIT_REPLACED:  # another host's process holds its role: not ours to restart
+            logger.warning("replaced by another host's process", extra={"proc": proc.name})
+            proc.state = "replaced"
+            self.save()
             return
         if popen.returncode == EXIT_RESTART:  # asked to be started afresh: not a crash
             logger.info("restart requested", extra={"proc": proc.name})
