@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from net import Network
-from timeline import FAULTS
+from timeline import FAULT_EPOCHS, FAULTS, cluster_job
 
 from trillium import stack
 from trillium.config import StackTopology
@@ -48,6 +48,18 @@ def cluster(tmp_path_factory) -> Path:
     stack.up(run_dir, TOPOLOGY, cluster=True)
     yield run_dir
     stack.down(run_dir)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(cluster) -> dict:
+    """The fault job's metrics on a healthy network: what every fault test's model must equal."""
+    client = CoordinatorClient.for_stack(cluster)
+    try:
+        view = client.follow(client.submit(cluster_job(FAULT_EPOCHS))["id"], timeout_s=300)
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished" and view["job"]["recoveries"] == [], view["job"]
+    return view["job"]["metrics"]
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,14 @@ This kernel has no netem: added latency is not a qdisc here (see docs/operations
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
 import time
-from dataclasses import dataclass
 from typing import Any
+
+from trillium.stack.hosts import Host, join_bridge
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
@@ -27,26 +29,30 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
     return done.stdout
 
 
-@dataclass(frozen=True)
-class Host:
-    name: str
-    netns: str
-    address: str
-    veth: str
-
-
 class Network:
     """The fault and cost controls of one cluster, from its stack state's `hosts` section."""
 
     def __init__(self, hosts: dict[str, Any]) -> None:
         self.bridge: str = hosts["bridge"]
         self.gateway: str = hosts["gateway"]
+        self.subnet = ipaddress.ip_network(hosts["subnet"])
         self.hosts = {name: Host(**h) for name, h in hosts["hosts"].items()}
         self.table = f"{self.bridge}_faults"
         self.capped: set[str] = set()
 
     def host(self, name: str) -> Host:
         return self.hosts[name]
+
+    def add_host(self, name: str) -> Host:
+        """A host brought in (a machine in place of a lost one): a namespace on the bridge with the
+        next free address. The cluster's `down` removes it with the others."""
+        taken = {self.gateway, *(h.address for h in self.hosts.values())}
+        address = next(str(a) for a in list(self.subnet.hosts())[9:] if str(a) not in taken)
+        tag = self.bridge.removesuffix("br")
+        host = Host(name, f"{tag}-{name}", address, f"{tag}v{len(self.hosts)}")
+        join_bridge(host, self.bridge, self.subnet.prefixlen)
+        self.hosts[name] = host
+        return host
 
     # ---- faults ----
     def _rules(self, chain_rules: dict[str, list[str]]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ledger import assert_exactly_once_at_the_ps
 
 from trillium.data.features import BatchBuilder
 from trillium.job import JobConfig
@@ -62,12 +63,43 @@ def cluster_job(epochs: int, staleness_bound: int = 0, name: str = "cluster") ->
 
 
 def assert_exactly_once(view: dict[str, Any], job: JobConfig) -> None:
-    """Every epoch trained each training row once, by the ranks' per-epoch counts."""
+    """Every step's gradients in the final model exactly once, by the PS shards' ledgers, and
+    every epoch trained each training row once, by the ranks' per-epoch counts."""
+    assert_exactly_once_at_the_ps(view, job)
     split = BatchBuilder(job).split("train")
     results = view["results"].values()
     for epoch in range(job.training.epochs):
         assert sum(r["epochs"][epoch]["samples"] for r in results) == split.rows, f"epoch {epoch}"
         assert sum(r["epochs"][epoch]["label_sum"] for r in results) == pytest.approx(float(split.labels.sum()))
+
+
+FAULT_EPOCHS = 30  # 600 steps: a fault begins after the first checkpoint (step 40), long before the end
+HOLD_S = 30.0  # how long a healed partition lasts
+AUC_TOLERANCE = 1e-3  # synchronous: a recovered run repeats an uninterrupted one's steps
+
+
+def after_first_checkpoint(run_dir: Path) -> tuple[str, Timeline]:
+    """A fault job submitted and followed until its first checkpoint."""
+    client = CoordinatorClient.for_stack(run_dir)
+    try:
+        job_id = client.submit(cluster_job(FAULT_EPOCHS))["id"]
+        timeline = Timeline(run_dir, job_id)
+        deadline = time.monotonic() + 120
+        while (view := client.job(job_id))["last_checkpoint"] is None:
+            assert view["job"]["state"] in ("submitted", "starting", "running"), view["job"]
+            assert time.monotonic() < deadline, "no first checkpoint in 120 s"
+            time.sleep(0.05)
+        assert view["progress"]["samples"] < FAULT_EPOCHS * ROWS // 3, "the job ran too far before the fault"
+        return job_id, timeline
+    finally:
+        client.close()
+
+
+def check(view: dict[str, Any], uninterrupted: dict[str, Any]) -> None:
+    """A fault job finished, exactly once, with the model an uninterrupted run made."""
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert_exactly_once(view, cluster_job(FAULT_EPOCHS))
+    assert abs(view["job"]["metrics"]["auc"] - uninterrupted["auc"]) <= AUC_TOLERANCE
 
 
 @dataclass

@@ -170,16 +170,7 @@ class Cluster:
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for host in self.hosts.values():
-            peer = f"{host.veth}p"
-            _ip("netns", "add", host.netns)
-            _ip("link", "add", host.veth, "type", "veth", "peer", "name", peer)
-            _ip("link", "set", peer, "netns", host.netns)
-            _ip("link", "set", peer, "name", HOST_IFNAME, netns=host.netns)
-            _ip("addr", "add", f"{host.address}/{self.subnet.prefixlen}", "dev", HOST_IFNAME, netns=host.netns)
-            _ip("link", "set", HOST_IFNAME, "up", netns=host.netns)
-            _ip("link", "set", "lo", "up", netns=host.netns)
-            _ip("link", "set", host.veth, "master", self.bridge)
-            _ip("link", "set", host.veth, "up")
+            join_bridge(host, self.bridge, self.subnet.prefixlen)
 
     def destroy(self) -> None:
         """Remove every namespace and link of this run directory's cluster (idempotent)."""
@@ -189,3 +180,17 @@ class Cluster:
                 _ip("netns", "delete", name, check=False)  # takes its end of each veth pair along
         if _ip("link", "show", self.bridge, check=False).returncode == 0:
             _ip("link", "delete", self.bridge, check=False)
+
+
+def join_bridge(host: Host, bridge: str, prefixlen: int) -> None:
+    """Make `host`: its namespace, and a veth pair from it (`eth0`, with its address) to the bridge."""
+    peer = f"{host.veth}p"
+    _ip("netns", "add", host.netns)
+    _ip("link", "add", host.veth, "type", "veth", "peer", "name", peer)
+    _ip("link", "set", peer, "netns", host.netns)
+    _ip("link", "set", peer, "name", HOST_IFNAME, netns=host.netns)
+    _ip("addr", "add", f"{host.address}/{prefixlen}", "dev", HOST_IFNAME, netns=host.netns)
+    _ip("link", "set", HOST_IFNAME, "up", netns=host.netns)
+    _ip("link", "set", "lo", "up", netns=host.netns)
+    _ip("link", "set", host.veth, "master", bridge)
+    _ip("link", "set", host.veth, "up")
