@@ -22,7 +22,7 @@ TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_load
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    missing = [tool for tool in ("ip", "nft", "tc", "ping", "iperf3") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "nft", "tc", "ping") if shutil.which(tool) is None]
     why = (
         "a cluster of hosts needs root (network namespaces, veth, a bridge)"
         if os.geteuid() != 0

@@ -15,7 +15,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import socket
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -116,29 +118,37 @@ class Network:
         return float(match.group(1))
 
     def mbit_per_s(self, name: str, seconds: float = 1.0) -> float:
-        """Bulk TCP throughput from the operator to `name` (iperf3, its server in `name`'s namespace)."""
+        """Bulk TCP throughput from the operator to `name`: a sink in `name`'s namespace counts what
+        arrives between its first byte and the sender's close."""
         host = self.hosts[name]
-        port = "5299"
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, "iperf3", "-s", "-1", "-B", host.address, "-p", port],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        sink = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, sys.executable, "-c", _SINK, host.address],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
-            listening = ["ip", "netns", "exec", host.netns, "ss", "-Hltn", f"sport = :{port}"]
-            deadline = time.monotonic() + 10
-            while not sh(*listening).strip():
-                assert server.poll() is None and time.monotonic() < deadline, "iperf3's server did not listen"
-                time.sleep(0.05)
-            done = subprocess.run(
-                ["iperf3", "-c", host.address, "-p", port, "-t", str(seconds), "-J"],
-                capture_output=True,
-                text=True,
-                timeout=seconds + 20,
-            )
-            result = json.loads(done.stdout)
-            assert "error" not in result, result["error"]
-            return result["end"]["sum_received"]["bits_per_second"] / 1e6
+            port = int(sink.stdout.readline())
+            chunk = bytes(1 << 16)
+            with socket.create_connection((host.address, port), timeout=10) as conn:
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    conn.sendall(chunk)
+            received = json.loads(sink.communicate(timeout=30)[0])
+            return received["bytes"] * 8 / received["seconds"] / 1e6
         finally:
-            server.kill()
-            server.wait()
+            sink.kill()
+            sink.wait()
+
+
+# A TCP sink: prints its port, then the bytes one connection brought and the seconds they took.
+_SINK = """
+import json, socket, sys, time
+server = socket.create_server((sys.argv[1], 0))
+print(server.getsockname()[1], flush=True)
+conn, _ = server.accept()
+received, first = 0, None
+while data := conn.recv(1 << 20):
+    first = first or time.monotonic()
+    received += len(data)
+print(json.dumps({"bytes": received, "seconds": time.monotonic() - first}))
+"""
