@@ -19,6 +19,11 @@ LOST_AFTER_MISSED = 5
 # again within COORDINATOR_CALL_S + HEARTBEAT_S = 7 s, whatever TCP's backoff on the old one.
 COORDINATOR_CALL_S = 5.0
 
+# A worker's part in an attempt, cancelled (the job moved on, stopped or ended), ends within
+# JOB_CANCEL_S, or the process restarts (naming where it was stuck in its log): its heartbeats
+# wait for that end, and a worker silent for 10 s is taken for lost.
+JOB_CANCEL_S = 8.0
+
 # Redis: connecting, and each command's reply (a pub/sub wait names its own). A command to a Redis
 # cut off fails after REDIS_SOCKET_S and is retried on a new connection: after a heal, clients
 # are back within 5 s, where a connection left to TCP's backoff waited 20-25 s (measured).

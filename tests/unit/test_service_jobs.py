@@ -58,3 +58,35 @@ async def test_no_job_heard_while_idle_changes_nothing() -> None:
     shard = Shard()
     await shard._on_job(None)
     assert shard._job_task is None and shard.health_report()["job"] is None
+
+
+class StuckShard(Shard):
+    """A shard whose part in a job swallows its cancel, as a call stuck where no cancel reaches does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted = asyncio.Event()
+
+    async def run_job(self, job: JobRecord) -> None:
+        self.running.set()
+        while not self.restarted.is_set():  # the process's exit ends it, here the test's restart
+            try:
+                await self.restarted.wait()
+            except asyncio.CancelledError:
+                continue
+
+    async def restart_process(self) -> None:
+        self.restarted.set()
+        raise asyncio.CancelledError  # a real restart exits the process here
+
+
+async def test_a_job_task_that_does_not_end_when_cancelled_restarts_the_process(monkeypatch) -> None:
+    monkeypatch.setattr("trillium.runtime.service.JOB_CANCEL_S", 0.2)
+    shard = StuckShard()
+    await shard._on_job(submitted())
+    await asyncio.wait_for(shard.running.wait(), 5)
+    try:
+        await asyncio.wait_for(shard._on_job(None), 5)
+    except asyncio.CancelledError:
+        pass
+    assert shard.restarted.is_set()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import io
 import json
 import logging
 import os
@@ -62,7 +63,7 @@ from trillium.runtime.memory import (
     release_free_memory,
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
-from trillium.timeouts import COORDINATOR_CALL_S
+from trillium.timeouts import COORDINATOR_CALL_S, JOB_CANCEL_S
 from trillium.wire import state
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -269,6 +270,14 @@ class Service:
             return
         if not task.done():
             task.cancel()
+            await asyncio.wait({task}, timeout=JOB_CANCEL_S)
+            if not task.done():
+                # Stuck where a cancel cannot reach: the heartbeats wait on this, so say where and
+                # start afresh rather than fall silent (a process joins a new attempt new anyway).
+                stack = io.StringIO()
+                task.print_stack(file=stack)
+                logger.error("the job's task did not end when cancelled", extra={"stack": stack.getvalue()})
+                await self.restart_process()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.left_attempt()
