@@ -25,6 +25,7 @@ import hashlib
 import ipaddress
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,7 @@ class Host:
 class Loopback:
     """Every process on 127.0.0.1, each on a free port remembered per run directory."""
 
-    kind = "loopback"
-
-    def __init__(self, ports: dict[str, int], save: Any) -> None:
+    def __init__(self, ports: dict[str, int], save: Callable[[dict[str, int]], None]) -> None:
         self.ports = {k: v for k, v in ports.items() if port_free(v)}
         self._save = save
 
@@ -103,8 +102,6 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
 
 class Cluster:
     """Each process on a host of its own (see the module's docstring)."""
-
-    kind = "cluster"
 
     def __init__(self, run_dir: Path, names: list[str], subnet: str | None = None) -> None:
         subnet = subnet or os.environ.get(ENV_CLUSTER_SUBNET, DEFAULT_SUBNET)
