@@ -71,8 +71,14 @@ test-native: $(VENV)/.native
 	scripts/setup-cluster.sh
 	touch $@
 
+# Latency on a cluster's links, where the kernel has no netem (trillium/stack/links.py).
+LINKDELAY := .cache/bin/linkdelay
+$(LINKDELAY): scripts/linkdelay/main.go scripts/linkdelay/go.mod
+	@scripts/require.sh go
+	cd scripts/linkdelay && go build -o $(abspath $@) .
+
 # Every process on a network namespace of its own; partitions, a slow link, a lossy one (tests/cluster).
-test-cluster: setup .cache/cluster-tools.ok
+test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY)
 	$(PY) -m pytest -q -m cluster tests/cluster
 
 # ---- containers (docker-compose.yml, docs/operations.md) ----

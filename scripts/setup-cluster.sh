@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The tools of the cluster of hosts on this machine (tests/cluster, `trillium up --cluster`):
-# iproute2 (ip, tc), nftables (partitions, loss), ping (each link's round trip), tcpdump (captures
+# iproute2 (ip, tc), nftables (partitions, loss, linkdelay's redirect), tcpdump (captures
 # on the bridge). Installs Debian's packages when missing and we are root.
 set -eu
-declare -A package=([ip]=iproute2 [tc]=iproute2 [nft]=nftables [ping]=iputils-ping [tcpdump]=tcpdump)
+declare -A package=([ip]=iproute2 [tc]=iproute2 [nft]=nftables [tcpdump]=tcpdump)
 missing=()
 for tool in "${!package[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${package[$tool]}")

@@ -1,6 +1,7 @@
 """A cluster of hosts on this machine (`trillium up --cluster`): every process of the stack, Kafka
 and Redis included, on a network namespace of its own, and the controls of its links
-(`net.Network`). Runs as root only (`make test-cluster`); elsewhere every test here is skipped,
+(`trillium.stack.links.Network`; every host's connections through linkdelay, at no delay until a
+test sets one). Runs as root only (`make test-cluster`); elsewhere every test here is skipped,
 once, saying why."""
 
 from __future__ import annotations
@@ -10,19 +11,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-from net import Network
 from timeline import FAULT_EPOCHS, FAULTS, cluster_job
 
 from trillium import stack
 from trillium.config import StackTopology
 from trillium.job.record import ACTIVE
 from trillium.stack.client import CoordinatorClient
+from trillium.stack.links import Network
 
 TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1, serving_replicas=1)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    missing = [tool for tool in ("ip", "nft", "tc", "ping") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "nft", "tc") if shutil.which(tool) is None]
     why = (
         "a cluster of hosts needs root (network namespaces, veth, a bridge)"
         if os.geteuid() != 0
@@ -45,7 +46,7 @@ def cluster(tmp_path_factory) -> Path:
         yield Path(existing)
         return
     run_dir = tmp_path_factory.mktemp("cluster")
-    stack.up(run_dir, TOPOLOGY, cluster=True)
+    stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True)
     yield run_dir
     stack.down(run_dir)
 

@@ -7,11 +7,11 @@ import ipaddress
 import json
 
 import pytest
-from net import Network, sh
 from timeline import assert_exactly_once, cluster_job
 
 from trillium import stack
 from trillium.stack.client import CoordinatorClient
+from trillium.stack.links import Network, sh
 
 pytestmark = pytest.mark.cluster
 
@@ -92,3 +92,27 @@ def test_each_link_reports_the_rtt_and_bandwidth_measured_on_it(network: Network
     for link in links.values():
         assert 0 < link["rtt_ms"] < 5 and link["mbit_per_s"] > 100
     assert 7 < capped <= 10.5  # the token bucket holds what it asked for, within TCP's slack
+
+
+def test_added_latency_lengthens_every_round_trip_and_the_job_still_trains_exactly(cluster, network: Network) -> None:
+    """linkdelay on every host (no netem here): the round trip measured through it is what was
+    asked, on the path the stack's own connections take, and a job trains across it."""
+    base = network.rtt_ms("embedding_ps-0")
+    network.round_trip(10.0)
+    try:
+        delayed = {name: round(network.rtt_ms(name), 2) for name in ("embedding_ps-0", "kafka", "coordinator-0")}
+        print(f"\nround trips with 10 ms added (operator -> host): {json.dumps(delayed)}; without: {base:.3f} ms")
+        # A round trip holds each way's 5 ms, plus the bridge's and the relay's (under 2 ms here).
+        assert all(10.0 <= rtt < 12.0 for rtt in delayed.values()), delayed
+        client = CoordinatorClient.for_stack(cluster)
+        try:
+            job = cluster_job(epochs=2)
+            view = client.follow(client.submit(job)["id"], timeout_s=300)
+        finally:
+            client.close()
+        assert view["job"]["state"] == "finished", view["job"]["error"]
+        assert view["job"]["recoveries"] == [], view["job"]["recoveries"]
+        assert_exactly_once(view, job)
+    finally:
+        network.heal()
+    assert network.rtt_ms("embedding_ps-0") < 2.0, "the delay outlived the heal"

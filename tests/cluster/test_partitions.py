@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from net import Network
 from timeline import FAULT_EPOCHS, HOLD_S, after_first_checkpoint, check, cluster_job, record_fault
 
 from trillium.stack.client import CoordinatorClient
+from trillium.stack.links import Network
 
 pytestmark = pytest.mark.cluster
 

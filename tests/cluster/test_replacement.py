@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-from net import Network
 from timeline import after_first_checkpoint, check, record_fault
 
 from trillium import stack
@@ -30,6 +29,7 @@ from trillium.config import (
 )
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.hosts import GRPC_PORT, HOST_IFNAME, HTTP_PORT
+from trillium.stack.links import Network
 
 pytestmark = pytest.mark.cluster
 

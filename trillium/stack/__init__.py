@@ -52,10 +52,12 @@ def up(
     timeout_s: float = 240.0,
     warm: bool = True,
     cluster: bool = False,
+    link_delay: bool = False,
 ) -> dict[str, Any]:
     """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
     tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do.
-    With `cluster`, every process runs on a host of its own (`hosts.py`; needs root)."""
+    With `cluster`, every process runs on a host of its own (`hosts.py`; needs root), and with
+    `link_delay` too, latency can be added to each host's links (`links.Network.delay`)."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
@@ -78,6 +80,8 @@ def up(
         argv.append("--no-services")
     if cluster:
         argv.append("--cluster")
+    if link_delay:
+        argv.append("--link-delay")
     env = dict(os.environ)
     env.pop(ENV_KAFKA_BOOTSTRAP, None)
     env.pop(ENV_REDIS_URL, None)

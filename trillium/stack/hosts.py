@@ -2,9 +2,12 @@
 (`Cluster`), a Linux network namespace with its own address on a bridge, as a real deployment
 places them on machines.
 
-A cluster is a bridge in the machine's own namespace (the operator's host: the supervisor,
-the CLI and tests reach the stack from its address, `.1`) and one namespace per process, Kafka
-and Redis included, each joined to the bridge by a veth pair whose inner end is `eth0`. Every
+A cluster is a switch (a namespace of its own holding a bridge), one namespace per process,
+Kafka and Redis included, each joined to the bridge by a veth pair whose inner end is `eth0`,
+and a link from the machine's own namespace (the operator's host: the supervisor, the CLI and
+tests reach the stack from its address, `.1`). The bridge is kept out of the machine's own
+namespace because there its frames would pass the machine's firewall (br_netfilter): Docker's
+FORWARD policy of drop, for one, cuts every host off from every other. Every
 process binds and advertises its host's address on the ports docker compose and deploy/k8s
 use (HTTP 8080, gRPC 50051, Kafka 9092, Redis 6379), and nothing listens on a host's loopback
 (up only because Linux routes a host's traffic to its own address through it): a path that
@@ -15,8 +18,11 @@ machine, since its route is the bridge's. Namespaces and links are named from a 
 run directory, so a cluster's leftovers (a supervisor killed with -9) are found and removed by
 the next start. Creating one needs root (CAP_NET_ADMIN).
 
-Faults and link costs (partitions, loss, bandwidth caps) act on each host's bridge-side
-interface (`Host.veth`); they are test support (tests/cluster/), never used by a service.
+Faults and link costs (`links.py`: partitions, loss, bandwidth caps) act in the switch, on each
+host's bridge-side interface (`Host.veth`). Added latency needs more, since this kernel has no netem:
+with `link_delay`, every host runs scripts/linkdelay, and an nftables rule in its namespace
+sends every TCP connection that arrives on its interface through it (the delay is 0 until set).
+All of it is test and benchmark support (tests/cluster/, bench/cluster.py), never used by a service.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +49,11 @@ KAFKA_CONTROLLER_PORT = 9093
 REDIS_PORT = 6379
 # The name of a host's interface on the bridge, inside its namespace (GLOO_SOCKET_IFNAME).
 HOST_IFNAME = "eth0"
+# scripts/linkdelay on each host (`link_delay`): where redirected connections arrive, its control.
+LINKDELAY_PORT = 15000
+LINKDELAY_CONTROL_PORT = 15001
+ENV_LINKDELAY = "TRILLIUM_LINKDELAY"
+DEFAULT_LINKDELAY = Path(__file__).resolve().parents[2] / ".cache" / "bin" / "linkdelay"
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,15 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
 class Cluster:
     """Each process on a host of its own (see the module's docstring)."""
 
-    def __init__(self, run_dir: Path, names: list[str], subnet: str | None = None) -> None:
+    def __init__(self, run_dir: Path, names: list[str], subnet: str | None = None, link_delay: bool = False) -> None:
+        self.logs = run_dir / "logs"
+        self.link_delay = link_delay
+        self.linkdelay = Path(os.environ.get(ENV_LINKDELAY, DEFAULT_LINKDELAY))
+        if link_delay and not os.access(self.linkdelay, os.X_OK):
+            raise LauncherError(
+                f"link_delay needs scripts/linkdelay built at {self.linkdelay} "
+                f"(`make .cache/bin/linkdelay`, or set {ENV_LINKDELAY})"
+            )
         subnet = subnet or os.environ.get(ENV_CLUSTER_SUBNET, DEFAULT_SUBNET)
         try:
             self.subnet = ipaddress.ip_network(subnet)
@@ -114,6 +134,8 @@ class Cluster:
         # Interface names hold 15 bytes: "trl" + 5 hex digits + a suffix of up to 7.
         self.tag = "trl" + hashlib.sha1(str(run_dir.absolute()).encode()).hexdigest()[:5]
         self.bridge = f"{self.tag}br"
+        self.switch = f"{self.tag}-switch"
+        self.uplink = f"{self.tag}up"  # the operator's end of its link to the switch
         addresses = list(self.subnet.hosts())
         self.gateway = str(addresses[0])  # the bridge's own: the operator's host
         self.hosts = {
@@ -145,7 +167,9 @@ class Cluster:
         return {
             "subnet": str(self.subnet),
             "bridge": self.bridge,
+            "switch": self.switch,
             "gateway": self.gateway,
+            "link_delay": self.link_delay,
             "hosts": {name: asdict(h) for name, h in self.hosts.items()},
         }
 
@@ -163,24 +187,74 @@ class Cluster:
                     f"the cluster's subnet {self.subnet} overlaps {address} on {line.split()[1]}: "
                     f"set {ENV_CLUSTER_SUBNET} to a free one"
                 )
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        _ip("netns", "add", self.switch)
+        _ip("link", "add", self.bridge, "type", "bridge", netns=self.switch)
+        _ip("link", "set", self.bridge, "up", netns=self.switch)
+        peer = f"{self.uplink}p"
+        _ip("link", "add", self.uplink, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", peer, "netns", self.switch)
+        _ip("link", "set", peer, "master", self.bridge, netns=self.switch)
+        _ip("link", "set", peer, "up", netns=self.switch)
+        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.uplink)
+        _ip("link", "set", self.uplink, "up")
         for host in self.hosts.values():
-            join_bridge(host, self.bridge, self.subnet.prefixlen)
+            join_bridge(host, self.switch, self.bridge, self.subnet.prefixlen)
+            if self.link_delay:
+                self._delay_ingress(host)
+
+    def _delay_ingress(self, host: Host) -> None:
+        """Start linkdelay on `host` and send every TCP connection arriving on its interface
+        through it (but those to linkdelay itself)."""
+        rules = (
+            "table ip trillium_linkdelay {\n"
+            "  chain prerouting {\n"
+            "    type nat hook prerouting priority dstnat; policy accept;\n"
+            f'    iifname "{HOST_IFNAME}" ip daddr {host.address} '
+            f"tcp dport != {{ {LINKDELAY_PORT}, {LINKDELAY_CONTROL_PORT} }} redirect to :{LINKDELAY_PORT}\n"
+            "  }\n"
+            "}\n"
+        )
+        done = subprocess.run(
+            ["ip", "netns", "exec", host.netns, "nft", "-f", "-"], input=rules, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise LauncherError(f"nftables in {host.netns}: {done.stderr.strip()}")
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"linkdelay-{host.name}.log", "ab") as logfile:
+            subprocess.Popen(
+                [
+                    *self.exec_prefix(host.name),
+                    str(self.linkdelay),
+                    "-listen",
+                    f"{host.address}:{LINKDELAY_PORT}",
+                    "-control",
+                    f"{host.address}:{LINKDELAY_CONTROL_PORT}",
+                ],
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def destroy(self) -> None:
-        """Remove every namespace and link of this run directory's cluster (idempotent)."""
+        """Remove every namespace and link of this run directory's cluster (idempotent), with any
+        process still in a namespace (linkdelay, or a killed supervisor's children)."""
         for ns in _ip("netns", "list", check=False).stdout.splitlines():
             name = ns.split()[0] if ns.strip() else ""
             if name.startswith(f"{self.tag}-"):
-                _ip("netns", "delete", name, check=False)  # takes its end of each veth pair along
-        if _ip("link", "show", self.bridge, check=False).returncode == 0:
-            _ip("link", "delete", self.bridge, check=False)
+                for pid in _ip("netns", "pids", name, check=False).stdout.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                _ip("netns", "delete", name, check=False)  # takes its ends of the veth pairs along
+        if _ip("link", "show", self.uplink, check=False).returncode == 0:
+            _ip("link", "delete", self.uplink, check=False)
 
 
-def join_bridge(host: Host, bridge: str, prefixlen: int) -> None:
-    """Make `host`: its namespace, and a veth pair from it (`eth0`, with its address) to the bridge."""
+def join_bridge(host: Host, switch: str, bridge: str, prefixlen: int) -> None:
+    """Make `host`: its namespace, and a veth pair from it (`eth0`, with its address) to the
+    bridge in the switch's namespace."""
     peer = f"{host.veth}p"
     _ip("netns", "add", host.netns)
     _ip("link", "add", host.veth, "type", "veth", "peer", "name", peer)
@@ -189,5 +263,6 @@ def join_bridge(host: Host, bridge: str, prefixlen: int) -> None:
     _ip("addr", "add", f"{host.address}/{prefixlen}", "dev", HOST_IFNAME, netns=host.netns)
     _ip("link", "set", HOST_IFNAME, "up", netns=host.netns)
     _ip("link", "set", "lo", "up", netns=host.netns)
-    _ip("link", "set", host.veth, "master", bridge)
-    _ip("link", "set", host.veth, "up")
+    _ip("link", "set", host.veth, "netns", switch)
+    _ip("link", "set", host.veth, "master", bridge, netns=switch)
+    _ip("link", "set", host.veth, "up", netns=switch)

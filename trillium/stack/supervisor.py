@@ -64,6 +64,7 @@ class Supervisor:
         kafka_bootstrap: str | None,
         redis_url: str | None,
         cluster: bool = False,
+        link_delay: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.topology = topology
@@ -80,7 +81,9 @@ class Supervisor:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.place: Loopback | Cluster = (
-            Cluster(run_dir, self._host_names()) if cluster else Loopback(self._load_ports(), self._save_ports)
+            Cluster(run_dir, self._host_names(), link_delay=link_delay)
+            if cluster
+            else Loopback(self._load_ports(), self._save_ports)
         )
 
     # On loopback, ports are remembered per run directory (Kafka's data dir outlives a stack)
@@ -420,7 +423,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topology", default="{}", help="StackTopology as JSON")
     parser.add_argument("--no-services", action="store_true", help="only Kafka and Redis")
     parser.add_argument("--cluster", action="store_true", help="each process on a host of its own (root)")
+    parser.add_argument(
+        "--link-delay", action="store_true", help="with --cluster: latency can be added to each host's links"
+    )
     args = parser.parse_args(argv)
+    if args.link_delay and not args.cluster:
+        parser.error("--link-delay needs --cluster")
     run_dir = (args.run_dir or default_run_dir()).absolute()
     log.configure("launcher")
     sup = Supervisor(
@@ -430,6 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.get(ENV_KAFKA_BOOTSTRAP),
         os.environ.get(ENV_REDIS_URL),
         cluster=args.cluster,
+        link_delay=args.link_delay,
     )
     raise SystemExit(asyncio.run(sup.main()))
 

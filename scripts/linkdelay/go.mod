@@ -1,0 +1,3 @@
+module trillium/linkdelay
+
+go 1.26
