@@ -20,7 +20,8 @@ from trillium.runtime.progress import JobProgress
 from trillium.wire import state
 
 from .checkpoints import CheckpointInfo
-from .jobs import CheckpointRequested, JobNotFound, lost_workers
+from .jobs import CheckpointRequested, JobNotFound
+from .lifecycle import lost_workers
 from .observe import (
     ProgressiveView,
     StreamView,
@@ -78,6 +79,14 @@ class StalenessView(BaseModel):
     histogram: list[int] = Field(description="lookups by staleness 0, 1, ..., 15 and 16 or more")
 
 
+class AutoBoundView(BaseModel):
+    bound: int = Field(description="the bound chosen")
+    wait_ms: float = Field(description="a step's wait for its embeddings at k = 0 (the slowest rank's)")
+    step_ms: float = Field(description="a step's own time: forward, backward, the dense all-reduce")
+    steps: int = Field(description="the steps measured")
+    reason: str
+
+
 class JobView(BaseModel):
     job: JobRecord = Field(
         description="the record: state, config, timestamps, error, and the last "
@@ -85,6 +94,11 @@ class JobView(BaseModel):
     )
     progress: JobProgressView
     staleness: dict[int, StalenessView]  # per NN rank
+    auto_bound: AutoBoundView | None = Field(
+        None,
+        description="`staleness_bound: auto`: the bound chosen from the job's own timings, and why "
+        "(null while it calibrates at k = 0, and for a job with a bound of its own)",
+    )
     results: dict[int, dict[str, Any]]  # per NN rank, once it is done: samples, steps, loss curve, eval
     ledgers: dict[int, dict[int, dict[str, Any]]] = Field(
         default_factory=dict,
@@ -501,6 +515,7 @@ async def job_view(coord: Coordinator, job: JobRecord) -> JobView:
             last_loss=nan_to_none(training["last_loss"]),
         ),
         staleness={r: StalenessView(**s.as_dict()) for r, s in (await progress.staleness(ranks)).items()},
+        auto_bound=await progress.auto_bound(),
         results=await progress.rank_results(),
         ledgers=await progress.ledgers(job.attempt + 1),
         lost_workers=lost,

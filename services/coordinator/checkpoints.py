@@ -55,7 +55,8 @@ from trillium.runtime.checkpoint import (
 from trillium.runtime.progress import JobProgress
 from trillium.wire.state import aioredis
 
-from .jobs import JobStore, recover_or_fail
+from .jobs import JobStore
+from .lifecycle import recover_or_fail
 from .registry import Worker, WorkerRegistry
 from .reshard import end_at_final_cut, reshard_abandoned
 from .retention import TopicRetention

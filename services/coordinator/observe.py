@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from trillium.config import GrpcCredentials, KafkaConnection
 from trillium.job.record import JobRecord
+from trillium.runtime.autobound import choose_bound
 from trillium.runtime.progress import JobProgress
 from trillium.train import progressive_validation
 from trillium.wire import kafka, rpc
@@ -333,6 +334,8 @@ class Observer:
             self._samples.popleft()
         rate = self.samples_per_sec(job.id)
         SAMPLES_PER_SEC.labels(job.id).set(rate or 0.0)
+        if job.state == "running" and job.config.training.staleness_bound == "auto":
+            await _choose_bound(progress, ranks)
         bound = await progress.bound()
         STALENESS_BOUND.labels(job.id).set(-1 if bound is None else bound)
         for rank, stats in (await progress.staleness(ranks)).items():
@@ -378,3 +381,16 @@ class Observer:
 
     async def close(self) -> None:
         await self.kafka.close()
+
+
+async def _choose_bound(progress: JobProgress, ranks: int) -> None:
+    """`staleness_bound: auto`: once the ranks have calibrated at k = 0, set the bound their
+    timings call for (once per job; an operator's live change afterwards stands)."""
+    if await progress.auto_bound() is not None:
+        return
+    choice = choose_bound(await progress.timings(ranks))
+    if choice is not None:
+        await progress.set_auto_bound(choice.as_dict())
+        logger.info(
+            "staleness bound chosen", extra={"job": progress.job_id, "bound": choice.bound, "reason": choice.reason}
+        )

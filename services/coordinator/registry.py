@@ -3,6 +3,8 @@ coordinator restart forgets nobody."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -12,6 +14,8 @@ from pydantic import BaseModel, Field, model_validator
 from trillium.config import Role
 from trillium.timeouts import LOST_AFTER_MISSED
 from trillium.wire import state
+
+logger = logging.getLogger("trillium.coordinator.registry")
 
 
 class WorkerRegistration(BaseModel):
@@ -71,6 +75,10 @@ class WorkerRegistry:
         # that failed, or took longer than a heartbeat interval), is not the workers' fault.
         self.listening_since = time.time()
         self._deaf = False
+        # When each read now waiting on Redis began: a read answered at once just after Redis
+        # came back must not judge silence before the slow ones that span the gap return.
+        self._asking: dict[int, float] = {}
+        self._reads = itertools.count()
         self._key = state.WORKERS
         # name -> (the record as stored, parsed): the job state machine, the checkpointer and the
         # publisher each read every worker several times a second, and a record changes only
@@ -131,13 +139,22 @@ class WorkerRegistry:
 
     async def workers(self) -> list[Worker]:
         asked = time.time()
+        read = next(self._reads)
+        self._asking[read] = asked
         try:
             raw = await self.redis.hgetall(self._key)
         except Exception:
             self._deaf = True
             raise
+        finally:
+            del self._asking[read]
         now = time.time()
-        if self._deaf or now - asked > self.heartbeat_s:
+        waited = now - min([asked, *self._asking.values()])
+        if self._deaf or waited > self.heartbeat_s:
+            if now - self.listening_since > self.lost_after_s:
+                logger.warning(
+                    "Redis answers again: workers' silence counted from now", extra={"waited_s": round(waited, 1)}
+                )
             self.listening_since = now
             self._deaf = False
         for gone in self._parsed.keys() - raw.keys():

@@ -25,7 +25,8 @@ from trillium.runtime.checkpoint import Manifest
 from trillium.wire import kafka
 from trillium.wire.kafka import KafkaConnection
 
-from .jobs import JobNotFound, JobStore, needed
+from .jobs import JobNotFound, JobStore
+from .lifecycle import needed
 from .registry import WorkerRegistry
 
 logger = logging.getLogger("trillium.coordinator.retention")

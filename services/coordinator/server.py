@@ -19,7 +19,8 @@ from trillium.wire import state
 
 from .api import add_api
 from .checkpoints import Checkpointer
-from .jobs import JobStore, advance
+from .jobs import JobStore
+from .lifecycle import advance
 from .observe import Observer
 from .publish import Publisher
 from .registry import WorkerRegistry

@@ -48,7 +48,7 @@ from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, Release
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
 from trillium.runtime.process import run_service
-from trillium.runtime.progress import JobProgress
+from trillium.runtime.progress import JobProgress, StepTiming
 from trillium.runtime.service import Service, describe_error
 from trillium.runtime.storage import StorageDir
 from trillium.train import progressive_validation
@@ -128,6 +128,7 @@ class _Attempt:
     published: set[int] = field(default_factory=set)  # steps whose dense weights rank 0 wrote for a version
     streams: list[rpc.OrderedStream] = field(default_factory=list)  # to the embedding worker, closed at the end
     timing: dict[str, float] = field(default_factory=lambda: {"lookup_wait": 0.0, "step": 0.0, "cut": 0.0})
+    timed_steps: int = 0  # the steps `timing` covers: this attempt's
 
 
 def _bind(device: torch.device) -> None:
@@ -363,6 +364,7 @@ class NNWorker(Service):
             steps=s.step,
             epoch=s.epoch if s.epochs is None else min(s.epoch, max(s.epochs - 1, 0)),
             last_loss=s.losses[-1] if s.losses else None,
+            timing=StepTiming(run.timed_steps, run.timing["lookup_wait"], run.timing["step"]),
         )
 
     async def _train(self, run: _Attempt) -> None:
@@ -427,6 +429,7 @@ class NNWorker(Service):
                     s.event_time = max(s.event_time or 0.0, float(batch.event_times.max()))
                 run.timing["lookup_wait"] += t1 - t0
                 run.timing["step"] += clock() - t1
+                run.timed_steps += 1
                 # Cuts after this step, decided before its gradients leave: a publish cut rides on them.
                 cut = None
                 if checkpoint is not None and control.seq > s.seq:

@@ -68,6 +68,9 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
                 f"max {s['max']}, mean {s['mean']:.2f} over {s['count']} lookups (bound {_bound(s['bound'])})",
             )
         )
+    if job["config"]["training"]["staleness_bound"] == "auto":
+        auto = view.get("auto_bound")
+        rows.append(("bound (auto)", f"{auto['bound']}: {auto['reason']}" if auto else "calibrating at k=0"))
     if view["lost_workers"]:
         rows.append(("waiting for", "; ".join(view.get("waiting_for") or view["lost_workers"])))
     rows += _stream_rows(view)

@@ -53,7 +53,7 @@ def _follow(client: CoordinatorClient, job_id: str) -> dict:
         return client.follow(job_id, update)
 
 
-def mode_of(bound: int | None) -> str:
+def mode_of(bound: int | str | None) -> str:
     """The training mode a staleness bound means."""
     return "async" if bound is None else "sync" if bound == 0 else "hybrid"
 

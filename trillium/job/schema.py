@@ -140,8 +140,10 @@ class TrainingConfig(Strict):
     # null: a continuous job, trained from a stream until stopped (the kafka source).
     epochs: Annotated[int, Field(ge=0)] | None = 1
     # How many earlier steps may still have embedding gradients not applied on the PS when a
-    # step's embeddings are looked up (see trillium.runtime.progress): 0 is synchronous, null unbounded.
-    staleness_bound: Annotated[int, Field(ge=0)] | None
+    # step's embeddings are looked up (see trillium.runtime.progress): 0 is synchronous, null
+    # unbounded, "auto" the smallest that keeps the NN ranks from waiting, measured
+    # (trillium.runtime.autobound).
+    staleness_bound: Annotated[int, Field(ge=0)] | Literal["auto"] | None
     dense_optimizer: DenseOptimizerConfig
     seed: int = 0
     eval_batch_size: PositiveInt = 1024

@@ -42,6 +42,16 @@ return 0
 """
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """A rank's steps in its current attempt, and the seconds they spent waiting for their
+    embeddings and in the step itself (forward, backward, the dense all-reduce)."""
+
+    steps: int
+    lookup_wait_s: float
+    step_s: float
+
+
 @dataclass
 class StalenessStats:
     bound: int | None
@@ -72,6 +82,7 @@ class JobProgress:
         self.applied_key = state.job_key(job_id, "applied", attempt)  # a hash, and the pub/sub channel
         self._ledger = state.job_key(job_id, "ledger", attempt)
         self._bound = state.job_key(job_id, "staleness_bound")
+        self._auto_bound = state.job_key(job_id, "auto_bound")
         self._staleness = state.job_key(job_id, "staleness")
         self._samples = state.job_key(job_id, "samples")
         self._progressive = state.job_key(job_id, "progressive")
@@ -147,15 +158,28 @@ class JobProgress:
 
     # ---- training progress (NN workers) ----------------------------------------------
     async def set_training(
-        self, rank: int, *, samples: int, loss_sum: float, steps: int, epoch: int, last_loss: float | None
+        self,
+        rank: int,
+        *,
+        samples: int,
+        loss_sum: float,
+        steps: int,
+        epoch: int,
+        last_loss: float | None,
+        timing: StepTiming | None = None,
     ) -> None:
-        """A rank's totals so far (absolute, so a rank restored from a checkpoint just says them again)."""
+        """A rank's totals so far (absolute, so a rank restored from a checkpoint just says them
+        again), and its attempt's step timings."""
         fields: dict[str, Any] = {
             f"samples:{rank}": samples,
             f"loss_sum:{rank}": repr(loss_sum),
             f"steps:{rank}": steps,
             f"epoch:{rank}": epoch,
         }
+        if timing is not None:
+            fields[f"timed_steps:{rank}"] = timing.steps
+            fields[f"lookup_wait_s:{rank}"] = repr(timing.lookup_wait_s)
+            fields[f"step_s:{rank}"] = repr(timing.step_s)
         if last_loss is not None:
             fields[f"last_loss:{rank}"] = repr(last_loss)
         await self.redis.hset(self._samples, mapping=fields)
@@ -195,6 +219,28 @@ class JobProgress:
             "mean_loss": loss_sum / samples if samples else math.nan,
             "last_loss": sum(last) / len(last) if last else math.nan,
         }
+
+    async def timings(self, ranks: int) -> dict[int, dict[str, Any]]:
+        """Each rank's attempt so far: steps, and the seconds they waited for embeddings and stepped."""
+        raw = await self.redis.hgetall(self._samples)
+        return {
+            r: {
+                "steps": int(raw[f"timed_steps:{r}"]),
+                "lookup_wait_s": float(raw[f"lookup_wait_s:{r}"]),
+                "step_s": float(raw[f"step_s:{r}"]),
+            }
+            for r in range(ranks)
+            if f"timed_steps:{r}" in raw
+        }
+
+    async def set_auto_bound(self, choice: dict[str, Any]) -> None:
+        """Record what `staleness_bound: auto` chose, then make it the live bound."""
+        await self.redis.set(self._auto_bound, json.dumps(choice))
+        await self.set_bound(choice["bound"])
+
+    async def auto_bound(self) -> dict[str, Any] | None:
+        raw = await self.redis.get(self._auto_bound)
+        return json.loads(raw) if raw else None
 
     # ---- per-rank completion and results ------------------------------------------------
     async def set_rank_result(self, rank: int, result: dict[str, Any]) -> None:

@@ -1,0 +1,86 @@
+"""A worker's silence while Redis was out of the coordinator's reach is not held against it,
+whichever of the coordinator's reads Redis answers first once it is back (the real Redis,
+reached through a relay of the test's own that can hold a connection's traffic)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from urllib.parse import urlsplit
+
+from trillium.services.coordinator.registry import WorkerRegistration, WorkerRegistry
+from trillium.wire import state
+
+HEARTBEAT_S = 0.2  # a worker is lost after 5 of these: 1 s
+
+
+class HoldingRelay:
+    """TCP to Redis; `hold()` stops the traffic of the connections open now (a partition of
+    those), while connections made afterwards pass."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.held: list[asyncio.Event] = []
+        self.flowing: list[asyncio.Event] = []
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    def hold(self) -> None:
+        for flowing in self.flowing:
+            flowing.clear()
+        self.held, self.flowing = self.flowing, []
+
+    def release(self) -> None:
+        for flowing in self.held:
+            flowing.set()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        flowing = asyncio.Event()
+        flowing.set()
+        self.flowing.append(flowing)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    await flowing.wait()
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        self.release()
+        self.server.close()
+
+
+async def test_a_read_answered_first_after_a_gap_does_not_find_workers_lost(infra) -> None:
+    url = urlsplit(infra.redis_database(10))
+    relay = HoldingRelay(url.hostname, url.port)
+    port = await relay.start()
+    redis = state.connect(f"redis://127.0.0.1:{port}{url.path}")
+    try:
+        await redis.flushdb()
+        registry = WorkerRegistry(redis, HEARTBEAT_S)
+        reg = WorkerRegistration(name="embedding_ps-0", role="embedding_ps", index=0, http_url="http://x", pid=1)
+        await registry.register(reg)
+        assert [w.status for w in await registry.workers()] == ["starting"]
+        relay.hold()  # the connection the registry has used is cut off
+        slow = asyncio.create_task(registry.workers())  # a read waiting through the gap
+        await asyncio.sleep(registry.lost_after_s + 0.5)  # no heartbeat could have been recorded
+        assert not slow.done()
+        # Redis is back for a new connection first: that read is answered before the slow one.
+        first = await registry.workers()
+        assert [w.status for w in first] == ["starting"], "silence during the gap counted as the worker's"
+        relay.release()
+        assert [w.status for w in await slow] == ["starting"]
+        # Silence from now on counts: no heartbeat for longer than the bound, and it is lost.
+        await asyncio.sleep(registry.lost_after_s + 0.3)
+        assert [w.status for w in await registry.workers()] == ["lost"]
+    finally:
+        await redis.flushdb()
+        await redis.aclose()
+        await relay.close()
