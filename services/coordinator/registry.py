@@ -97,9 +97,12 @@ class WorkerRegistry:
 
     async def register(self, reg: WorkerRegistration) -> Worker:
         """Record `reg`, replacing the name's earlier holder: the same process, its restart on the
-        same host, or, once it is lost, a replacement on another host. A process of another host
-        does not displace a holder still heard from (Replaced): the holder that a partition cut
-        off, come back after its replacement took over, is fenced out so."""
+        same host, or, once the holder has been silent for a worker's loss, a replacement on
+        another host. A process of another host does not displace a holder still heard from
+        (Replaced): the holder that a partition cut off, come back after its replacement took
+        over, is fenced out so. Silence here is the holder's own, however briefly this process
+        has listened: a restarted coordinator lets a moved worker (a pod with a new address)
+        take its name over at once rather than after a loss's worth of listening."""
         now = time.time()
         raw = await self.redis.hget(self._key, reg.name)
         previous = Worker.model_validate_json(raw) if raw else None
@@ -107,7 +110,7 @@ class WorkerRegistry:
             previous is not None
             and previous.pid != reg.pid
             and _host(previous.http_url) != _host(reg.http_url)
-            and not self._lost(previous, now)
+            and now - previous.last_heartbeat <= self.lost_after_s
         ):
             raise Replaced(
                 f"{reg.name} is held by pid {previous.pid} at {previous.http_url}, heard from "

@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 from urllib.parse import urlsplit
 
-from trillium.services.coordinator.registry import WorkerRegistration, WorkerRegistry
+import pytest
+
+from trillium.services.coordinator.registry import Replaced, WorkerRegistration, WorkerRegistry
 from trillium.wire import state
 
 HEARTBEAT_S = 0.2  # a worker is lost after 5 of these: 1 s
@@ -84,3 +86,23 @@ async def test_a_read_answered_first_after_a_gap_does_not_find_workers_lost(infr
         await redis.flushdb()
         await redis.aclose()
         await relay.close()
+
+
+async def test_a_restarted_coordinator_lets_a_moved_worker_take_a_silent_name_over_at_once(infra) -> None:
+    redis = state.connect(infra.redis_database(10))
+    try:
+        await redis.flushdb()
+        old = WorkerRegistration(
+            name="embedding_ps-1", role="embedding_ps", index=1, http_url="http://10.0.0.5:8080", pid=7
+        )
+        await WorkerRegistry(redis, HEARTBEAT_S).register(old)
+        moved = old.model_copy(update={"http_url": "http://10.0.0.9:8080", "pid": 8})
+        restarted = WorkerRegistry(redis, HEARTBEAT_S)  # a new coordinator process: it has listened for no time
+        with pytest.raises(Replaced):  # the holder was heard from just now: a partitioned original is fenced
+            await restarted.register(moved)
+        await asyncio.sleep(restarted.lost_after_s + 0.2)  # the holder silent for a loss's worth
+        worker = await WorkerRegistry(redis, HEARTBEAT_S).register(moved)
+        assert worker.http_url == "http://10.0.0.9:8080" and worker.pid == 8
+    finally:
+        await redis.flushdb()
+        await redis.aclose()
