@@ -3,9 +3,12 @@ coordinator restart forgets nobody."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -140,12 +143,15 @@ class WorkerRegistry:
     async def deregister(self, name: str) -> bool:
         return bool(await self.redis.hdel(self._key, name))
 
-    async def workers(self) -> list[Worker]:
+    async def _read(self, command: Awaitable[Any]) -> tuple[Any, float]:
+        """`command`'s answer, and when it came. Any read that failed, or that waited (or that
+        sees another still waiting) longer than a heartbeat interval, means Redis was out of
+        reach: heartbeats were not being recorded, so workers' silence counts from now."""
         asked = time.time()
         read = next(self._reads)
         self._asking[read] = asked
         try:
-            raw = await self.redis.hgetall(self._key)
+            answer = await command
         except Exception:
             self._deaf = True
             raise
@@ -160,6 +166,19 @@ class WorkerRegistry:
                 )
             self.listening_since = now
             self._deaf = False
+        return answer, now
+
+    async def listen(self) -> None:
+        """Ask Redis every heartbeat interval, for as long as the coordinator runs: a gap is
+        seen even while nothing else reads the registry (the state machine held up on another
+        of its calls to Redis), whichever read Redis answers first once it is back."""
+        while True:
+            with contextlib.suppress(Exception):  # a failure marks the gap; the next ask goes on
+                await self._read(self.redis.ping())
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def workers(self) -> list[Worker]:
+        raw, now = await self._read(self.redis.hgetall(self._key))
         for gone in self._parsed.keys() - raw.keys():
             del self._parsed[gone]
         workers = []

@@ -63,6 +63,7 @@ class Coordinator(Service):
                                    self.settings.token)  # fmt: skip
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [
+            asyncio.create_task(self.registry.listen(), name="registry listening"),
             asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
             asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe)),
         ]
