@@ -23,7 +23,7 @@ BATCH = 50  # per rank: 20 steps an epoch on 2 ranks
 CHECKPOINT_EVERY_STEPS = 40
 
 
-def cluster_job(epochs: int, staleness_bound: int = 0, name: str = "cluster") -> JobConfig:
+def cluster_job(epochs: int, staleness_bound: int | str = 0, name: str = "cluster") -> JobConfig:
     """A synthetic Criteo-layout job, small enough that the network and not the cores decides its
     pace, with a checkpoint every 40 steps. Synchronous by default: a rerun is deterministic."""
     slots = [{"name": f"c{i}", "column": f"C{i}", "table": "a" if i <= 13 else "b"} for i in range(1, 27)]

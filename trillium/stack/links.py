@@ -45,6 +45,7 @@ class Network:
         self.subnet = ipaddress.ip_network(hosts["subnet"])
         self.hosts = {name: Host(**h) for name, h in hosts["hosts"].items()}
         self.table = f"{self.bridge}_faults"
+        self.counts = f"{self.bridge}_counts"
         self.capped: set[str] = set()
         self.delayable: bool = hosts.get("link_delay", False)
         self.delayed: set[str] = set()
@@ -134,6 +135,37 @@ class Network:
             sh("ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
         self.capped.clear()
         return time.monotonic()
+
+    # ---- what crosses the links ----
+    def count(self, pairs: list[tuple[str, str]]) -> None:
+        """Count the bytes of every frame from one host to another, for each (from, to) of
+        `pairs`: nftables counters on the bridge, read by `counted`."""
+        lines = [
+            f"table bridge {self.counts} {{",
+            "  chain forward { type filter hook forward priority -10; policy accept; }",
+            "}",
+            *(
+                f'add rule bridge {self.counts} forward iifname "{self.hosts[a].veth}" '
+                f'oifname "{self.hosts[b].veth}" counter comment "{a}>{b}"'
+                for a, b in pairs
+            ),
+        ]
+        self._in_switch("nft", "delete", "table", "bridge", self.counts, check=False)
+        subprocess.run(
+            ["ip", "netns", "exec", self.switch, "nft", "-f", "-"], input="\n".join(lines) + "\n", text=True, check=True
+        )
+
+    def counted(self) -> dict[tuple[str, str], int]:
+        """The bytes (Ethernet frames, headers included) each counted pair has carried so far."""
+        listing = json.loads(self._in_switch("nft", "-j", "list", "table", "bridge", self.counts))
+        out = {}
+        for item in listing["nftables"]:
+            rule = item.get("rule")
+            if rule and "comment" in rule:
+                counter = next(e["counter"] for e in rule["expr"] if "counter" in e)
+                src, dst = rule["comment"].split(">")
+                out[(src, dst)] = counter["bytes"]
+        return out
 
     # ---- what a link does, measured ----
     def rtt_ms(self, name: str, count: int = 9) -> float:
