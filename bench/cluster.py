@@ -11,10 +11,9 @@ same job trains in each mode, the modes' order alternating from cell to cell:
 
 For each: samples/s, the test AUC, the staleness observed, the share of each NN rank's training
 time spent waiting for its embeddings (and in its own step: forward, backward, the dense
-all-reduce), and the bytes per sample that crossed each link while the job trained (nftables
-counters on the bridge, Ethernet frames with every header, read between the views that show
-20% and 80% of the samples trained), beside what docs/scaling.md's arithmetic (section 3.8)
-predicts for this job. Needs root.
+all-reduce), and the bytes per trained sample that crossed each link during the job, its
+evaluation included (nftables counters on the bridge, Ethernet frames with every header),
+beside what docs/scaling.md's arithmetic (section 3.8) predicts for this job. Needs root.
 
     .venv/bin/python bench/cluster.py --json             # every cell (about 40 minutes)
     .venv/bin/python bench/cluster.py --rtts 0,5 --bandwidths 10000 --modes sync,hybrid4
@@ -63,22 +62,37 @@ LINKS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def predicted_bytes_per_sample(wire_bytes: int) -> dict[str, float]:
-    """docs/scaling.md 3.8's arithmetic for this job: message payloads, no dedup, no headers."""
+def predicted_bytes(wire_bytes: int, train_rows: int, test_rows: int) -> dict[str, float | None]:
+    """docs/scaling.md 3.8's arithmetic for this job, per trained sample: message payloads, no
+    dedup, no headers. The job's evaluation crosses the same links once per test row, without
+    gradients, its embeddings and rows in fp32 (the embedding worker asks for fp16 only when
+    training)."""
     sample = SLOTS * (8 + 4) + DENSE * 4 + 4 + 8
-    embeddings = SLOTS * DIM * wire_bytes
-    gradients = SLOTS * (8 + DIM * wire_bytes)
-    return {
+    train = {
         "loader->broker": sample,
         "broker->nn": sample,
-        "nn->ew": sample + embeddings,  # the encoded batch, then its embeddings' gradients
-        "ew->nn": embeddings,
+        "nn->ew": sample + SLOTS * DIM * wire_bytes,  # the encoded batch, then its embeddings' gradients
+        "ew->nn": SLOTS * DIM * wire_bytes,
         "ew->ps": SLOTS * 8,
-        "ps->ew": embeddings,
-        "gradients ew->broker": gradients,
-        "gradients broker->ps": gradients,
-        "nn<->nn (all-reduce)": None,  # per step, not per sample: the dense model's gradients
+        "ps->ew": SLOTS * DIM * wire_bytes,
+        "gradients ew->broker": SLOTS * (8 + DIM * wire_bytes),
+        "gradients broker->ps": SLOTS * (8 + DIM * wire_bytes),
     }
+    evaluation = {
+        "loader->broker": sample,
+        "broker->nn": sample,
+        "nn->ew": sample,
+        "ew->nn": SLOTS * DIM * 4,
+        "ew->ps": SLOTS * 8,
+        "ps->ew": SLOTS * DIM * 4,
+        "gradients ew->broker": 0,
+        "gradients broker->ps": 0,
+    }
+    out: dict[str, float | None] = {
+        hop: (train_rows * train[hop] + test_rows * evaluation[hop]) / train_rows for hop in train
+    }
+    out["nn<->nn (all-reduce)"] = None  # per step, not per sample: the dense model's gradients
+    return out
 
 
 def bench_job(steps: int, batch: int, bound: int | str | None) -> JobConfig:
@@ -120,31 +134,24 @@ def bench_job(steps: int, batch: int, bound: int | str | None) -> JobConfig:
 def run_cell_mode(run_dir: Path, network: Network, job: JobConfig, mode: str) -> dict[str, Any]:
     pairs = sorted({pair for hop in LINKS.values() for pair in hop})
     network.count(pairs)
-    total = job.data.rows
-    window: list[tuple[int, dict[tuple[str, str], int]]] = []  # (samples trained, counters) in 20-80%
-
-    def watch(view: dict[str, Any]) -> None:
-        if 0.2 * total <= view["progress"]["samples"] <= 0.8 * total:
-            window.append((view["progress"]["samples"], network.counted()))
-
     client = CoordinatorClient.for_stack(run_dir)
     started = time.monotonic()
     try:
-        view = client.follow(client.submit(job)["id"], on_update=watch, poll_s=0.2, timeout_s=3600)
+        view = client.follow(client.submit(job)["id"], timeout_s=3600)
     finally:
         client.close()
     report = summarize(view, time.monotonic() - started)
     if report["state"] != "finished":
         raise RuntimeError(f"{mode}: the job {report['state']}: {report['error']}")
-    if len(window) < 2 or window[-1][0] == window[0][0]:
-        raise RuntimeError(f"{mode}: too few views while it trained to read the links' bytes: more --steps")
-    (s0, c0), (s1, c1) = window[0], window[-1]
+    # The whole job's bytes: a part of it (while the ranks train, say) would not do, since the
+    # loader produces ahead, the ranks' consumers fetch ahead and gradient pushes fall behind.
+    counted = network.counted()
     ranks = list(view["results"].values())
     wire = 2 if job.training.wire_dtype == "fp16" else 4
-    predicted = predicted_bytes_per_sample(wire)
+    predicted = predicted_bytes(wire, job.data.rows, job.data.test_rows)
     links = {}
     for hop, hop_pairs in LINKS.items():
-        measured = sum(c1.get(p, 0) - c0.get(p, 0) for p in hop_pairs) / (s1 - s0)
+        measured = sum(counted.get(p, 0) for p in hop_pairs) / job.data.rows
         links[hop] = {
             "bytes_per_sample": round(measured, 1),
             "predicted": predicted[hop],
