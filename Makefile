@@ -77,8 +77,14 @@ $(LINKDELAY): scripts/linkdelay/main.go scripts/linkdelay/go.mod
 	@scripts/require.sh go
 	cd scripts/linkdelay && go build -o $(abspath $@) .
 
+# An S3 object store for a cluster's models (trillium/stack/object_store.py): versitygw, built as kustomize is.
+VERSITYGW := .cache/bin/versitygw
+$(VERSITYGW):
+	@scripts/require.sh go
+	GOBIN=$(abspath .cache/bin) go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+
 # Every process on a network namespace of its own; partitions, a slow link, a lossy one (tests/cluster).
-test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY)
+test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY) $(VERSITYGW)
 	$(PY) -m pytest -q -m cluster tests/cluster
 
 # ---- containers (docker-compose.yml, docs/operations.md) ----

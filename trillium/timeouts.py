@@ -44,3 +44,11 @@ GRPC_KEEPALIVE_TIMEOUT_S = 5.0
 # A server accepts a client's pings this often (gRPC's default refuses pings more often than
 # every 5 minutes without data, and answers them with GOAWAY).
 GRPC_MIN_PING_INTERVAL_S = 4.0
+
+# An object store (checkpoints and published models at an s3:// URL): connecting, and each read of
+# a reply (a wait between bytes, not a whole transfer). A call with no answer fails after these and
+# is tried STORE_TRIES times in all: a store cut off is known within 3 x (5 + backoff) = 16 s, or
+# 10 s when no connection to it was open, and a serving replica's next poll finds it after the heal.
+STORE_CONNECT_S = 3.0
+STORE_READ_S = 5.0
+STORE_TRIES = 3

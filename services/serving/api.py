@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from trillium.data.instances import BadInstance
 from trillium.runtime.model_store import CorruptVersion
+from trillium.runtime.storage import unreachable
 
 from .follower import ModelFollower
 
@@ -67,6 +68,10 @@ class ModelView(BaseModel):
     bytes: int = Field(0, description="the tables' memory")
     refused: list[RefusalView] = Field(default_factory=list, description="versions refused, the latest")
     error: str | None = None
+    store_unreachable_since: float | None = Field(
+        None, description="while the model store does not answer: since when (the version served goes on)"
+    )
+    store_error: str | None = Field(None, description="what the last failed read of the store said")
 
 
 class RollbackRequest(BaseModel):
@@ -87,19 +92,39 @@ def model_view(follower: ModelFollower) -> ModelView:
     refused = [RefusalView(version=r.version, at=r.at, reason=r.reason) for r in state.refused]
     manifest = served.manifest if served is not None else None
     if manifest is None:
-        return ModelView(model=follower.name, version=None, refused=refused, error=state.error)
+        return ModelView(
+            model=follower.name,
+            version=None,
+            refused=refused,
+            error=state.error,
+            store_unreachable_since=state.store_unreachable_since,
+            store_error=state.store_error,
+        )
     now = time.time()
     tables = {
         name: TableView(**{k: stats[k] for k in TableView.model_fields})
         for name, stats in served.tables.stats().items()
     }
     return ModelView(
-        model=follower.name, version=manifest.version, step=manifest.step, job_id=manifest.job_id,
-        attempt=manifest.attempt, kind=manifest.kind, created_at=manifest.created_at, event_time=manifest.event_time,
+        model=follower.name,
+        version=manifest.version,
+        step=manifest.step,
+        job_id=manifest.job_id,
+        attempt=manifest.attempt,
+        kind=manifest.kind,
+        created_at=manifest.created_at,
+        event_time=manifest.event_time,
         freshness_lag_seconds=now - manifest.event_time if manifest.event_time is not None else None,
-        version_age_seconds=now - manifest.created_at, dtype=manifest.dtype, pinned=state.pinned, tables=tables,
-        bytes=served.tables.memory_bytes(), refused=refused, error=state.error,
-    )  # fmt: skip
+        version_age_seconds=now - manifest.created_at,
+        dtype=manifest.dtype,
+        pinned=state.pinned,
+        tables=tables,
+        bytes=served.tables.memory_bytes(),
+        refused=refused,
+        error=state.error,
+        store_unreachable_since=state.store_unreachable_since,
+        store_error=state.store_error,
+    )
 
 
 def bad_instance(err: BadInstance) -> HTTPException:
@@ -145,13 +170,19 @@ async def get_model(found: Follower) -> ModelView:
 @router.post("/models/{model}/rollback", response_model=ModelView)
 async def rollback(found: Follower, body: RollbackRequest) -> ModelView:
     """Serve version N (restored from the model store) until unpinned; 404 no such version, 409 it
-    does not load (the version served stays)."""
+    does not load, 503 the store does not answer (the version served stays)."""
     try:
         await found.pin(body.version)
     except LookupError as err:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from None
-    except (CorruptVersion, OSError, ValueError) as err:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"version {body.version} does not load: {err}") from None
+    except Exception as err:
+        if unreachable(err):
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"the model store does not answer: {err}"
+            ) from None
+        if isinstance(err, (CorruptVersion, OSError, ValueError)):
+            raise HTTPException(status.HTTP_409_CONFLICT, f"version {body.version} does not load: {err}") from None
+        raise
     return model_view(found)
 
 

@@ -12,7 +12,9 @@
    `unpin()` loads the newest and follows again.
 
 A version refused on the way (a checksum, a row on the wrong shard, a chain that no longer loads)
-leaves the previous one serving; the follower goes on with the next.
+leaves the previous one serving; the follower goes on with the next. A store that does not answer
+(cut off, down) refuses nothing: the version served goes on, the view says since when the store
+is unreachable, and the next poll tries again from the same version.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from aiokafka import TopicPartition
 
 from trillium.config import KafkaConnection
 from trillium.runtime.model_store import CorruptVersion, ModelStore, VersionManifest
+from trillium.runtime.storage import unreachable
 from trillium.wire import kafka
 
 from .served import ServedModel
@@ -55,6 +58,8 @@ class FollowerState:
     applied: int = 0  # versions applied since the replica started
     first_served_at: dict[int, float] = field(default_factory=dict)  # version -> when it began serving (latest few)
     error: str | None = None  # why nothing is served, while nothing is
+    store_unreachable_since: float | None = None  # the first read of the store that failed, while they fail
+    store_error: str | None = None  # what the last of those said
 
 
 class ModelFollower:
@@ -114,7 +119,7 @@ class ModelFollower:
             while True:
                 self._wake.clear()  # before reading the store: a notice meanwhile reads it again
                 if self.state.pinned is None:
-                    await self._catch_up()
+                    await self._read_store()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), POLL_S)
         finally:
@@ -147,6 +152,23 @@ class ModelFollower:
                 with contextlib.suppress(Exception):
                     await consumer.stop()
 
+    async def _read_store(self) -> None:
+        """Catch up with the store, or, while it does not answer, say so and serve on."""
+        try:
+            await self._catch_up()
+        except Exception as err:
+            if not unreachable(err):
+                raise
+            if self.state.store_unreachable_since is None:
+                self.state.store_unreachable_since = time.time()
+                logger.warning("model store unreachable", extra={"model": self.name, "error": str(err)})
+            self.state.store_error = str(err)
+            return
+        if self.state.store_unreachable_since is not None:
+            after_s = round(time.time() - self.state.store_unreachable_since, 1)
+            logger.info("model store reachable again", extra={"model": self.name, "after_s": after_s})
+        self.state.store_unreachable_since = self.state.store_error = None
+
     async def _catch_up(self) -> None:
         versions = [v for v in await asyncio.to_thread(self.store.versions) if not self._refused(v)]
         if self.served is None:
@@ -156,6 +178,8 @@ class ModelFollower:
                     self._serve(await self._load_chain(version))
                     break
                 except (CorruptVersion, OSError, ValueError) as err:
+                    if unreachable(err):
+                        raise
                     self._refuse(version, err)
             else:
                 self.state.error = f"no version of {self.name} loads" if versions else "no version published yet"
@@ -170,6 +194,8 @@ class ModelFollower:
                 else:  # a new lineage, other tables, a base these tables never reached
                     self._serve(await self._load_chain(version))
             except (CorruptVersion, OSError, ValueError) as err:
+                if unreachable(err):
+                    raise
                 self._refuse(version, err)
         self.loaded.set()
 

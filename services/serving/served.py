@@ -109,6 +109,9 @@ class ServedModel:
             except ValueError as err:
                 del self._versions[manifest.version]
                 raise CorruptVersion(f"version {manifest.version} of {self.name}: {err}") from None
+            except BaseException:  # the store gone mid-read: the tables are as they were, and so is this
+                del self._versions[manifest.version]
+                raise
             # Keep the version the tables are at and the one before: a request that read it a moment ago.
             for old in sorted(self._versions)[:-2]:
                 del self._versions[old]

@@ -40,13 +40,14 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> Path:
-    """A cluster stack of the tests' own; or, for the edit-test loop, the one already running
-    (`trillium up --cluster`) in the run directory TRILLIUM_TEST_CLUSTER names, left running."""
+    """A cluster stack of the tests' own, its model store an S3 store on a host of its own; or, for
+    the edit-test loop, the one already running (started as here) in the run directory
+    TRILLIUM_TEST_CLUSTER names, left running."""
     if existing := os.environ.get("TRILLIUM_TEST_CLUSTER"):
         yield Path(existing)
         return
     run_dir = tmp_path_factory.mktemp("cluster")
-    stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True)
+    stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, object_store=True)
     yield run_dir
     stack.down(run_dir)
 

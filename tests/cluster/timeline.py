@@ -23,9 +23,12 @@ BATCH = 50  # per rank: 20 steps an epoch on 2 ranks
 CHECKPOINT_EVERY_STEPS = 40
 
 
-def cluster_job(epochs: int, staleness_bound: int | str = 0, name: str = "cluster") -> JobConfig:
+def cluster_job(
+    epochs: int, staleness_bound: int | str = 0, name: str = "cluster", publish: dict[str, Any] | None = None
+) -> JobConfig:
     """A synthetic Criteo-layout job, small enough that the network and not the cores decides its
-    pace, with a checkpoint every 40 steps. Synchronous by default: a rerun is deterministic."""
+    pace, with a checkpoint every 40 steps; `publish` replaces the default publishing (every 5 s,
+    to the run directory). Synchronous by default: a rerun is deterministic."""
     slots = [{"name": f"c{i}", "column": f"C{i}", "table": "a" if i <= 13 else "b"} for i in range(1, 27)]
     return JobConfig.model_validate(
         {
@@ -59,6 +62,7 @@ def cluster_job(epochs: int, staleness_bound: int | str = 0, name: str = "cluste
             "checkpoint": {"every_steps": CHECKPOINT_EVERY_STEPS, "every_seconds": None, "keep_last": 5},
             "topology": {"nn_ranks": 2, "ps_shards": 2, "embedding_workers": 1},
         }
+        | ({"publish": publish} if publish is not None else {})
     )
 
 

@@ -32,6 +32,13 @@ def up(
             "(needs root; see docs/operations.md, Running across hosts)"
         ),
     ] = False,
+    object_store: Annotated[
+        bool,
+        typer.Option(
+            help="an S3 object store (versitygw, `make .cache/bin/versitygw`) for jobs that name "
+            "s3://trillium/... as their publish.dir or checkpoint.dir"
+        ),
+    ] = False,
 ) -> None:
     """Start Kafka, Redis and the services in the background; returns once all are healthy.
 
@@ -47,7 +54,7 @@ def up(
     )
     with console.status("starting the stack…"):
         try:
-            st = stack.up(rd, topology, cluster=cluster)
+            st = stack.up(rd, topology, cluster=cluster, object_store=object_store)
         except stack.LauncherError as err:
             fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
@@ -55,6 +62,8 @@ def up(
         f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
         f"  coordinator {st['coordinator_url']}"
     )
+    if store := st.get("object_store"):
+        console.print(f"  store     {store['url']} at {store['endpoint']} (keys: {rd / 'store' / 'credentials.json'})")
     for replica in stack.status(rd).get("serving", []):
         console.print(f"  serving   {replica['url']}  grpc {replica['grpc']}")
     if new_token:

@@ -33,14 +33,13 @@ import posixpath
 from pathlib import Path
 from typing import Any, Literal
 
-import fsspec
 from pydantic import BaseModel, Field
 
 from trillium.config import Role
 from trillium.job import JobConfig
 from trillium.job.record import Lineage
 from trillium.runtime.ledger import GradientLedger
-from trillium.runtime.storage import StorageDir
+from trillium.runtime.storage import StorageDir, filesystem
 
 # What a checkpoint's files mean. Raise it with any change a reader of the old files would
 # misread, keep reading the old ones, and add a fixture of the new one beside the old
@@ -261,7 +260,7 @@ class JobCheckpoints:
     def __init__(self, base: str, job_id: str) -> None:
         self.base = base.rstrip("/")
         self.job_id = job_id
-        self.fs, root = fsspec.core.url_to_fs(self.base)
+        self.fs, root = filesystem(self.base)
         self.root = posixpath.join(root, job_id)
 
     @classmethod

@@ -31,12 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import fsspec
 from pydantic import BaseModel, Field
 
 from trillium.job import JobConfig
 
-from .storage import StorageDir, read_json, write_json_atomically
+from .storage import StorageDir, filesystem, read_json, write_json_atomically
 
 FORMAT_VERSION = 1
 DENSE = "dense.pt"
@@ -136,7 +135,7 @@ class ModelStore:
     def __init__(self, base: str, model: str) -> None:
         self.base = base.rstrip("/")
         self.model = model
-        self.fs, root = fsspec.core.url_to_fs(self.base)
+        self.fs, root = filesystem(self.base)
         self.root = posixpath.join(root, model)
 
     @property

@@ -17,6 +17,8 @@ from typing import Any
 
 import fsspec
 
+from trillium import timeouts
+
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
@@ -38,6 +40,36 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:
         os.close(dir_fd)
+
+
+def filesystem(location: str) -> tuple[Any, str]:
+    """The filesystem of `location` and its path there. An object store's calls get the deadlines
+    of `trillium.timeouts`, and its listings are read anew each time: a replica polls for versions
+    other processes commit, which a cached listing would hide."""
+    protocol = fsspec.core.split_protocol(location)[0]
+    if protocol not in ("s3", "s3a"):
+        return fsspec.core.url_to_fs(location)
+    config = {
+        "connect_timeout": timeouts.STORE_CONNECT_S,
+        "read_timeout": timeouts.STORE_READ_S,
+        "retries": {"total_max_attempts": 1},  # s3fs tries each call again itself: the two would multiply
+    }
+    fs, path = fsspec.core.url_to_fs(location, use_listings_cache=False, config_kwargs=config)
+    fs.retries = timeouts.STORE_TRIES  # s3fs's own tries (a class default of 5, no argument)
+    return fs, path
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether `err` says the store did not answer (try again later), rather than that what it
+    holds is wrong or missing."""
+    if isinstance(err, (ConnectionError, TimeoutError, fsspec.exceptions.FSTimeoutError)):
+        return True
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:  # no s3fs: no object store either
+        return False
+    return isinstance(err, (BotoConnectionError, HTTPClientError))
 
 
 def _local(fs: Any) -> bool:
@@ -68,7 +100,7 @@ class StorageDir:
 
     def __init__(self, location: str) -> None:
         self.location = location
-        self.fs, self.path = fsspec.core.url_to_fs(location)
+        self.fs, self.path = filesystem(location)
         self.local = _local(self.fs)
 
     def _join(self, name: str) -> str:

@@ -53,11 +53,13 @@ def up(
     warm: bool = True,
     cluster: bool = False,
     link_delay: bool = False,
+    object_store: bool = False,
 ) -> dict[str, Any]:
     """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
     tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do.
     With `cluster`, every process runs on a host of its own (`hosts.py`; needs root), and with
-    `link_delay` too, latency can be added to each host's links (`links.Network.delay`)."""
+    `link_delay` too, latency can be added to each host's links (`links.Network.delay`). With
+    `object_store`, an S3 store (`object_store.py`) serves `s3://trillium/...` to every process."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
@@ -82,6 +84,8 @@ def up(
         argv.append("--cluster")
     if link_delay:
         argv.append("--link-delay")
+    if object_store:
+        argv.append("--object-store")
     env = dict(os.environ)
     env.pop(ENV_KAFKA_BOOTSTRAP, None)
     env.pop(ENV_REDIS_URL, None)

@@ -9,7 +9,7 @@ tests reach the stack from its address, `.1`). The bridge is kept out of the mac
 namespace because there its frames would pass the machine's firewall (br_netfilter): Docker's
 FORWARD policy of drop, for one, cuts every host off from every other. Every
 process binds and advertises its host's address on the ports docker compose and deploy/k8s
-use (HTTP 8080, gRPC 50051, Kafka 9092, Redis 6379), and nothing listens on a host's loopback
+use (HTTP 8080, gRPC 50051, Kafka 9092, Redis 6379, the object store's S3 7070), and nothing listens on a host's loopback
 (up only because Linux routes a host's traffic to its own address through it): a path that
 would fall back to 127.0.0.1 is refused at once instead of working by accident.
 
@@ -47,6 +47,7 @@ GRPC_PORT = 50051
 KAFKA_PORT = 9092
 KAFKA_CONTROLLER_PORT = 9093
 REDIS_PORT = 6379
+STORE_PORT = 7070  # the object store's S3 endpoint (object_store.py), versitygw's default
 # The name of a host's interface on the bridge, inside its namespace (GLOO_SOCKET_IFNAME).
 HOST_IFNAME = "eth0"
 # scripts/linkdelay on each host (`link_delay`): where redirected connections arrive, its control.
@@ -161,6 +162,7 @@ class Cluster:
             "kafka": KAFKA_PORT,
             "kafka_controller": KAFKA_CONTROLLER_PORT,
             "redis": REDIS_PORT,
+            "s3": STORE_PORT,
         }[kind]
 
     def public(self) -> dict[str, Any]:

@@ -87,6 +87,12 @@ class Network:
         self._rules([f'iifname "{veth}" drop', f'oifname "{veth}" drop'])
         return time.monotonic()
 
+    def cut(self, a: str, b: str) -> float:
+        """Cut `a` off from `b`, both ways; each still reaches every other host."""
+        va, vb = self.hosts[a].veth, self.hosts[b].veth
+        self._rules([f'iifname "{va}" oifname "{vb}" drop', f'iifname "{vb}" oifname "{va}" drop'])
+        return time.monotonic()
+
     def one_way(self, src: str, dst: str) -> float:
         """Drop what `src` sends to `dst`; what `dst` sends to `src` still arrives."""
         self._rules([f'iifname "{self.hosts[src].veth}" oifname "{self.hosts[dst].veth}" drop'])

@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,6 +42,7 @@ from trillium.config import (
 from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
 
+from . import object_store
 from .broker import java_argv, kafka_config, kafka_connection
 from .hosts import Cluster, Loopback
 from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json
@@ -65,8 +67,10 @@ class Supervisor:
         redis_url: str | None,
         cluster: bool = False,
         link_delay: bool = False,
+        with_object_store: bool = False,
     ) -> None:
         self.run_dir = run_dir
+        self.with_object_store = with_object_store
         self.topology = topology
         self.with_services = services
         self.kafka_bootstrap = kafka_bootstrap
@@ -98,9 +102,11 @@ class Supervisor:
         write_json(self.run_dir / "ports.json", ports)
 
     def _host_names(self) -> list[str]:
-        """A host each for what this supervisor starts: Kafka, Redis, then every service process."""
+        """A host each for what this supervisor starts: Kafka, Redis, the object store, then every
+        service process."""
         names = [] if self.kafka_external else ["kafka"]
         names += [] if self.redis_external else ["redis"]
+        names += [object_store.HOST] if self.with_object_store else []
         if self.with_services:
             names += [f"{role}-{i}" for role in ROLES for i in range(self.topology.count(role))]
         return names
@@ -115,6 +121,7 @@ class Supervisor:
                 "run_dir": str(self.run_dir),
                 "kafka": {"bootstrap": self.kafka_bootstrap, "external": self.kafka_external},
                 "redis": {"url": self.redis_url, "external": self.redis_external},
+                "object_store": self.object_store_public,
                 "coordinator_url": self.coordinator_url if self.with_services else None,
                 "token_file": str(self.run_dir / "token"),
                 "processes": [p.public() for p in self.procs],
@@ -211,6 +218,24 @@ class Supervisor:
         self.spawn(proc)
         await self.wait_ready(proc, lambda: wait_for_redis(self.redis_url, timeout_s=2), 30)
 
+    @property
+    def object_store_public(self) -> dict[str, Any] | None:
+        if not self.with_object_store:
+            return None
+        return object_store.public(self.place.address(object_store.HOST), self.place.port(object_store.HOST, "s3"))
+
+    async def start_object_store(self) -> None:
+        address, port = self.place.address(object_store.HOST), self.place.port(object_store.HOST, "s3")
+        proc = object_store.proc(self.run_dir, address, port, str(self.logs / "store.log"))
+        self.procs.append(proc)
+        self.spawn(proc)
+
+        async def answers() -> None:  # any HTTP answer: S3 refuses an unsigned request with 403
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                await http.get(f"http://{address}:{port}/")
+
+        await self.wait_ready(proc, answers, 30)
+
     async def start_kafka(self) -> None:
         address = self.place.address("kafka")
         port, cport = self.place.port("kafka", "kafka"), self.place.port("kafka", "kafka_controller")
@@ -275,6 +300,8 @@ class Supervisor:
             ENV_RUN_DIR: str(self.run_dir),
             "PYTHONUNBUFFERED": "1",
         }
+        if store := self.object_store_public:
+            env |= object_store.client_env(self.run_dir, store["endpoint"])
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
             env[ENV_THREADS] = str(self.compute_threads())
         return Proc(
@@ -321,6 +348,8 @@ class Supervisor:
             await self.start_kafka()
         else:
             await wait_for_kafka(kafka_connection(self.kafka_bootstrap, external=True))
+        if self.with_object_store:
+            await self.start_object_store()
         if self.with_services:
             await self.start_services()
 
@@ -426,6 +455,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--link-delay", action="store_true", help="with --cluster: latency can be added to each host's links"
     )
+    parser.add_argument(
+        "--object-store", action="store_true", help="an S3 object store (versitygw) for s3://trillium/... paths"
+    )
     args = parser.parse_args(argv)
     if args.link_delay and not args.cluster:
         parser.error("--link-delay needs --cluster")
@@ -439,6 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.get(ENV_REDIS_URL),
         cluster=args.cluster,
         link_delay=args.link_delay,
+        with_object_store=args.object_store,
     )
     raise SystemExit(asyncio.run(sup.main()))
 

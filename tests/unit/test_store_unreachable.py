@@ -1,0 +1,74 @@
+"""A model store that does not answer is not a bad version: a replica refuses nothing, says since
+when the store is away, and tries again; a store that answers without a version's file is one."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+
+from trillium.config import KafkaConnection
+from trillium.runtime.model_store import ModelStore
+from trillium.runtime.storage import filesystem, unreachable
+from trillium.services.serving.follower import ModelFollower
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def store_away(monkeypatch) -> str:
+    """An S3 endpoint where nothing listens: every call is refused at connect."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "trillium-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "trillium-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return f"s3://away-{time.monotonic_ns()}/models"
+
+
+def test_what_counts_as_the_store_not_answering() -> None:
+    url = "http://10.0.0.1:7070/b/k"
+    away = [
+        EndpointConnectionError(endpoint_url=url),
+        ConnectTimeoutError(endpoint_url=url),
+        ReadTimeoutError(endpoint_url=url),
+        TimeoutError(),
+        ConnectionResetError(),
+    ]
+    for err in away:
+        assert unreachable(err), err
+    for err in (FileNotFoundError("k"), PermissionError("k"), ValueError("not json")):
+        assert not unreachable(err), err
+
+
+def test_an_object_store_call_has_the_named_deadlines(store_away) -> None:
+    fs, _ = filesystem(store_away)
+    config = fs.config_kwargs
+    assert (config["connect_timeout"], config["read_timeout"]) == (3.0, 5.0)
+    assert config["retries"] == {"total_max_attempts": 1} and fs.retries == 3
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        fs.ls(store_away.removeprefix("s3://"))
+    assert unreachable(caught.value), caught.value
+    assert time.monotonic() - started < 5, "a refused connection took the deadlines' time"
+
+
+def test_a_replica_whose_store_is_away_refuses_nothing_and_says_since_when(store_away) -> None:
+    follower = ModelFollower(
+        ModelStore(store_away, "m"), "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), 1
+    )
+    before = time.time()
+    asyncio.run(follower._read_store())
+    state = follower.state
+    since = state.store_unreachable_since
+    assert since is not None and before <= since <= time.time()
+    asyncio.run(follower._read_store())
+    assert state.store_unreachable_since == since, "a failure after the first moved the time it began"
+    assert state.refused == [] and follower.served is None
+    assert "Could not connect" in (state.store_error or ""), state.store_error
