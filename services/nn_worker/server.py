@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trillium.job import JobConfig
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
+from trillium.runtime import autobound
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
@@ -65,7 +66,7 @@ logger = logging.getLogger("trillium.nn_worker")
 
 SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
-PREFETCH = 8  # lookups requested ahead of the step being trained, at most
+PREFETCH = 8  # lookups requested ahead of the step being trained: at least, and in evaluation
 # ... and at most this much of their embeddings. Each lookup ahead holds its batch's embeddings
 # here and, while it is pooled and sent, several copies in the embedding worker: 8 of a wide
 # job's (26 slots of dim 512, its evaluation's 1,260-sample batches in fp32: 67 MB each) took
@@ -74,8 +75,15 @@ PREFETCH_BYTES = 64 << 20
 
 
 def prefetch(job: JobConfig, *, evaluation: bool) -> int:
-    """How many lookups a feed keeps requested ahead of the step it hands out."""
-    return max(1, min(PREFETCH, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
+    """How many lookups a feed keeps requested ahead of the step it hands out. Training: as many
+    as its staleness bound lets run while a step trains (k of them answered, the next waiting at
+    the embedding worker for a gradient), so that a long round trip is hidden as far as the bound
+    allows; `auto`, the most it may choose. Never past PREFETCH_BYTES of embeddings."""
+    wanted = PREFETCH
+    if not evaluation:
+        bound = job.training.staleness_bound
+        wanted = max(PREFETCH, (autobound.MAX_BOUND if bound == "auto" else bound) + 1)
+    return max(1, min(wanted, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
 
 
 PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)

@@ -8,6 +8,8 @@ import gc
 import pytest
 
 from trillium.data import load_job
+from trillium.job import JobConfig
+from trillium.runtime.autobound import MAX_BOUND
 from trillium.services.nn_worker.evaluate import score
 from trillium.services.nn_worker.feed import EpochEnd, GradientPusher, started
 from trillium.services.nn_worker.server import PREFETCH, prefetch
@@ -115,3 +117,19 @@ def test_a_wide_job_keeps_fewer_lookups_ahead_and_never_none() -> None:
     assert prefetch(wider, evaluation=False) == 4  # 16 MiB a batch
     fp32 = wider.model_copy(update={"training": wider.training.model_copy(update={"wire_dtype": "fp32"})})
     assert prefetch(fp32, evaluation=False) == 2  # 32 MiB a batch
+
+
+def test_training_keeps_as_many_lookups_ahead_as_the_bound_lets_run() -> None:
+    adult = load_job(REPO_ROOT / "examples/adult/job.yaml")  # dim 8: 8 KiB a batch, no byte cap near
+
+    def bound(k: int | str) -> JobConfig:
+        return adult.model_copy(update={"training": adult.training.model_copy(update={"staleness_bound": k})})
+
+    assert prefetch(bound(0), evaluation=False) == PREFETCH  # sync: the next ones wait at the embedding worker
+    assert prefetch(bound(16), evaluation=False) == 17
+    assert prefetch(bound("auto"), evaluation=False) == MAX_BOUND + 1
+    assert prefetch(bound(16), evaluation=True) == PREFETCH  # evaluation waits for no gradient
+    wide = bound(16).model_copy(
+        update={"tables": {n: t.model_copy(update={"dim": 2048}) for n, t in adult.tables.items()}}
+    )
+    assert prefetch(wide, evaluation=False) == 16  # 4 MiB a batch: PREFETCH_BYTES caps it

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 CALIBRATION_STEPS = 20
-MAX_BOUND = 32  # a rank looks up at most 8 steps ahead (the NN worker's prefetch) in any case
+MAX_BOUND = 32  # the NN ranks' feeds keep this many lookups ahead (and one more) for an `auto` job
 
 
 @dataclass(frozen=True)
