@@ -82,8 +82,9 @@ class Client:
         self.token = stack.read_token(run_dir)
         self.url, self.grpc_address, self.model = replica["http_url"], replica["grpc_address"], model
 
-    async def run(self, protocol: str, bodies: list[bytes], *, rate: float | None, seconds: float,
-                  clients: int) -> dict[str, Any]:  # fmt: skip
+    async def run(
+        self, protocol: str, bodies: list[bytes], *, rate: float | None, seconds: float, clients: int
+    ) -> dict[str, Any]:
         """Requests for `seconds`: open loop at `rate` a second, or `clients` closed loops."""
         latencies: list[float] = []
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
@@ -122,8 +123,12 @@ class Client:
             elapsed = time.perf_counter() - start
             await channel.close()
         ms = np.asarray(latencies) * 1000
-        return {"requests": len(ms), "requests_per_sec": round(len(ms) / elapsed, 1),
-                "p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3)}  # fmt: skip
+        return {
+            "requests": len(ms),
+            "requests_per_sec": round(len(ms) / elapsed, 1),
+            "p50_ms": round(float(np.percentile(ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        }
 
 
 def plain_torch(run_dir: Path, job: JobConfig, bodies: list[bytes], seconds: float) -> dict[str, Any]:
@@ -143,8 +148,10 @@ def plain_torch(run_dir: Path, job: JobConfig, bodies: list[bytes], seconds: flo
         ids = np.unique(np.concatenate([every.ids.slot(s.name)[0] for s in job.slots if s.table == table]))
         (rows,), _, _ = tables.lookup([(table, ids)])
         index[table] = ids
-        bags[table] = {mode: torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows), mode=mode, freeze=True)
-                       for mode in ("sum", "mean")}  # fmt: skip
+        bags[table] = {
+            mode: torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows), mode=mode, freeze=True)
+            for mode in ("sum", "mean")
+        }
     model = load_model(job.model)
     model.load_state_dict(state)
     model.eval()
@@ -175,15 +182,23 @@ def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float)
     raw = load_job(stack.REPO_ROOT / "examples/online/job.yaml").model_dump(mode="json")
     raw["name"] = "bench-fresh"
     topic = f"bench-imps-{time.time_ns()}"
-    raw["data"]["join"] |= {"impressions": topic, "labels": topic.replace("imps", "clicks"), "window_seconds": 5.0,
-                            "allowed_lateness_seconds": 0.5}  # fmt: skip
+    raw["data"]["join"] |= {
+        "impressions": topic,
+        "labels": topic.replace("imps", "clicks"),
+        "window_seconds": 5.0,
+        "allowed_lateness_seconds": 0.5,
+    }
     raw["checkpoint"] = None
     job = JobConfig.model_validate(raw)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "stream.tsv"
         generate_criteo(data, int(rate * seconds) + 1000, seed=5)
-        feed = threading.Thread(target=lambda: asyncio.run(replay(data, job, conn, fmt="criteo", rate=rate,
-                                                                  limit=int(rate * seconds), seed=2)), daemon=True)  # fmt: skip
+        feed = threading.Thread(
+            target=lambda: asyncio.run(
+                replay(data, job, conn, fmt="criteo", rate=rate, limit=int(rate * seconds), seed=2)
+            ),
+            daemon=True,
+        )
         feed.start()
         time.sleep(2)
         client = CoordinatorClient.for_stack(run_dir)
@@ -216,9 +231,12 @@ def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float)
         at = next((at for et, at in served if et >= t), None)
         if at is not None:
             lags.append(at - t)
-    return {"versions_served": len(first), "clicks_measured": len(lags),
-            "click_to_served_p50_s": round(float(np.percentile(lags, 50)), 2) if lags else None,
-            "click_to_served_p99_s": round(float(np.percentile(lags, 99)), 2) if lags else None}  # fmt: skip
+    return {
+        "versions_served": len(first),
+        "clicks_measured": len(lags),
+        "click_to_served_p50_s": round(float(np.percentile(lags, 50)), 2) if lags else None,
+        "click_to_served_p99_s": round(float(np.percentile(lags, 99)), 2) if lags else None,
+    }
 
 
 def main() -> None:
@@ -257,11 +275,13 @@ def main() -> None:
             for protocol in ("grpc", "rest"):
                 for b in (1, 64):
                     log(f"latency {protocol} batch {b} ...")
-                    latency[f"{protocol}_batch{b}"] = asyncio.run(replica.run(protocol, bodies[b], rate=args.rate,
-                                                                              seconds=args.seconds, clients=1))  # fmt: skip
+                    latency[f"{protocol}_batch{b}"] = asyncio.run(
+                        replica.run(protocol, bodies[b], rate=args.rate, seconds=args.seconds, clients=1)
+                    )
                     log(f"saturation {protocol} batch {b} ...")
-                    run = asyncio.run(replica.run(protocol, bodies[b], rate=None, seconds=args.seconds,
-                                                  clients=args.clients))  # fmt: skip
+                    run = asyncio.run(
+                        replica.run(protocol, bodies[b], rate=None, seconds=args.seconds, clients=args.clients)
+                    )
                     saturation[f"{protocol}_batch{b}"] = run | {"instances_per_sec": round(run["requests_per_sec"] * b)}
             result["offered_requests_per_sec"] = args.rate
             result["latency"] = latency
@@ -270,9 +290,12 @@ def main() -> None:
             plain = {f"batch{b}": plain_torch(run_dir, job, bodies[b], args.seconds) for b in (1, 64)}
             result["plain_torch"] = plain
             result["serving_vs_plain_torch_qps"] = {
-                f"{p}_batch{b}": round(saturation[f"{p}_batch{b}"]["requests_per_sec"] / plain[f"batch{b}"]["requests_per_sec"], 3)
-                for p in ("grpc", "rest") for b in (1, 64)
-            }  # fmt: skip
+                f"{p}_batch{b}": round(
+                    saturation[f"{p}_batch{b}"]["requests_per_sec"] / plain[f"batch{b}"]["requests_per_sec"], 3
+                )
+                for p in ("grpc", "rest")
+                for b in (1, 64)
+            }
             log("freshness ...")
             conn = KafkaConnection(bootstrap=st["kafka"]["bootstrap"])
             result["freshness"] = freshness(run_dir, conn, args.stream_seconds, rate=2000.0)

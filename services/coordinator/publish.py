@@ -59,8 +59,12 @@ logger = logging.getLogger("trillium.coordinator.publish")
 CUT_TIMEOUT_S = 300.0  # a cut whose files are not all reported by then is abandoned
 
 VERSIONS = Gauge("trillium_job_model_version", "the newest version the job published", ["job"])
-PUBLISH_SECONDS = Histogram("trillium_job_publish_seconds", "from a cut to its version's commit", ["job"],
-                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))  # fmt: skip
+PUBLISH_SECONDS = Histogram(
+    "trillium_job_publish_seconds",
+    "from a cut to its version's commit",
+    ["job"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
 ABANDONED = Counter("trillium_job_versions_abandoned_total", "publish cuts abandoned", ["job"])
 
 
@@ -76,14 +80,16 @@ class _Job:
 
 
 class Publisher:
-    def __init__(self, jobs: JobStore, registry: WorkerRegistry, kafka_conn: KafkaConnection, run_dir: Path,
-                 token: str) -> None:  # fmt: skip
+    def __init__(
+        self, jobs: JobStore, registry: WorkerRegistry, kafka_conn: KafkaConnection, run_dir: Path, token: str
+    ) -> None:
         self.jobs = jobs
         self.registry = registry
         self.kafka = kafka_conn
         self.run_dir = run_dir
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0),
-                                      headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=5.0), headers={"Authorization": f"Bearer {token}"}
+        )
         self._producer = None
         self._attempts: dict[tuple[str, int], _Job] = {}
         self._next_version: dict[str, int] = {}  # model -> the number its next version takes
@@ -123,8 +129,10 @@ class Publisher:
         cuts = _reports(ranks_heard, job, "publish_cuts", PublishCut)
         # The files of a version come from every PS shard and from rank 0 (the dense weights).
         writers = [f"embedding_ps-{s}" for s in range(topology.ps_shards)] + ["nn_worker-0"]
-        parts = {name: _reports([by_name[name]], job, "model_parts", ModelPart) if name in by_name else {}
-                 for name in writers}  # fmt: skip
+        parts = {
+            name: _reports([by_name[name]], job, "model_parts", ModelPart) if name in by_name else {}
+            for name in writers
+        }
         held.pending = {step for step in cuts if step not in held.done}
         for step in sorted(held.pending):
             ranks = cuts[step]
@@ -163,8 +171,14 @@ class Publisher:
         return True
 
     # ---- one version -----------------------------------------------------------------------------
-    async def _commit(self, job: JobRecord, store: ModelStore, held: _Job, ranks: dict[int, PublishCut],
-                      parts: dict[str, ModelPart | None]) -> None:  # fmt: skip
+    async def _commit(
+        self,
+        job: JobRecord,
+        store: ModelStore,
+        held: _Job,
+        ranks: dict[int, PublishCut],
+        parts: dict[str, ModelPart | None],
+    ) -> None:
         cut = ranks[0]
         files = [f for part in parts.values() if part is not None for f in part.files]
         values = [f for f in files if f.shard is not None]
@@ -182,13 +196,23 @@ class Publisher:
         version = await self._number(store)
         loader_stats = await JobProgress(self.jobs.redis, job.id).dense_stats()
         manifest = VersionManifest(
-            model=store.model, version=version, job_id=job.id, attempt=job.attempt, step=cut.step, epoch=cut.epoch,
-            cut_at=max(c.at for c in ranks.values()), created_at=time.time(),
+            model=store.model,
+            version=version,
+            job_id=job.id,
+            attempt=job.attempt,
+            step=cut.step,
+            epoch=cut.epoch,
+            cut_at=max(c.at for c in ranks.values()),
+            created_at=time.time(),
             event_time=max((c.event_time for c in ranks.values() if c.event_time is not None), default=None),
-            kind="delta" if bases else "full", base=max(bases) if bases else None,
-            parts=parts_name(job.id, job.attempt, cut.step), files=files, dtype=job.config.publish.dtype,
-            config=job.config, dense_stats=loader_stats,
-        )  # fmt: skip
+            kind="delta" if bases else "full",
+            base=max(bases) if bases else None,
+            parts=parts_name(job.id, job.attempt, cut.step),
+            files=files,
+            dtype=job.config.publish.dtype,
+            config=job.config,
+            dense_stats=loader_stats,
+        )
         await asyncio.to_thread(store.commit, manifest)
         self._next_version[store.model] = version + 1
         held.done.add(cut.step)
@@ -227,8 +251,13 @@ class Publisher:
 
     async def _announce(self, store: ModelStore, manifest: VersionManifest) -> None:
         """The notice on the model's topic and the registry entry replicas find the model by."""
-        entry = {"dir": store.base, "topic": model_topic(store.model), "version": manifest.version,
-                 "job_id": manifest.job_id, "updated_at": manifest.created_at}  # fmt: skip
+        entry = {
+            "dir": store.base,
+            "topic": model_topic(store.model),
+            "version": manifest.version,
+            "job_id": manifest.job_id,
+            "updated_at": manifest.created_at,
+        }
         await self.jobs.redis.hset(state.MODELS, store.model, json.dumps(entry))
         try:
             if self._producer is None:

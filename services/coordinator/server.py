@@ -59,8 +59,9 @@ class Coordinator(Service):
         self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
         self.retention = TopicRetention(self.settings.kafka)
         self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.retention, self.settings.token)
-        self.publisher = Publisher(self.jobs, self.registry, self.settings.kafka, self.settings.run_dir,
-                                   self.settings.token)  # fmt: skip
+        self.publisher = Publisher(
+            self.jobs, self.registry, self.settings.kafka, self.settings.run_dir, self.settings.token
+        )
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [
             asyncio.create_task(self.registry.listen(), name="registry listening"),

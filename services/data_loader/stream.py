@@ -363,8 +363,10 @@ class StreamLoader:
             kind, bound = "past", earliest
         self.counts[f"clock_{kind}"] += 1
         if self.data.clock.action == "dlq":
-            raise BadEvent(f"event time {event.time:.3f} is {abs(event.time - now):.1f} s in the {kind} of the "
-                           f"loader's clock (data.clock.max_{kind}_seconds)")  # fmt: skip
+            raise BadEvent(
+                f"event time {event.time:.3f} is {abs(event.time - now):.1f} s in the {kind} of the "
+                f"loader's clock (data.clock.max_{kind}_seconds)"
+            )
         return event._replace(time=bound)
 
     def _add(self, decided: Decided) -> None:

@@ -59,8 +59,15 @@ class Exporter:
             if base is None or old != base.step:
                 del self.marks[old]
         delta_of = base.version if snapshot.delta and base is not None else None
-        logger.info("export captured", extra={"step": step, "rows": snapshot.rows, "delta_of": delta_of,
-                                              "seconds": round(time.monotonic() - started, 3)})  # fmt: skip
+        logger.info(
+            "export captured",
+            extra={
+                "step": step,
+                "rows": snapshot.rows,
+                "delta_of": delta_of,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
         return Captured(snapshot, delta_of)
 
     def write(self, job: JobRecord, step: int, captured: Captured) -> None:
@@ -74,8 +81,9 @@ class Exporter:
             with self.store.parts(parts_name(job.id, job.attempt, step)).writing(name) as path:
                 size, sha = await asyncio.to_thread(snapshot.write_values, path, job.config.publish.dtype)
             snapshot.release()
-            entry = VersionFile(name=name, bytes=size, sha256=sha, shard=self.shard, full=delta_of is None,
-                                base=delta_of)  # fmt: skip
+            entry = VersionFile(
+                name=name, bytes=size, sha256=sha, shard=self.shard, full=delta_of is None, base=delta_of
+            )
             self.report(ModelPart(step=step, files=[entry]))
         except Exception as err:  # noqa: BLE001 (the version is abandoned, not the job)
             logger.exception("writing the values file failed", extra={"step": step})

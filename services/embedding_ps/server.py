@@ -318,8 +318,9 @@ class EmbeddingPS(Service):
         async with self._apply_lock:
             off = {rank: step for rank, step in self._applied.items() if step != request.step}
             if off:
-                raise HTTPException(status.HTTP_409_CONFLICT,
-                                    f"{self.name} is not at step {request.step}: last applied {off}")  # fmt: skip
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT, f"{self.name} is not at step {request.step}: last applied {off}"
+                )
             await self._export(store, request.step)
 
     async def _export(self, store: trillium_native.EmbeddingStore, step: int) -> None:

@@ -22,9 +22,30 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from trillium.config import KafkaConnection
+from trillium.job import JobConfig
 from trillium.job.record import PartitionLineage
+from trillium.runtime import autobound
 from trillium.wire import kafka
 from trillium.wire.pb import embedding_pb2 as pb
+
+PREFETCH = 8  # lookups requested ahead of the step being trained: at least, and in evaluation
+# ... and at most this much of their embeddings. Each lookup ahead holds its batch's embeddings
+# here and, while it is pooled and sent, several copies in the embedding worker: 8 of a wide
+# job's (26 slots of dim 512, its evaluation's 1,260-sample batches in fp32: 67 MB each) took
+# 1.6 GB there and ended a 1e10-parameter run on the OOM killer. A dim-16 job keeps all 8.
+PREFETCH_BYTES = 64 << 20
+
+
+def prefetch(job: JobConfig, *, evaluation: bool) -> int:
+    """How many lookups a feed keeps requested ahead of the step it hands out. Training: as many
+    as its staleness bound lets run while a step trains (k of them answered, the next waiting at
+    the embedding worker for a gradient), so that a long round trip is hidden as far as the bound
+    allows; `auto`, the most it may choose. Never past PREFETCH_BYTES of embeddings."""
+    wanted = PREFETCH
+    if not evaluation:
+        bound = job.training.staleness_bound
+        wanted = max(PREFETCH, (autobound.MAX_BOUND if bound == "auto" else bound) + 1)
+    return max(1, min(wanted, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,8 @@ from fastapi import HTTPException, status
 from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
-from trillium.job import JobConfig
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import build_dense_optimizer, build_model
-from trillium.runtime import autobound
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
@@ -59,33 +57,13 @@ from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 from . import evaluate
 from .embeddings import embeddings_of, gradients_request
-from .feed import EpochEnd, Feed, GradientPusher
+from .feed import EpochEnd, Feed, GradientPusher, prefetch
 from .step import Control, Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")
 
 SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
-PREFETCH = 8  # lookups requested ahead of the step being trained: at least, and in evaluation
-# ... and at most this much of their embeddings. Each lookup ahead holds its batch's embeddings
-# here and, while it is pooled and sent, several copies in the embedding worker: 8 of a wide
-# job's (26 slots of dim 512, its evaluation's 1,260-sample batches in fp32: 67 MB each) took
-# 1.6 GB there and ended a 1e10-parameter run on the OOM killer. A dim-16 job keeps all 8.
-PREFETCH_BYTES = 64 << 20
-
-
-def prefetch(job: JobConfig, *, evaluation: bool) -> int:
-    """How many lookups a feed keeps requested ahead of the step it hands out. Training: as many
-    as its staleness bound lets run while a step trains (k of them answered, the next waiting at
-    the embedding worker for a gradient), so that a long round trip is hidden as far as the bound
-    allows; `auto`, the most it may choose. Never past PREFETCH_BYTES of embeddings."""
-    wanted = PREFETCH
-    if not evaluation:
-        bound = job.training.staleness_bound
-        wanted = max(PREFETCH, (autobound.MAX_BOUND if bound == "auto" else bound) + 1)
-    return max(1, min(wanted, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
-
-
 PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)
 HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
 STREAM_LOSSES = 10_000  # a continuous job keeps its latest steps' losses, not every one
@@ -496,8 +474,11 @@ class NNWorker(Service):
         services/coordinator/publish.py); rank 0 writes the dense weights of the version meanwhile."""
         job, s = run.job, run.state
         step = s.step - 1
-        self.report_publish_cut(PublishCut(attempt=job.attempt, step=step, epoch=s.epoch, at=time.time(),
-                                           reason=reason, event_time=s.event_time))  # fmt: skip
+        self.report_publish_cut(
+            PublishCut(
+                attempt=job.attempt, step=step, epoch=s.epoch, at=time.time(), reason=reason, event_time=s.event_time
+            )
+        )
         if self.settings.index == 0 and step not in run.published:
             run.published.add(step)
             weights = await self._torch(run, run.trainer.dense_weights)

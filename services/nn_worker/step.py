@@ -98,8 +98,12 @@ class Control:
     def of(cls, table: torch.Tensor) -> Control:
         """From the all-reduced [R, WORDS] table whose row r was rank r's words (the others' zeros)."""
         words = table.to(torch.int64)
-        return cls(samples=int(words[:, 0].sum()), paused=bool(words[:, 1].any()), seq=int(words[:, 2].max()),
-                   publish=int(words[:, 3].max()))  # fmt: skip
+        return cls(
+            samples=int(words[:, 0].sum()),
+            paused=bool(words[:, 1].any()),
+            seq=int(words[:, 2].max()),
+            publish=int(words[:, 3].max()),
+        )
 
 
 @dataclass(frozen=True)

@@ -211,9 +211,13 @@ class ModelFollower:
             await asyncio.to_thread(served.apply, manifest)
         logger.info(
             "model loaded",
-            extra={"model": self.name, "version": version, "chain": [m.version for m in chain],
-                   "seconds": round(time.monotonic() - started, 3)},
-        )  # fmt: skip
+            extra={
+                "model": self.name,
+                "version": version,
+                "chain": [m.version for m in chain],
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
         return served
 
     def _serve(self, served: ServedModel) -> None:

@@ -48,11 +48,13 @@ FIRST_LOAD_S = 300.0  # readiness waits this long for the first loads, then goes
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUESTS = Counter("trillium_serving_requests_total", "prediction requests", ["model", "protocol", "code"])
-LATENCY = Histogram("trillium_serving_request_seconds", "prediction latency", ["model", "protocol"],
-                    buckets=LATENCY_BUCKETS)  # fmt: skip
+LATENCY = Histogram(
+    "trillium_serving_request_seconds", "prediction latency", ["model", "protocol"], buckets=LATENCY_BUCKETS
+)
 INSTANCES = Counter("trillium_serving_instances_total", "instances predicted", ["model"])
-UNSEEN = Counter("trillium_serving_unseen_ids_total", "IDs the model has never trained (read as zeros)",
-                 ["model", "table"])  # fmt: skip
+UNSEEN = Counter(
+    "trillium_serving_unseen_ids_total", "IDs the model has never trained (read as zeros)", ["model", "table"]
+)
 VERSION = Gauge("trillium_serving_model_version", "the version served", ["model"])
 FRESHNESS = Gauge("trillium_serving_freshness_lag_seconds", "now less the newest event time trained", ["model"])
 REFUSED = Counter("trillium_serving_versions_refused_total", "versions refused (checksum, consistency)", ["model"])
@@ -120,9 +122,11 @@ class ServingReplica(Service):
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
         self.grpc_server = await rpc.serve(
-            self.settings.host, self.settings.grpc_port, self.settings.grpc,
+            self.settings.host,
+            self.settings.grpc_port,
+            self.settings.grpc,
             lambda server: pb_grpc.add_ServingServicer_to_server(_Servicer(self), server),
-        )  # fmt: skip
+        )
         self._discovery = asyncio.create_task(self._discover(), name="model discovery")
         # Ready once every model known now has tried its first load (bounded: a huge model
         # still loading does not keep the replica out of its readiness forever).
@@ -163,8 +167,9 @@ class ServingReplica(Service):
             await asyncio.sleep(DISCOVER_S)
 
     async def _follow(self, name: str, entry: dict[str, Any]) -> None:
-        follower = ModelFollower(ModelStore(entry["dir"], name), entry["topic"], self.settings.kafka,
-                                 self.settings.threads)  # fmt: skip
+        follower = ModelFollower(
+            ModelStore(entry["dir"], name), entry["topic"], self.settings.kafka, self.settings.threads
+        )
         self.followers[name] = follower
         follower.start(self._changed)
         if self.settings.serving_version is not None and name == self.settings.serving_model:
@@ -201,11 +206,15 @@ class ServingReplica(Service):
                 raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {model!r}; models: {sorted(self.followers)}")
             served = follower.served
             if served is None:
-                raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                    f"model {model!r} has no version loaded: {follower.state.error}")  # fmt: skip
+                raise HTTPException(
+                    status.HTTP_503_SERVICE_UNAVAILABLE,
+                    f"model {model!r} has no version loaded: {follower.state.error}",
+                )
             if len(instances) > self.max_batch:
-                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-                                    f"{len(instances)} instances; at most {self.max_batch} a request")  # fmt: skip
+                raise HTTPException(
+                    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                    f"{len(instances)} instances; at most {self.max_batch} a request",
+                )
             try:
                 prediction = served.predict(instances)
             except BadInstance as err:
@@ -214,8 +223,9 @@ class ServingReplica(Service):
             for table, misses in prediction.misses.items():
                 if misses:
                     UNSEEN.labels(model, table).inc(misses)
-            return PredictResponse(predictions=prediction.probabilities.tolist(), model=model,
-                                   version=prediction.version)  # fmt: skip
+            return PredictResponse(
+                predictions=prediction.probabilities.tolist(), model=model, version=prediction.version
+            )
         except HTTPException as err:
             code = str(err.status_code)
             raise

@@ -236,8 +236,9 @@ def test_adult_trains_to_the_demos_quality_through_a_crashed_ps_shard(stack) -> 
     row = dict(zip(ADULT_COLUMNS[:-1], [c.strip() for c in ADULT_ROW.split(",")], strict=True))  # no label
     deadline = time.monotonic() + 120
     while True:
-        r = httpx.post(f"{stack.serving_url}/v1/models/adult-income:predict", json={"instances": [row]}, headers=auth,
-                       timeout=30)  # fmt: skip
+        r = httpx.post(
+            f"{stack.serving_url}/v1/models/adult-income:predict", json={"instances": [row]}, headers=auth, timeout=30
+        )
         if r.status_code == 200 and r.json()["version"] >= 1:
             break
         assert time.monotonic() < deadline, r.text

@@ -46,8 +46,9 @@ class Replica:
     def __init__(self, run_dir: Path) -> None:
         st = stack.read_state(run_dir)
         self.url = next(p["http_url"] for p in st["processes"] if p["role"] == "serving")
-        self.http = httpx.Client(base_url=self.url, timeout=60.0,
-                                 headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"})  # fmt: skip
+        self.http = httpx.Client(
+            base_url=self.url, timeout=60.0, headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"}
+        )
 
     def view(self, model: str) -> dict:
         r = self.http.get(f"/v1/models/{model}")
@@ -64,8 +65,11 @@ class Replica:
 
     def wait_for_newer(self, model: str, version: int, timeout_s: float) -> int:
         """Until the replica serves `version` or a newer one; returns the one it serves."""
-        return _wait_for(lambda: (v := self.view(model)["version"]) is not None and v >= version and v,
-                         f"version {version} of {model}", timeout_s)  # fmt: skip
+        return _wait_for(
+            lambda: (v := self.view(model)["version"]) is not None and v >= version and v,
+            f"version {version} of {model}",
+            timeout_s,
+        )
 
     def wait_for(self, model: str, version: int, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -219,8 +223,12 @@ def _online(name: str, topic: str) -> JobConfig:
     """examples/online on its own topics: versions every 2 s, checkpoints every 20 steps."""
     raw = load_job(ROOT / "examples/online/job.yaml").model_dump(mode="json")
     raw["name"] = name
-    raw["data"]["join"] |= {"impressions": f"{topic}-imps", "labels": f"{topic}-clicks", "window_seconds": 2.0,
-                            "allowed_lateness_seconds": 0.5}  # fmt: skip
+    raw["data"]["join"] |= {
+        "impressions": f"{topic}-imps",
+        "labels": f"{topic}-clicks",
+        "window_seconds": 2.0,
+        "allowed_lateness_seconds": 0.5,
+    }
     raw["topology"] |= {"data_loaders": 1}
     raw["checkpoint"] = {"every_steps": 20, "every_seconds": None}
     raw["publish"] = {"every_seconds": 2.0}
@@ -239,15 +247,19 @@ def test_an_online_job_is_served_fresh_through_crashes(training_stack, infra, tm
     run = uuid.uuid4().hex[:8]
     generate_criteo(tmp_path / "stream.tsv", 90_000, seed=9, vocab_sizes=[50] * 26)  # a minute at 1500/s
     job = _online(f"fresh-{run}", run)
-    probes = [dict(zip(CRITEO_COLUMNS[1:], line.split("\t")[1:], strict=True))
-              for line in (tmp_path / "stream.tsv").read_text().splitlines()[:20]]  # fmt: skip
+    probes = [
+        dict(zip(CRITEO_COLUMNS[1:], line.split("\t")[1:], strict=True))
+        for line in (tmp_path / "stream.tsv").read_text().splitlines()[:20]
+    ]
     for probe in probes:  # a stream's events carry numbers
         probe.update({f"I{i}": float(probe[f"I{i}"]) if probe[f"I{i}"] else None for i in range(1, 14)})
     asyncio.run(kafka.ensure_topics(infra.kafka, {f"{run}-imps": 4, f"{run}-clicks": 4}))
     client = CoordinatorClient.for_stack(training_stack)
     replica = Replica(training_stack)
-    feed = threading.Thread(target=lambda: asyncio.run(replay(tmp_path / "stream.tsv", job, infra.kafka,
-                                                              fmt="criteo", rate=1500, seed=9)), daemon=True)  # fmt: skip
+    feed = threading.Thread(
+        target=lambda: asyncio.run(replay(tmp_path / "stream.tsv", job, infra.kafka, fmt="criteo", rate=1500, seed=9)),
+        daemon=True,
+    )
     try:
         job_id = client.submit(job)["id"]
         feed.start()

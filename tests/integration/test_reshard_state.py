@@ -47,9 +47,20 @@ async def _running(jobs: JobStore) -> str:
 
 def _manifest(job, step: int) -> Manifest:
     return Manifest(
-        job_id=job.id, attempt=job.attempt, step=step, epoch=0, reason="request", created_at=time.time(),
-        pause_seconds=0.0, seconds_to_write=0.0, config=job.config, positions={}, written={}, lineage={}, files=[],
-    )  # fmt: skip
+        job_id=job.id,
+        attempt=job.attempt,
+        step=step,
+        epoch=0,
+        reason="request",
+        created_at=time.time(),
+        pause_seconds=0.0,
+        seconds_to_write=0.0,
+        config=job.config,
+        positions={},
+        written={},
+        lineage={},
+        files=[],
+    )
 
 
 async def test_a_reshard_is_refused_naming_why(infra, tmp_path) -> None:

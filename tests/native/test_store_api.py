@@ -101,8 +101,24 @@ def test_hash_cells_is_hash_ids_of_each_cells_parts():
 
 
 def test_parse_floats_reads_what_rust_reads_and_names_the_rest():
-    cells = ["1", "-2.5", "1e-7", ".5", "+3", "1.7976931348623157e308", None, "", " 4", "1_000", "x", "nan",
-             "-inf", "1e400", "0x1p3", "٣"]  # fmt: skip
+    cells = [
+        "1",
+        "-2.5",
+        "1e-7",
+        ".5",
+        "+3",
+        "1.7976931348623157e308",
+        None,
+        "",
+        " 4",
+        "1_000",
+        "x",
+        "nan",
+        "-inf",
+        "1e400",
+        "0x1p3",
+        "٣",
+    ]
     values, odd = tn.parse_floats(cells)
     assert values.dtype == np.float64 and odd.dtype == np.int64
     assert values[:6].tolist() == [float(c) for c in cells[:6]]  # the same double as Python's float()

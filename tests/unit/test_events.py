@@ -159,8 +159,12 @@ def test_the_cells_of_events_are_their_fields_and_an_event_of_other_fields_is_re
     for i in range(3):
         rows.add(Event(FIELD_SEP.join([f"u{i}", MULTI_SEP.join(["a", "b"][:i]), str(i), "1"]), str(i), 0.0))
     cells = TextCells.of_rows(job, [e.values for e in rows.events], FIELD_SEP, rows.paths, rows.labels)
-    columns = {"user.id": ["u0", "u1", "u2"], "user.recent": ["", "a", f"a{MULTI_SEP}b"], "price": ["0", "1", "2"],
-               "click": ["1", "1", "1"]}  # fmt: skip
+    columns = {
+        "user.id": ["u0", "u1", "u2"],
+        "user.recent": ["", "a", f"a{MULTI_SEP}b"],
+        "price": ["0", "1", "2"],
+        "click": ["1", "1", "1"],
+    }
     expected = TextCells.of_columns(job, columns)
     np.testing.assert_array_equal(cells.lengths, [[1, 1, 1], [0, 1, 2]])
     np.testing.assert_array_equal(cells.lengths, expected.lengths)
@@ -257,6 +261,8 @@ def test_a_stream_state_of_an_older_checkpoint_format_reads_as_todays(format: in
     rows = EventRows(job)
     rows.add(next(events_of(state["rows"])), "1")
     assert dict(zip(rows.paths, rows.events[0].values.split(FIELD_SEP), strict=True)) == {
-        "user.id": "42", "user.recent": "", "price": "3"
-    }  # fmt: skip
+        "user.id": "42",
+        "user.recent": "",
+        "price": "3",
+    }
     assert rows.labels == ["1"]

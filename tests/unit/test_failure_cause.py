@@ -18,7 +18,7 @@ WORKERS = {
             pid=1,
             registered_at=0.0,
             last_heartbeat=0.0,
-        )  # fmt: skip
+        )
         for name, port in (("nn_worker-0", 7000), ("embedding_worker-0", 7100), ("embedding_ps-1", 7200))
     )
 }

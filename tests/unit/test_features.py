@@ -331,8 +331,11 @@ def test_the_shuffle_buffer_moves_rows_at_most_about_its_size(tmp_path: Path) ->
     assert ids == order  # IDs and dense values move together
 
 
-@given(lengths=st.lists(st.lists(st.integers(0, 3), min_size=6, max_size=6), min_size=1, max_size=3),
-       start=st.integers(0, 6), size=st.integers(0, 6))  # fmt: skip
+@given(
+    lengths=st.lists(st.lists(st.integers(0, 3), min_size=6, max_size=6), min_size=1, max_size=3),
+    start=st.integers(0, 6),
+    size=st.integers(0, 6),
+)
 def test_a_slice_of_rows_is_the_take_of_them(lengths: list[list[int]], start: int, size: int) -> None:
     counts = np.array(lengths, np.int32)
     values = tuple(np.arange(100 * k, 100 * k + n, dtype=np.uint64) for k, n in enumerate(counts.sum(axis=1)))
@@ -386,9 +389,11 @@ def test_a_row_quarantined_before_is_not_appended_again(tmp_path: Path) -> None:
 
 
 _CELLS = st.one_of(
-    st.none(), st.just(""), st.sampled_from(["1", "2.5", "-3", " 4", "1e3", "1_000", "x", "nan", "inf", "0x1p3"]),
+    st.none(),
+    st.just(""),
+    st.sampled_from(["1", "2.5", "-3", " 4", "1e3", "1_000", "x", "nan", "inf", "0x1p3"]),
     st.text(alphabet="ab|c,", max_size=8),
-)  # fmt: skip
+)
 
 
 @given(data=st.data())
@@ -403,14 +408,18 @@ def test_rows_as_text_cells_encode_as_a_block_of_them(data) -> None:
         {"name": "seq", "column": "b", "separator": ",", "pooling": "none", "max_len": 3},
     ]
     negative = data.draw(st.sampled_from([None, ["0"]]))
-    job = JobConfig.model_validate({
-        "name": "cells", "data": {"source": "csv", "train": "/nonexistent.csv"}, "slots": slots,
-        "tables": {"one": {"dim": 2}, "many": {"dim": 2}, "seq": {"dim": 2}},
-        "dense": [{"column": "x", "normalization": "standard"}, {"column": "y", "normalization": "log1p"}],
-        "label": {"column": "l", "positive": "1", **({"negative": negative} if negative else {})},
-        "model": {"cls": "trillium.models:DNN"}, "training": {"batch_size": 4, "staleness_bound": 0,
-                                                             "dense_optimizer": {"name": "sgd"}},
-    })  # fmt: skip
+    job = JobConfig.model_validate(
+        {
+            "name": "cells",
+            "data": {"source": "csv", "train": "/nonexistent.csv"},
+            "slots": slots,
+            "tables": {"one": {"dim": 2}, "many": {"dim": 2}, "seq": {"dim": 2}},
+            "dense": [{"column": "x", "normalization": "standard"}, {"column": "y", "normalization": "log1p"}],
+            "label": {"column": "l", "positive": "1", **({"negative": negative} if negative else {})},
+            "model": {"cls": "trillium.models:DNN"},
+            "training": {"batch_size": 4, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}},
+        }
+    )
     rows = data.draw(st.integers(0, 12))
     columns = {c: data.draw(st.lists(_CELLS, min_size=rows, max_size=rows)) for c in ("a", "b", "x", "y")}
     columns["l"] = data.draw(st.lists(st.sampled_from([None, "", "0", "1", "2"]), min_size=rows, max_size=rows))

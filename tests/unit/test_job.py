@@ -42,9 +42,15 @@ def test_shipped_jobs_load_with_paths_next_to_the_yaml(path: Path) -> None:
 def test_adult_job_matches_persia_example() -> None:
     job = load_job(ADULT_JOB)
     assert [s.name for s in job.slots] == [
-        "workclass", "education", "marital_status", "occupation", "relationship", "race", "sex",
+        "workclass",
+        "education",
+        "marital_status",
+        "occupation",
+        "relationship",
+        "race",
+        "sex",
         "native_country",
-    ]  # fmt: skip
+    ]
     assert job.embedding_dims == [8] * 8
     assert {t.optimizer.name for t in job.tables.values()} == {"adagrad"}
     assert {t.optimizer.lr for t in job.tables.values()} == {0.01}

@@ -35,10 +35,22 @@ def _version(store: ModelStore, version: int, base: int | None, step: int) -> Ve
     size, sha = parts.write_bytes(DENSE, f"dense {version}".encode())
     files.append(VersionFile(name=DENSE, bytes=size, sha256=sha))
     manifest = VersionManifest(
-        model=store.model, version=version, job_id="job-1", attempt=0, step=step, epoch=0, cut_at=time.time(),
-        created_at=time.time(), kind="delta" if base is not None else "full", base=base,
-        parts=parts_name("job-1", 0, step), files=files, dtype="fp16", config=load_job(TINY_JOB), dense_stats={},
-    )  # fmt: skip
+        model=store.model,
+        version=version,
+        job_id="job-1",
+        attempt=0,
+        step=step,
+        epoch=0,
+        cut_at=time.time(),
+        created_at=time.time(),
+        kind="delta" if base is not None else "full",
+        base=base,
+        parts=parts_name("job-1", 0, step),
+        files=files,
+        dtype="fp16",
+        config=load_job(TINY_JOB),
+        dense_stats={},
+    )
     store.commit(manifest)
     return manifest
 

@@ -11,8 +11,7 @@ from trillium.data import load_job
 from trillium.job import JobConfig
 from trillium.runtime.autobound import MAX_BOUND
 from trillium.services.nn_worker.evaluate import score
-from trillium.services.nn_worker.feed import EpochEnd, GradientPusher, started
-from trillium.services.nn_worker.server import PREFETCH, prefetch
+from trillium.services.nn_worker.feed import PREFETCH, EpochEnd, GradientPusher, prefetch, started
 from trillium.stack import REPO_ROOT
 from trillium.wire.pb import embedding_pb2 as pb
 

@@ -53,15 +53,29 @@ def serve(
     st, token = _stack(run_dir)
     port, grpc_port = port or free_port(), grpc_port or free_port()
     env = dict(os.environ) | {
-        ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"], ENV_REDIS_URL: st["redis"]["url"],
-        ENV_COORDINATOR_URL: st["coordinator_url"], ENV_TOKEN: token, ENV_RUN_DIR: st["run_dir"],
+        ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"],
+        ENV_REDIS_URL: st["redis"]["url"],
+        ENV_COORDINATOR_URL: st["coordinator_url"],
+        ENV_TOKEN: token,
+        ENV_RUN_DIR: st["run_dir"],
         ENV_SERVING_MODEL: model,
-    }  # fmt: skip
+    }
     if version is not None:
         env[ENV_SERVING_VERSION] = str(version)
     console.print(f"serving {model} at http://{host}:{port} (grpc {host}:{grpc_port}); Ctrl-C stops it")
-    argv = [sys.executable, "-m", "trillium.services.serving", "--index", str(port), "--host", host,
-            "--http-port", str(port), "--grpc-port", str(grpc_port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trillium.services.serving",
+        "--index",
+        str(port),
+        "--host",
+        host,
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
     os.execvpe(argv[0], argv, env)
 
 
@@ -109,9 +123,18 @@ def models(
     for v in views:
         rows = sum(t["rows"] for t in v["tables"].values())
         lag = f"{v['freshness_lag_seconds']:.1f}s" if v.get("freshness_lag_seconds") is not None else ""
-        table.add_row(v["replica"], v["model"], str(v["version"] or v.get("error") or ""), str(v["step"] or ""),
-                      v["kind"] or "", str(v["pinned"] or ""), _ago(v["created_at"]), lag, f"{rows:,}",
-                      f"{v['bytes']:,}")  # fmt: skip
+        table.add_row(
+            v["replica"],
+            v["model"],
+            str(v["version"] or v.get("error") or ""),
+            str(v["step"] or ""),
+            v["kind"] or "",
+            str(v["pinned"] or ""),
+            _ago(v["created_at"]),
+            lag,
+            f"{rows:,}",
+            f"{v['bytes']:,}",
+        )
         for refusal in v["refused"][-3:]:
             console.print(Text.assemble(("refused ", "red"), f"version {refusal['version']}: {refusal['reason']}"))
     console.print(table)

@@ -14,10 +14,22 @@ from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Strict
 
 # adult.names order; the label column is named as in the data set's SOURCE.md.
 ADULT_COLUMNS: tuple[str, ...] = (
-    "age", "workclass", "fnlwgt", "education", "education_num", "marital_status", "occupation",
-    "relationship", "race", "sex", "capital_gain", "capital_loss", "hours_per_week",
-    "native_country", "income_bracket",
-)  # fmt: skip
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education_num",
+    "marital_status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital_gain",
+    "capital_loss",
+    "hours_per_week",
+    "native_country",
+    "income_bracket",
+)
 CRITEO_COLUMNS: tuple[str, ...] = (
     "label",
     *(f"I{i}" for i in range(1, 14)),
