@@ -39,7 +39,7 @@ class Coordinator(Service):
     def add_routes(self, app: FastAPI) -> None:
         app.description = (
             "Job control, live state and metrics of a Trillium stack. Every /v1 route needs "
-            "`Authorization: Bearer <token>`; /healthz, /readyz and /metrics do not."
+            "`Authorization: Bearer <token>`; /healthz and /readyz (up, ready: nothing more) do not."
         )
         app.add_middleware(BodyLimit)
         add_api(app, self)

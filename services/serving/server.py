@@ -113,7 +113,7 @@ class ServingReplica(Service):
     def add_routes(self, app: FastAPI) -> None:
         app.description = (
             "Predictions from the models a Trillium stack trains. Every /v1 route needs "
-            "`Authorization: Bearer <token>`; /healthz and /readyz do not."
+            "`Authorization: Bearer <token>`; /healthz and /readyz (up, ready: nothing more) do not."
         )
         app.add_middleware(BodyLimit, limit=self.settings.serving_max_body_bytes)
         app.state.replica = self

@@ -48,10 +48,11 @@ def test_every_v1_route_needs_the_token(api_stack, headers) -> None:
             assert r.headers["www-authenticate"] == "Bearer"
 
 
-def test_only_health_answers_without_the_token(api_stack) -> None:
-    for path in ("/healthz", "/readyz"):
-        assert httpx.get(api_stack.url + path).status_code == 200, path
-    for path in ("/metrics", "/openapi.json", "/docs"):
+def test_only_health_answers_without_the_token_and_says_only_up_or_ready(api_stack) -> None:
+    assert httpx.get(api_stack.url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(api_stack.url + "/readyz").json() == {"ready": True}
+    assert api_stack.http.get(api_stack.url + "/status").json()["role"] == "coordinator"  # the rest, with the token
+    for path in ("/status", "/metrics", "/openapi.json", "/docs"):
         anonymous = httpx.get(api_stack.url + path)
         assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer", path
         assert api_stack.http.get(api_stack.url + path).status_code == 200, path

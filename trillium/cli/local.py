@@ -93,6 +93,8 @@ def status(
         "kafka", st["kafka"]["bootstrap"], "external" if st["kafka"]["external"] else "", "", ok(st["kafka"]["ok"])
     )
     table.add_row("redis", st["redis"]["url"], "external" if st["redis"]["external"] else "", "", ok(st["redis"]["ok"]))
+    if store := st.get("object_store"):
+        table.add_row("object store", f"{store['url']} at {store['endpoint']}", "", "", ok(store["ok"]))
     for proc in st["processes"]:
         if proc.get("http_url"):
             endpoint = proc["http_url"] + (f"  grpc {proc['grpc_address']}" if proc.get("grpc_address") else "")

@@ -362,7 +362,13 @@ class Service:
         authorized = [Depends(self.require_token)]
 
         @app.get("/healthz", tags=["health"])
-        async def healthz() -> dict[str, Any]:
+        async def healthz() -> dict[str, str]:
+            """Up (`ok`) or still starting; nothing more without the token (`/status`)."""
+            return {"status": self.health_report()["status"]}
+
+        @app.get("/status", tags=["health"], dependencies=authorized)
+        async def status_report() -> dict[str, Any]:
+            """What this process is and does: its job, attempt, parts written, tables."""
             return self.health_report()
 
         @app.get("/readyz", tags=["health"])

@@ -148,16 +148,34 @@ async def _probe(st: dict[str, Any]) -> dict[str, Any]:
             return {"ok": False, "error": str(exc)}
 
     async def health(client: httpx.AsyncClient, proc: dict[str, Any]) -> dict[str, Any]:
+        """Its /healthz, and what it says of itself behind the token (/status)."""
         try:
-            r = await client.get(f"{proc['http_url']}/healthz")
-            return {"ok": r.status_code == 200 and r.json().get("status") == "ok", **r.json()}
+            up = await client.get(f"{proc['http_url']}/healthz")
+            ok = up.status_code == 200 and up.json().get("status") == "ok"
+            r = await client.get(f"{proc['http_url']}/status", headers=auth)
+            return {"ok": ok, **(r.json() if r.status_code == 200 else {"error": f"/status: HTTP {r.status_code}"})}
         except (httpx.HTTPError, ValueError) as exc:
             return {"ok": False, "error": str(exc)}
 
+    async def store(client: httpx.AsyncClient) -> dict[str, Any] | None:
+        if not st.get("object_store"):
+            return None
+        try:  # any answer: S3 refuses an unsigned request
+            await client.get(st["object_store"]["endpoint"])
+            return {"ok": True}
+        except httpx.HTTPError as exc:
+            return {"ok": False, "error": str(exc)}
+
     services = [p for p in st["processes"] if p.get("http_port")]
+    auth = {"Authorization": f"Bearer {read_token(Path(st['run_dir']))}"} if services else {}
     async with httpx.AsyncClient(timeout=3.0) as client:
-        k, r, *h = await asyncio.gather(kafka(), redis(), *(health(client, p) for p in services))
-    return {"kafka": k, "redis": r, "services": dict(zip((p["name"] for p in services), h, strict=True))}
+        k, r, o, *h = await asyncio.gather(kafka(), redis(), store(client), *(health(client, p) for p in services))
+    return {
+        "kafka": k,
+        "redis": r,
+        "object_store": o,
+        "services": dict(zip((p["name"] for p in services), h, strict=True)),
+    }
 
 
 def status(run_dir: Path) -> dict[str, Any]:
@@ -173,6 +191,8 @@ def status(run_dir: Path) -> dict[str, Any]:
     probes = asyncio.run(_probe(st))
     st["kafka"].update(probes["kafka"])
     st["redis"].update(probes["redis"])
+    if probes["object_store"] is not None:
+        st["object_store"].update(probes["object_store"])
     for proc in st["processes"]:
         if proc["name"] in probes["services"]:
             proc["health"] = probes["services"][proc["name"]]
@@ -186,6 +206,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         st["phase"] == "running"
         and probes["kafka"]["ok"]
         and probes["redis"]["ok"]
+        and (probes["object_store"] or {"ok": True})["ok"]
         and all(h["ok"] for h in probes["services"].values())
     )
     return st

@@ -55,7 +55,7 @@ def proc(run_dir: Path, address: str, port: int, log: str) -> Proc:
     argv = [str(binary()), "--port", f"{address}:{port}", "--region", REGION, "posix", str(data)]
     # The keys by environment, not argv: /proc/<pid>/cmdline is readable by every user.
     env = {"ROOT_ACCESS_KEY_ID": keys["access_key"], "ROOT_SECRET_ACCESS_KEY": keys["secret_key"]}
-    return Proc(HOST, HOST, argv, log=log, http_port=port, env=env, address=address)
+    return Proc(HOST, HOST, argv, log=log, env=env, address=address)
 
 
 def client_env(run_dir: Path, endpoint: str) -> dict[str, str]:
