@@ -8,6 +8,7 @@ clusters. A bad value fails at start with a message naming the field.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import quote, urlsplit
@@ -71,13 +72,27 @@ class ConfigError(ValueError):
     """A configuration value is missing or invalid; the message names the field."""
 
 
+# A field whose name holds one of these is a secret: its value is never echoed.
+SECRET_WORDS = ("token", "password", "secret", "credential")
+_URL_PASSWORD = re.compile(r"(?<=://)([^/@\s:]*):[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URL in it (`scheme://user:password@host`) as `***`."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
 def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per bad field: `field.path: problem (got value)`."""
+    """One line per bad field: `field.path: problem (got value)`, a secret's value withheld and a
+    URL's password masked, so that the message can go to a log."""
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
-        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-        lines.append(f"{prefix}{field}: {e['msg']}{got}")
+        got = ""
+        if "input" in e and not isinstance(e["input"], dict):
+            secret = any(word in str(e["loc"][-1]).lower() for word in SECRET_WORDS) if e["loc"] else False
+            got = " (its value withheld: a secret)" if secret else f" (got {redact(repr(e['input']))})"
+        lines.append(f"{prefix}{field}: {redact(e['msg'])}{got}")
     return "\n".join(lines)
 
 

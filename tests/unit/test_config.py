@@ -3,11 +3,14 @@ variable it came from."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis
 
 from trillium import config
 from trillium.config import ConfigError, KafkaConnection, ServiceSettings
+from trillium.wire.state import wait_for_redis
 
 BASE = {
     config.ENV_KAFKA_BOOTSTRAP: "kafka:9092",
@@ -91,3 +94,29 @@ def test_threads_come_from_the_environment_and_a_bad_count_names_its_variable(en
     env.setenv(config.ENV_THREADS, "0")
     with pytest.raises(ConfigError, match=r"threads: .*\(from TRILLIUM_THREADS\)"):
         _settings()
+
+
+def test_no_error_echoes_a_secret(env) -> None:
+    env.setenv(config.ENV_TOKEN, "short-token")  # under 16 characters: refused
+    with pytest.raises(ConfigError, match="token: .*16 characters") as refused:
+        _settings()
+    assert "short-token" not in str(refused.value) and "withheld" in str(refused.value)
+    env.setenv(config.ENV_TOKEN, "t" * 24)
+    env.setenv(config.ENV_REDIS_URL, "http://trillium:hunter2-redis@redis:6379/0")  # the wrong scheme
+    with pytest.raises(ConfigError, match="redis_url: .*redis://") as refused:
+        _settings()
+    assert "hunter2" not in str(refused.value) and "trillium:***@redis:6379" in str(refused.value)
+    env.setenv(config.ENV_REDIS_URL, "redis://trillium@redis:6379/0")
+    env.setenv(config.ENV_KAFKA_SECURITY_PROTOCOL, "SASL_PLAINTEXT")
+    env.setenv(config.ENV_KAFKA_USERNAME, "trillium")
+    env.setenv(config.ENV_KAFKA_PASSWORD, "hunter2-kafka")
+    env.setenv(config.ENV_KAFKA_SASL_MECHANISM, "MD5")  # no such mechanism
+    with pytest.raises(ConfigError, match="kafka.sasl_mechanism") as refused:
+        _settings()
+    assert "hunter2" not in str(refused.value)
+
+
+def test_a_redis_that_does_not_answer_is_named_without_its_password() -> None:
+    with pytest.raises(redis.exceptions.TimeoutError) as refused:
+        asyncio.run(wait_for_redis("redis://trillium:hunter2@127.0.0.1:1/0", timeout_s=0.3))
+    assert "hunter2" not in str(refused.value) and "trillium:***@127.0.0.1:1" in str(refused.value)

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trillium import stack
-from trillium.config import StackTopology
+from trillium.config import StackTopology, redact
 
 from .app import RunDir, app, console, fail, run_dir_of
 
@@ -59,7 +59,7 @@ def up(
             fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
     console.print(
-        f"  kafka     {st['kafka']['bootstrap']}\n  redis     {st['redis']['url']}\n"
+        f"  kafka     {st['kafka']['bootstrap']}\n  redis     {redact(st['redis']['url'])}\n"
         f"  coordinator {st['coordinator_url']}"
     )
     if store := st.get("object_store"):
@@ -77,7 +77,7 @@ def status(
     """Show every endpoint and each part's health (exit code 1 unless all are healthy)."""
     st = stack.status(run_dir_of(run_dir))
     if as_json:
-        print(json.dumps(st, indent=2))
+        print(redact(json.dumps(st, indent=2)))
         raise typer.Exit(0 if st["healthy"] else 1)
     if st["phase"] in ("not running", "dead"):
         console.print(f"no stack running in {st['run_dir']} ({st['phase']})")
@@ -92,7 +92,9 @@ def status(
     table.add_row(
         "kafka", st["kafka"]["bootstrap"], "external" if st["kafka"]["external"] else "", "", ok(st["kafka"]["ok"])
     )
-    table.add_row("redis", st["redis"]["url"], "external" if st["redis"]["external"] else "", "", ok(st["redis"]["ok"]))
+    table.add_row(
+        "redis", redact(st["redis"]["url"]), "external" if st["redis"]["external"] else "", "", ok(st["redis"]["ok"])
+    )
     if store := st.get("object_store"):
         table.add_row("object store", f"{store['url']} at {store['endpoint']}", "", "", ok(store["ok"]))
     for proc in st["processes"]:

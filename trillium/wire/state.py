@@ -11,6 +11,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
+from trillium.config import redact
 from trillium.timeouts import REDIS_SOCKET_S
 
 # A restarted Redis (AOF persistence: nothing acknowledged is lost) is back within seconds;
@@ -89,4 +90,4 @@ async def wait_for_redis(url: str, timeout_s: float = 30.0) -> None:
         finally:
             await client.aclose()
         await asyncio.sleep(0.2)
-    raise TimeoutError(f"Redis at {url} did not answer PING in {timeout_s:.0f}s: {last}")
+    raise TimeoutError(f"Redis at {redact(url)} did not answer PING in {timeout_s:.0f}s: {last}")
