@@ -160,6 +160,21 @@ class KafkaConnection(BaseModel):
     def secured(self) -> bool:
         return self.security_protocol != "PLAINTEXT"
 
+    def for_brokers(self, bootstrap: str | None) -> KafkaConnection:
+        """The connection to the brokers a job names: this one when they are ours (or none are
+        named); else one with no credentials of ours, TLS kept where ours has it: a job file that
+        names any host must not have the stack's password sent there."""
+        if bootstrap is None or _brokers(bootstrap) == _brokers(self.bootstrap):
+            return self
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        return KafkaConnection(
+            bootstrap=bootstrap, security_protocol="SSL" if tls else "PLAINTEXT", ca_file=self.ca_file if tls else None
+        )
+
+
+def _brokers(bootstrap: str) -> set[str]:
+    return {b.strip().lower() for b in bootstrap.split(",") if b.strip()}
+
 
 class GrpcTls(BaseModel):
     """TLS for every gRPC server and channel of a process: its own certificate and key, and the CA

@@ -218,8 +218,7 @@ class StreamLoader:
 
     # ---- the loop ------------------------------------------------------------------------------------
     def _input_connection(self):
-        conn = self.service.settings.kafka
-        return conn.model_copy(update={"bootstrap": self.data.bootstrap}) if self.data.bootstrap else conn
+        return self.service.settings.kafka.for_brokers(self.data.bootstrap)
 
     async def _partitions(self, consumer) -> list[TopicPartition]:
         counts = {}

@@ -120,3 +120,27 @@ def test_a_redis_that_does_not_answer_is_named_without_its_password() -> None:
     with pytest.raises(redis.exceptions.TimeoutError) as refused:
         asyncio.run(wait_for_redis("redis://trillium:hunter2@127.0.0.1:1/0", timeout_s=0.3))
     assert "hunter2" not in str(refused.value) and "trillium:***@127.0.0.1:1" in str(refused.value)
+
+
+def test_the_stacks_kafka_credentials_go_to_its_own_brokers_only(env, tmp_path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    ours = KafkaConnection(
+        bootstrap="kafka-0:9093,kafka-1:9093",
+        security_protocol="SASL_SSL",
+        username="trillium",
+        password="hunter2",
+        ca_file=ca,
+    )
+    assert ours.for_brokers(None) is ours
+    assert ours.for_brokers(" KAFKA-1:9093,kafka-0:9093") is ours  # the same brokers, named otherwise
+    theirs = ours.for_brokers("evil.example:9093")
+    assert (theirs.bootstrap, theirs.security_protocol, theirs.username, theirs.password) == (
+        "evil.example:9093",
+        "SSL",
+        None,
+        None,
+    )
+    assert theirs.ca_file == ca  # TLS kept, verified against our CA
+    plain = KafkaConnection(bootstrap="kafka:9092", security_protocol="SASL_PLAINTEXT", username="u", password="p")
+    assert plain.for_brokers("other:9092").security_protocol == "PLAINTEXT"
