@@ -42,6 +42,7 @@ import trillium_native
 from trillium import stack
 from trillium.config import StackTopology
 from trillium.job import JobConfig
+from trillium.job.trust import ENV_ALLOWED_PATHS
 from trillium.models import build_dense_optimizer, build_model
 from trillium.runtime.checkpoint import DENSE, JobCheckpoints, Manifest, PartFile, ps_file
 from trillium.stack.client import CoordinatorClient
@@ -198,6 +199,7 @@ def main() -> None:
         checkpoint={"every_seconds": 10.0, "keep_last": 1, "dir": str(base)},
     )
     run_dir = Path(tmp) / "stack"
+    os.environ.setdefault(ENV_ALLOWED_PATHS, tmp)  # its checkpoints live beside the stack, not in it
     stack.up(run_dir, TOPOLOGY)
     try:
         print("training without checkpoints", file=sys.stderr)

@@ -56,6 +56,7 @@ from jobs import criteo_layout_job  # bench/jobs.py: the script's own folder is 
 from trillium import stack
 from trillium.config import GRPC_MAX_MESSAGE_BYTES, StackTopology
 from trillium.job import JobConfig
+from trillium.job.trust import ENV_ALLOWED_PATHS
 from trillium.stack.broker import ENV_KAFKA_HEAP
 from trillium.stack.client import CoordinatorClient
 
@@ -332,6 +333,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trillium-scale-") as tmp:
         spill = args.spill or Path(tmp) / "spill"
         tier = {"memory_budget_gb": budget_gb, "disk": str(spill)}
+        os.environ.setdefault(ENV_ALLOWED_PATHS, f"{tmp},{spill}")  # the stacks' run directories and the spill
         shape = (args.dim, args.zipf, args.rows_per_id)
         result: dict[str, Any] = {
             "machine_cores": os.cpu_count(),

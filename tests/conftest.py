@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -10,6 +11,7 @@ import pytest
 
 from trillium import stack
 from trillium.config import KafkaConnection
+from trillium.job.trust import ENV_ALLOWED_PATHS
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,15 @@ class Infra:
         worker registry."""
         parts = urlsplit(self.redis_url)
         return parts._replace(path=f"/{db}").geturl()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def allowed_paths(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every stack of the tests lets jobs keep state under pytest's temporary directories (their
+    run directories, spill directories) and read the checkpoint fixtures of tests/data; a test
+    of the limit itself names a path outside them."""
+    roots = [str(tmp_path_factory.getbasetemp()), str(stack.REPO_ROOT / "tests" / "data"), "s3://trillium"]
+    os.environ.setdefault(ENV_ALLOWED_PATHS, ",".join(roots))
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ from trillium.job import (
     JobConfig,
     ModelSpec,
 )
+from trillium.job.trust import check_model_module
 
 __all__ = ["DNN", "SlotTensors", "build_dense_optimizer", "build_model", "load_model", "logits"]
 
@@ -101,7 +102,9 @@ def logits(model: nn.Module, dense: Tensor, embeddings: list[Tensor], bf16: bool
 
 def load_model(spec: ModelSpec) -> nn.Module:
     """Import `spec.cls` (`"package.module:Class"`, never evaluated) and build it with
-    `spec.kwargs`. A `ValueError` names the spec when it cannot be resolved or built."""
+    `spec.kwargs`. A `ValueError` names the spec when its module is not one the operator allows
+    (`trillium.job.trust`), or when it cannot be resolved or built."""
+    check_model_module(spec.cls)  # before the import: importing a module runs it
     module_name, _, attr = spec.cls.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from trillium.job import JobConfig
 from trillium.job.record import ACTIVE, IllegalTransition, JobRecord
+from trillium.job.trust import PathRoots, check_model_module
 from trillium.runtime.progress import JobProgress
 from trillium.wire import state
 
@@ -238,6 +239,22 @@ def _absolute_data_paths(config: JobConfig) -> None:
                 )
 
 
+def _trusted(config: JobConfig, roots: PathRoots) -> None:
+    """422 for model code or a location the operator does not allow (trillium.job.trust)."""
+    errors = [
+        {"type": "value_error", "loc": ("body", *where), "input": location, "msg": why}
+        for where, location, why in roots.refusals(config)
+    ]
+    try:
+        check_model_module(config.model.cls)
+    except ValueError as err:
+        errors.append(
+            {"type": "value_error", "loc": ("body", "model", "cls"), "input": config.model.cls, "msg": str(err)}
+        )
+    if errors:
+        raise RequestValidationError(errors)
+
+
 async def _job_media_type(request: Request) -> None:
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if media not in ("application/json", *YAML_TYPES):
@@ -313,6 +330,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         """Submit a job: the job file's schema, as JSON or YAML (`Content-Type:
         application/yaml`). Data paths must be absolute. 409 while another job is active."""
         _absolute_data_paths(config)
+        _trusted(config, PathRoots.from_env(coord.settings.run_dir))
         return await coord.jobs.create(config)
 
     @v1.get("/jobs", response_model=list[JobRecord], tags=["jobs"])

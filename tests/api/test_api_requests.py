@@ -138,6 +138,42 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
     )
 
 
+def test_a_job_may_keep_state_and_import_code_only_where_the_operator_allows(api_stack, tiny_job) -> None:
+    """TRILLIUM_ALLOWED_PATHS (here: pytest's temporary directories) and TRILLIUM_MODEL_MODULES
+    (the default: trillium.models, examples); a name that becomes a path is one component."""
+    good = _job_json(tiny_job)
+    stored = len(api_stack.http.get("/jobs").json())
+    outside = {
+        ("checkpoint", "dir"): "/etc/trillium",
+        ("publish", "dir"): "s3://someone-elses-bucket/models",
+        ("init_from", "dir"): "/root",
+    }
+    for (section, field), location in outside.items():
+        job = json.loads(json.dumps(good))
+        job[section] = (job.get(section) or {}) | {field: location}
+        if section == "init_from":
+            job[section]["job"] = "earlier-1a2b3c4d"
+        r = api_stack.http.post("/jobs", json=job)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", section, field] and "TRILLIUM_ALLOWED_PATHS" in r.text
+    spill = json.loads(json.dumps(good))
+    table = next(iter(spill["tables"]))
+    spill["tables"][table] |= {"memory_budget_gb": 0.5, "disk": "/var/lib/../../etc"}
+    r = api_stack.http.post("/jobs", json=spill)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "tables", table, "disk"], r.text
+
+    code = json.loads(json.dumps(good))
+    code["model"]["cls"] = "subprocess:Popen"
+    r = api_stack.http.post("/jobs", json=code)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "model", "cls"], r.text
+    assert "TRILLIUM_MODEL_MODULES" in r.text
+
+    escape = json.loads(json.dumps(good)) | {"init_from": {"job": "../../etc"}}
+    r = api_stack.http.post("/jobs", json=escape)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "init_from", "job"], r.text
+    assert len(api_stack.http.get("/jobs").json()) == stored, "a refused job was stored"
+
+
 def test_bodies_over_1_mib_are_413(api_stack) -> None:
     http = api_stack.http
     just_fits = b" " * (LIMIT - 2) + b"{}"  # whitespace-padded JSON: read, parsed, found invalid

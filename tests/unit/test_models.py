@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from trillium.job import DenseAdagrad, DenseAdam, DenseSgd, ModelSpec
+from trillium.job.trust import ENV_MODEL_MODULES
 from trillium.models import DNN, build_dense_optimizer, load_model
 
 
@@ -40,7 +41,8 @@ def test_load_model() -> None:
         ("trillium.models:DNN", {"num_dense": 2}, "cannot build it with"),
     ],
 )
-def test_bad_model_spec_is_named(cls: str, kwargs: dict, message: str) -> None:
+def test_bad_model_spec_is_named(cls: str, kwargs: dict, message: str, monkeypatch) -> None:
+    monkeypatch.setenv(ENV_MODEL_MODULES, "trillium,collections")  # past the trust check (test_trust.py)
     with pytest.raises(ValueError, match=message) as info:
         load_model(ModelSpec(cls=cls, kwargs=kwargs))
     assert repr(cls) in str(info.value)

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trillium.config import GRPC_MAX_MESSAGE_BYTES, RoleCounts
 
-from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Probability, Strict
+from .base import NAME_PATTERN, NonNegativeFloat, PositiveFloat, PositiveInt, Probability, Strict
 from .data import ColumnSplit, DataConfig, KafkaData
 from .tables import TableConfig
 
@@ -193,7 +193,7 @@ class PublishConfig(Strict):
     weights. Replicas serve the newest; `keep_last` versions stay to roll back to.
     """
 
-    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)] | None = None  # default: name
+    model: Annotated[str, Field(pattern=NAME_PATTERN, max_length=128)] | None = None  # default: name
     every_seconds: PositiveFloat | None = 5.0
     at_checkpoints: bool = False
     full_every: PositiveInt = 100
@@ -236,13 +236,13 @@ class InitFrom(Strict):
     """A warm start: the embedding tables (resharded to this job's PS shards) and the dense model
     and optimizer of another job's checkpoint. Nothing of its input position is taken."""
 
-    job: Annotated[str, Field(min_length=1)]
+    job: Annotated[str, Field(pattern=NAME_PATTERN, max_length=160)]  # a job id: it names a directory
     step: Annotated[int, Field(ge=0)] | None = None  # null: its latest complete checkpoint
     dir: Annotated[str, Field(min_length=1)] | None = None  # where it is, if not this job's checkpoint dir
 
 
 class JobConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=128)]
     data: DataConfig
     slots: Annotated[list[FeatureSlot], Field(min_length=1)]
     tables: Annotated[dict[str, TableConfig], Field(min_length=1)]

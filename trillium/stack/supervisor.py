@@ -39,6 +39,7 @@ from trillium.config import (
     StackTopology,
     default_run_dir,
 )
+from trillium.job.trust import ENV_ALLOWED_PATHS
 from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
 
@@ -302,6 +303,8 @@ class Supervisor:
         }
         if store := self.object_store_public:
             env |= object_store.client_env(self.run_dir, store["endpoint"])
+            if ENV_ALLOWED_PATHS not in os.environ:  # jobs may keep their state in it, as in the run directory
+                env[ENV_ALLOWED_PATHS] = f"{self.run_dir},{store['url']}"
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
             env[ENV_THREADS] = str(self.compute_threads())
         return Proc(

@@ -1,0 +1,94 @@
+"""What a job file may make the stack do, as the operator allows it.
+
+Who may submit a job may run the model code it names and may have the stack write where it says:
+a job is trusted code within the limits set here. The limits come from the environment of the
+process that acts on them (the coordinator when it accepts a job, every process that imports a
+model), not from the job:
+
+- `TRILLIUM_MODEL_MODULES`: the module prefixes `model.cls` may import from, comma-separated
+  (default `trillium.models,examples`). A module is allowed when it is one of them or inside one.
+  The check comes before the import: importing a module runs it.
+- `TRILLIUM_ALLOWED_PATHS`: the roots, comma-separated, under which a job may keep its state:
+  `checkpoint.dir`, `publish.dir`, `init_from.dir` and each table's `disk` (default: the run
+  directory). A root is a directory or a URL prefix (`s3://bucket/prefix`); a path is inside one
+  after `..` and symbolic links are resolved.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .schema import JobConfig
+
+ENV_MODEL_MODULES = "TRILLIUM_MODEL_MODULES"
+ENV_ALLOWED_PATHS = "TRILLIUM_ALLOWED_PATHS"
+DEFAULT_MODEL_MODULES = ("trillium.models", "examples")
+
+
+def _listed(value: str | None) -> tuple[str, ...]:
+    return tuple(item.strip() for item in (value or "").split(",") if item.strip())
+
+
+def model_modules() -> tuple[str, ...]:
+    return _listed(os.environ.get(ENV_MODEL_MODULES)) or DEFAULT_MODEL_MODULES
+
+
+def check_model_module(cls: str) -> None:
+    """ValueError unless the module of `cls` ("package.module:Class") is one the operator allows."""
+    module = cls.partition(":")[0]
+    allowed = model_modules()
+    if not any(module == prefix or module.startswith(prefix + ".") for prefix in allowed):
+        raise ValueError(
+            f"model {cls!r}: module {module!r} is not one this stack may import "
+            f"({ENV_MODEL_MODULES}={','.join(allowed)})"
+        )
+
+
+@dataclass(frozen=True)
+class PathRoots:
+    """Where a job may keep its state (see the module's docstring)."""
+
+    roots: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls, run_dir: Path) -> PathRoots:
+        return cls(_listed(os.environ.get(ENV_ALLOWED_PATHS)) or (str(run_dir),))
+
+    def allows(self, location: str) -> bool:
+        if "://" in location:
+            return any("://" in root and _inside_url(location, root) for root in self.roots)
+        path = os.path.realpath(location)
+        return any(
+            "://" not in root and os.path.commonpath([path, os.path.realpath(root)]) == os.path.realpath(root)
+            for root in self.roots
+        )
+
+    def refusals(self, config: JobConfig) -> Iterator[tuple[tuple[str | int, ...], str, str]]:
+        """(where in the job, the location, why) for each location outside every root."""
+        for where, location in _locations(config):
+            if not self.allows(location):
+                yield (
+                    where,
+                    location,
+                    f"outside the roots this stack allows ({ENV_ALLOWED_PATHS}={','.join(self.roots)})",
+                )
+
+
+def _inside_url(location: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return (location == root or location.startswith(root + "/")) and "/../" not in location + "/"
+
+
+def _locations(config: JobConfig) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    if config.checkpoint is not None and config.checkpoint.dir:
+        yield ("checkpoint", "dir"), config.checkpoint.dir
+    if config.publish is not None and config.publish.dir:
+        yield ("publish", "dir"), config.publish.dir
+    if config.init_from is not None and config.init_from.dir:
+        yield ("init_from", "dir"), config.init_from.dir
+    for name, table in config.tables.items():
+        if table.disk:
+            yield ("tables", name, "disk"), table.disk
