@@ -55,7 +55,7 @@ from trillium.wire import codec, rpc, state
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
-from . import evaluate
+from . import evaluate, rendezvous
 from .embeddings import embeddings_of, gradients_request
 from .feed import EpochEnd, Feed, GradientPusher, prefetch
 from .step import Control, Placement, Trainer, choose_backend, local_placement
@@ -182,19 +182,21 @@ class NNWorker(Service):
                     master_listen_fd=listener.detach(),
                 ),
             )
-            await progress.set_rendezvous(f"{self.advertised_host}:{store.port}")
+            secret = rendezvous.new_secret()
+            await progress.set_rendezvous(f"{self.advertised_host}:{store.port}", secret)
         else:
             # Polls Redis, where rank 0 publishes the address: no event here tells us when.
-            while (address := await progress.rendezvous()) is None:  # noqa: ASYNC110
+            while (found := await progress.rendezvous()) is None:  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
+            address, secret = found
             host, port = address.rsplit(":", 1)
             store = await loop.run_in_executor(thread, dist.TCPStore, host, int(port), world, False, COLLECTIVE_TIMEOUT)
+        store = rendezvous.secured(store, secret)
         placement = self.placement
         assert placement is not None
 
         def join() -> Any:
-            store.set(f"device/{rank}", placement.ident)
-            idents = [store.get(f"device/{r}").decode() for r in range(world)]
+            idents = rendezvous.exchange_idents(store, rank, world, placement.ident)
             backend, why = choose_backend(idents)
             logger.info("collective backend", extra={"backend": backend, "why": why, "device": str(placement.device)})
             dist.init_process_group(

@@ -272,11 +272,16 @@ class JobProgress:
         return json.loads(raw) if raw else {}
 
     # ---- torch.distributed rendezvous -----------------------------------------------------
-    async def set_rendezvous(self, address: str) -> None:
-        await self.redis.set(self._rendezvous, address)
+    async def set_rendezvous(self, address: str, secret: str) -> None:
+        """Rank 0's store address, and the attempt's secret prefix of every key in it."""
+        await self.redis.set(self._rendezvous, json.dumps({"address": address, "secret": secret}))
 
-    async def rendezvous(self) -> str | None:
-        return await self.redis.get(self._rendezvous)
+    async def rendezvous(self) -> tuple[str, str] | None:
+        raw = await self.redis.get(self._rendezvous)
+        if raw is None:
+            return None
+        found = json.loads(raw)
+        return found["address"], found["secret"]
 
     async def delete(self) -> None:
         keys = [k async for k in self.redis.scan_iter(match=state.job_keys_pattern(self.job_id))]
