@@ -19,6 +19,7 @@ import functools
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -78,6 +79,61 @@ class _RequireToken(grpc.aio.ServerInterceptor):
         return self._deny_stream if handler.request_streaming else self._deny_unary
 
 
+@dataclass(frozen=True)
+class _Malformed:
+    """A request whose bytes are no message of the method's type."""
+
+    why: str
+
+
+class _RefuseMalformed(grpc.aio.ServerInterceptor):
+    """A request that does not parse is answered INVALID_ARGUMENT naming the method, where gRPC
+    would answer INTERNAL ("Exception deserializing request"), a status a caller cannot tell from
+    the server's own failure."""
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse, method = handler.request_deserializer, details.method
+
+        def lenient(raw: bytes) -> Any:
+            try:
+                return parse(raw)
+            except Exception as err:  # noqa: BLE001 (any parse failure is the caller's)
+                return _Malformed(f"{type(err).__name__}: {err}")
+
+        async def refuse(request: _Malformed, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse ({request.why})"
+            )
+
+        if not handler.request_streaming and not handler.response_streaming:
+            behavior = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                if isinstance(request, _Malformed):
+                    await refuse(request, context)
+                return await behavior(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(unary, lenient, handler.response_serializer)
+        if handler.request_streaming and handler.response_streaming:
+            behavior = handler.stream_stream
+
+            async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async def parsed() -> AsyncIterator[Any]:
+                    async for request in requests:
+                        if isinstance(request, _Malformed):
+                            await refuse(request, context)
+                        yield request
+
+                async for answer in behavior(parsed(), context):
+                    yield answer
+
+            return grpc.stream_stream_rpc_method_handler(stream, lenient, handler.response_serializer)
+        return handler
+
+
 class TokenChannel:
     """A grpc.aio channel whose every call carries the token in its metadata. Not a client
     interceptor: grpc.aio runs each intercepted call through extra tasks, a quarter more CPU per
@@ -119,8 +175,9 @@ def _read(path) -> bytes:
 async def serve(
     host: str, port: int, creds: GrpcCredentials, register: Callable[[grpc.aio.Server], None]
 ) -> grpc.aio.Server:
-    """Start a server on host:port with the servicers `register` adds; calls need the token."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[_RequireToken(creds)])
+    """Start a server on host:port with the servicers `register` adds; calls need the token, and
+    a request that does not parse is refused INVALID_ARGUMENT."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[_RequireToken(creds), _RefuseMalformed()])
     register(server)
     if creds.tls is None:
         server.add_insecure_port(f"{host}:{port}")

@@ -1,0 +1,166 @@
+"""Property-based fuzzing of a PS shard's gRPC surface (the servicer, the interceptors and the
+native store it serves, over a real server on loopback): bytes that are no protobuf, and
+protobufs whose fields disagree (counts against IDs, unknown tables, wrong dtypes, huge counts),
+are answered INVALID_ARGUMENT (or UNAVAILABLE, FAILED_PRECONDITION where they say so), never
+INTERNAL or UNKNOWN, and the shard answers a good lookup exactly as before, and as fast."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import trillium_native
+from trillium.config import GrpcCredentials
+from trillium.services.embedding_ps.server import _Servicer
+from trillium.stack.procs import free_port
+from trillium.wire import codec, rpc
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
+
+TOKEN = "the-stack-token-0123456789"
+DIM = 8
+SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingParameterServer"].full_name
+CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class Shard:
+    """What the servicer reads of its PS process: a real native store holding the table `t`."""
+
+    def __init__(self) -> None:
+        self.store = trillium_native.EmbeddingStore(threads=1)
+        self.store.create_table("t", DIM, seed=7)
+        self.disk_tier = False
+        self.settings = SimpleNamespace(index=0)
+        self.name = "embedding_ps-0"
+        self.failures: list[str] = []
+
+    def set_job_phase(self, phase: str, error: str | None = None) -> None:
+        self.failures.append(f"{phase}: {error}")
+
+
+@pytest.fixture(scope="module")
+def server():
+    shard, port, ready = Shard(), free_port(), threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def run() -> None:
+        register = lambda s: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(shard), s)  # noqa: E731
+        server = await rpc.serve("127.0.0.1", port, GrpcCredentials(token=TOKEN), register)
+        ready.set()
+        await server.wait_for_termination()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield shard, channel
+    channel.close()
+    # The server goes with the test process (its thread is a daemon): a stop() scheduled onto
+    # its loop from this thread never completed.
+
+
+METADATA = (("authorization", f"Bearer {TOKEN}"),)
+
+
+def lookup_raw(channel: grpc.Channel, payload: bytes) -> bytes:
+    call = channel.stream_stream(f"/{SERVICE}/Lookups")  # bytes in, bytes out
+    return next(iter(call(iter([payload]), metadata=METADATA, timeout=20)))
+
+
+def good_lookup(channel: grpc.Channel) -> np.ndarray:
+    request = pb.ShardLookupRequest(
+        tables=["t"], counts=[3], ids=pb.Array(data=codec.pack_array(np.arange(3, dtype=np.uint64)))
+    )
+    reply = pb.ShardLookupResponse.FromString(lookup_raw(channel, request.SerializeToString()))
+    return codec.unpack_array(reply.rows.data).reshape(3, DIM)
+
+
+def status_of(channel: grpc.Channel, payload: bytes) -> grpc.StatusCode:
+    try:
+        lookup_raw(channel, payload)
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+def test_bytes_that_are_no_request_are_invalid_argument(server) -> None:
+    _, channel = server
+    for garbage in (b"\xff" * 7, b"\x0a\xff\xff\xff\xff\x0f", bytes(range(256))):
+        assert status_of(channel, garbage) == grpc.StatusCode.INVALID_ARGUMENT, garbage
+    stats = channel.unary_unary(f"/{SERVICE}/Stats")
+    with pytest.raises(grpc.RpcError) as refused:
+        stats(b"\x0a\x05abc", metadata=METADATA, timeout=20)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "does not parse" in refused.value.details()
+
+
+ARRAYS = st.one_of(
+    st.binary(max_size=64),
+    st.builds(
+        lambda dtype, n: codec.pack_array(np.arange(n).astype(dtype)),
+        st.sampled_from(["uint64", "int64", "int32", "float32", "float16", "uint8"]),
+        st.integers(0, 40),
+    ),
+)
+
+
+@st.composite
+def nearly_good(draw) -> bytes:
+    """A lookup of the table `t` as an embedding worker sends one, one thing at a time changed
+    (or none): duplicate or extreme IDs, counts off by some, the table named twice."""
+    ids = draw(st.lists(st.integers(0, (1 << 64) - 1), max_size=50, unique=draw(st.booleans())))
+    tables, counts = ["t"], [len(ids)]
+    change = draw(st.sampled_from(["none", "count", "twice", "dtype"]))
+    if change == "count":
+        counts = [len(ids) + draw(st.sampled_from([-1, 1, 1 << 31]))]
+    elif change == "twice":
+        tables, counts = ["t", "t"], [len(ids) // 2, len(ids) - len(ids) // 2]
+    array = np.asarray(ids, dtype=np.uint64)
+    if change == "dtype":
+        array = array.astype(draw(st.sampled_from(["int64", "float64", "uint32"])))
+    return pb.ShardLookupRequest(
+        tables=tables,
+        counts=counts,
+        ids=pb.Array(data=codec.pack_array(array)),
+        row_dtype=draw(st.sampled_from(["", "float32", "float16"])),
+        read_only=draw(st.booleans()),
+    ).SerializeToString()
+
+
+RANDOM = st.builds(
+    lambda tables, counts, data, row_dtype, read_only: pb.ShardLookupRequest(
+        tables=tables, counts=counts, ids=pb.Array(data=data), row_dtype=row_dtype, read_only=read_only
+    ).SerializeToString(),
+    st.lists(st.sampled_from(["t", "u", "", "t\x00", "é"]), max_size=4),
+    st.lists(st.one_of(st.integers(-3, 50), st.sampled_from([-(1 << 63), (1 << 63) - 1, 1 << 40])), max_size=4),
+    ARRAYS,
+    st.sampled_from(["", "float32", "float16", "int8", "float64", "x" * 100]),
+    st.booleans(),
+)
+REQUESTS = st.one_of(nearly_good(), RANDOM)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=REQUESTS)
+def test_requests_whose_fields_disagree_are_refused_clearly(server, payload: bytes) -> None:
+    _, channel = server
+    code = status_of(channel, payload)
+    assert code == grpc.StatusCode.OK or code in CLEAR, code
+
+
+def test_the_shard_answers_as_before_and_as_fast_after_the_fuzzing(server) -> None:
+    shard, channel = server
+    before = good_lookup(channel)
+    started = time.perf_counter()
+    for _ in range(50):
+        np.testing.assert_array_equal(good_lookup(channel), before)
+    per_call = (time.perf_counter() - started) / 50
+    assert per_call < 0.05, f"a good lookup took {per_call * 1e3:.1f} ms after the fuzzing"
+    assert shard.failures == []  # nothing it was sent failed the shard's job
