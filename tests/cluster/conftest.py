@@ -11,11 +11,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from secrets_in_logs import assert_no_secret_in_logs
 from timeline import FAULT_EPOCHS, FAULTS, cluster_job
 
 from trillium import stack
 from trillium.config import StackTopology
 from trillium.job.record import ACTIVE
+from trillium.stack import object_store
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.links import Network
 
@@ -49,7 +51,9 @@ def cluster(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("cluster")
     stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, object_store=True)
     yield run_dir
+    keys = object_store.stack_env(stack.read_state(run_dir))
     stack.down(run_dir)
+    assert_no_secret_in_logs(run_dir, [stack.read_token(run_dir), keys["AWS_SECRET_ACCESS_KEY"]])
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_helpers import DATA
+from secrets_in_logs import assert_no_secret_in_logs
 
 from trillium import stack
 from trillium.config import StackTopology
@@ -28,6 +29,7 @@ def training_stack(infra, tmp_path_factory) -> Path:
     )
     yield run_dir
     stack.down(run_dir)
+    assert_no_secret_in_logs(run_dir, [stack.read_token(run_dir)])
 
 
 @pytest.fixture(autouse=True)
