@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import quote, urlsplit
 
+import httpx
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -315,6 +317,19 @@ class ServiceSettings(BaseModel):
     @property
     def grpc(self) -> GrpcCredentials:
         return GrpcCredentials(token=self.token, tls=self.grpc_tls)
+
+    @property
+    def http_scheme(self) -> str:
+        """With TLS configured, every listener speaks it: the HTTP ports too."""
+        return "https" if self.grpc_tls is not None else "http"
+
+    def http_client(self, timeout: float | httpx.Timeout) -> httpx.AsyncClient:
+        """A client of the stack's other services: the token on every call and, with TLS, their
+        certificates checked against the stack's CA."""
+        verify: ssl.SSLContext | bool = True
+        if self.grpc_tls is not None:
+            verify = ssl.create_default_context(cafile=str(self.grpc_tls.ca_file))
+        return httpx.AsyncClient(timeout=timeout, verify=verify, headers={"Authorization": f"Bearer {self.token}"})
 
     ENV: ClassVar[dict[str, str]] = {
         "redis_url": ENV_REDIS_URL,

@@ -111,15 +111,18 @@ class CheckpointInfo(BaseModel):
 
 class Checkpointer:
     def __init__(
-        self, redis: aioredis.Redis, registry: WorkerRegistry, jobs: JobStore, retention: TopicRetention, token: str
+        self,
+        redis: aioredis.Redis,
+        registry: WorkerRegistry,
+        jobs: JobStore,
+        retention: TopicRetention,
+        http: httpx.AsyncClient,
     ) -> None:
         self.redis = redis
         self.registry = registry
         self.jobs = jobs
         self.retention = retention
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(300.0, connect=5.0), headers={"Authorization": f"Bearer {token}"}
-        )
+        self.http = http  # the workers' HTTP ports: the token on every call, TLS checked when set
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._due: dict[tuple[str, int], float] = {}  # (job, attempt) -> when every_seconds asks next
         self._latest: dict[str, CheckpointInfo | None] = {}  # job -> newest complete checkpoint, once read

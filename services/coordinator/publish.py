@@ -81,15 +81,18 @@ class _Job:
 
 class Publisher:
     def __init__(
-        self, jobs: JobStore, registry: WorkerRegistry, kafka_conn: KafkaConnection, run_dir: Path, token: str
+        self,
+        jobs: JobStore,
+        registry: WorkerRegistry,
+        kafka_conn: KafkaConnection,
+        run_dir: Path,
+        http: httpx.AsyncClient,
     ) -> None:
         self.jobs = jobs
         self.registry = registry
         self.kafka = kafka_conn
         self.run_dir = run_dir
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=5.0), headers={"Authorization": f"Bearer {token}"}
-        )
+        self.http = http  # the workers' HTTP ports: the token on every call, TLS checked when set
         self._producer = None
         self._attempts: dict[tuple[str, int], _Job] = {}
         self._next_version: dict[str, int] = {}  # model -> the number its next version takes

@@ -10,6 +10,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+import httpx
 from fastapi import FastAPI
 
 from trillium.runtime.limits import BodyLimit
@@ -58,9 +59,16 @@ class Coordinator(Service):
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
         self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
         self.retention = TopicRetention(self.settings.kafka)
-        self.checkpointer = Checkpointer(self.redis, self.registry, self.jobs, self.retention, self.settings.token)
+        calls = self.settings.http_client
+        self.checkpointer = Checkpointer(
+            self.redis, self.registry, self.jobs, self.retention, calls(httpx.Timeout(300.0, connect=5.0))
+        )
         self.publisher = Publisher(
-            self.jobs, self.registry, self.settings.kafka, self.settings.run_dir, self.settings.token
+            self.jobs,
+            self.registry,
+            self.settings.kafka,
+            self.settings.run_dir,
+            calls(httpx.Timeout(60.0, connect=5.0)),
         )
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [

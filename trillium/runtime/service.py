@@ -112,9 +112,7 @@ class Service:
         self.ready = False
         self._stopping = asyncio.Event()
         # One client for every call to the coordinator: making one loads the CA bundle, 30 ms of CPU.
-        self.coordinator = httpx.AsyncClient(
-            timeout=COORDINATOR_CALL_S, headers={"Authorization": f"Bearer {settings.token}"}
-        )
+        self.coordinator = settings.http_client(COORDINATOR_CALL_S)
         self._heartbeat_now = asyncio.Event()
         self._job_heard = asyncio.Event()  # set whenever a heartbeat's answer updates `job`
         self.job: JobRecord | None = None  # the current job as last heard, state included
@@ -439,7 +437,7 @@ class Service:
             "name": self.name,
             "role": self.role,
             "index": self.settings.index,
-            "http_url": f"http://{self.advertised_host}:{self.settings.http_port}",
+            "http_url": f"{self.settings.http_scheme}://{self.advertised_host}:{self.settings.http_port}",
             "grpc_address": self.grpc_address,
             "pid": os.getpid(),
         }
@@ -529,6 +527,9 @@ class Service:
                 log_config=None,
                 lifespan="off",
                 access_log=False,
+                # With TLS configured, the HTTP port speaks only TLS (the token crosses no link in clear).
+                ssl_certfile=str(tls.cert_file) if (tls := self.settings.grpc_tls) else None,
+                ssl_keyfile=str(tls.key_file) if tls else None,
             )
         )
         http_task = asyncio.create_task(server.serve(), name="http")

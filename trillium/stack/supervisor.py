@@ -26,6 +26,7 @@ import httpx
 from trillium import log
 from trillium.config import (
     ENV_COORDINATOR_URL,
+    ENV_GRPC_TLS_CERT,
     ENV_KAFKA_BOOTSTRAP,
     ENV_KAFKA_SECURITY_PROTOCOL,
     ENV_REDIS_URL,
@@ -341,6 +342,10 @@ class Supervisor:
                 await asyncio.gather(*(self.wait_ready(p, lambda p=p: ready(p), 90) for p in group))
 
     async def start(self) -> None:
+        if os.environ.get(ENV_GRPC_TLS_CERT):
+            # The services would serve TLS on every port, which the launcher's probes and the CLI
+            # here do not speak yet: TLS is for a deployment's own certificates (compose, Kubernetes).
+            raise LauncherError(f"{ENV_GRPC_TLS_CERT} is set, but the local stack does not run TLS: unset it")
         await asyncio.to_thread(self.place.create)
         self.save()
         if not self.redis_external:
