@@ -27,6 +27,7 @@ from trillium.config import (
     ENV_TOKEN,
     EXIT_RESTART,
 )
+from trillium.stack import object_store
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.hosts import GRPC_PORT, HOST_IFNAME, HTTP_PORT
 from trillium.stack.links import Network
@@ -48,7 +49,7 @@ def _start(cluster, host, role: str, index: int) -> subprocess.Popen[bytes]:
         "GLOO_SOCKET_IFNAME": HOST_IFNAME,
         "PYTHONUNBUFFERED": "1",
         "PATH": "/usr/bin:/bin",
-    }
+    } | object_store.stack_env(st)
     service = [sys.executable, "-m", f"trillium.services.{role}", "--index", str(index), "--host", host.address]
     service += ["--http-port", str(HTTP_PORT), "--grpc-port", str(GRPC_PORT)]
     restarting = f"while {shlex.join(service)}; [ $? -eq {EXIT_RESTART} ]; do :; done"
