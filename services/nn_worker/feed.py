@@ -40,10 +40,11 @@ def prefetch(job: JobConfig, *, evaluation: bool) -> int:
     """How many lookups a feed keeps requested ahead of the step it hands out. Training: as many
     as its staleness bound lets run while a step trains (k of them answered, the next waiting at
     the embedding worker for a gradient), so that a long round trip is hidden as far as the bound
-    allows; `auto`, the most it may choose. Never past PREFETCH_BYTES of embeddings."""
+    allows; `auto`, the most it may choose; unbounded (asynchronous), PREFETCH. Never past
+    PREFETCH_BYTES of embeddings."""
     wanted = PREFETCH
-    if not evaluation:
-        bound = job.training.staleness_bound
+    bound = job.training.staleness_bound
+    if not evaluation and bound is not None:
         wanted = max(PREFETCH, (autobound.MAX_BOUND if bound == "auto" else bound) + 1)
     return max(1, min(wanted, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
 

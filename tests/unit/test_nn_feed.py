@@ -121,10 +121,11 @@ def test_a_wide_job_keeps_fewer_lookups_ahead_and_never_none() -> None:
 def test_training_keeps_as_many_lookups_ahead_as_the_bound_lets_run() -> None:
     adult = load_job(REPO_ROOT / "examples/adult/job.yaml")  # dim 8: 8 KiB a batch, no byte cap near
 
-    def bound(k: int | str) -> JobConfig:
+    def bound(k: int | str | None) -> JobConfig:
         return adult.model_copy(update={"training": adult.training.model_copy(update={"staleness_bound": k})})
 
     assert prefetch(bound(0), evaluation=False) == PREFETCH  # sync: the next ones wait at the embedding worker
+    assert prefetch(bound(None), evaluation=False) == PREFETCH  # asynchronous: no bound to size it by
     assert prefetch(bound(16), evaluation=False) == 17
     assert prefetch(bound("auto"), evaluation=False) == MAX_BOUND + 1
     assert prefetch(bound(16), evaluation=True) == PREFETCH  # evaluation waits for no gradient
