@@ -70,7 +70,13 @@ def test_serving_cut_off_from_kafka_and_the_store(cluster, network: Network, uni
     finally:
         client.close()
     timeline = Timeline(cluster, job_id)
-    wait_for(lambda: (replica.view()["version"] or 0) >= 2, "second version served", 120)
+
+    def second_version() -> bool:
+        if timeline.last_view is not None:
+            assert timeline.last_view["job"]["state"] != "failed", timeline.last_view["job"]["error"]
+        return (replica.view()["version"] or 0) >= 2
+
+    wait_for(second_version, "second version served", 120)
 
     served = replica.view()["version"]
     began = network.cut("serving-0", "kafka")
