@@ -4,6 +4,7 @@ with another) as UNAUTHENTICATED — over plaintext and over TLS."""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -119,11 +120,14 @@ def _start_ps(infra, run_dir: Path, tls: GrpcTls | None) -> tuple[subprocess.Pop
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # With TLS, its HTTP port speaks TLS too (test_rest_tls.py).
+    ready = f"{'https' if tls else 'http'}://127.0.0.1:{http_port}/readyz"
+    verify = ssl.create_default_context(cafile=str(tls.ca_file)) if tls else True
     deadline = time.monotonic() + 60
     while True:
         assert proc.poll() is None, f"embedding_ps exited with {proc.returncode}"
         try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/readyz").status_code == 200:
+            if httpx.get(ready, verify=verify).status_code == 200:
                 return proc, grpc_port
         except httpx.TransportError:
             pass
