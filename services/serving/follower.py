@@ -163,14 +163,18 @@ class ModelFollower:
                 self.state.store_unreachable_since = time.time()
                 logger.warning("model store unreachable", extra={"model": self.name, "error": str(err)})
             self.state.store_error = str(err)
-            return
+
+    def _store_answered(self) -> None:
+        """The store answered: it is reachable from now, whatever its versions hold."""
         if self.state.store_unreachable_since is not None:
             after_s = round(time.time() - self.state.store_unreachable_since, 1)
             logger.info("model store reachable again", extra={"model": self.name, "after_s": after_s})
         self.state.store_unreachable_since = self.state.store_error = None
 
     async def _catch_up(self) -> None:
-        versions = [v for v in await asyncio.to_thread(self.store.versions) if not self._refused(v)]
+        listed = await asyncio.to_thread(self.store.versions)
+        self._store_answered()  # before applying them: a version served is a store that answered
+        versions = [v for v in listed if not self._refused(v)]
         if self.served is None:
             # A replica starts at the newest version that loads: its chain brings the rest.
             for version in reversed(versions):

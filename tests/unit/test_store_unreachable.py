@@ -72,3 +72,13 @@ def test_a_replica_whose_store_is_away_refuses_nothing_and_says_since_when(store
     assert state.store_unreachable_since == since, "a failure after the first moved the time it began"
     assert state.refused == [] and follower.served is None
     assert "Could not connect" in (state.store_error or ""), state.store_error
+
+
+def test_a_store_that_answers_again_is_reachable_from_its_first_answer(tmp_path) -> None:
+    follower = ModelFollower(
+        ModelStore(str(tmp_path / "models"), "m"), "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), 1
+    )
+    follower.state.store_unreachable_since, follower.state.store_error = time.time() - 30, "Connect timeout"
+    asyncio.run(follower._read_store())  # an empty store: it answers, with no version
+    assert follower.state.store_unreachable_since is None and follower.state.store_error is None
+    assert follower.state.error == "no version published yet"
