@@ -18,6 +18,21 @@ if ! docker buildx version >/dev/null 2>&1; then
     { echo "images: BuildKit needed: install docker-buildx (or Debian's docker.io)" >&2; exit 1; }
   docker=(/usr/bin/docker)
 fi
+# Each image's layers are its wheels unpacked (torch's CUDA libraries: gigabytes). A build that runs
+# out of disk fails halfway inside pip with ENOSPC: say so first, in numbers, unless they are built.
+if ! docker image inspect trillium/full:dev >/dev/null 2>&1; then
+  need_mb=$(.venv/bin/python -c 'import pathlib, zipfile
+wheels = pathlib.Path(".cache/wheels").glob("*/*.whl")
+print(sum(i.file_size for w in wheels for i in zipfile.ZipFile(w).infolist()) >> 20)')
+  need_mb=$((need_mb + 2048))  # the Debian bases, Kafka's image and the build's own room
+  root=$(docker info -f '{{.DockerRootDir}}')
+  free_mb=$(df -Pm "$root" | awk 'NR == 2 {print $4}')
+  if [ "$free_mb" -lt "$need_mb" ]; then
+    echo "images: about $((need_mb / 1024)) GiB needed under $root (Docker's data root), $((free_mb / 1024)) GiB" \
+         "free: free some (docker system prune, old test directories under ${TMPDIR:-/tmp})" >&2
+    exit 1
+  fi
+fi
 export DOCKER_BUILDKIT=1
 build() {
   "${docker[@]}" build -q --network none "$@" >/dev/null

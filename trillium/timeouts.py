@@ -29,11 +29,17 @@ JOB_CANCEL_S = 8.0
 # are back within 5 s, where a connection left to TCP's backoff waited 20-25 s (measured).
 REDIS_SOCKET_S = 5.0
 
-# Kafka: a produce or an admin request with no answer in KAFKA_REQUEST_S fails (aiokafka's default
-# is 40 s), and the next one opens a new connection. A data loader or embedding worker cut off
-# from the broker fails its attempt after this, and the job recovers from its checkpoint once the
-# broker is back. Consumers keep aiokafka's 40 s: a group's join may wait that long for its peers.
+# Kafka: an admin request with no answer in KAFKA_REQUEST_S fails (aiokafka's default is 40 s),
+# and the next one opens a new connection. Consumers keep aiokafka's 40 s: a group's join may wait
+# that long for its peers.
 KAFKA_REQUEST_S = 15.0
+# A produced record waits up to KAFKA_DELIVERY_S for the broker (aiokafka expires a batch after its
+# producer's request timeout: one value for both). It rides out a broker's restart: 14 s measured
+# on an idle machine here (the JVM's start, then the controller holding the killed incarnation's
+# registration for its 9 s broker session), more with many partitions to recover; 15 s failed a
+# data loader's attempt in a clean-clone `make test`. A data loader or embedding worker cut off
+# from the broker for longer fails its attempt, and the job recovers once the broker is back.
+KAFKA_DELIVERY_S = 45.0
 
 # gRPC (lookups and gradients between NN ranks, embedding workers and PS shards; the coordinator's
 # stats calls; serving): both ends ping each connection every GRPC_KEEPALIVE_S, calls or none, and

@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
 from trillium.config import KafkaConnection
-from trillium.timeouts import KAFKA_REQUEST_S
+from trillium.timeouts import KAFKA_DELIVERY_S, KAFKA_REQUEST_S
 
 KAFKA_REQUEST_MS = int(KAFKA_REQUEST_S * 1000)
 
@@ -121,7 +121,7 @@ def producer(conn: KafkaConnection, **overrides: object) -> AIOKafkaProducer:
         acks="all",
         linger_ms=5,
         max_request_size=16 * 1024 * 1024,
-        request_timeout_ms=KAFKA_REQUEST_MS,
+        request_timeout_ms=int(KAFKA_DELIVERY_S * 1000),
     )
     options.update(overrides)
     return AIOKafkaProducer(**options)
