@@ -17,7 +17,7 @@ from timeline import FAULT_EPOCHS, FAULTS, cluster_job
 from trillium import stack
 from trillium.config import StackTopology
 from trillium.job.record import ACTIVE
-from trillium.stack import object_store
+from trillium.stack import object_store, tls
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.links import Network
 
@@ -45,18 +45,21 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> Path:
-    """A cluster stack of the tests' own, its model store an S3 store on a host of its own; or, for
+    """A cluster stack of the tests' own, with TLS (every listener; Redis and Kafka with passwords),
+    as hosts that talk across a network run; its model store an S3 store on a host of its own; or, for
     the edit-test loop, the one already running (started as here) in the run directory
     TRILLIUM_TEST_CLUSTER names, left running."""
     if existing := os.environ.get("TRILLIUM_TEST_CLUSTER"):
         yield Path(existing)
         return
     run_dir = tmp_path_factory.mktemp("cluster")
-    stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, object_store=True)
+    stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, object_store=True, tls=True)
     yield run_dir
-    keys = object_store.stack_env(stack.read_state(run_dir))
+    state = stack.read_state(run_dir)
+    keys = object_store.stack_env(state)
     stack.down(run_dir)
-    assert_no_secret_in_logs(run_dir, [stack.read_token(run_dir), keys["AWS_SECRET_ACCESS_KEY"]])
+    passwords = tls.load(state).secrets()
+    assert_no_secret_in_logs(run_dir, [stack.read_token(run_dir), keys["AWS_SECRET_ACCESS_KEY"], *passwords])
 
 
 @pytest.fixture(scope="session")

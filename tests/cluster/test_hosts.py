@@ -45,12 +45,14 @@ def test_every_process_runs_on_a_host_of_its_own_and_nothing_crosses_loopback(cl
         listeners = _sockets(host.netns, "state", "listening")
         assert listeners and all(local == host.address for local, _ in listeners), (host, listeners)
     assert st["kafka"]["bootstrap"] == f"{network.host('kafka').address}:9092"
-    assert st["redis"]["url"] == f"redis://{network.host('redis').address}:6379/0"
+    redis_url = f"{'rediss' if st['tls'] else 'redis'}://{network.host('redis').address}:6379/0"
+    assert st["redis"]["url"].partition("?")[0] == redis_url
+    scheme = "https" if st["tls"] else "http"
     client = CoordinatorClient.for_stack(cluster)
     try:
         for worker in client.workers():
             host = network.host(worker["name"])
-            assert worker["http_url"] == f"http://{host.address}:8080", worker
+            assert worker["http_url"] == f"{scheme}://{host.address}:8080", worker
             if worker["grpc_address"]:
                 assert worker["grpc_address"] == f"{host.address}:50051", worker
         job = cluster_job(epochs=4)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 import pytest
 from timeline import after_first_checkpoint, check, record_fault
@@ -27,7 +28,7 @@ from trillium.config import (
     ENV_TOKEN,
     EXIT_RESTART,
 )
-from trillium.stack import object_store
+from trillium.stack import object_store, tls
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.hosts import GRPC_PORT, HOST_IFNAME, HTTP_PORT
 from trillium.stack.links import Network
@@ -50,6 +51,7 @@ def _start(cluster, host, role: str, index: int) -> subprocess.Popen[bytes]:
         "PYTHONUNBUFFERED": "1",
         "PATH": "/usr/bin:/bin",
     } | object_store.stack_env(st)
+    env |= tls.process_env(st, host.name, host.address)
     service = [sys.executable, "-m", f"trillium.services.{role}", "--index", str(index), "--host", host.address]
     service += ["--http-port", str(HTTP_PORT), "--grpc-port", str(GRPC_PORT)]
     restarting = f"while {shlex.join(service)}; [ $? -eq {EXIT_RESTART} ]; do :; done"
@@ -93,8 +95,9 @@ def test_a_shard_cut_off_for_good_is_replaced_on_another_host_and_fenced_out(
         replacement = _start(cluster, host, "embedding_ps", 1)
         started = time.monotonic()
         _wait(lambda: timeline.progress_at(started) is not None, "the job to train on the replacement", 180)
+        scheme = urlsplit(stack.read_state(cluster)["coordinator_url"]).scheme
         assert next(w for w in client.workers() if w["name"] == "embedding_ps-1")["http_url"].startswith(
-            f"http://{host.address}:"
+            f"{scheme}://{host.address}:"
         )
 
         # The old host comes back: its process is refused, exits, and stays stopped.
@@ -103,7 +106,7 @@ def test_a_shard_cut_off_for_good_is_replaced_on_another_host_and_fenced_out(
         view = timeline.wait(300)
         check(view, uninterrupted)
         holder = next(w for w in client.workers() if w["name"] == "embedding_ps-1")
-        assert holder["http_url"] == f"http://{host.address}:{HTTP_PORT}", holder
+        assert holder["http_url"] == f"{scheme}://{host.address}:{HTTP_PORT}", holder
         detected = timeline.new_attempt_at(cut, attempt)
         record_fault(
             "embedding_ps-1 cut off for good, replaced", cut, detected, started, timeline.progress_at(started), view

@@ -5,6 +5,7 @@ serves the newest version within a poll and a store call's deadline."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from pathlib import Path
 
@@ -33,9 +34,11 @@ INSTANCES = [{**{f"I{i}": str(i) for i in range(1, 14)}, **{f"C{i}": str(i * 3 %
 
 class Replica:
     def __init__(self, run_dir: Path) -> None:
-        url = next(p["http_url"] for p in stack.read_state(run_dir)["processes"] if p["role"] == "serving")
+        state = stack.read_state(run_dir)
+        url = next(p["http_url"] for p in state["processes"] if p["role"] == "serving")
         headers = {"Authorization": f"Bearer {stack.read_token(run_dir)}"}
-        self.http = httpx.Client(base_url=url, timeout=10.0, headers=headers)
+        verify = ssl.create_default_context(cafile=state["tls"]["ca_file"]) if state["tls"] else True
+        self.http = httpx.Client(base_url=url, timeout=10.0, headers=headers, verify=verify)
 
     def view(self) -> dict:
         r = self.http.get(f"/v1/models/{MODEL}")

@@ -39,6 +39,13 @@ def up(
             "s3://trillium/... as their publish.dir or checkpoint.dir"
         ),
     ] = False,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            help="TLS on every listener (a CA and a certificate per host, made in <run-dir>/tls), Redis over "
+            "TLS with a password, Kafka with SCRAM over TLS: for a stack whose hosts talk across a network"
+        ),
+    ] = False,
 ) -> None:
     """Start Kafka, Redis and the services in the background; returns once all are healthy.
 
@@ -54,7 +61,7 @@ def up(
     )
     with console.status("starting the stack…"):
         try:
-            st = stack.up(rd, topology, cluster=cluster, object_store=object_store)
+            st = stack.up(rd, topology, cluster=cluster, object_store=object_store, tls=tls)
         except stack.LauncherError as err:
             fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))
@@ -64,6 +71,8 @@ def up(
     )
     if store := st.get("object_store"):
         console.print(f"  store     {store['url']} at {store['endpoint']} (keys: {rd / 'store' / 'credentials.json'})")
+    if st.get("tls"):
+        console.print(f"  tls       CA {st['tls']['ca_file']} (passwords: {rd / 'tls' / 'passwords.json'})")
     for replica in stack.status(rd).get("serving", []):
         console.print(f"  serving   {replica['url']}  grpc {replica['grpc']}")
     if new_token:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import time
 from typing import Annotated, Any, Optional
@@ -104,7 +105,9 @@ def models(
     if (pin is not None or unpin) and model is None:
         fail("--pin and --unpin need a MODEL")
     views = []
-    with httpx.Client(timeout=120.0, headers={"Authorization": f"Bearer {token}"}) as client:
+    ca_file = (st.get("tls") or {}).get("ca_file")  # a stack with TLS: its replicas' certificates
+    verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
+    with httpx.Client(timeout=120.0, headers={"Authorization": f"Bearer {token}"}, verify=verify) as client:
         for url in _replicas(st):
             if pin is not None:
                 r = client.post(f"{url}/v1/models/{model}/rollback", json={"version": pin})

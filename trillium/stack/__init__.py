@@ -4,14 +4,15 @@
 until the stack is ready; `status()` probes every endpoint with its real protocol; `down()`
 stops the supervisor, which stops everything in reverse order. `procs.py` holds a process's
 spec, ports, pids and the run directory's files; `hosts.py` where each process runs (all on
-loopback, or each on a host of its own); `broker.py` the local Kafka node's configuration and
-command line; `client.py` the coordinator's REST client.
+loopback, or each on a host of its own); `tls.py` the certificates and passwords of a stack with
+TLS; `broker.py` the local Kafka node's configuration and command line; `client.py` the
+coordinator's REST client.
 
 Kafka and Redis are started only when no external server is configured
 (TRILLIUM_KAFKA_BOOTSTRAP / TRILLIUM_REDIS_URL). Ports are free ones chosen per run
 directory, so several stacks (tests and a demo, say) run side by side.
 
-Imports run one way: `trillium.config`, `trillium.wire` <- `procs` <- `broker` <- `supervisor`
+Imports run one way: `trillium.config`, `trillium.wire` <- `procs` <- `tls` <- `broker` <- `supervisor`
 and this front; `client` <- `warmup` <- this front. The CLI (`trillium.cli`) is the only entry point users
 call.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -37,6 +39,7 @@ from trillium.wire.state import wait_for_redis
 from .broker import kafka_connection
 from .client import CoordinatorClient
 from .procs import REPO_ROOT, STATE_FILE, LauncherError, pid_alive, read_state, read_token
+from .tls import load as stack_tls_of
 from .warmup import warm_up
 
 __all__ = ["REPO_ROOT", "LauncherError", "down", "read_state", "read_token", "status", "up"]
@@ -54,12 +57,14 @@ def up(
     cluster: bool = False,
     link_delay: bool = False,
     object_store: bool = False,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
     tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do.
     With `cluster`, every process runs on a host of its own (`hosts.py`; needs root), and with
     `link_delay` too, latency can be added to each host's links (`links.Network.delay`). With
-    `object_store`, an S3 store (`object_store.py`) serves `s3://trillium/...` to every process."""
+    `object_store`, an S3 store (`object_store.py`) serves `s3://trillium/...` to every process.
+    With `tls`, every listener speaks TLS, and Redis and Kafka take passwords (`tls.py`)."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
@@ -86,6 +91,8 @@ def up(
         argv.append("--link-delay")
     if object_store:
         argv.append("--object-store")
+    if tls:
+        argv.append("--tls")
     env = dict(os.environ)
     env.pop(ENV_KAFKA_BOOTSTRAP, None)
     env.pop(ENV_REDIS_URL, None)
@@ -133,16 +140,19 @@ def _warm_up(run_dir: Path, topology: StackTopology) -> None:
 
 
 async def _probe(st: dict[str, Any]) -> dict[str, Any]:
+    stack_tls = stack_tls_of(st)
+
     async def kafka() -> dict[str, Any]:
         try:
-            conn = kafka_connection(st["kafka"]["bootstrap"], st["kafka"]["external"])
+            conn = kafka_connection(st["kafka"]["bootstrap"], st["kafka"]["external"], stack_tls)
             return {"ok": True, "brokers": await wait_for_kafka(conn, timeout_s=5)}
         except Exception as exc:
             return {"ok": False, "error": str(exc)}
 
     async def redis() -> dict[str, Any]:
         try:
-            await wait_for_redis(st["redis"]["url"], timeout_s=3)
+            url = st["redis"]["url"]
+            await wait_for_redis(stack_tls.with_password(url) if stack_tls else url, timeout_s=3)
             return {"ok": True}
         except Exception as exc:
             return {"ok": False, "error": str(exc)}
@@ -168,7 +178,8 @@ async def _probe(st: dict[str, Any]) -> dict[str, Any]:
 
     services = [p for p in st["processes"] if p.get("http_port")]
     auth = {"Authorization": f"Bearer {read_token(Path(st['run_dir']))}"} if services else {}
-    async with httpx.AsyncClient(timeout=3.0) as client:
+    verify = ssl.create_default_context(cafile=str(stack_tls.ca_file)) if stack_tls else True
+    async with httpx.AsyncClient(timeout=3.0, verify=verify) as client:
         k, r, o, *h = await asyncio.gather(kafka(), redis(), store(client), *(health(client, p) for p in services))
     return {
         "kafka": k,

@@ -11,11 +11,13 @@ from pathlib import Path
 from trillium.config import ENV_KAFKA_BOOTSTRAP, KafkaConnection
 
 from .procs import REPO_ROOT, LauncherError
+from .tls import KAFKA_MECHANISM, KAFKA_USER, StackTls
 
 KAFKA_LIBS = Path(os.environ.get("TRILLIUM_KAFKA_LIBS", REPO_ROOT / ".cache" / "kafka" / "libs"))
 ENV_KAFKA_HEAP = "TRILLIUM_KAFKA_HEAP"
 # A 2-core machine: keep the broker small and predictable.
 DEFAULT_KAFKA_HEAP = "768m"
+SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule required"
 
 
 def kafka_heap() -> str:
@@ -27,46 +29,85 @@ def kafka_heap() -> str:
     return heap
 
 
-def kafka_connection(bootstrap: str, external: bool) -> KafkaConnection:
-    """Our own broker listens in plaintext on loopback; an external one is reached as the environment says."""
-    return KafkaConnection.from_env(bootstrap) if external else KafkaConnection(bootstrap=bootstrap)
+def kafka_connection(bootstrap: str, external: bool, tls: StackTls | None = None) -> KafkaConnection:
+    """Our own broker: plaintext, or with `tls` SCRAM over TLS; an external one is reached as the
+    environment says."""
+    if external:
+        return KafkaConnection.from_env(bootstrap)
+    return tls.kafka_connection(bootstrap) if tls else KafkaConnection(bootstrap=bootstrap)
 
 
-def kafka_config(run_dir: Path, address: str, port: int, controller_port: int) -> Path:
+def _listeners(address: str, port: int, controller_port: int, tls: StackTls | None) -> list[str]:
+    """Plaintext on the host's address; with `tls`, clients log in with SCRAM over TLS, and the
+    controller, which only the broker beside it calls, takes only a client with a certificate of
+    the stack's CA (the broker presents its host's)."""
+    voters = f"controller.quorum.voters=1@{address}:{controller_port}"
+    if tls is None:
+        return [
+            voters,
+            f"listeners=PLAINTEXT://{address}:{port},CONTROLLER://{address}:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://{address}:{port}",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        ]
+    jaas = f'{SCRAM_LOGIN} username="{KAFKA_USER}" password="{tls.kafka_password}";'
+    return [
+        voters,
+        f"listeners=SASL_SSL://{address}:{port},CONTROLLER://{address}:{controller_port}",
+        f"advertised.listeners=SASL_SSL://{address}:{port}",
+        "inter.broker.listener.name=SASL_SSL",
+        "listener.security.protocol.map=CONTROLLER:SSL,SASL_SSL:SASL_SSL",
+        "listener.name.controller.ssl.client.auth=required",
+        f"sasl.enabled.mechanisms={KAFKA_MECHANISM}",
+        f"sasl.mechanism.inter.broker.protocol={KAFKA_MECHANISM}",
+        f"listener.name.sasl_ssl.{KAFKA_MECHANISM.lower()}.sasl.jaas.config={jaas}",
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={tls.keystore('kafka')}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={tls.ca_file}",
+    ]
+
+
+def scram_user(tls: StackTls) -> list[str]:
+    """The storage format's options that create the clients' SCRAM user (KRaft keeps it in its
+    metadata log, written when the storage is formatted)."""
+    return ["--add-scram", f"{KAFKA_MECHANISM}=[name={KAFKA_USER},password={tls.kafka_password}]"]
+
+
+def kafka_config(run_dir: Path, address: str, port: int, controller_port: int, tls: StackTls | None = None) -> Path:
     kdir = run_dir / "kafka"
     kdir.mkdir(parents=True, exist_ok=True)
     props = kdir / "server.properties"
-    props.write_text(
-        "\n".join(
-            [
-                "process.roles=broker,controller",
-                "node.id=1",
-                f"controller.quorum.voters=1@{address}:{controller_port}",
-                f"listeners=PLAINTEXT://{address}:{port},CONTROLLER://{address}:{controller_port}",
-                f"advertised.listeners=PLAINTEXT://{address}:{port}",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                f"log.dirs={kdir / 'data'}",
-                "num.partitions=1",
-                "offsets.topic.replication.factor=1",
-                "offsets.topic.num.partitions=8",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "group.initial.rebalance.delay.ms=0",
-                "auto.create.topics.enable=false",
-                # Batches of embeddings/gradients are large; 16 MiB messages.
-                "message.max.bytes=16777216",
-                "replica.fetch.max.bytes=16777216",
-                "log.retention.hours=24",
-                # A trim of a job's topics (DeleteRecords behind a checkpoint) frees disk within this.
-                "log.retention.check.interval.ms=30000",
-                "num.network.threads=2",
-                "num.io.threads=2",
-                "",
-            ]
+    props.unlink(missing_ok=True)
+    fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # with TLS, it holds the password
+    with os.fdopen(fd, "w") as f:
+        f.write(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    *_listeners(address, port, controller_port, tls),
+                    "controller.listener.names=CONTROLLER",
+                    f"log.dirs={kdir / 'data'}",
+                    "num.partitions=1",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=8",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "auto.create.topics.enable=false",
+                    # Batches of embeddings/gradients are large; 16 MiB messages.
+                    "message.max.bytes=16777216",
+                    "replica.fetch.max.bytes=16777216",
+                    "log.retention.hours=24",
+                    # A trim of a job's topics (DeleteRecords behind a checkpoint) frees disk within this.
+                    "log.retention.check.interval.ms=30000",
+                    "num.network.threads=2",
+                    "num.io.threads=2",
+                    "",
+                ]
+            )
         )
-    )
     (kdir / "log4j.properties").write_text(
         "\n".join(
             [

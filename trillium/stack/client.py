@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,10 +42,15 @@ class CoordinatorUnavailable(RuntimeError):
 
 
 class CoordinatorClient:
-    def __init__(self, url: str, token: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0, ca_file: str | None = None) -> None:
+        """`ca_file`: the CA an https coordinator's certificate is checked against (default: the system's)."""
         self.url = url.rstrip("/")
+        verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
         self.http = httpx.Client(
-            base_url=self.url + "/v1", timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
+            base_url=self.url + "/v1",
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {token}"},
+            verify=verify,
         )
 
     @classmethod
@@ -52,7 +58,7 @@ class CoordinatorClient:
         st = read_state(run_dir)
         if not st or not st.get("coordinator_url"):
             raise LauncherError(f"no stack with a coordinator in {run_dir}: run `trillium up` first")
-        return cls(st["coordinator_url"], read_token(run_dir))
+        return cls(st["coordinator_url"], read_token(run_dir), ca_file=(st.get("tls") or {}).get("ca_file"))
 
     def close(self) -> None:
         self.http.close()

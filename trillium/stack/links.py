@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .hosts import LINKDELAY_CONTROL_PORT, Host, join_bridge
@@ -200,6 +202,28 @@ class Network:
         return received["bytes"] * 8 / received["seconds"] / 1e6
 
     @contextlib.contextmanager
+    def capture(self, path: Path) -> Iterator[Path]:
+        """Every frame crossing the bridge, as tcpdump writes them (pcap) to `path`, from when it
+        listens to the end of the block. (A promiscuous bridge passes each frame it forwards up
+        to its own interface too, where tcpdump sees it.)"""
+        argv = ["ip", "netns", "exec", self.switch, "tcpdump", "-i", self.bridge, "-n", "-U", "-s", "0"]
+        dump = subprocess.Popen([*argv, "-w", str(path)], stderr=subprocess.PIPE, text=True)
+        try:
+            said = dump.stderr.readline()  # "listening on <bridge>, ..." once frames are taken
+            if "listening on" not in said:
+                raise RuntimeError(f"tcpdump on {self.bridge} did not start: {said.strip()}{dump.stderr.read()}")
+            yield path
+        finally:
+            dump.terminate()  # tcpdump writes what it holds and exits
+            dump.wait(10)
+
+    def send_in_clear(self, src: str, dst: str, payload: bytes) -> None:
+        """One UDP datagram of `payload` from `src` to `dst` (nothing need listen): bytes known to
+        cross the bridge in clear."""
+        argv = [sys.executable, "-c", _DATAGRAM, payload.hex(), self.hosts[dst].address]
+        sh("ip", "netns", "exec", self.hosts[src].netns, *argv)
+
+    @contextlib.contextmanager
     def _peer(self, name: str, program: str):
         """A connection from the operator to `program` run in `name`'s namespace (it prints the
         port it listens on first)."""
@@ -230,6 +254,12 @@ while data := conn.recv(1 << 20):
     first = first or time.monotonic()
     received += len(data)
 print(json.dumps({"bytes": received, "seconds": time.monotonic() - first}), flush=True)
+"""
+
+# One UDP datagram: the payload (hex) to the address, port 9 (discard).
+_DATAGRAM = """
+import socket, sys
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[1]), (sys.argv[2], 9))
 """
 
 # A TCP echo of one connection: prints its port, then sends back what arrives.

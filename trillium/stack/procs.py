@@ -90,12 +90,17 @@ class Proc:
     state: str = "pending"  # pending, starting, running, restarting, failed, stopped, replaced
     crash_times: list[float] = field(default_factory=list)
     address: str = "127.0.0.1"  # its host's: bound and advertised
+    tls: bool = False  # its HTTP port speaks TLS
+
+    @property
+    def http_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.address}:{self.http_port}"
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
         for private in ("argv", "env", "crash_times"):
             d.pop(private)
         if self.http_port:
-            d["http_url"] = f"http://{self.address}:{self.http_port}"
+            d["http_url"] = self.http_url
         d["grpc_address"] = f"{self.address}:{self.grpc_port}" if self.grpc_port else None
         return d

@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -44,8 +45,8 @@ from trillium.job.trust import ENV_ALLOWED_PATHS
 from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
 
-from . import object_store
-from .broker import java_argv, kafka_config, kafka_connection
+from . import object_store, tls
+from .broker import java_argv, kafka_config, kafka_connection, scram_user
 from .hosts import Cluster, Loopback
 from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json
 
@@ -70,8 +71,11 @@ class Supervisor:
         cluster: bool = False,
         link_delay: bool = False,
         with_object_store: bool = False,
+        with_tls: bool = False,
     ) -> None:
         self.run_dir = run_dir
+        self.with_tls = with_tls
+        self.tls: tls.StackTls | None = None  # made at start, when the hosts have addresses
         self.with_object_store = with_object_store
         self.topology = topology
         self.with_services = services
@@ -122,12 +126,13 @@ class Supervisor:
                 "supervisor_pid": os.getpid(),
                 "run_dir": str(self.run_dir),
                 "kafka": {"bootstrap": self.kafka_bootstrap, "external": self.kafka_external},
-                "redis": {"url": self.redis_url, "external": self.redis_external},
+                "redis": {"url": self.public_redis_url, "external": self.redis_external},
                 "object_store": self.object_store_public,
                 "coordinator_url": self.coordinator_url if self.with_services else None,
                 "token_file": str(self.run_dir / "token"),
                 "processes": [p.public() for p in self.procs],
                 "hosts": self.place.public(),
+                "tls": {"ca_file": str(self.tls.ca_file)} if self.tls else None,
                 "updated_at": time.time(),
             },
         )
@@ -188,16 +193,23 @@ class Supervisor:
         data = self.run_dir / "redis"
         data.mkdir(exist_ok=True)
         self.redis_url = f"redis://{address}:{port}/0"
+        listen = ["--port", str(port)]
+        if self.tls is not None:
+            self.redis_url = self.tls.redis_url(address, port)
+            listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+            listen += ["--tls-cert-file", str(self.tls.cert_file("redis"))]
+            listen += ["--tls-key-file", str(self.tls.key_file("redis"))]
+            listen += ["--tls-ca-cert-file", str(self.tls.ca_file)]
         # Append-only persistence: a restarted Redis (or coordinator) loses no state.
         proc = Proc(
             "redis",
             "redis",
             [
                 server,
+                *self.redis_password_file(),
                 "--bind",
                 address,
-                "--port",
-                str(port),
+                *listen,
                 "--dir",
                 str(data),
                 "--appendonly",
@@ -209,7 +221,7 @@ class Supervisor:
                 # Protected mode refuses every client but loopback's while Redis has no password:
                 # a cluster's hosts reach it over the bridge.
                 "--protected-mode",
-                "yes" if address == "127.0.0.1" else "no",
+                "yes" if address == "127.0.0.1" and self.tls is None else "no",
                 "--daemonize",
                 "no",
             ],
@@ -219,6 +231,18 @@ class Supervisor:
         self.procs.append(proc)
         self.spawn(proc)
         await self.wait_ready(proc, lambda: wait_for_redis(self.redis_url, timeout_s=2), 30)
+
+    def redis_password_file(self) -> list[str]:
+        """With TLS, Redis's configuration file holding its password (argv is readable by every
+        user: /proc/<pid>/cmdline); it goes first, as redis-server takes a file only there."""
+        if self.tls is None:
+            return []
+        conf = self.run_dir / "redis" / "password.conf"
+        conf.unlink(missing_ok=True)
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {self.tls.redis_password}\n")
+        return [str(conf)]
 
     @property
     def object_store_public(self) -> dict[str, Any] | None:
@@ -247,7 +271,7 @@ class Supervisor:
                 f"{ENV_KAFKA_SECURITY_PROTOCOL} is set, but the launcher's own broker is plaintext "
                 f"on loopback: unset it, or set {ENV_KAFKA_BOOTSTRAP} to use an external Kafka"
             )
-        props = kafka_config(self.run_dir, address, port, cport)
+        props = kafka_config(self.run_dir, address, port, cport, self.tls)
         self.kafka_bootstrap = f"{address}:{port}"
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -255,7 +279,9 @@ class Supervisor:
             fmt = await asyncio.to_thread(
                 subprocess.run,
                 java_argv(
-                    self.run_dir, ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)]
+                    self.run_dir,
+                    ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)]
+                    + (scram_user(self.tls) if self.tls else []),
                 ),
                 capture_output=True,
                 text=True,
@@ -271,7 +297,7 @@ class Supervisor:
         )
         self.procs.append(proc)
         self.spawn(proc)
-        conn = kafka_connection(self.kafka_bootstrap, external=False)
+        conn = kafka_connection(self.kafka_bootstrap, external=False, tls=self.tls)
         await self.wait_ready(proc, lambda: wait_for_kafka(conn, timeout_s=2), 90)
 
     def token(self) -> str:
@@ -284,7 +310,8 @@ class Supervisor:
 
     @property
     def coordinator_url(self) -> str:
-        return f"http://{self.place.address('coordinator-0')}:{self.place.port('coordinator-0', 'http')}"
+        scheme = "https" if self.with_tls else "http"
+        return f"{scheme}://{self.place.address('coordinator-0')}:{self.place.port('coordinator-0', 'http')}"
 
     def service_proc(self, role: str, index: int) -> Proc:
         name = f"{role}-{index}"
@@ -306,6 +333,8 @@ class Supervisor:
             env |= object_store.client_env(self.run_dir, store["endpoint"])
             if ENV_ALLOWED_PATHS not in os.environ:  # jobs may keep their state in it, as in the run directory
                 env[ENV_ALLOWED_PATHS] = f"{self.run_dir},{store['url']}"
+        if self.tls is not None:
+            env |= self.tls.service_env(name)
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
             env[ENV_THREADS] = str(self.compute_threads())
         return Proc(
@@ -318,6 +347,7 @@ class Supervisor:
             grpc_port=grpc_port,
             env=env,
             address=address,
+            tls=self.tls is not None,
         )
 
     def compute_threads(self) -> int:
@@ -327,12 +357,20 @@ class Supervisor:
         processes = sum(self.topology.count(role) for role in COMPUTE_ROLES)
         return max(1, (os.cpu_count() or 1) // max(processes, 1))
 
+    @property
+    def public_redis_url(self) -> str | None:
+        """Redis's URL as the stack's state shows it: without the password (in `<run-dir>/tls/`)."""
+        if self.tls is None or self.redis_url is None or self.redis_external:
+            return self.redis_url
+        return self.redis_url.replace(f":{self.tls.redis_password}@", "")
+
     async def start_services(self) -> None:
         # One client for every readiness poll: making one loads the CA bundle, 32 ms of CPU here.
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        verify = ssl.create_default_context(cafile=str(self.tls.ca_file)) if self.tls else True
+        async with httpx.AsyncClient(timeout=2.0, verify=verify) as http:
 
             async def ready(proc: Proc) -> None:
-                (await http.get(f"http://{proc.address}:{proc.http_port}/readyz")).raise_for_status()
+                (await http.get(f"{proc.http_url}/readyz")).raise_for_status()
 
             for role in ROLES:  # coordinator first: the others register with it
                 group = [self.service_proc(role, i) for i in range(self.topology.count(role))]
@@ -343,10 +381,15 @@ class Supervisor:
 
     async def start(self) -> None:
         if os.environ.get(ENV_GRPC_TLS_CERT):
-            # The services would serve TLS on every port, which the launcher's probes and the CLI
-            # here do not speak yet: TLS is for a deployment's own certificates (compose, Kubernetes).
-            raise LauncherError(f"{ENV_GRPC_TLS_CERT} is set, but the local stack does not run TLS: unset it")
+            # The services would take a deployment's certificates, which name its hosts, not ours.
+            raise LauncherError(
+                f"{ENV_GRPC_TLS_CERT} is set, but the launcher makes its stack's own certificates "
+                "(`trillium up --tls`): unset it"
+            )
         await asyncio.to_thread(self.place.create)
+        if self.with_tls:
+            hosts = {name: self.place.address(name) for name in self._host_names()}
+            self.tls = await asyncio.to_thread(tls.ensure, self.run_dir, hosts)
         self.save()
         if not self.redis_external:
             await self.start_redis()
@@ -466,6 +509,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--object-store", action="store_true", help="an S3 object store (versitygw) for s3://trillium/... paths"
     )
+    parser.add_argument(
+        "--tls", action="store_true", help="TLS on every listener, Redis and Kafka with passwords (stack/tls.py)"
+    )
     args = parser.parse_args(argv)
     if args.link_delay and not args.cluster:
         parser.error("--link-delay needs --cluster")
@@ -480,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
         cluster=args.cluster,
         link_delay=args.link_delay,
         with_object_store=args.object_store,
+        with_tls=args.tls,
     )
     raise SystemExit(asyncio.run(sup.main()))
 
