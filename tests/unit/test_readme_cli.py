@@ -1,7 +1,8 @@
-"""README.md's `trillium` commands exist, with the flags they are shown with: every command in a
-shell code block (```sh), and every inline code span that starts with `trillium`, is checked
-against the CLI's own `trillium SUBCOMMAND --help` (the Typer app in-process), so a renamed
-command or flag fails here, naming the README line, instead of failing a reader.
+"""The `trillium` commands of README.md and docs/*.md exist, with the flags they are shown with:
+every command in a shell code block (```sh), and every inline code span that starts with
+`trillium`, is checked against the CLI's own `trillium SUBCOMMAND --help` (the Typer app
+in-process), so a renamed command or flag fails here, naming the page and line, instead of
+failing a reader.
 
 What counts as a command: in a shell block, each command of a line (split at `;`, `&&`, `||`,
 `|`, `&`, `$(`, `)`), after variable assignments and `watch`'s options, whose program is
@@ -13,6 +14,7 @@ the first word after the program and its flags every `--word` after it, and thos
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass
@@ -25,7 +27,9 @@ from typer.testing import CliRunner
 
 from trillium.cli import app
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_BLOCKS = {"sh", "bash", "shell", "console"}
 PROGRAMS = {"trillium", ".venv/bin/trillium"}
 SEPARATORS = re.compile(r"\$\(|&&|\|\||[;|&()]")
@@ -34,13 +38,14 @@ FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 @dataclass(frozen=True)
 class Command:
-    line: int  # 1-based, in the README
+    line: int  # 1-based, in its page
     subcommand: str
     flags: tuple[str, ...]
     text: str
+    page: str = "README.md"
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: {self.text!r}"
+        return f"{self.page}:{self.line}: {self.text!r}"
 
 
 def _command(words: list[str], line: int, text: str) -> Command | None:
@@ -131,11 +136,17 @@ def problems(command: Command) -> list[str]:
     ]
 
 
-def test_every_readme_command_and_flag_is_in_the_cli_help() -> None:
-    commands = commands_in(README.read_text())
-    assert len(commands) >= 20, f"the README's commands were not found: {commands}"
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_and_flag_of_a_page_is_in_the_cli_help(page: Path) -> None:
+    name = str(page.relative_to(ROOT))
+    commands = [dataclasses.replace(c, page=name) for c in commands_in(page.read_text())]
     wrong = [p for c in commands for p in problems(c)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_pages_show_the_commands() -> None:
+    counts = {page.name: len(commands_in(page.read_text())) for page in PAGES}
+    assert counts["README.md"] >= 8 and sum(counts.values()) >= 40, f"the pages' commands were not found: {counts}"
 
 
 def test_the_extraction_finds_commands_where_they_are_and_only_there() -> None:

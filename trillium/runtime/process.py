@@ -20,7 +20,7 @@ def run_service(cls: type[Service], argv: list[str] | None = None) -> None:
     """Entry point of a service process: parse args + environment, run until SIGTERM."""
     parser = argparse.ArgumentParser(
         prog=f"python -m trillium.services.{cls.role}",
-        description=f"Trillium {cls.role} service. Endpoints come from the TRILLIUM_* environment (see README).",
+        description=f"Trillium {cls.role} service. Endpoints come from the TRILLIUM_* environment (see docs/operations.md, Settings).",
     )
     parser.add_argument("--index", type=int, default=0, help="NN rank, PS shard, or instance number")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
