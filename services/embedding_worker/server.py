@@ -113,7 +113,10 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         else:  # evaluation reads the tables as the steps before it left them, and changes nothing
             staleness = 0
             await ctx.watermark.wait_applied(request.applied)
-        plan = pooling.plan(ctx.layout, batch.ids)
+        try:
+            plan = pooling.plan(ctx.layout, batch.ids)
+        except (KeyError, ValueError) as err:  # slots or IDs that are not the job's
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch {batch.batch_id}: {err.args[0]}")
         try:
             rows = await self.worker.lookup_rows(ctx, plan, evaluation=not request.training, fp16=request.fp16)
         except ShardUnavailable as err:

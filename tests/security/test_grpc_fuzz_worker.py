@@ -1,0 +1,214 @@
+"""Property-based fuzzing of an embedding worker's gRPC surface, LookupBatches and PushGradients:
+the servicer and the pooling it runs, over a real server on loopback, for the tiny job's layout
+(the PS shards behind it replaced by rows of zeros, so that only what the worker does with a
+request is under test). Batches that are no batch, batches whose slots, IDs or shapes are not the
+job's, and gradients of the wrong shape, dtype or count are answered with a clear code
+(INVALID_ARGUMENT, or NOT_FOUND for gradients of embeddings never handed out), never INTERNAL or
+UNKNOWN; and a good lookup and its push answer as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trillium import pooling
+from trillium.config import GrpcCredentials
+from trillium.data import load_job
+from trillium.job.record import JobRecord, Topics
+from trillium.services.embedding_worker.server import _Servicer
+from trillium.stack.procs import free_port
+from trillium.wire import codec, rpc
+from trillium.wire.batch import Batch, KeyedIds
+from trillium.wire.pb import embedding_pb2 as pb
+from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
+
+TOKEN = "the-stack-token-0123456789"
+ATTEMPT = 3
+SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingWorker"].full_name
+CLEAR = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
+METADATA = (("authorization", f"Bearer {TOKEN}"),)
+
+
+class Worker:
+    """What the servicer reads of its embedding worker: the tiny job's context (attempt 3, ranks 0
+    and 1), rows of zeros for every lookup, and the pushes it was handed."""
+
+    name = "embedding_worker-0"
+
+    def __init__(self) -> None:
+        now = time.time()
+        job = JobRecord(
+            id="tiny-0123abcd",
+            state="running",
+            config=load_job(TINY_JOB),
+            created_at=now,
+            updated_at=now,
+            topics=Topics(samples="s", eval="e", gradients="g"),
+            attempt=ATTEMPT,
+        )
+        config = job.config
+        layout = pooling.Layout(config.slots, config.tables, config.topology.ps_shards)
+        self.dims = {name: table.dim for name, table in config.tables.items()}
+        self.ctx = SimpleNamespace(
+            job=job,
+            layout=layout,
+            widths=[c[1] - c[0] if c is not None else 0 for c in layout.columns],
+            pending=OrderedDict(),
+            ranks=[0, 1],
+            watermark=SimpleNamespace(wait_applied=self._applied),
+        )
+        self.pushed: list[int] = []
+
+    async def _applied(self, steps: int) -> None:
+        return None
+
+    async def wait_for_staleness(self, ctx, batch_id: int) -> int:
+        return 0
+
+    async def lookup_rows(self, ctx, plan, *, evaluation: bool = False, fp16: bool = False) -> dict[str, np.ndarray]:
+        return {t: np.zeros((len(p.ids), self.dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
+
+    async def push_gradients(self, ctx, ref, plan, grads, publish: bool) -> int:
+        self.pushed.append(ref.batch_id)
+        return len(grads)
+
+
+@pytest.fixture(scope="module")
+def server():
+    worker, port, ready = Worker(), free_port(), threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def run() -> None:
+        register = lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(worker), s)  # noqa: E731
+        server = await rpc.serve("127.0.0.1", port, GrpcCredentials(token=TOKEN), register)
+        ready.set()
+        await server.wait_for_termination()
+
+    threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True).start()
+    assert ready.wait(30)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield worker, channel
+    channel.close()  # the server goes with the test process (its thread is a daemon), as the PS fuzz's
+
+
+def call(channel: grpc.Channel, method: str, payload: bytes) -> tuple[grpc.StatusCode, bytes | None]:
+    stream = channel.stream_stream(f"/{SERVICE}/{method}")  # bytes in, bytes out
+    try:
+        return grpc.StatusCode.OK, next(iter(stream(iter([payload]), metadata=METADATA, timeout=20)))
+    except grpc.RpcError as err:
+        return err.code(), None
+
+
+def batch(batch_id: int, rank: int, ids: KeyedIds, size: int, dense: int = 13) -> bytes:
+    labels = np.zeros(size, dtype=np.float32)
+    return codec.encode_batch(Batch(batch_id, 0, rank, ids, np.zeros((size, dense), np.float32), labels))
+
+
+def tiny_ids(size: int, seed: int) -> KeyedIds:
+    """A batch's IDs as the tiny job's loader makes them: 26 slots, one ID each."""
+    keys = tuple(f"c{i}" for i in range(1, 27))
+    values = np.random.default_rng(seed).integers(0, 1 << 63, len(keys) * size, dtype=np.uint64)
+    return KeyedIds(keys, values, np.ones(len(keys) * size, dtype=np.int32))
+
+
+def lookup(batch_bytes: bytes, *, training: bool = True, attempt: int = ATTEMPT) -> bytes:
+    return pb.BatchLookupRequest(batch=batch_bytes, training=training, attempt=attempt).SerializeToString()
+
+
+@st.composite
+def odd_ids(draw) -> KeyedIds:
+    """IDs whose slots are not quite the job's: unknown, missing, repeated counts, many per sample."""
+    size = draw(st.integers(1, 6))
+    names = draw(
+        st.one_of(
+            st.just(tuple(f"c{i}" for i in range(1, 27))),
+            st.lists(st.sampled_from(["c1", "c2", "c26", "c27", "x", "C1"]), min_size=1, max_size=5, unique=True).map(
+                tuple
+            ),
+        )
+    )
+    lengths = draw(st.lists(st.integers(0, 4), min_size=len(names) * size, max_size=len(names) * size))
+    values = draw(st.lists(st.integers(0, (1 << 64) - 1), min_size=sum(lengths), max_size=sum(lengths)))
+    return KeyedIds(names, np.asarray(values, dtype=np.uint64), np.asarray(lengths, dtype=np.int32))
+
+
+@st.composite
+def lookups(draw) -> bytes:
+    kind = draw(st.sampled_from(["odd", "dense", "garbage", "empty"]))
+    if kind == "garbage":
+        body = draw(st.binary(max_size=80))
+    elif kind == "empty":
+        body = b""
+    else:
+        ids = draw(odd_ids())
+        size = ids.lengths.size // len(ids.keys)
+        body = batch(draw(st.integers(0, 1 << 40)), draw(st.integers(0, 1)), ids, size, 13 if kind == "odd" else 5)
+    return lookup(body, training=draw(st.booleans()))
+
+
+def test_bytes_that_are_no_request_are_invalid_argument(server) -> None:
+    _, channel = server
+    for method in ("LookupBatches", "PushGradients"):
+        for garbage in (b"\xff" * 7, b"\x0a\xff\xff\xff\xff\x0f", bytes(range(256))):
+            assert call(channel, method, garbage)[0] == grpc.StatusCode.INVALID_ARGUMENT, (method, garbage)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=lookups())
+def test_lookups_of_batches_that_are_not_the_jobs_are_refused_clearly(server, payload: bytes) -> None:
+    _, channel = server
+    code, _ = call(channel, "LookupBatches", payload)
+    assert code in CLEAR, code
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(0, 9),
+    columns=st.integers(0, 200),
+    dtype=st.sampled_from(["float32", "float16", "float64", "int32", "uint8"]),
+    extra_slot=st.booleans(),
+    known=st.booleans(),
+)
+def test_gradients_of_the_wrong_shape_dtype_or_batch_are_refused_clearly(
+    server, rows: int, columns: int, dtype: str, extra_slot: bool, known: bool
+) -> None:
+    worker, channel = server
+    batch_id = 2 * len(worker.pushed) + 10_000_000
+    code, reply = call(channel, "LookupBatches", lookup(batch(batch_id, 0, tiny_ids(4, batch_id), 4)))
+    assert code == grpc.StatusCode.OK, code
+    ref = pb.BatchLookupResponse.FromString(reply).ref
+    if not known:
+        ref.batch_id += 1  # embeddings never handed out
+    slots = [pb.SlotGradient(slot="c1", grad=pb.Array(data=codec.pack_array(np.zeros(3, np.float32))))]
+    request = pb.PushGradientsRequest(
+        ref=ref,
+        pooled=pb.Array(data=codec.pack_array(np.zeros((rows, columns)).astype(dtype))),
+        slots=slots if extra_slot else [],
+    )
+    code, _ = call(channel, "PushGradients", request.SerializeToString())
+    assert code in CLEAR, code
+
+
+def test_a_good_lookup_and_push_answer_as_before(server) -> None:
+    worker, channel = server
+    pushed = len(worker.pushed)
+    code, reply = call(channel, "LookupBatches", lookup(batch(42, 0, tiny_ids(4, 42), 4)))
+    assert code == grpc.StatusCode.OK, code
+    answer = pb.BatchLookupResponse.FromString(reply)
+    pooled = codec.unpack_array(answer.pooled.data)
+    assert pooled.shape == (4, sum(answer.widths)) and not pooled.any()
+    push = pb.PushGradientsRequest(ref=answer.ref, pooled=pb.Array(data=codec.pack_array(np.ones_like(pooled))))
+    code, reply = call(channel, "PushGradients", push.SerializeToString())
+    assert code == grpc.StatusCode.OK, code
+    assert pb.PushGradientsResponse.FromString(reply).messages == 2 and worker.pushed[pushed:] == [42]
