@@ -10,7 +10,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test lint test-python test-native test-compose test-cluster images images-offline compose-env bench up down status clean
+.PHONY: setup demo test lint test-python test-native docs test-compose test-cluster images images-offline compose-env bench up down status clean
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -50,7 +50,11 @@ $(KUSTOMIZE):
 demo: setup
 	$(VENV)/bin/trillium demo
 
-test: setup lint test-native test-python
+test: setup lint docs test-native test-python
+
+# The documentation site (mkdocs.yml) into .cache/site, strict: a broken link or anchor fails it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 
 # One Python style (ruff: pyflakes, bugbear, async rules, import order; `ruff format`) and the crate's.
 lint: $(VENV)/.installed

@@ -17,6 +17,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class Strict(BaseModel):
-    """A misspelt key fails naming the field; a value never changes after validation."""
+    """A misspelt key fails naming the field; a value never changes after validation. A field's
+    docstring (the string after it) is its description: the job-file reference
+    (docs/job-reference.md) and the API's schema are made from them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -48,8 +48,11 @@ class FractionSplit(Strict):
     `seed` and the row's place in its file (see `trillium.data.sources.split`); the rest is train."""
 
     by: Literal["fraction"]
+    """`fraction`: a share of the rows, drawn at random per row."""
     test_fraction: Annotated[float, Field(gt=0, lt=1)]
+    """The share of the rows in the test split."""
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
+    """Draws the rows of the test split: the same seed, the same split."""
 
 
 class ColumnSplit(Strict):
@@ -57,8 +60,10 @@ class ColumnSplit(Strict):
     split, the others train. A number compares numerically (the column must hold numbers), a
     string as text (ISO dates sort as text)."""
 
-    by: Annotated[str, Field(min_length=1)]  # the column's name
+    by: Annotated[str, Field(min_length=1)]
+    """The column cut on."""
     test_from: int | float | str
+    """Rows whose column is at least this are the test split."""
 
 
 def _split_kind(value: Any) -> str:
@@ -81,8 +86,13 @@ class _FileData(Strict):
 
     source: str  # each kind narrows it to its Literal
     train: Paths
+    """The train split's files: a path, a glob (`data/day_*.csv.gz`, expanded in sorted order) or
+    a list of them; relative to the job file."""
     test: Paths | None = None
+    """The test split's files, as `train`; or give a `split`, or neither (no test split)."""
     split: SplitPolicy | None = None
+    """Cuts the train files into train and test: `{by: fraction, test_fraction: 0.1}`, or a
+    column and where its test rows start (`{by: hour, test_from: 14102900}`)."""
 
     @field_validator("train", "test")
     @classmethod
@@ -110,12 +120,14 @@ class AdultData(_FileData):
     """UCI Adult CSV (`adult.data` / `adult.test`), a preset of the CSV reader."""
 
     source: Literal["adult"]
+    """`adult`: UCI Adult's CSV layout."""
 
 
 class CriteoData(_FileData):
     """Criteo-format TSV: label, I1..I13, C1..C26, tab-separated; a preset of the CSV reader."""
 
     source: Literal["criteo"]
+    """`criteo`: Criteo's TSV layout."""
 
 
 class CsvData(_FileData):
@@ -123,15 +135,19 @@ class CsvData(_FileData):
     extension). Every cell is read as text; an empty cell is a missing value."""
 
     source: Literal["csv"]
+    """`csv`: delimited text of your own."""
     delimiter: Annotated[str, Field(min_length=1, max_length=1)] = ","
-    quote: Annotated[str, Field(min_length=1, max_length=1)] | None = '"'  # None: no quoting
-    header: bool = True  # the first line of every file names its columns
-    # The column names in file order: needed without a header; with one, they replace its names.
+    """The one character between cells (`"\\t"` for TSV)."""
+    quote: Annotated[str, Field(min_length=1, max_length=1)] | None = '"'
+    """The character that quotes a cell; null: no quoting."""
+    header: bool = True
+    """The first line of every file names its columns."""
     columns: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    # Quoted values may contain line breaks (a quote then only opens or closes a quoted cell, as
-    # RFC 4180 writes them). Such files are read whole by one loader: a byte range cannot tell a
-    # line break inside quotes from a row's end.
+    """The column names in file order: needed without a header; with one, they replace its names."""
     quoted_newlines: bool = False
+    """Quoted values may contain line breaks (a quote then only opens or closes a quoted cell, as
+    RFC 4180 writes them). Such files are read whole by one loader: a byte range cannot tell a
+    line break inside quotes from a row's end."""
 
     @model_validator(mode="after")
     def _dialect(self) -> CsvData:
@@ -156,19 +172,25 @@ class ParquetData(_FileData):
     decimal digits, as in a CSV file)."""
 
     source: Literal["parquet"]
+    """`parquet`: Parquet files of your own."""
 
 
 class SyntheticData(Strict):
     """Criteo-format rows drawn in process from a planted logistic model (trillium.data.sources.datagen)."""
 
     source: Literal["synthetic"]
+    """`synthetic`: rows drawn in process, no files."""
     rows: PositiveInt
+    """Train rows."""
     test_rows: Annotated[int, Field(ge=0)] = 0
+    """Test rows, drawn from the same model."""
     seed: int = 0
+    """Draws the planted model and the rows."""
     vocab_sizes: Annotated[list[PositiveInt], Field(min_length=26, max_length=26)] | None = None
-    # Power law of ID popularity within a slot (density rank^-a; 0: uniform, below 1: a large
-    # vocabulary's tail is reached in few rows, as a scale run needs).
+    """The distinct IDs of each of the 26 categorical columns (default: datagen's)."""
     zipf_exponent: Annotated[float, Field(ge=0)] = 1.1
+    """The power law of ID popularity within a slot (density rank^-a; 0: uniform; below 1: a
+    large vocabulary's tail is reached in few rows, as a scale run needs)."""
 
     @field_validator("zipf_exponent")
     @classmethod
@@ -199,12 +221,19 @@ class JoinConfig(Strict):
     """
 
     impressions: TopicName
+    """The topic of impression events."""
     labels: TopicName
+    """The topic of label events (clicks)."""
     key: FieldPath
+    """The field both carry, by dotted path, that joins a label to its impression."""
     window_seconds: PositiveFloat
+    """How long (event time) an impression waits for its label."""
     allowed_lateness_seconds: NonNegativeFloat = 0.0
+    """How far the watermark stays behind the least event time read."""
     late_labels: Literal["count", "correct"] = "count"
+    """A label after its window closed: only counted, or also trained as a positive correction."""
     max_open_per_partition: PositiveInt = 1_000_000
+    """Open impressions an input partition may hold; over it the oldest close early (counted)."""
 
 
 class EventClock(Strict):
@@ -214,9 +243,12 @@ class EventClock(Strict):
     watermark past now, which would close every open window at once, nor gives a negative delay),
     `dlq` sends it to the dead-letter topic with the reason."""
 
-    max_future_seconds: PositiveFloat | None = 60.0  # null: any time ahead of the clock is taken as it is
-    max_past_seconds: PositiveFloat | None = None  # null: any age
+    max_future_seconds: PositiveFloat | None = 60.0
+    """How far ahead of the loader's clock an event time may be; null: any."""
+    max_past_seconds: PositiveFloat | None = None
+    """How old an event time may be; null: any age."""
     action: Literal["clamp", "dlq"] = "clamp"
+    """What an event outside the bounds gets: its time set to the bound, or the dead-letter topic."""
 
 
 class KafkaData(Strict):
@@ -228,31 +260,42 @@ class KafkaData(Strict):
     topic `trillium.<job>.dlq` with the reason and where it came from."""
 
     source: Literal["kafka"]
-    bootstrap: Annotated[str, Field(min_length=1)] | None = None  # default: the stack's cluster
+    """`kafka`: events from Kafka topics, trained until the job is stopped."""
+    bootstrap: Annotated[str, Field(min_length=1)] | None = None
+    """The brokers to read from (default: the stack's Kafka); other brokers get none of the
+    stack's credentials (TLS kept)."""
     topics: Annotated[list[TopicName], Field(min_length=1)] | None = None
+    """Topics of events that carry their own label (or give `join`)."""
     join: JoinConfig | None = None
+    """Impressions joined with their labels in event time (or give `topics`)."""
     format: Literal["json", "msgpack"] = "json"
-    key: FieldPath | None = None  # the event's identity (its sample id); with a join, the join key
-    # The consumer group the loaders commit the input offsets to, for outside lag monitors (a
-    # restart resumes from the job's checkpoint, not from these): default trillium.<job>.input.
+    """An event per message: a JSON object or a msgpack map."""
+    key: FieldPath | None = None
+    """The event's identity (its sample id); with a join, the join key."""
     group: Annotated[str, Field(min_length=1)] | None = None
-    event_time: FieldPath  # seconds since the UNIX epoch, a number
-    start: Literal["earliest", "latest"] = "earliest"  # where a new job starts reading
+    """The consumer group the loaders commit the input offsets to, for outside lag monitors (a
+    restart resumes from the job's checkpoint, not from these); default trillium.<job>.input."""
+    event_time: FieldPath
+    """The field holding the event's time: seconds since the UNIX epoch, a number."""
+    start: Literal["earliest", "latest"] = "earliest"
+    """Where a new job starts reading its topics."""
     max_message_bytes: Annotated[int, Field(ge=64, le=1 << 26)] = 1 << 20
-    # A partial step goes out after this long without enough events to fill it: the delay from an
-    # event to its training stays bounded when the stream is slow.
+    """A larger message goes to the dead-letter topic."""
     batch_timeout_seconds: PositiveFloat = 1.0
-    # Steps the loaders may produce ahead of training: beyond it they stop reading and the input's
-    # lag grows (nothing is buffered without bound).
+    """A partial step goes out after this long without enough events to fill it: the delay from
+    an event to its training stays bounded when the stream is slow."""
     max_steps_ahead: PositiveInt = 64
-    # A loader's fetch waits until it has this many bytes, or for fetch_max_wait_ms: a stream of
-    # a few thousand events a second is read in tens of fetches a second, not one per producer
-    # request (each fetch costs the broker and the loader a round whatever it brings: at 3,000
-    # impressions/s this halved the loader's CPU and took a third off the broker's), for at most
-    # that wait added to an event's delay.
+    """Steps the loaders may produce ahead of training: beyond it they stop reading and the
+    input's lag grows (nothing is buffered without bound)."""
     fetch_min_bytes: Annotated[int, Field(ge=1, le=1 << 26)] = 1 << 17
+    """A loader's fetch waits until it has this many bytes, or for `fetch_max_wait_ms`: a stream
+    of a few thousand events a second is read in tens of fetches a second, not one per producer
+    request (each fetch costs the broker and the loader a round whatever it brings: at 3,000
+    impressions/s this halved the loader's CPU and took a third off the broker's)."""
     fetch_max_wait_ms: Annotated[int, Field(ge=0, le=10_000)] = 50
+    """The longest a fetch waits for `fetch_min_bytes`: at most this added to an event's delay."""
     clock: EventClock = Field(default_factory=EventClock)
+    """Event times the loader's clock calls wrong: what is done with them."""
 
     @model_validator(mode="after")
     def _topics_or_join(self) -> KafkaData:

@@ -24,14 +24,18 @@ class FeatureSlot(Strict):
     """One categorical input: the cell of `column` hashed into IDs looked up in `table`."""
 
     name: Annotated[str, Field(min_length=1)]
+    """The slot's name: the model's input, in slot order."""
     column: str
-    table: str  # defaults to the slot's name
+    """The column (a file's) or field (an event's, by dotted path) it reads."""
+    table: str
+    """The embedding table its IDs look up (default: the slot's name); slots may share one."""
     pooling: Literal["sum", "mean", "none"] = "sum"
-    # Keep at most max_len IDs per sample (the first ones); required for sequence slots
-    # (pooling "none"), which are padded to it.
+    """A sample's several IDs become one vector by `sum` or `mean`, or stay a sequence (`none`)."""
     max_len: PositiveInt | None = None
-    # Split the cell on this string into several IDs (multi-hot / sequence); None: one ID per cell.
+    """Keep at most this many IDs per sample (the first ones); required for a sequence (pooling
+    `none`), which is padded to it."""
     separator: Annotated[str, Field(min_length=1)] | None = None
+    """Split the cell on this string into several IDs (multi-hot, or a sequence); null: one ID a cell."""
 
     @model_validator(mode="before")
     @classmethod
@@ -56,11 +60,17 @@ class DenseColumn(Strict):
     """
 
     column: str
+    """The numeric column (or event field) it reads."""
     normalization: Literal["none", "standard", "log1p", "minmax"] = "none"
+    """How its value is scaled before the model sees it."""
     mean: float | None = None
+    """`standard`'s mean (with `std`); default: the train split's."""
     std: PositiveFloat | None = None
+    """`standard`'s standard deviation (with `mean`); default: the train split's."""
     min: float | None = None
+    """`minmax`'s minimum (with `max`); default: the train split's."""
     max: float | None = None
+    """`minmax`'s maximum (with `min`); default: the train split's."""
 
     @model_validator(mode="after")
     def _stats_match_normalization(self) -> DenseColumn:
@@ -80,8 +90,11 @@ class LabelConfig(Strict):
     `negative`, every other non-empty value is 0; with it, any other value is a malformed row."""
 
     column: str
+    """The label's column (or event field)."""
     positive: Annotated[list[str], Field(min_length=1)]
+    """The values that are a positive (1): one, or a list."""
     negative: Annotated[list[str], Field(min_length=1)] | None = None
+    """The values that are a negative (0); null: every other non-empty value."""
 
     @field_validator("positive", "negative", mode="before")
     @classmethod
@@ -104,75 +117,106 @@ class ModelSpec(Strict):
     (see `trillium.models.load_model`)."""
 
     cls: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]
+    """`package.module:Class`, from a module `TRILLIUM_MODEL_MODULES` lists (docs/operations.md)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    """The class's keyword arguments."""
 
 
 class DenseSgd(Strict):
+    """torch.optim.SGD for the dense network."""
+
     name: Literal["sgd"]
+    """`sgd`."""
     lr: PositiveFloat = 0.01
+    """The learning rate."""
     momentum: Annotated[float, Field(ge=0)] = 0.0
+    """The momentum factor."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty."""
 
 
 class DenseAdam(Strict):
     name: Literal["adam"]
+    """`adam`."""
     lr: PositiveFloat = 0.001
+    """The learning rate."""
     beta1: Probability = 0.9
+    """The decay of the gradient's running mean."""
     beta2: Probability = 0.999
+    """The decay of the squared gradient's running mean."""
     eps: PositiveFloat = 1e-8
+    """Added to the denominator."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty."""
 
 
 class DenseAdagrad(Strict):
+    """torch.optim.Adagrad for the dense network."""
+
     name: Literal["adagrad"]
+    """`adagrad`."""
     lr: PositiveFloat = 0.01
+    """The learning rate."""
     eps: PositiveFloat = 1e-10
+    """Added to the denominator."""
     initial_accumulator: NonNegativeFloat = 0.0
+    """The squared-gradient sum's starting value."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty."""
 
 
 DenseOptimizerConfig = Annotated[DenseSgd | DenseAdam | DenseAdagrad, Field(discriminator="name")]
 
 
 class TrainingConfig(Strict):
+    """How the job trains: batches, epochs, the staleness bound, the dense optimizer."""
+
     batch_size: PositiveInt
-    # 0: no training, only the evaluation of a warm start (`init_from`): a checkpoint's test metrics.
-    # null: a continuous job, trained from a stream until stopped (the kafka source).
+    """Samples a step per NN rank."""
     epochs: Annotated[int, Field(ge=0)] | None = 1
-    # How many earlier steps may still have embedding gradients not applied on the PS when a
-    # step's embeddings are looked up (see trillium.runtime.progress): 0 is synchronous, null
-    # unbounded, "auto" the smallest that keeps the NN ranks from waiting, measured
-    # (trillium.runtime.autobound).
+    """Passes over the train split. 0: no training, only the evaluation of a warm start
+    (`init_from`): a checkpoint's test metrics. null: a continuous job, trained from a stream
+    until stopped (the kafka source)."""
     staleness_bound: Annotated[int, Field(ge=0)] | Literal["auto"] | None
+    """How many earlier steps may still have embedding gradients not applied on the PS when a
+    step's embeddings are looked up: 0 is synchronous SGD, null unbounded (asynchronous), `auto`
+    the smallest that keeps the NN ranks from waiting, measured as the job runs."""
     dense_optimizer: DenseOptimizerConfig
+    """The dense network's optimizer, by `name`: `sgd`, `adam` or `adagrad`."""
     seed: int = 0
+    """Seeds the dense initialization and the shuffle."""
     eval_batch_size: PositiveInt = 1024
-    # Shuffle the train rows through a buffer of this many rows, anew every epoch (a function of
-    # seed, epoch and loader); 0 keeps file order. The buffer bounds memory, not the randomness:
-    # a row moves at most about as far as the buffer is long.
+    """Samples an evaluation batch."""
     shuffle_buffer: Annotated[int, Field(ge=0)] = 0
-    # Progressive validation: every batch is scored before it is trained on; the rolling AUC and
-    # log loss are over this many latest samples, and also kept per window of event time.
+    """Shuffle the train rows through a buffer of this many rows, anew every epoch (a function of
+    seed, epoch and loader); 0 keeps file order. The buffer bounds memory, not the randomness: a
+    row moves at most about as far as the buffer is long."""
     progressive_samples: PositiveInt = 100_000
+    """Progressive validation (every batch scored before it is trained on): the rolling AUC and
+    log loss are over this many latest samples."""
     progressive_window_seconds: PositiveFloat = 60.0
-    # The NN ranks' forward arithmetic: bf16 runs it under torch.autocast (matmuls in bfloat16, on
-    # a GPU or the CPU); the loss, the gradients handed back and the optimizer stay fp32.
+    """Progressive validation's windows of event time, each with its own AUC and log loss."""
     precision: Literal["fp32", "bf16"] = "fp32"
-    # The embeddings and their gradients on the wire between the PS shards, the embedding workers
-    # and the NN ranks, and the gradients on Kafka: fp16 halves their bytes (the gradients scaled
-    # per message so that none underflows); the PS keeps and accumulates fp32 either way. fp32
-    # is exact (a one-rank sync job then equals the single-process reference to rounding).
+    """The NN ranks' forward arithmetic: `bf16` runs it under torch.autocast (matmuls in bfloat16,
+    on a GPU or the CPU); the loss, the gradients handed back and the optimizer stay fp32."""
     wire_dtype: Literal["fp32", "fp16"] = "fp16"
+    """The embeddings and their gradients on the wire between the PS shards, the embedding workers
+    and the NN ranks, and the gradients on Kafka: fp16 halves their bytes (the gradients scaled
+    per message so that none underflows); the PS keeps and accumulates fp32 either way. fp32 is
+    exact (a one-rank sync job then equals the single-process reference to rounding)."""
 
 
 class TopologyConfig(RoleCounts, Strict):
     """The workers a job uses: instances 0..n-1 of each role (`count`, `workers`)."""
 
     nn_ranks: PositiveInt = 1
+    """NN workers training the dense network in sync (one all-reduce a step)."""
     ps_shards: PositiveInt = 1
+    """Embedding PS shards the tables are split over."""
     embedding_workers: PositiveInt = 1
-    # Loader i reads share i of the input and feeds NN ranks i, i + N, ...: at most one per rank.
+    """Embedding workers between the NN ranks and the PS shards."""
     data_loaders: PositiveInt = 1
+    """Loader i reads share i of the input and feeds NN ranks i, i + N, ...: at most one per rank."""
 
     @model_validator(mode="after")
     def _a_rank_per_loader(self) -> TopologyConfig:
@@ -193,17 +237,22 @@ class PublishConfig(Strict):
     weights. Replicas serve the newest; `keep_last` versions stay to roll back to.
     """
 
-    model: Annotated[str, Field(pattern=NAME_PATTERN, max_length=128)] | None = None  # default: name
+    model: Annotated[str, Field(pattern=NAME_PATTERN, max_length=128)] | None = None
+    """The model's name, stable across attempts and resumes; default: the job's name."""
     every_seconds: PositiveFloat | None = 5.0
+    """A running job's versions; null: only at the end (and at checkpoints, with `at_checkpoints`)."""
     at_checkpoints: bool = False
+    """A version at every checkpoint too."""
     full_every: PositiveInt = 100
-    # The values as served: fp16 (2 bytes a value), or fp32. The job's own evaluation reads its rows
-    # in this dtype too, so that what it measures is what replicas answer.
+    """Every this-many-th version whole; those between: the rows changed since, and the dense weights."""
     dtype: Literal["fp16", "fp32"] = "fp16"
-    # A directory or an fsspec URL (s3://bucket/prefix): default <run-dir>/models. A model's versions
-    # are <dir>/<model>/versions/<n>.json, their files beside them (trillium.runtime.model_store).
+    """The values as served: fp16 (2 bytes a value), or fp32. The job's own evaluation reads its
+    rows in this dtype too, so that what it measures is what replicas answer."""
     dir: Annotated[str, Field(min_length=1)] | None = None
-    keep_last: PositiveInt = 20  # and every version a kept one is loaded on top of
+    """A directory or an fsspec URL (s3://bucket/prefix), under `TRILLIUM_ALLOWED_PATHS`; default
+    <run-dir>/models. A model's versions are <dir>/<model>/versions/<n>.json, their files beside."""
+    keep_last: PositiveInt = 20
+    """Versions kept to roll back to (and every version a kept one is loaded on top of)."""
 
 
 class CheckpointConfig(Strict):
@@ -215,45 +264,68 @@ class CheckpointConfig(Strict):
     """
 
     every_steps: PositiveInt | None = None
+    """A checkpoint every this many steps; null: none by steps."""
     every_seconds: PositiveFloat | None = 600.0
+    """A checkpoint every this many seconds; null: none by time."""
     keep_last: PositiveInt = 3
-    # Every full_every-th checkpoint holds the whole embedding tables; those between hold only
-    # the rows changed since the one before (a chain the restore loads oldest first). 1: all full.
+    """Complete checkpoints kept (and every one a kept one is loaded on top of)."""
     full_every: PositiveInt = 10
-    # A directory or an fsspec URL (s3://bucket/prefix, with s3fs installed); default
-    # <run-dir>/checkpoints. Each checkpoint is <dir>/<job id>/<step>/.
+    """Every this-many-th checkpoint holds the whole embedding tables; those between only the rows
+    changed since the one before (a chain the restore loads oldest first). 1: all full."""
     dir: Annotated[str, Field(min_length=1)] | None = None
-    evaluate: bool = False  # score the test split at each cut; the metrics go into the manifest
-    # A checkpoint whose parts are not all written by then is abandoned (the job goes on).
+    """A directory or an fsspec URL (s3://bucket/prefix), under `TRILLIUM_ALLOWED_PATHS`; default
+    <run-dir>/checkpoints. Each checkpoint is <dir>/<job id>/<step>/."""
+    evaluate: bool = False
+    """Score the test split at each cut; the metrics go into the manifest."""
     write_timeout_seconds: PositiveFloat = 600.0
-    # Trim the job's samples and gradients topics behind the oldest checkpoint kept, as no
-    # recovery reads there again; false keeps every record (to audit them) until the job is deleted.
+    """A checkpoint whose parts are not all written by then is abandoned (the job goes on)."""
     trim_topics: bool = True
-    max_recoveries: Annotated[int, Field(ge=0)] = 3  # recoveries before the job fails for good
+    """Trim the job's samples and gradients topics behind the oldest checkpoint kept, as no
+    recovery reads there again; false keeps every record (to audit them) until the job is deleted."""
+    max_recoveries: Annotated[int, Field(ge=0)] = 3
+    """Recoveries before the job fails for good."""
 
 
 class InitFrom(Strict):
     """A warm start: the embedding tables (resharded to this job's PS shards) and the dense model
     and optimizer of another job's checkpoint. Nothing of its input position is taken."""
 
-    job: Annotated[str, Field(pattern=NAME_PATTERN, max_length=160)]  # a job id: it names a directory
-    step: Annotated[int, Field(ge=0)] | None = None  # null: its latest complete checkpoint
-    dir: Annotated[str, Field(min_length=1)] | None = None  # where it is, if not this job's checkpoint dir
+    job: Annotated[str, Field(pattern=NAME_PATTERN, max_length=160)]
+    """The other job's id (it names a directory)."""
+    step: Annotated[int, Field(ge=0)] | None = None
+    """Its checkpoint's step; null: its latest complete checkpoint."""
+    dir: Annotated[str, Field(min_length=1)] | None = None
+    """Where its checkpoints are, if not in this job's checkpoint directory."""
 
 
 class JobConfig(Strict):
+    """A job file: what to train on, the model, and how."""
+
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=128)]
+    """The job's name: its id is the name and a suffix, and its model is named after it."""
     data: DataConfig
+    """Where the samples come from, by `source`: `csv`, `parquet`, `adult`, `criteo`, `synthetic`
+    or `kafka`."""
     slots: Annotated[list[FeatureSlot], Field(min_length=1)]
+    """The categorical inputs, each looked up in a table, in the model's input order."""
     tables: Annotated[dict[str, TableConfig], Field(min_length=1)]
+    """The embedding tables, by name."""
     dense: list[DenseColumn] = Field(default_factory=list)
+    """The numeric inputs, in the model's input order."""
     label: LabelConfig
+    """The label and which of its values are positive."""
     model: ModelSpec
+    """The dense network: a torch.nn.Module called as model(dense, embeddings)."""
     training: TrainingConfig
+    """How it trains."""
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
-    checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)  # null: no checkpoints
-    publish: PublishConfig | None = Field(default_factory=PublishConfig)  # null: serves nothing
+    """How many of each worker it uses."""
+    checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)
+    """When and where it is checkpointed; null: never (and it cannot recover)."""
+    publish: PublishConfig | None = Field(default_factory=PublishConfig)
+    """When and where its model is published for serving; null: never."""
     init_from: InitFrom | None = None
+    """A warm start from another job's checkpoint."""
 
     @model_validator(mode="after")
     def _cross_check(self) -> JobConfig:

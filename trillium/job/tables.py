@@ -11,64 +11,95 @@ from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Probability, Str
 
 
 class SgdConfig(Strict):
+    """`w -= lr * g`, for the rows a step touched."""
+
     name: Literal["sgd"]
+    """`sgd`."""
     lr: NonNegativeFloat = 0.01
+    """The learning rate."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty."""
 
 
 class AdagradConfig(Strict):
     """`acc += g*g; w -= lr * g / (sqrt(acc) + eps)`; rowwise: `acc += mean(g*g)` per row."""
 
     name: Literal["adagrad", "rowwise_adagrad"]
+    """`adagrad` (an accumulator per value) or `rowwise_adagrad` (one per row: less state)."""
     lr: NonNegativeFloat = 0.01
+    """The learning rate."""
     eps: PositiveFloat = 1e-8
+    """Added to the denominator."""
     initial_accumulator: NonNegativeFloat = 0.0
+    """The accumulator of a new row."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty."""
 
 
 class AdamConfig(Strict):
     """Adam with a per-row step count for the bias corrections (rows are updated sparsely)."""
 
     name: Literal["adam"]
+    """`adam`."""
     lr: NonNegativeFloat = 0.001
+    """The learning rate."""
     beta1: Probability = 0.9
+    """The decay of the gradient's running mean."""
     beta2: Probability = 0.999
+    """The decay of the squared gradient's running mean."""
     eps: PositiveFloat = 1e-8
+    """Added to the denominator."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty."""
 
 
 class FtrlConfig(Strict):
     """FTRL-Proximal (McMahan et al. 2013); `alpha` is the learning rate."""
 
     name: Literal["ftrl"]
+    """`ftrl`."""
     alpha: PositiveFloat = 0.05
+    """The learning rate."""
     beta: NonNegativeFloat = 1.0
+    """Smooths the per-value learning rate early on."""
     l1: NonNegativeFloat = 0.0
+    """L1 regularization: weights below it in magnitude are exactly 0 (sparse models)."""
     l2: NonNegativeFloat = 0.0
+    """L2 regularization."""
     initial_accumulator: NonNegativeFloat = 0.0
+    """The squared-gradient sum of a new row."""
 
 
 EmbeddingOptimizerConfig = Annotated[SgdConfig | AdagradConfig | AdamConfig | FtrlConfig, Field(discriminator="name")]
 
 
 class AdmissionOff(Strict):
+    """Every ID gets a row at its first sighting."""
+
     policy: Literal["off"]
+    """`off`."""
 
 
 class AdmissionProbability(Strict):
     """Admit a new ID into the table with this probability per sighting."""
 
     policy: Literal["probability"]
+    """`probability`."""
     probability: Annotated[float, Field(ge=0, le=1)]
+    """The chance a sighting of a new ID admits it; until then it reads as zeros."""
 
 
 class AdmissionThreshold(Strict):
     """Admit a new ID once a count-min sketch has seen it `threshold` times."""
 
     policy: Literal["threshold"]
+    """`threshold`."""
     threshold: PositiveInt
+    """Sightings before a new ID gets a row; until then it reads as zeros."""
     sketch_width: PositiveInt = 1 << 20
+    """Counters a row of the sketch (its memory: width x depth x 4 bytes)."""
     sketch_depth: Annotated[int, Field(ge=1, le=16)] = 4
+    """Rows of the sketch (more: fewer IDs counted too high)."""
 
 
 AdmissionConfig = Annotated[AdmissionOff | AdmissionProbability | AdmissionThreshold, Field(discriminator="policy")]
@@ -78,24 +109,38 @@ class TableConfig(Strict):
     """An embedding table on the parameter servers (rows created on first sight of an ID)."""
 
     dim: Annotated[int, Field(ge=1, le=1 << 16)]
+    """Values a row."""
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """How the PS stores a row's values (the optimizer's state stays fp32)."""
     initializer: Literal["uniform", "normal"] = "uniform"
+    """How a new row's values are drawn (from the ID and the seed: the same on every shard)."""
     init_low: float = -0.01
+    """`uniform`'s lower bound."""
     init_high: float = 0.01
+    """`uniform`'s upper bound."""
     init_mean: float = 0.0
+    """`normal`'s mean."""
     init_std: NonNegativeFloat = 0.01
+    """`normal`'s standard deviation."""
     optimizer: EmbeddingOptimizerConfig = Field(default_factory=lambda: SgdConfig(name="sgd"))
-    weight_bound: PositiveFloat | None = None  # clip weights to [-bound, bound] after each update
+    """The rows' optimizer, by `name`: `sgd`, `adagrad`, `rowwise_adagrad`, `adam` or `ftrl`."""
+    weight_bound: PositiveFloat | None = None
+    """Clip the values to [-bound, bound] after each update."""
     admission: AdmissionConfig = Field(default_factory=lambda: AdmissionOff(policy="off"))
-    capacity: PositiveInt | None = None  # rows kept per table (least recently used evicted)
-    ttl_seconds: Annotated[int, Field(ge=1, lt=1 << 31)] | None = None  # evict rows idle this long
-    ttl_updates: Annotated[int, Field(ge=1, le=1 << 31)] | None = None  # ... or this many updates
-    # The disk tier, both or neither: each PS shard keeps at most `memory_budget_gb` GiB of the
-    # table's rows in RAM (the most recently looked up) and spills the rest, with their optimizer
-    # state, to a file in the directory `disk` (a local SSD). Answers are those of the table all
-    # in RAM; rows on disk are read back when a lookup or update needs them.
+    """When a new ID gets a row, by `policy`: `off` (at once), `probability` or `threshold`."""
+    capacity: PositiveInt | None = None
+    """Rows kept per table; the least recently used are evicted."""
+    ttl_seconds: Annotated[int, Field(ge=1, lt=1 << 31)] | None = None
+    """Evict rows idle this long."""
+    ttl_updates: Annotated[int, Field(ge=1, le=1 << 31)] | None = None
+    """Evict rows not updated in this many of the table's updates."""
     memory_budget_gb: PositiveFloat | None = None
+    """The disk tier's RAM (with `disk`): each PS shard keeps at most this many GiB of the table's
+    rows in RAM (the most recently looked up) and spills the rest, with their optimizer state, to
+    `disk`. Answers are those of the table all in RAM."""
     disk: Annotated[str, Field(min_length=1)] | None = None
+    """The disk tier's directory (with `memory_budget_gb`), on a local SSD, under
+    `TRILLIUM_ALLOWED_PATHS`; rows there are read back when a lookup or update needs them."""
 
     @model_validator(mode="after")
     def _bounds(self) -> TableConfig:
