@@ -10,7 +10,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test lint test-python test-native docs test-compose test-cluster images images-offline compose-env bench up down status clean
+.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster images images-offline compose-env bench up down status clean
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -65,6 +65,11 @@ lint: $(VENV)/.installed
 test-python:
 	$(PY) -m pytest -q; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# The edit-test loop's fast tier: the native crate's tests and every Python test that needs no
+# broker (unit, native, deploy, security and API-schema tests): a few minutes where `make test` takes 20.
+test-unit: setup test-native
+	$(PY) -m pytest -q -m "not broker and not compose and not cluster"
 
 test-native: $(VENV)/.native
 	cd native && cargo test --release -q

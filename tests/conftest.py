@@ -32,6 +32,14 @@ class Infra:
         return parts._replace(path=f"/{db}").geturl()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that needs the broker (the `infra` fixture, itself or through a stack's) is marked
+    `broker`: `make test-unit` runs the others, the edit-test loop's fast tier."""
+    for item in items:
+        if "infra" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.broker)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def allowed_paths(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every stack of the tests lets jobs keep state under pytest's temporary directories (their
