@@ -64,3 +64,34 @@ def api_stack(infra, tmp_path_factory) -> ApiStack:
 @pytest.fixture(scope="session")
 def tiny_job() -> JobConfig:
     return load_job(DATA / "tiny_job.yaml")
+
+
+@dataclass
+class Served:
+    """The stack's serving replica, serving the tiny job's model: where to call it, and a probe
+    instance it answers."""
+
+    url: str
+    grpc_address: str
+    token: str
+    model: str
+    probe: dict
+
+
+@pytest.fixture(scope="session")
+def served(api_stack, tiny_job) -> Served:
+    replica = next(p for p in stack.read_state(api_stack.run_dir)["processes"] if p["role"] == "serving")
+    job = api_stack.http.post("/jobs", json=tiny_job.model_dump(mode="json"))
+    assert job.status_code == 201, job.text
+    api_stack.wait_for(job.json()["id"], {"finished"}, timeout_s=300)
+    http = httpx.Client(base_url=replica["http_url"], headers={"Authorization": f"Bearer {api_stack.token}"})
+    probe = {"C1": "a", "I1": "3"}
+    deadline = time.monotonic() + 60
+    while http.post(f"/v1/models/{tiny_job.name}:predict", json={"instances": [probe]}).status_code != 200:
+        assert time.monotonic() < deadline, "the replica serves no version of the tiny job"
+        time.sleep(0.2)
+    yield Served(replica["http_url"], replica["grpc_address"], api_stack.token, tiny_job.name, probe)
+    # Every fuzzed request is over: the replica answers as it did.
+    r = http.post(f"/v1/models/{tiny_job.name}:predict", json={"instances": [probe]})
+    assert r.status_code == 200, r.text
+    http.close()

@@ -1,0 +1,113 @@
+"""Property-based fuzzing of a serving replica's gRPC Predict, over a real channel to the stack's
+replica serving a trained model, with the token: bytes that are no PredictRequest, instances that
+are no JSON or msgpack (or say the other format), values of every type msgpack has (bytes, NaN,
+integer keys), unknown models and formats, and more instances than a request may hold are each
+answered with the code the proto names (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND), never
+INTERNAL or UNKNOWN; and the replica answers the probe exactly as before, and as fast."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import msgpack
+import pytest
+from fuzzed_instances import FIELDS, INSTANCES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trillium.wire.pb import serving_pb2 as pb
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Serving"].full_name
+CLEAR = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+}
+# msgpack carries what JSON cannot: bytes, non-finite floats, keys that are no strings.
+PACKED_VALUES = st.one_of(
+    st.binary(max_size=16),
+    st.floats(),
+    st.integers(-(1 << 63), (1 << 64) - 1),
+    st.dictionaries(st.integers(), st.text(max_size=4), max_size=2),
+)
+PACKED = st.lists(
+    st.one_of(st.dictionaries(st.sampled_from(FIELDS), st.one_of(PACKED_VALUES, st.text(max_size=8)), max_size=8)),
+    max_size=20,
+)
+
+
+@pytest.fixture(scope="module")
+def predict(served):
+    channel = grpc.insecure_channel(served.grpc_address)
+    call = channel.unary_unary(f"/{SERVICE}/Predict")  # bytes in, bytes out
+    metadata = (("authorization", f"Bearer {served.token}"),)
+
+    def send(payload: bytes) -> tuple[grpc.StatusCode, bytes | None]:
+        try:
+            return grpc.StatusCode.OK, call(payload, metadata=metadata, timeout=30)
+        except grpc.RpcError as err:
+            return err.code(), None
+
+    yield send
+    channel.close()
+
+
+def request(model: str, instances: bytes, format: str) -> bytes:
+    return pb.PredictRequest(model=model, instances=instances, format=format).SerializeToString()
+
+
+def probe_answer(predict, served) -> list[float]:
+    code, reply = predict(request(served.model, json.dumps([served.probe] * 4).encode(), "json"))
+    assert code == grpc.StatusCode.OK, code
+    return list(pb.PredictResponse.FromString(reply).predictions)
+
+
+@pytest.fixture(scope="module")
+def before(predict, served) -> list[float]:
+    """The probe's predictions before any fuzzing (the first test asks for them)."""
+    return probe_answer(predict, served)
+
+
+@st.composite
+def requests(draw, model: str) -> bytes:
+    format = draw(st.sampled_from(["", "json", "msgpack", "msgpack", "JSON", "protobuf", "\x00"]))
+    body = draw(
+        st.one_of(
+            INSTANCES.map(lambda i: json.dumps(i).encode()),
+            PACKED.map(msgpack.packb),
+            st.binary(max_size=64),
+            st.sampled_from([b"{}", b"null", b"[", b"\x91\xc1", b"[[[[[[[[[[[[]]]]]]]]]]]]"]),
+        )
+    )
+    name = draw(st.one_of(st.just(model), st.just(model), st.text(max_size=12)))
+    return request(name, body, format)
+
+
+def test_bytes_that_are_no_request_are_invalid_argument(predict, before) -> None:
+    for garbage in (b"\xff" * 7, b"\x12\xff\xff\xff\xff\x0f", bytes(range(256))):
+        assert predict(garbage)[0] == grpc.StatusCode.INVALID_ARGUMENT, garbage
+
+
+def test_more_instances_than_a_request_holds_are_resource_exhausted(predict, served) -> None:
+    many = json.dumps([served.probe] * 5000).encode()  # the replica takes 1024 a request
+    assert predict(request(served.model, many, "json"))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert predict(request("no-such-model", b"[]", "json"))[0] == grpc.StatusCode.NOT_FOUND
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_requests_of_any_shape_are_answered_with_a_clear_code(predict, served, data) -> None:
+    payload = data.draw(requests(served.model))
+    code, _ = predict(payload)
+    assert code in CLEAR, (code, pb.PredictRequest.FromString(payload))
+
+
+def test_the_replica_answers_as_before_and_as_fast_after_the_fuzzing(predict, served, before) -> None:
+    started = time.perf_counter()
+    for _ in range(50):
+        assert probe_answer(predict, served) == before
+    per_call = (time.perf_counter() - started) / 50
+    assert per_call < 0.05, f"a probe prediction took {per_call * 1e3:.1f} ms after the fuzzing"
