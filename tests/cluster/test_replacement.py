@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from timeline import after_first_checkpoint, check, record_fault
+from waiting import wait_until
 
 from trillium import stack
 from trillium.config import (
@@ -62,13 +63,6 @@ def _start(cluster, host, role: str, index: int) -> subprocess.Popen[bytes]:
         )
 
 
-def _wait(predicate, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(0.2)
-
-
 def _proc(cluster, name: str) -> dict:
     return next(p for p in stack.read_state(cluster)["processes"] if p["name"] == name)
 
@@ -88,13 +82,13 @@ def test_a_shard_cut_off_for_good_is_replaced_on_another_host_and_fenced_out(
             waiting = client.job(job_id)["waiting_for"]
             return len(waiting) == 1 and waiting[0].startswith("embedding_ps-1 unreachable since ")
 
-        _wait(waits_for_the_shard, "the job to say it waits for embedding_ps-1", 60)
+        wait_until(waits_for_the_shard, "the job to say it waits for embedding_ps-1", 60)
 
         # The operator's move: the same role and index on a new host.
         host = network.add_host("embedding_ps-1-b")
         replacement = _start(cluster, host, "embedding_ps", 1)
         started = time.monotonic()
-        _wait(lambda: timeline.progress_at(started) is not None, "the job to train on the replacement", 180)
+        wait_until(lambda: timeline.progress_at(started) is not None, "the job to train on the replacement", 180)
         scheme = urlsplit(stack.read_state(cluster)["coordinator_url"]).scheme
         assert next(w for w in client.workers() if w["name"] == "embedding_ps-1")["http_url"].startswith(
             f"{scheme}://{host.address}:"
@@ -102,7 +96,9 @@ def test_a_shard_cut_off_for_good_is_replaced_on_another_host_and_fenced_out(
 
         # The old host comes back: its process is refused, exits, and stays stopped.
         network.heal()
-        _wait(lambda: _proc(cluster, "embedding_ps-1")["state"] == "replaced", "the old shard to be fenced out", 60)
+        wait_until(
+            lambda: _proc(cluster, "embedding_ps-1")["state"] == "replaced", "the old shard to be fenced out", 60
+        )
         view = timeline.wait(300)
         check(view, uninterrupted)
         holder = next(w for w in client.workers() if w["name"] == "embedding_ps-1")

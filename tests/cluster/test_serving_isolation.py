@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from timeline import FAULT_EPOCHS, HOLD_S, Timeline, check, cluster_job, record_fault
+from waiting import wait_until
 
 from trillium import stack, timeouts
 from trillium.runtime.model_store import ModelStore
@@ -52,14 +53,6 @@ class Replica:
         return r.json()["version"]
 
 
-def wait_for(predicate, what: str, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"no {what} in {timeout_s:.0f}s"
-        time.sleep(0.2)
-    return value
-
-
 def test_serving_cut_off_from_kafka_and_the_store(cluster, network: Network, uninterrupted, monkeypatch) -> None:
     state = stack.read_state(cluster)
     for name, value in object_store.stack_env(state).items():
@@ -79,7 +72,7 @@ def test_serving_cut_off_from_kafka_and_the_store(cluster, network: Network, uni
             assert timeline.last_view["job"]["state"] != "failed", timeline.last_view["job"]["error"]
         return (replica.view()["version"] or 0) >= 2
 
-    wait_for(second_version, "second version served", 120)
+    wait_until(second_version, "second version served", 120)
 
     served = replica.view()["version"]
     began = network.cut("serving-0", "kafka")
@@ -99,7 +92,7 @@ def test_serving_cut_off_from_kafka_and_the_store(cluster, network: Network, uni
     assert newest > served, f"the job published nothing past version {served} in {HOLD_S:.0f}s"
     healed = network.heal()
 
-    caught_up = wait_for(lambda: (replica.view()["version"] or 0) >= newest and time.monotonic(), "catch-up", 120)
+    caught_up = wait_until(lambda: (replica.view()["version"] or 0) >= newest and time.monotonic(), "catch-up", 120)
     after = replica.view()
     assert after["store_unreachable_since"] is None and after["store_error"] is None, after
     assert replica.predict() >= newest

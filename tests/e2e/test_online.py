@@ -18,6 +18,7 @@ import pytest
 import torch
 from topic_records import read_all
 from typer.testing import CliRunner
+from waiting import wait_until
 
 import trillium_native
 from trillium import stack
@@ -33,14 +34,6 @@ from trillium.stack.client import CoordinatorClient
 from trillium.wire import codec, kafka
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _wait(predicate, what: str, timeout_s: float = 300.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
 
 
 def _state(client: CoordinatorClient, job_id: str) -> str:
@@ -122,7 +115,7 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
     client = CoordinatorClient.for_stack(training_stack)
     try:
         job_id = client.submit(job)["id"]
-        view = _wait(
+        view = wait_until(
             lambda: (
                 (v := client.job(job_id))["stream"]
                 and v["stream"]["joined"].get("negatives", 0) + v["stream"]["joined"].get("positives", 0) >= 6
@@ -133,7 +126,7 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
         time.sleep(1.0)  # nothing more may come
         view = client.job(job_id)
         client.stop(job_id)
-        _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
+        wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
     finally:
         client.close()
     assert view["stream"]["joined"] == {
@@ -193,7 +186,7 @@ def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(trai
     try:
         job_id = client.submit(job)["id"]
         closed = 3 if action == "clamp" else 2
-        view = _wait(
+        view = wait_until(
             lambda: (
                 (v := client.job(job_id))["stream"]
                 and sum(v["stream"]["joined"].get(k, 0) for k in ("positives", "negatives")) >= closed
@@ -202,7 +195,7 @@ def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(trai
             "the impressions to close",
         )
         client.stop(job_id)
-        _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
+        wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
     finally:
         client.close()
     assert view["stream"]["events"]["clock_future"] == 2  # the impression and its click
@@ -236,24 +229,24 @@ def test_a_checkpoint_asked_for_while_the_stream_is_quiet_is_taken_within_second
     cli = CliRunner()
     try:
         job_id = client.submit(job)["id"]
-        quiet = _wait(
+        quiet = wait_until(
             lambda: (v := client.job(job_id))["progress"]["samples"] == 3 and v, "the three impressions trained"
         )
         assert quiet["last_checkpoint"] is None
         asked = time.monotonic()
         taken = cli.invoke(app, ["checkpoints", job_id, "--take", "--run-dir", str(training_stack)])
         assert taken.exit_code == 0, taken.output
-        checkpoint = _wait(lambda: client.job(job_id)["last_checkpoint"], "the checkpoint", timeout_s=5.0)
+        checkpoint = wait_until(lambda: client.job(job_id)["last_checkpoint"], "the checkpoint", timeout_s=5.0)
         took = time.monotonic() - asked
-        _wait(lambda: client.job(job_id)["progress"]["steps"] > checkpoint["step"] + 2, "ticks after it")
+        wait_until(lambda: client.job(job_id)["progress"]["steps"] > checkpoint["step"] + 2, "ticks after it")
         client.request_checkpoint(job_id)
-        later = _wait(
+        later = wait_until(
             lambda: (c := client.job(job_id)["last_checkpoint"]) and c["step"] > checkpoint["step"] and c,
             "a checkpoint after a few ticks",
             timeout_s=5.0,
         )
         client.stop(job_id, checkpoint=False)
-        final = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the job to stop", 120)
+        final = wait_until(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the job to stop", 120)
     finally:
         client.close()
     assert checkpoint["reason"] == "request" and took <= 5.0
@@ -296,11 +289,11 @@ def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, 
     feed = _replaying(tmp_path / "stream.tsv", job, infra.kafka, rate=6000, seed=3)
     try:
         job_id = client.submit(job)["id"]
-        view = _wait(
+        view = wait_until(
             lambda: (v := client.job(job_id))["progressive"]["scored"] >= 300_000 and v, "300k samples scored", 900
         )
         client.stop(job_id)
-        _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
+        wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
     finally:
         client.close()
         feed.join()
@@ -329,18 +322,20 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
     client = CoordinatorClient.for_stack(training_stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: _state(client, job_id) == "running", "the job to run")
+        wait_until(lambda: _state(client, job_id) == "running", "the job to run")
         feed = _replaying(tmp_path / "stream.tsv", job, infra.kafka, rate=6000, seed=5)
-        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a checkpoint")
+        wait_until(lambda: client.job(job_id)["last_checkpoint"] is not None, "a checkpoint")
         loader = next(p for p in stack.read_state(training_stack)["processes"] if p["name"] == "data_loader-0")
         os.kill(loader["pid"], signal.SIGKILL)
-        _wait(lambda: (v := client.job(job_id))["job"]["recoveries"] and v["job"]["state"] == "running", "recovery")
+        wait_until(
+            lambda: (v := client.job(job_id))["job"]["recoveries"] and v["job"]["state"] == "running", "recovery"
+        )
         client.stop(job_id)  # with a final checkpoint, the joiner's open impressions in it
-        stopped = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
+        stopped = wait_until(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
         assert stopped["last_checkpoint"]["step"] == stopped["progress"]["steps"] - 1
         client.resume(job_id)
         feed.join()
-        _wait(
+        wait_until(
             lambda: (
                 (v := client.job(job_id))["stream"]
                 and v["stream"]["events"].get("samples", 0) >= rows
@@ -350,7 +345,7 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
             600,
         )
         client.stop(job_id)
-        final = _wait(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
+        final = wait_until(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the stop", 120)
     finally:
         client.close()
     killed, resumed = final["job"]["recoveries"]

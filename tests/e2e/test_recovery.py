@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ from aiokafka import TopicPartition
 from ledger import assert_exactly_once_at_the_ps, final_runs
 from pipeline_helpers import DATA, run_to_end, with_training
 from typer.testing import CliRunner
+from waiting import wait_until
 
 from trillium.cli import app
 from trillium.config import KafkaConnection, StackTopology
@@ -33,6 +34,9 @@ from trillium.wire import kafka
 
 EPOCHS = 40
 EVERY_STEPS = 40  # 10 steps an epoch: a checkpoint every 4 epochs
+
+# The kills are timed against checkpoints and steps: poll every 50 ms.
+wait = functools.partial(wait_until, every_s=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +72,6 @@ def _pid(run_dir: Path, name: str) -> int:
     return next(p["pid"] for p in read_state(run_dir)["processes"] if p["name"] == name)
 
 
-def _wait(predicate, what: str, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _assert_exactly_once(view: dict, job: JobConfig) -> None:
     """Every sample trained once an epoch, as the ranks count (restored from the checkpoint with
     them), and every step's gradients of every rank held once in the final model, as the PS shards
@@ -94,7 +91,7 @@ def _kill_after_a_checkpoint(stack: Path, job: JobConfig, victim: str, before_ki
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
+        wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
         view = client.job(job_id)
         assert view["job"]["state"] == "running", view["job"]["error"]
         assert view["progress"]["samples"] < 0.7 * EPOCHS * 1000, "the job ran too far before the kill"
@@ -185,7 +182,7 @@ def test_a_disk_tier_that_fills_fails_the_job_naming_why_and_its_last_checkpoint
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
+        wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
         assert client.job(job_id)["progress"]["samples"] < 0.5 * 20_000, "the job ran too far before the disk filled"
         with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):  # ENOSPC: the disk is full
             while True:
@@ -271,7 +268,7 @@ def test_a_corrupt_checkpoint_is_refused_and_recovery_takes_the_one_before(stack
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(sync_job)["id"]
-        _wait(lambda: len(client.checkpoints(job_id)) >= 2, "two checkpoints")
+        wait(lambda: len(client.checkpoints(job_id)) >= 2, "two checkpoints")
         client.pause(job_id)  # no newer checkpoint while we damage the newest
         listing = client.checkpoints(job_id)
         newest, older = listing[-1], listing[-2]
@@ -302,8 +299,8 @@ def test_a_checkpoint_that_cannot_be_written_is_abandoned_and_the_job_goes_on(st
         # Well before step `blocked`: the job has not trained its first step yet.
         (tmp_path / "checkpoints" / job_id).mkdir(parents=True)
         (tmp_path / "checkpoints" / job_id / str(blocked)).write_text("not a checkpoint directory")
-        _wait(lambda: client.job(job_id)["job"]["checkpoint_failures"]["count"] == 1, "the checkpoint to fail")
-        _wait(lambda: f'trillium_job_checkpoint_failures{{job="{job_id}"}} 1.0' in _metrics(stack), "the metric")
+        wait(lambda: client.job(job_id)["job"]["checkpoint_failures"]["count"] == 1, "the checkpoint to fail")
+        wait(lambda: f'trillium_job_checkpoint_failures{{job="{job_id}"}} 1.0' in _metrics(stack), "the metric")
         view = client.follow(job_id, timeout_s=300)
         listing = client.checkpoints(job_id)
     finally:
@@ -330,7 +327,7 @@ def test_a_jobs_topics_are_trimmed_behind_its_checkpoints_and_deleted_once_it_fi
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: len(client.checkpoints(job_id)) >= 3, "three checkpoints")
+        wait(lambda: len(client.checkpoints(job_id)) >= 3, "three checkpoints")
         client.pause(job_id)  # no newer checkpoint while we look
         topics = client.job(job_id)["job"]["topics"]
         oldest = client.checkpoints(job_id)[-2]  # of the 2 kept; those before are kept as delta bases
@@ -340,13 +337,13 @@ def test_a_jobs_topics_are_trimmed_behind_its_checkpoints_and_deleted_once_it_fi
             for p, offset in oldest["positions"][topic].items()
         }
         assert all(offset > 0 for offset in trimmed.values()), oldest["positions"]
-        _wait(
+        wait(
             lambda: asyncio.run(_offsets(conn, trimmed, first=True)) == trimmed, "the trim behind the oldest checkpoint"
         )
         client.resume(job_id)
         view = client.follow(job_id, timeout_s=300)
         assert view["job"]["state"] == "finished", view["job"]["error"]
-        _wait(lambda: client.job(job_id)["job"]["topics_deleted"], "the finished job's topics deleted")
+        wait(lambda: client.job(job_id)["job"]["topics_deleted"], "the finished job's topics deleted")
     finally:
         client.close()
     _assert_exactly_once(view, sync_job)
@@ -362,7 +359,7 @@ def test_a_job_without_checkpoints_has_its_applied_gradients_deleted(stack, sync
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: client.job(job_id)["progress"]["samples"] > 0, "steps trained")
+        wait(lambda: client.job(job_id)["progress"]["samples"] > 0, "steps trained")
         client.pause(job_id)  # the ranks hold: every shard applies all there is, then trims behind it
         topic = client.job(job_id)["job"]["topics"]["gradients"]
         partitions = [(topic, shard) for shard in range(job.topology.ps_shards)]
@@ -371,7 +368,7 @@ def test_a_job_without_checkpoints_has_its_applied_gradients_deleted(stack, sync
             firsts = asyncio.run(_offsets(conn, partitions, first=True))
             return all(firsts.values()) and firsts == asyncio.run(_offsets(conn, partitions, first=False))
 
-        _wait(all_deleted, "the applied gradients deleted")
+        wait(all_deleted, "the applied gradients deleted")
         client.resume(job_id)
         view = client.follow(job_id, timeout_s=300)
         assert view["job"]["state"] == "finished", view["job"]["error"]
@@ -416,11 +413,11 @@ def test_a_stopped_job_resumes_from_its_last_checkpoint(stack, sync_job, final_c
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(sync_job)["id"]
-        _wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
+        wait(lambda: client.job(job_id)["last_checkpoint"] is not None, "a first checkpoint")
         stop = ["stop", job_id, "--run-dir", str(stack), *([] if final_checkpoint else ["--no-checkpoint"])]
         stopped = cli.invoke(app, stop)
         assert stopped.exit_code == 0, stopped.output
-        _wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop")
+        wait(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop")
         view = client.job(job_id)
         assert view["job"]["error"] is None
         listing = cli.invoke(app, ["checkpoints", job_id, "--run-dir", str(stack), "--json"])
@@ -446,7 +443,7 @@ def test_a_job_without_a_checkpoint_fails_naming_the_process(stack, sync_job) ->
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: client.job(job_id)["progress"]["samples"] > 2000, "training to get going")
+        wait(lambda: client.job(job_id)["progress"]["samples"] > 2000, "training to get going")
         os.kill(_pid(stack, "embedding_ps-0"), signal.SIGKILL)
         view = client.follow(job_id, timeout_s=120)
     finally:
@@ -467,7 +464,7 @@ def test_a_job_resharded_live_from_2_to_3_to_1_shards_trains_every_sample_once(s
         job_id = client.submit(sync_job)["id"]
         rows, steps = None, 20
         for shards in (3, 1):
-            _wait(lambda steps=steps: client.job(job_id)["progress"]["steps"] >= steps, f"step {steps}")
+            wait(lambda steps=steps: client.job(job_id)["progress"]["steps"] >= steps, f"step {steps}")
             view = client.job(job_id)
             assert view["job"]["state"] == "running", view["job"]["error"]
             assert view["progress"]["samples"] < 0.7 * EPOCHS * 1000, "the job ran too far before the reshard"
@@ -480,7 +477,7 @@ def test_a_job_resharded_live_from_2_to_3_to_1_shards_trains_every_sample_once(s
             else:
                 asked = client.reshard(job_id, shards)["reshards"][-1]
                 assert (asked["from_shards"], asked["to_shards"], asked["state"]) == (3, 1, "pending"), asked
-            _wait(
+            wait(
                 lambda attempt=attempt: (
                     (v := client.job(job_id)["job"])["state"] == "running" and v["attempt"] > attempt
                 ),
@@ -503,7 +500,7 @@ def test_a_job_resharded_live_from_2_to_3_to_1_shards_trains_every_sample_once(s
             steps = resharded["checkpoint_step"] + 21  # 20 steps on these shards before the next
         # The shards the job no longer uses have left its attempt, and freed its tables.
         left = {"embedding_ps-1", "embedding_ps-2"}
-        _wait(
+        wait(
             lambda: (
                 {
                     w["name"]
@@ -540,14 +537,14 @@ def test_a_reshard_whose_checkpoint_fails_leaves_the_job_on_its_shards(stack, sy
     client = CoordinatorClient.for_stack(stack)
     try:
         job_id = client.submit(job)["id"]
-        _wait(lambda: client.job(job_id)["progress"]["steps"] >= 20, "step 20")
+        wait(lambda: client.job(job_id)["progress"]["steps"] >= 20, "step 20")
         base = tmp_path / "checkpoints" / job_id
         base.mkdir(parents=True, exist_ok=True)
         blocked = [base / str(step) for step in range(client.job(job_id)["progress"]["steps"], EPOCHS * 10)]
         for path in blocked:
             path.write_text("not a checkpoint directory")
         client.reshard(job_id, 3)
-        _wait(lambda: client.job(job_id)["job"]["reshards"][-1]["state"] != "pending", "the reshard to fail")
+        wait(lambda: client.job(job_id)["job"]["reshards"][-1]["state"] != "pending", "the reshard to fail")
         for path in blocked:
             path.unlink()
         view = client.follow(job_id, timeout_s=300)

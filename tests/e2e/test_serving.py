@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from pipeline_helpers import DATA, run_to_end
+from waiting import wait_until
 
 from trillium import stack
 from trillium.data import load_job
@@ -30,14 +31,6 @@ from trillium.wire import kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 SKEW = 1e-5  # serving's predictions against the job's evaluation of the same version
-
-
-def _wait_for(predicate, what: str, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
 
 
 class Replica:
@@ -61,11 +54,11 @@ class Replica:
             return False
 
     def wait_for_any(self, model: str, timeout_s: float) -> int:
-        return _wait_for(lambda: self.view(model)["version"], f"a version of {model}", timeout_s)
+        return wait_until(lambda: self.view(model)["version"], f"a version of {model}", timeout_s)
 
     def wait_for_newer(self, model: str, version: int, timeout_s: float) -> int:
         """Until the replica serves `version` or a newer one; returns the one it serves."""
-        return _wait_for(
+        return wait_until(
             lambda: (v := self.view(model)["version"]) is not None and v >= version and v,
             f"version {version} of {model}",
             timeout_s,
@@ -271,7 +264,7 @@ def test_an_online_job_is_served_fresh_through_crashes(training_stack, infra, tm
         store = ModelStore.of(job, training_stack)
         assert "delta" in {store.manifest(v).kind for v in store.versions()}  # 2 s apart: on committed bases
 
-        _wait_for(lambda: client.job(job_id)["last_checkpoint"], "a checkpoint", 120)
+        wait_until(lambda: client.job(job_id)["last_checkpoint"], "a checkpoint", 120)
         held = replica.view(job.name)["version"]
         os.kill(_pid(training_stack, "embedding_ps-1"), signal.SIGKILL)
         # Answers keep coming while the job recovers, from versions that only move forward.
@@ -286,11 +279,11 @@ def test_an_online_job_is_served_fresh_through_crashes(training_stack, infra, tm
         assert client.job(job_id)["job"]["attempt"] == 1
 
         os.kill(_pid(training_stack, "serving-0"), signal.SIGKILL)
-        _wait_for(lambda: _pid(training_stack, "serving-0") and replica.ready(), "the replica back", 120)
+        wait_until(lambda: _pid(training_stack, "serving-0") and replica.ready(), "the replica back", 120)
         assert replica.wait_for_newer(job.name, recovered, 60) >= recovered
         assert replica.view(job.name)["version"] >= store.versions()[-1] - 2  # at the newest, within a version or two
         feed.join()  # the stream played to its end
     finally:
         client.stop(job_id)
-        _wait_for(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
+        wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 120)
         client.close()
