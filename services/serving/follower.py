@@ -72,6 +72,9 @@ class ModelFollower:
         self.state = FollowerState()
         self.loaded = asyncio.Event()  # set once a version serves (or the store holds none yet: see `ready`)
         self._wake = asyncio.Event()
+        # Held while a version is applied or a pin loads: a pin never lands in the middle of a
+        # catch-up's version, to be overwritten by it when that version's load ends.
+        self._applying = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._on_change: Callable[[ModelFollower, VersionManifest | None, float], None] = lambda *_: None
 
@@ -98,9 +101,10 @@ class ModelFollower:
         (or LookupError when there is no such version) leaves things as they were."""
         if version not in await asyncio.to_thread(self.store.versions):
             raise LookupError(f"model {self.name} has no version {version}")
-        served = await self._load_chain(version)
-        self.state.pinned = version
-        self._serve(served)
+        async with self._applying:
+            served = await self._load_chain(version)
+            self.state.pinned = version
+            self._serve(served)
         return served.manifest
 
     async def unpin(self) -> None:
@@ -176,32 +180,44 @@ class ModelFollower:
         self._store_answered()  # before applying them: a version served is a store that answered
         versions = [v for v in listed if not self._refused(v)]
         if self.served is None:
-            # A replica starts at the newest version that loads: its chain brings the rest.
-            for version in reversed(versions):
-                try:
-                    self._serve(await self._load_chain(version))
+            async with self._applying:
+                await self._start_at_newest(versions)
+        for version in versions:
+            async with self._applying:  # a pin asked meanwhile waits for this version, then wins
+                if self.state.pinned is not None:
                     break
-                except (CorruptVersion, OSError, ValueError) as err:
-                    if unreachable(err):
-                        raise
-                    self._refuse(version, err)
-            else:
-                self.state.error = f"no version of {self.name} loads" if versions else "no version published yet"
-        for version in [v for v in versions if self.served is not None and v > self.served.version]:
-            if self.state.pinned is not None:
-                break
+                if self.served is not None and version > self.served.version:
+                    await self._apply(version)
+        self.loaded.set()
+
+    async def _start_at_newest(self, versions: list[int]) -> None:
+        """A replica starts at the newest version that loads: its chain brings the rest."""
+        for version in reversed(versions):
+            if self.served is not None:  # a pin loaded one meanwhile
+                return
             try:
-                manifest = await asyncio.to_thread(self.store.manifest, version)
-                if self.served.fits(manifest):
-                    seconds = await asyncio.to_thread(self.served.apply, manifest)
-                    self._served_version(manifest, seconds)
-                else:  # a new lineage, other tables, a base these tables never reached
-                    self._serve(await self._load_chain(version))
+                self._serve(await self._load_chain(version))
+                return
             except (CorruptVersion, OSError, ValueError) as err:
                 if unreachable(err):
                     raise
                 self._refuse(version, err)
-        self.loaded.set()
+        self.state.error = f"no version of {self.name} loads" if versions else "no version published yet"
+
+    async def _apply(self, version: int) -> None:
+        """`version` on top of the tables served when it fits them, else its chain anew."""
+        assert self.served is not None
+        try:
+            manifest = await asyncio.to_thread(self.store.manifest, version)
+            if self.served.fits(manifest):
+                seconds = await asyncio.to_thread(self.served.apply, manifest)
+                self._served_version(manifest, seconds)
+            else:  # a new lineage, other tables, a base these tables never reached
+                self._serve(await self._load_chain(version))
+        except (CorruptVersion, OSError, ValueError) as err:
+            if unreachable(err):
+                raise
+            self._refuse(version, err)
 
     def _refused(self, version: int) -> bool:
         return any(r.version == version for r in self.state.refused)

@@ -35,6 +35,10 @@ from trillium.runtime.storage import StorageDir
 RETRIES = 3  # versions applied under one request before it gives up (a version takes seconds to come)
 
 
+class VersionChurn(RuntimeError):
+    """Versions were applied under every try of one request: the replica is busy (503), not broken."""
+
+
 @dataclass(frozen=True)
 class _Version:
     manifest: VersionManifest
@@ -130,7 +134,7 @@ class ServedModel:
             if read_at == version.manifest.version:
                 break
         else:
-            raise RuntimeError(f"{self.name}: versions changed under {RETRIES} tries of one request")
+            raise VersionChurn(f"{self.name}: versions changed under {RETRIES} tries of one request")
         pooled = pooling.pool(plan, dict(zip(names, rows, strict=True)))
         with torch.inference_mode():
             out = logits(

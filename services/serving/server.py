@@ -9,7 +9,8 @@ Requests come over REST (api.py) and gRPC (`Predict`, proto/serving.proto), both
 stack's token; both run the same `predict`.
 
 The replica is ready (`/readyz`, a Kubernetes readiness probe) once every model the registry
-names has tried its first load: a replica never takes traffic it would answer with 503s.
+names has tried its first load, however long a large model takes: a replica never takes traffic
+it would answer with 503s.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ from trillium.wire.pb import serving_pb2_grpc as pb_grpc
 
 from .api import PredictResponse, bad_instance, router
 from .follower import ModelFollower
+from .served import VersionChurn
 
 logger = logging.getLogger("trillium.serving")
 
 INLINE_INSTANCES = 8  # requests up to this many instances are answered on the event loop
 DISCOVER_S = 1.0  # how often the model registry is read for models new to the replica
-FIRST_LOAD_S = 300.0  # readiness waits this long for the first loads, then goes ready anyway
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUESTS = Counter("trillium_serving_requests_total", "prediction requests", ["model", "protocol", "code"])
@@ -128,13 +129,10 @@ class ServingReplica(Service):
             lambda server: pb_grpc.add_ServingServicer_to_server(_Servicer(self), server),
         )
         self._discovery = asyncio.create_task(self._discover(), name="model discovery")
-        # Ready once every model known now has tried its first load (bounded: a huge model
-        # still loading does not keep the replica out of its readiness forever).
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._first_load.wait(), FIRST_LOAD_S)
-        # What start-up made (torch, the models) lives on: out of the collector's sight, so a full
-        # collection does not walk it in the middle of a request (a p99 of milliseconds).
-        gc.freeze()
+
+    def accepts_traffic(self) -> bool:
+        """Ready once every model known at the start has tried its first load (`_discover`)."""
+        return self._first_load.is_set()
 
     async def stop(self) -> None:
         self._discovery.cancel()
@@ -161,7 +159,11 @@ class ServingReplica(Service):
                 if only is not None and only not in registry:
                     logger.warning("model not published yet", extra={"model": only})
                 await asyncio.gather(*loading)
-                self._first_load.set()
+                if not self._first_load.is_set():
+                    # What start-up made (torch, the models) lives on: out of the collector's sight,
+                    # so a full collection does not walk it in the middle of a request.
+                    gc.freeze()
+                    self._first_load.set()
             except Exception as err:  # noqa: BLE001 (Redis away: the models served go on)
                 logger.warning("model registry unavailable", extra={"error": str(err)})
             await asyncio.sleep(DISCOVER_S)
@@ -219,6 +221,8 @@ class ServingReplica(Service):
                 prediction = served.predict(instances)
             except BadInstance as err:
                 raise bad_instance(err) from None
+            except VersionChurn as err:  # the caller's retry lands on a settled version
+                raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(err)) from None
             INSTANCES.labels(model).inc(len(instances))
             for table, misses in prediction.misses.items():
                 if misses:

@@ -11,6 +11,7 @@ import json
 import time
 
 import grpc
+import httpx
 import msgpack
 import pytest
 from fuzzed_instances import FIELDS, INSTANCES
@@ -84,6 +85,29 @@ def requests(draw, model: str) -> bytes:
     )
     name = draw(st.one_of(st.just(model), st.just(model), st.text(max_size=12)))
     return request(name, body, format)
+
+
+def test_a_call_without_the_token_or_with_another_is_unauthenticated(served) -> None:
+    with grpc.insecure_channel(served.grpc_address) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/Predict")
+        payload = request(served.model, json.dumps([served.probe]).encode(), "json")
+        for metadata in ((), (("authorization", "Bearer not-the-stack-token-0123"),), (("authorization", "x"),)):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(payload, metadata=metadata, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+
+
+def test_grpc_answers_what_rest_answers(predict, served) -> None:
+    """The same instances over gRPC (JSON and msgpack) and REST: the same version, the same
+    probabilities to the bit (one `predict` behind both)."""
+    instances = [served.probe, {"C1": "b", "I1": "7", "C2": "x"}, {}]
+    code, reply = predict(request(served.model, msgpack.packb(instances), "msgpack"))
+    assert code == grpc.StatusCode.OK, code
+    over_grpc = pb.PredictResponse.FromString(reply)
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {served.token}"}) as http:
+        over_rest = http.post(f"/v1/models/{served.model}:predict", json={"instances": instances}).json()
+    assert over_grpc.version == over_rest["version"]
+    assert list(over_grpc.predictions) == pytest.approx(over_rest["predictions"], rel=0, abs=0)
 
 
 def test_bytes_that_are_no_request_are_invalid_argument(predict, before) -> None:

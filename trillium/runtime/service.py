@@ -137,6 +137,11 @@ class Service:
     async def stop(self) -> None:
         """Stop the service's own work; finish or hand back what is in flight."""
 
+    def accepts_traffic(self) -> bool:
+        """Whether /readyz may say ready once `start` has returned (a role with more to load says
+        when it has)."""
+        return True
+
     def health(self) -> dict[str, Any]:
         """Service-specific fields reported by /healthz and in heartbeats."""
         return {}
@@ -371,9 +376,10 @@ class Service:
 
         @app.get("/readyz", tags=["health"])
         async def readyz(response: Response) -> dict[str, Any]:
-            if not self.ready:
+            ready = self.ready and self.accepts_traffic()
+            if not ready:
                 response.status_code = 503
-            return {"ready": self.ready}
+            return {"ready": ready}
 
         @app.get("/metrics", tags=["health"], dependencies=authorized)
         async def metrics() -> Response:
