@@ -150,7 +150,7 @@ class NNWorker(Service):
         return {"rank": self.settings.index, "samples_trained": self.trained, "device": device}
 
     async def left_attempt(self) -> None:
-        if self._group_dirty and not self._stopping.is_set():
+        if self._group_dirty and not self.stopping.is_set():
             logger.warning("left an attempt whose collectives may still block the torch thread")
             await self.restart_process()
 

@@ -8,6 +8,7 @@ import contextlib
 
 from unconnected import unconnected_settings
 
+from trillium.runtime.heartbeats import heartbeat_on_job_changes
 from trillium.runtime.service import Service
 from trillium.wire import state
 
@@ -19,14 +20,14 @@ class Worker(Service):
 async def test_an_announced_job_change_sends_a_heartbeat_at_once(infra) -> None:
     url = infra.redis_database(8)
     worker = Worker(unconnected_settings("embedding_ps").model_copy(update={"redis_url": url, "heartbeat_s": 60.0}))
-    listening = asyncio.create_task(worker._heartbeat_on_job_changes())
+    listening = asyncio.create_task(heartbeat_on_job_changes(worker))
     redis = state.connect(url)
     try:
         # Subscribed: it asks at once for whatever changed while it was not.
-        await asyncio.wait_for(worker._heartbeat_now.wait(), 10)
-        worker._heartbeat_now.clear()
+        await asyncio.wait_for(worker.heartbeat_now.wait(), 10)
+        worker.heartbeat_now.clear()
         assert await redis.publish(state.JOB_CHANGED, "some-job") >= 1
-        await asyncio.wait_for(worker._heartbeat_now.wait(), 5)
+        await asyncio.wait_for(worker.heartbeat_now.wait(), 5)
     finally:
         listening.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -45,18 +45,18 @@ async def test_a_job_deleted_before_its_end_was_heard_stops_the_task() -> None:
     # The warm-up job of `trillium up` is deleted the moment it finishes: the next heartbeat's
     # answer has no job at all, and the shard's consumer of its deleted topic must not live on.
     shard = Shard()
-    await shard._on_job(submitted())
+    await shard.on_job(submitted())
     await asyncio.wait_for(shard.running.wait(), 5)
     task = shard._job_task
     assert task is not None and not task.done()
-    await shard._on_job(None)
+    await shard.on_job(None)
     assert task.cancelled() and shard._job_task is None
     assert shard.health_report()["job"]["phase"] == "stopped"
 
 
 async def test_no_job_heard_while_idle_changes_nothing() -> None:
     shard = Shard()
-    await shard._on_job(None)
+    await shard.on_job(None)
     assert shard._job_task is None and shard.health_report()["job"] is None
 
 
@@ -83,10 +83,10 @@ class StuckShard(Shard):
 async def test_a_job_task_that_does_not_end_when_cancelled_restarts_the_process(monkeypatch) -> None:
     monkeypatch.setattr("trillium.runtime.service.JOB_CANCEL_S", 0.2)
     shard = StuckShard()
-    await shard._on_job(submitted())
+    await shard.on_job(submitted())
     await asyncio.wait_for(shard.running.wait(), 5)
     try:
-        await asyncio.wait_for(shard._on_job(None), 5)
+        await asyncio.wait_for(shard.on_job(None), 5)
     except asyncio.CancelledError:
         pass
     assert shard.restarted.is_set()

@@ -1,6 +1,6 @@
-"""What every Trillium service process shares: the admin HTTP server (health,
-readiness, Prometheus metrics), registration and heartbeats with the coordinator,
-structured logs, and a graceful stop on SIGTERM/SIGINT.
+"""What every Trillium service process shares: the admin HTTP server (its routes: admin.py),
+registration and heartbeats with the coordinator (heartbeats.py), a job's attempts and the
+reports of its parts, and a graceful stop on SIGTERM/SIGINT.
 
 A service subclasses `Service`, overrides `start`/`stop` (and `add_routes` for an
 HTTP API of its own, `run_job` to take part in jobs), and its `__main__` calls
@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import io
-import json
 import logging
 import os
 import secrets
@@ -40,15 +38,13 @@ from typing import Annotated, Any, ClassVar
 
 import grpc
 import httpx
-import prometheus_client
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Response, status
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import Depends, FastAPI, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from redis.exceptions import RedisError
 
 from trillium.config import EXIT_REPLACED, EXIT_RESTART, Role, ServiceSettings
 from trillium.job.record import TERMINAL, JobRecord
+from trillium.runtime.admin import add_admin_routes
 from trillium.runtime.checkpoint import (
     CaptureRequest,
     CaptureResult,
@@ -57,6 +53,7 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
+from trillium.runtime.heartbeats import heartbeat_loop
 from trillium.runtime.memory import (
     LEAN_ARENAS,
     MMAP_THRESHOLD,
@@ -64,17 +61,11 @@ from trillium.runtime.memory import (
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 from trillium.timeouts import COORDINATOR_CALL_S, JOB_CANCEL_S
-from trillium.wire import state
 
 logger = logging.getLogger("trillium.runtime.service")
 
 
 _bearer = HTTPBearer(auto_error=False)
-_SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
-<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
-<body><div id="swagger-ui"></div>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({{dom_id: "#swagger-ui", spec: {spec}}});</script></body></html>"""
 
 
 class _Server(uvicorn.Server):
@@ -110,10 +101,10 @@ class Service:
         self.name = settings.name
         self.started_at = time.time()
         self.ready = False
-        self._stopping = asyncio.Event()
+        self.stopping = asyncio.Event()
         # One client for every call to the coordinator: making one loads the CA bundle, 30 ms of CPU.
         self.coordinator = settings.http_client(COORDINATOR_CALL_S)
-        self._heartbeat_now = asyncio.Event()
+        self.heartbeat_now = asyncio.Event()
         self._job_heard = asyncio.Event()  # set whenever a heartbeat's answer updates `job`
         self.job: JobRecord | None = None  # the current job as last heard, state included
         self._job_task: asyncio.Task[None] | None = None
@@ -124,7 +115,7 @@ class Service:
         self._model_parts: dict[int, dict[str, Any]] = {}  # step -> ModelPart, this attempt's latest
         # OpenAPI and docs are served below, behind the token like everything but health.
         self.app = FastAPI(title=f"Trillium {self.role}", version="1", openapi_url=None, docs_url=None, redoc_url=None)
-        self._add_admin_routes()
+        add_admin_routes(self)
         self.add_routes(self.app)
 
     # ---- hooks -----------------------------------------------------------------------
@@ -183,7 +174,7 @@ class Service:
 
     def _report(self, job_id: str, attempt: int, phase: str, error: str | None = None) -> None:
         self._job_report = {"id": job_id, "attempt": attempt, "phase": phase} | ({"error": error} if error else {})
-        self._heartbeat_now.set()
+        self.heartbeat_now.set()
 
     def report_cut(self, cut: CutReport | None) -> None:
         """Say that this NN rank holds at a cut (None: no longer)."""
@@ -191,12 +182,12 @@ class Service:
             self._job_report.pop("cut", None)
         else:
             self._job_report["cut"] = cut.model_dump(mode="json")
-        self._heartbeat_now.set()
+        self.heartbeat_now.set()
 
     def report_part(self, part: PartReport) -> None:
         """Say that this worker's part of the checkpoint at `part.step` is written (or failed)."""
         _keep(self._parts, part.step, part, 4)  # the coordinator reads them within seconds
-        self._heartbeat_now.set()
+        self.heartbeat_now.set()
 
     async def write_part(
         self,
@@ -238,12 +229,12 @@ class Service:
     def report_publish_cut(self, cut: PublishCut) -> None:
         """Say that this NN rank has passed a publish cut (services/coordinator/publish.py)."""
         _keep(self._publish_cuts, cut.step, cut, 8)  # cuts come every few seconds at most
-        self._heartbeat_now.set()
+        self.heartbeat_now.set()
 
     def report_model_part(self, part: ModelPart) -> None:
         """Say that this worker's files of the version cut at `part.step` are written (or failed)."""
         _keep(self._model_parts, part.step, part, 8)
-        self._heartbeat_now.set()
+        self.heartbeat_now.set()
 
     def job_is(self, *states: str) -> bool:
         """Whether the current attempt of the job this task runs is in one of `states`."""
@@ -298,14 +289,14 @@ class Service:
         logging.shutdown()
         os._exit(EXIT_RESTART)
 
-    def _replaced(self, why: str | None) -> None:
+    def exit_replaced(self, why: str | None) -> None:
         """Another host's process holds this role and index (we were replaced while cut off):
         exit at once, writing nothing more, with EXIT_REPLACED so that no supervisor restarts us."""
         logger.error("replaced by another process: exiting", extra={"why": why})
         logging.shutdown()
         os._exit(EXIT_REPLACED)
 
-    async def _on_job(self, job: JobRecord | None) -> None:
+    async def on_job(self, job: JobRecord | None) -> None:
         if job is None:
             # No current job: ours was deleted, maybe before a heartbeat told us it had ended (the
             # warm-up job of `trillium up` is deleted the moment it finishes). A task left running
@@ -325,7 +316,7 @@ class Service:
             return
         recovering = self._job_attempt is not None and self._job_attempt[0] == job.id
         await self._cancel_job_task()  # an older attempt, or another job: abandoned
-        if recovering and self.fresh_per_attempt and not self._stopping.is_set():
+        if recovering and self.fresh_per_attempt and not self.stopping.is_set():
             await self.restart_process()
         self._job_attempt = attempt
         self._parts, self._publish_cuts, self._model_parts = {}, {}, {}
@@ -360,64 +351,7 @@ class Service:
                 status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
             )
 
-    def _add_admin_routes(self) -> None:
-        app = self.app
-        authorized = [Depends(self.require_token)]
-
-        @app.get("/healthz", tags=["health"])
-        async def healthz() -> dict[str, str]:
-            """Up (`ok`) or still starting; nothing more without the token (`/status`)."""
-            return {"status": self.health_report()["status"]}
-
-        @app.get("/status", tags=["health"], dependencies=authorized)
-        async def status_report() -> dict[str, Any]:
-            """What this process is and does: its job, attempt, parts written, tables."""
-            return self.health_report()
-
-        @app.get("/readyz", tags=["health"])
-        async def readyz(response: Response) -> dict[str, Any]:
-            ready = self.ready and self.accepts_traffic()
-            if not ready:
-                response.status_code = 503
-            return {"ready": ready}
-
-        @app.get("/metrics", tags=["health"], dependencies=authorized)
-        async def metrics() -> Response:
-            """Prometheus metrics (scrape with the token: `authorization: {credentials_file: ...}`)."""
-            return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
-
-        @app.post("/job/capture", tags=["checkpoints"], dependencies=authorized)
-        async def capture(request: CaptureRequest) -> CaptureResult:
-            """Capture this worker's state at a checkpoint cut; the part is written in the background."""
-            self._require_attempt(request.job_id, request.attempt)
-            return await self.capture(request)
-
-        @app.post("/job/export", tags=["publishing"], dependencies=authorized)
-        async def export(request: ExportRequest) -> dict[str, bool]:
-            """Export this PS shard's rows at a job's last step, as part of a model version."""
-            self._require_attempt(request.job_id, request.attempt)
-            await self.export(request)
-            return {"exported": True}
-
-        @app.post("/job/release", tags=["checkpoints"], dependencies=authorized)
-        async def release(request: ReleaseRequest) -> dict[str, bool]:
-            """Release this NN rank from a checkpoint cut."""
-            self._require_attempt(request.job_id, request.attempt)
-            await self.release(request)
-            return {"released": True}
-
-        @app.get("/openapi.json", include_in_schema=False, dependencies=authorized)
-        async def openapi() -> JSONResponse:
-            return JSONResponse(app.openapi())
-
-        @app.get("/docs", include_in_schema=False, dependencies=authorized)
-        async def docs() -> HTMLResponse:
-            # The spec is inlined: the page's own fetch of /openapi.json would carry no token.
-            return HTMLResponse(
-                _SWAGGER_PAGE.format(title=html.escape(app.title), spec=json.dumps(app.openapi()).replace("</", "<\\/"))
-            )
-
-    def _require_attempt(self, job_id: str, attempt: int) -> None:
+    def require_attempt(self, job_id: str, attempt: int) -> None:
         if self._job_attempt != (job_id, attempt) or self._job_task is None or self._job_task.done():
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"{self.name} is not running attempt {attempt} of job {job_id}"
@@ -448,83 +382,11 @@ class Service:
             "pid": os.getpid(),
         }
 
-    # ---- coordinator -----------------------------------------------------------------
-    async def _heartbeat_on_job_changes(self) -> None:
-        """Heartbeat at once whenever the coordinator announces a changed job record (Redis
-        pub/sub), so that a job's start, pause or stop reaches this worker in milliseconds
-        while the periodic heartbeats stay seconds apart. Through Redis restarts: a lost
-        announcement is made up for by the next periodic heartbeat."""
-        redis = state.connect(self.settings.redis_url)
-        try:
-            while True:
-                pubsub = redis.pubsub()
-                try:
-                    await pubsub.subscribe(state.JOB_CHANGED)
-                    self._heartbeat_now.set()  # whatever changed while we were not subscribed
-                    while True:
-                        if await pubsub.get_message(ignore_subscribe_messages=True, timeout=30.0):
-                            self._heartbeat_now.set()
-                except (RedisError, OSError) as err:
-                    logger.warning("job announcements: Redis unavailable", extra={"error": str(err)})
-                    await asyncio.sleep(self.settings.heartbeat_s)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()
-        finally:
-            await redis.aclose()
-
-    async def _heartbeat_loop(self) -> None:
-        """Register, then heartbeat; re-register whenever the coordinator forgot us
-        (e.g. it restarted), and keep retrying while it is unreachable."""
-        announcements = asyncio.create_task(self._heartbeat_on_job_changes(), name="job-announcements")
-        try:
-            await self._heartbeats()
-        finally:
-            announcements.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await announcements
-
-    async def _heartbeats(self) -> None:
-        base, client = self.settings.coordinator_url, self.coordinator
-        registered = False
-        job_digest: str | None = None  # names the record `_on_job` last took: not sent again
-        while not self._stopping.is_set():
-            try:
-                if not registered:
-                    r = await client.post(f"{base}/v1/workers", json=self.registration())
-                    if r.status_code == status.HTTP_409_CONFLICT:
-                        self._replaced(r.json().get("detail"))
-                    r.raise_for_status()
-                    registered = True
-                    logger.info("registered with coordinator", extra={"coordinator": base})
-                self._heartbeat_now.clear()
-                r = await client.post(
-                    f"{base}/v1/workers/{self.name}/heartbeat",
-                    json={"health": self.health_report(), "job_digest": job_digest},
-                )
-                if r.status_code == 404:
-                    registered = False
-                    continue
-                r.raise_for_status()
-                answer = r.json()
-                job = answer["job"]
-                if job is not None or answer.get("job_digest") is None:  # else: the record we hold
-                    await self._on_job(JobRecord.model_validate(job) if job else None)
-                    job_digest = answer.get("job_digest")
-            except httpx.HTTPError as exc:
-                registered = False  # re-register once it answers again
-                logger.warning("coordinator unreachable", extra={"error": str(exc)})
-            wake = asyncio.create_task(self._heartbeat_now.wait())
-            stop = asyncio.create_task(self._stopping.wait())
-            await asyncio.wait({wake, stop}, timeout=self.settings.heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
-            wake.cancel()
-            stop.cancel()
-
     # ---- lifecycle -------------------------------------------------------------------
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self.stopping.set)
         server = _Server(
             uvicorn.Config(
                 self.app,
@@ -544,12 +406,12 @@ class Service:
             self.ready = True
             logger.info("service ready", extra={"http_port": self.settings.http_port, "grpc": self.grpc_address})
             heartbeat = asyncio.create_task(
-                self._heartbeat_loop() if self.registers else self._stopping.wait(), name="heartbeat"
+                heartbeat_loop(self) if self.registers else self.stopping.wait(), name="heartbeat"
             )
-            stop_wait = asyncio.create_task(self._stopping.wait())
+            stop_wait = asyncio.create_task(self.stopping.wait())
             # A dead HTTP server (e.g. port taken) is fatal, like a signal.
             await asyncio.wait({stop_wait, http_task}, return_when=asyncio.FIRST_COMPLETED)
-            self._stopping.set()
+            self.stopping.set()
             logger.info("stopping")
             await heartbeat
             await self._cancel_job_task()

@@ -1,0 +1,85 @@
+"""Every service's admin HTTP routes: health and readiness (open: up, ready, nothing more), and
+behind the stack's token its status, Prometheus metrics, the OpenAPI spec with an interactive
+docs page, and the calls the coordinator makes at checkpoint and publish cuts."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import TYPE_CHECKING, Any
+
+import prometheus_client
+from fastapi import Depends, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, ReleaseRequest
+from trillium.runtime.model_store import ExportRequest
+
+if TYPE_CHECKING:
+    from trillium.runtime.service import Service
+
+_SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{dom_id: "#swagger-ui", spec: {spec}}});</script></body></html>"""
+
+
+def add_admin_routes(service: Service) -> None:
+    """Health and readiness (open); status, metrics, the OpenAPI spec and its docs page, and the
+    coordinator's checkpoint and publishing calls (behind the token)."""
+    app = service.app
+    authorized = [Depends(service.require_token)]
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Up (`ok`) or still starting; nothing more without the token (`/status`)."""
+        return {"status": service.health_report()["status"]}
+
+    @app.get("/status", tags=["health"], dependencies=authorized)
+    async def status_report() -> dict[str, Any]:
+        """What this process is and does: its job, attempt, parts written, tables."""
+        return service.health_report()
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz(response: Response) -> dict[str, Any]:
+        ready = service.ready and service.accepts_traffic()
+        if not ready:
+            response.status_code = 503
+        return {"ready": ready}
+
+    @app.get("/metrics", tags=["health"], dependencies=authorized)
+    async def metrics() -> Response:
+        """Prometheus metrics (scrape with the token: `authorization: {credentials_file: ...}`)."""
+        return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    @app.post("/job/capture", tags=["checkpoints"], dependencies=authorized)
+    async def capture(request: CaptureRequest) -> CaptureResult:
+        """Capture this worker's state at a checkpoint cut; the part is written in the background."""
+        service.require_attempt(request.job_id, request.attempt)
+        return await service.capture(request)
+
+    @app.post("/job/export", tags=["publishing"], dependencies=authorized)
+    async def export(request: ExportRequest) -> dict[str, bool]:
+        """Export this PS shard's rows at a job's last step, as part of a model version."""
+        service.require_attempt(request.job_id, request.attempt)
+        await service.export(request)
+        return {"exported": True}
+
+    @app.post("/job/release", tags=["checkpoints"], dependencies=authorized)
+    async def release(request: ReleaseRequest) -> dict[str, bool]:
+        """Release this NN rank from a checkpoint cut."""
+        service.require_attempt(request.job_id, request.attempt)
+        await service.release(request)
+        return {"released": True}
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=authorized)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=authorized)
+    async def docs() -> HTMLResponse:
+        # The spec is inlined: the page's own fetch of /openapi.json would carry no token.
+        return HTMLResponse(
+            _SWAGGER_PAGE.format(title=html.escape(app.title), spec=json.dumps(app.openapi()).replace("</", "<\\/"))
+        )
