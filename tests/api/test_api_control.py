@@ -12,6 +12,7 @@ import httpx
 import redis
 import yaml
 from typer.testing import CliRunner
+from waiting import wait_until
 
 from trillium import stack
 from trillium.cli import app
@@ -103,25 +104,37 @@ def test_stop_and_live_control_through_the_cli(api_stack, tiny_job) -> None:
 
 
 def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job) -> None:
-    http = api_stack.http
+    """One job through its life: what it refuses while it runs, a pause that holds, a bound
+    changed and a checkpoint asked for while paused, the coordinator killed, a resume to the end
+    keeping the new bound, and a delete that leaves nothing behind."""
     # Unbounded, 400 steps: lookups run ahead of the gradients (staleness > 0) until the bound
     # changes. Long enough that the pause lands mid-job: at 80 steps a clean-clone run had trained
     # all of them before it did.
     config = _job(tiny_job, staleness_bound=None, epochs=20, batch_size=25)
     total = 20 * 1000
-    submitted = http.post(
+    submitted = api_stack.http.post(
         "/jobs", content=yaml.safe_dump(config.model_dump(mode="json")), headers={"Content-Type": "application/yaml"}
     )
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["id"]
     api_stack.wait_for(job_id, {"running"})
+    _refused_while_running(api_stack, job_id, config)
+    paused_at = _paused_mid_job(api_stack, job_id, total)
+    histogram_at_change = _bound_changed_and_checkpoint_asked_while_paused(api_stack, job_id)
+    _restart_coordinator(api_stack)
+    _everything_survived_the_restart(api_stack, job_id, config, paused_at)
+    _resumed_to_the_end_within_the_new_bound(api_stack, job_id, histogram_at_change, total)
+    _deleted_without_a_trace(api_stack, job_id)
 
-    # Illegal transitions while it runs.
+
+def _refused_while_running(api_stack, job_id: str, config: JobConfig) -> None:
+    """Illegal transitions, a second job, and reshards the stack or the job cannot take (the
+    stack runs 2 PS shards; the job is on 2)."""
+    http = api_stack.http
     assert http.post(f"/jobs/{job_id}/resume").status_code == 409
     assert http.delete(f"/jobs/{job_id}").status_code == 409
     other = http.post("/jobs", json=config.model_dump(mode="json"))
     assert other.status_code == 409 and "one job runs at a time" in other.json()["detail"]
-    # Reshards the stack or the job cannot take (the stack runs 2 PS shards; the job is on 2).
     more = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 3})
     assert (
         more.status_code == 409
@@ -130,11 +143,11 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     same = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 2})
     assert same.status_code == 409 and "already runs on 2 PS shards" in same.json()["detail"]
 
-    # Pause once training has begun: the sample count stops and stays put.
-    deadline = time.monotonic() + 60
-    while _samples(api_stack, job_id) == 0:
-        assert time.monotonic() < deadline, "no training progress"
-        time.sleep(0.05)
+
+def _paused_mid_job(api_stack, job_id: str, total: int) -> int:
+    """Pause once training has begun: the sample count stops and stays put; returns it."""
+    http = api_stack.http
+    wait_until(lambda: _samples(api_stack, job_id) > 0, "training progress", 60, every_s=0.05)
     assert http.post(f"/jobs/{job_id}/pause").json()["state"] == "paused"
     paused_at = _settled_samples(api_stack, job_id)
     time.sleep(2.0)
@@ -143,27 +156,35 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert 0 < paused_at < total
     paused = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 1})
     assert paused.status_code == 409 and "only a running job can be resharded (resume it first)" in paused.text
+    return paused_at
 
-    # While paused: the unbounded lookups ran ahead; bound it to 0 (synchronous), live.
+
+def _bound_changed_and_checkpoint_asked_while_paused(api_stack, job_id: str) -> list[int]:
+    """The unbounded lookups ran ahead; bound it to 0 (synchronous), live, and ask for a
+    checkpoint (taken at the step the ranks hold before). Returns the staleness histogram then."""
+    http = api_stack.http
     before = http.get(f"/jobs/{job_id}/staleness").json()
     assert before["bound"] is None and max(r["max"] for r in before["ranks"].values()) > 0
     changed = http.put(f"/jobs/{job_id}/staleness", json={"bound": 0})
     assert changed.status_code == 200 and changed.json()["bound"] == 0
     histogram_at_change = _histogram(api_stack, job_id)
-    checkpoint = http.post(f"/jobs/{job_id}/checkpoints")  # taken at the step the ranks hold before
+    checkpoint = http.post(f"/jobs/{job_id}/checkpoints")
     assert checkpoint.status_code == 202 and checkpoint.json()["state"] == "requested"
     assert checkpoint.json()["seq"] == 1
+    return histogram_at_change
 
-    # Kill the coordinator: the job, its state, its live bound and the workers survive it.
-    _restart_coordinator(api_stack)
+
+def _everything_survived_the_restart(api_stack, job_id: str, config: JobConfig, paused_at: int) -> None:
+    """The job, its state, its live bound, the checkpoint asked for, the workers, the tables and
+    the gauges, after the coordinator was killed."""
+    http = api_stack.http
     view = http.get(f"/jobs/{job_id}").json()
     assert view["job"]["state"] == "paused" and view["progress"]["samples"] == paused_at
     assert view["lost_workers"] == []
     assert http.get(f"/jobs/{job_id}/staleness").json()["bound"] == 0
-    deadline = time.monotonic() + 60
-    while not (listing := http.get(f"/jobs/{job_id}/checkpoints").json()):
-        assert time.monotonic() < deadline, "the checkpoint asked for while paused was not written"
-        time.sleep(0.2)
+    listing = wait_until(
+        lambda: http.get(f"/jobs/{job_id}/checkpoints").json(), "the checkpoint asked for while paused", 60
+    )
     assert [c["reason"] for c in listing] == ["request"]
     steps = paused_at // (2 * config.training.batch_size)  # 2 ranks
     assert listing[0]["step"] == steps - 1 and listing[0]["bytes"] > 0
@@ -185,19 +206,24 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     for name, stats in tables["tables"].items():
         assert stats["rows"] > 0 and stats["memory_bytes"] > 0 and stats["admitted"] >= stats["rows"]
         assert stats["rows"] == sum(s["tables"][name]["rows"] for s in tables["shards"])
-    # The restarted coordinator's gauges (Prometheus scrapes without a token).
-    deadline = time.monotonic() + 30
-    while True:
-        metrics = api_stack.http.get(api_stack.url + "/metrics").text
-        if f'trillium_job_table_rows{{job="{job_id}",table="a"}}' in metrics:
-            break
-        assert time.monotonic() < deadline, "no table gauges"
-        time.sleep(0.5)
+    # The restarted coordinator's gauges.
+    table_rows = f'trillium_job_table_rows{{job="{job_id}",table="a"}}'
+
+    def gauges() -> str | None:
+        text = http.get(api_stack.url + "/metrics").text
+        return text if table_rows in text else None
+
+    metrics = wait_until(gauges, "the table gauges", 30)
     assert f'trillium_job_staleness_bound{{job="{job_id}"}} 0.0' in metrics
     assert f'trillium_job_samples_per_second{{job="{job_id}"}} 0.0' in metrics  # paused
     assert _samples(api_stack, job_id) == paused_at
 
-    # Resume: it runs to the end, and every lookup after the change kept to the new bound.
+
+def _resumed_to_the_end_within_the_new_bound(
+    api_stack, job_id: str, histogram_at_change: list[int], total: int
+) -> None:
+    """Resumed, it runs to the end, and every lookup after the change kept to the new bound."""
+    http = api_stack.http
     assert http.post(f"/jobs/{job_id}/resume").json()["state"] == "running"
     view = api_stack.wait_for(job_id, {"finished", "failed", "stopped"})
     assert view["job"]["state"] == "finished", view["job"]["error"]
@@ -211,7 +237,10 @@ def test_pause_resume_live_staleness_and_coordinator_restart(api_stack, tiny_job
     assert finished.status_code == 409 and f"job {job_id} is finished" in finished.json()["detail"]
     assert view["ps_shards"] == 2 and view["reshard_in_progress"] is False and view["job"]["reshards"] == []
 
-    # Deleting it removes every key it had in Redis.
+
+def _deleted_without_a_trace(api_stack, job_id: str) -> None:
+    """Deleting it removes every key it had in Redis."""
+    http = api_stack.http
     assert http.delete(f"/jobs/{job_id}").status_code == 204
     assert http.get(f"/jobs/{job_id}").status_code == 404
     assert job_id not in [j["id"] for j in http.get("/jobs").json()]
