@@ -56,6 +56,7 @@ from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 from . import evaluate, rendezvous
+from .cuts import decide_cuts
 from .embeddings import embeddings_of, gradients_request
 from .feed import EpochEnd, Feed, GradientPusher, prefetch
 from .step import Control, Placement, Trainer, choose_backend, local_placement
@@ -271,7 +272,9 @@ class NNWorker(Service):
             self.set_job_phase("ready")
             await self.wait_until_running()
             await self._train(run)
-            gathered = await self._gather(run, await evaluate.score(self._eval_feed(run), self._scorer(run)))
+            gathered = await self._gather(
+                run, await evaluate.score(self._feed(run, evaluation=True), self._scorer(run))
+            )
             if rank == 0 and run.state.step > 0:
                 await self._save_predictions(run, run.state.step - 1, gathered)
             await asyncio.gather(*run.writes)
@@ -315,27 +318,35 @@ class NNWorker(Service):
         run.streams.append(stream)
         return stream
 
-    def _eval_feed(self, run: _Attempt) -> Feed:
+    def _feed(self, run: _Attempt, *, evaluation: bool) -> Feed:
+        """This rank's batches, each with its lookup asked ahead: the samples topic from the
+        rank's position (fp16 embeddings on an fp16 wire), or the eval topic from its start, read
+        once every step trained is applied (the tables as training left them)."""
         job, rank = run.job, self.settings.index
         lookups = self._stream(run, run.stub.LookupBatches)
-        lookup = lambda raw: lookups(
-            pb.BatchLookupRequest(
-                batch=raw,
-                training=False,  # noqa: E731
-                attempt=job.attempt,
-                applied=run.state.step,  # the tables as every step trained left them
-            )
-        )
+        wire16 = job.config.training.wire_dtype == "fp16"
+        if evaluation:
+            topic, position, group_id = job.topics.eval, 0, None
+        else:
+            topic, position, group_id = job.topics.samples, run.state.position, f"{job.id}.nn"
+
+        def lookup(raw: bytes):
+            if evaluation:  # the tables as every step trained left them
+                request = pb.BatchLookupRequest(batch=raw, attempt=job.attempt, training=False, applied=run.state.step)
+            else:
+                request = pb.BatchLookupRequest(batch=raw, attempt=job.attempt, training=True, fp16=wire16)
+            return lookups(request)
+
         return Feed(
             self.settings.kafka,
-            job.topics.eval,
+            topic,
             rank,
-            0,
-            PartitionLineage(job.lineage.get(job.topics.eval, {}).get(rank)),
+            position,
+            PartitionLineage(job.lineage.get(topic, {}).get(rank)),
             job.attempt,
             lookup,
-            ahead=prefetch(job.config, evaluation=True),
-            group_id=None,
+            ahead=prefetch(job.config, evaluation=evaluation),
+            group_id=group_id,
         ).run()
 
     async def _report_progress(self, run: _Attempt) -> None:
@@ -361,26 +372,7 @@ class NNWorker(Service):
         rank = self.settings.index
         checkpoint, publish = job.config.checkpoint, job.config.publish
         wire16 = job.config.training.wire_dtype == "fp16"
-        lookups = self._stream(run, run.stub.LookupBatches)
-        lookup = lambda raw: lookups(
-            pb.BatchLookupRequest(
-                batch=raw,
-                training=True,  # noqa: E731
-                attempt=job.attempt,
-                fp16=wire16,
-            )
-        )
-        feed = Feed(
-            self.settings.kafka,
-            job.topics.samples,
-            rank,
-            s.position,
-            PartitionLineage(job.lineage.get(job.topics.samples, {}).get(rank)),
-            job.attempt,
-            lookup,
-            ahead=prefetch(job.config, evaluation=False),
-            group_id=f"{job.id}.nn",
-        ).run()
+        feed = self._feed(run, evaluation=False)
         run.pusher = GradientPusher(self._stream(run, run.stub.PushGradients)).run()
         loop = asyncio.get_running_loop()
         clock = time.perf_counter
@@ -418,19 +410,11 @@ class NNWorker(Service):
                 run.timing["lookup_wait"] += t1 - t0
                 run.timing["step"] += clock() - t1
                 run.timed_steps += 1
-                # Cuts after this step, decided before its gradients leave: a publish cut rides on them.
-                cut = None
-                if checkpoint is not None and control.seq > s.seq:
-                    cut = ("request", control.seq)
-                elif checkpoint is not None and checkpoint.every_steps and (s.step + 1) % checkpoint.every_steps == 0:
-                    cut = ("schedule", s.seq)
-                published = None
-                if publish is not None and control.publish > s.publish_seq:
-                    published = "schedule"
-                elif publish is not None and cut is not None and publish.at_checkpoints:
-                    published = "checkpoint"
+                cuts = decide_cuts(
+                    checkpoint, publish, control, step=s.step, served_checkpoint=s.seq, served_publish=s.publish_seq
+                )
                 push = gradients_request(response, grads, fp16=wire16)
-                push.publish = published is not None
+                push.publish = cuts.publish is not None
                 run.pusher.put(push)
                 s.step += 1
                 s.position = item.offset + 1
@@ -448,11 +432,11 @@ class NNWorker(Service):
                 if loop.time() >= next_report:
                     await self._report_progress(run)
                     next_report = loop.time() + PROGRESS_EVERY_S
-                if published is not None:
+                if cuts.publish is not None:
                     s.publish_seq = max(s.publish_seq, control.publish)
-                    await self._publish_cut(run, published)
-                if cut is not None:
-                    await self._cut(run, *cut)
+                    await self._publish_cut(run, cuts.publish)
+                if cuts.checkpoint is not None:
+                    await self._cut(run, *cuts.checkpoint)
             if checkpoint is not None and s.step > 0 and s.last_cut != s.step - 1:
                 await self._cut(run, "final", s.seq)
             await run.pusher.join()  # every gradient handed over before evaluation reads the tables
@@ -548,7 +532,7 @@ class NNWorker(Service):
         if release.location is not None:  # null: the coordinator abandoned the checkpoint
             metrics = None
             if release.evaluate:
-                scores = await evaluate.score(self._eval_feed(run), self._scorer(run))
+                scores = await evaluate.score(self._feed(run, evaluation=True), self._scorer(run))
                 gathered = await self._gather(run, scores)
                 if rank == 0:
                     metrics = evaluate.summarize(gathered)
