@@ -37,10 +37,9 @@ $(KAFKA_LIBS)/.complete: deps/kafka/pom.xml
 	scripts/setup-kafka.sh $(KAFKA_LIBS)
 	touch $@
 
-# kustomize renders deploy/k8s for its test: built from the Go module proxy (Go's cache makes repeats fast).
+# kustomize renders deploy/k8s for its test: built from the Go module proxy (scripts/go-tool.sh).
 $(KUSTOMIZE):
-	@scripts/require.sh go
-	GOBIN=$(abspath .cache/bin) go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
+	GOBIN=$(abspath .cache/bin) scripts/go-tool.sh go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
 
 .cache/redis.ok:
 	@mkdir -p .cache
@@ -83,14 +82,12 @@ test-native: $(VENV)/.native
 # Latency on a cluster's links, where the kernel has no netem (trillium/stack/links.py).
 LINKDELAY := .cache/bin/linkdelay
 $(LINKDELAY): scripts/linkdelay/main.go scripts/linkdelay/go.mod
-	@scripts/require.sh go
-	cd scripts/linkdelay && go build -o $(abspath $@) .
+	scripts/go-tool.sh -C scripts/linkdelay go build -o $(abspath $@) .
 
 # An S3 object store for a cluster's models (trillium/stack/object_store.py): versitygw, built as kustomize is.
 VERSITYGW := .cache/bin/versitygw
 $(VERSITYGW):
-	@scripts/require.sh go
-	GOBIN=$(abspath .cache/bin) go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+	GOBIN=$(abspath .cache/bin) scripts/go-tool.sh go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 
 # Every process on a network namespace of its own; partitions, a slow link, a lossy one (tests/cluster).
 test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY) $(VERSITYGW)
