@@ -86,6 +86,11 @@ class AutoBoundView(BaseModel):
     step_ms: float = Field(description="a step's own time: forward, backward, the dense all-reduce")
     steps: int = Field(description="the steps measured")
     reason: str
+    refinements: list[dict[str, float]] = Field(
+        default_factory=list,
+        description="each check at the bound set that found a wait left and raised it: the bound, the wait "
+        "and the step it measured, over how many steps",
+    )
 
 
 class JobView(BaseModel):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from trillium.config import GrpcCredentials, KafkaConnection
 from trillium.job.record import JobRecord
-from trillium.runtime.autobound import choose_bound
+from trillium.runtime.autobound import choose_bound, refine_bound
 from trillium.runtime.progress import JobProgress
 from trillium.train import progressive_validation
 from trillium.wire import kafka, rpc
@@ -385,12 +385,25 @@ class Observer:
 
 async def _choose_bound(progress: JobProgress, ranks: int) -> None:
     """`staleness_bound: auto`: once the ranks have calibrated at k = 0, set the bound their
-    timings call for (once per job; an operator's live change afterwards stands)."""
-    if await progress.auto_bound() is not None:
+    timings call for; then check it hides the wait, raising it while it does not (an operator's
+    live change of the bound stands: the automatic one stops there)."""
+    chosen, timings = await progress.auto_bound(), await progress.timings(ranks)
+    if chosen is None:
+        choice = choose_bound(timings)
+        if choice is not None:
+            await progress.set_auto_bound(choice.as_dict())
+            logger.info(
+                "staleness bound chosen", extra={"job": progress.job_id, "bound": choice.bound, "reason": choice.reason}
+            )
         return
-    choice = choose_bound(await progress.timings(ranks))
-    if choice is not None:
-        await progress.set_auto_bound(choice.as_dict())
+    if chosen.get("settled") or await progress.bound() != chosen["bound"]:
+        return
+    refined = refine_bound(chosen, timings)
+    if refined is None:
+        return
+    await progress.set_auto_bound(refined)
+    if refined["bound"] != chosen["bound"]:
         logger.info(
-            "staleness bound chosen", extra={"job": progress.job_id, "bound": choice.bound, "reason": choice.reason}
+            "staleness bound raised",
+            extra={"job": progress.job_id, "bound": refined["bound"], "reason": refined["reason"]},
         )

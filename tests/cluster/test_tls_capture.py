@@ -2,8 +2,8 @@
 clear: a capture of every frame on the bridge while a job trains, while a host logs in to Redis and
 to Kafka anew and the operator calls the API, holds the token, Redis's password and Kafka's in no
 TCP stream and nowhere else, while every connection opened to a service's HTTP or gRPC port, to
-Redis or to Kafka began with a TLS handshake, and a marker sent in clear between two hosts is in
-it (the capture does see payloads)."""
+Redis or to Kafka began with a TLS handshake; a marker sent in clear between two hosts is in it
+(the capture does see payloads: were it not found, the test fails waiting for it)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from timeline import cluster_job
+from waiting import wait_until
 
 from trillium import stack
 from trillium.config import ENV_KAFKA_BOOTSTRAP
@@ -96,11 +97,13 @@ def test_no_secret_crosses_the_network_in_clear(cluster, network: Network, tmp_p
             timeout=120,
         )
         network.send_in_clear("serving-0", "redis", marker)
+        # The capture is stopped only once the marker is in its file: tcpdump writes each frame
+        # as it reads it (-U), and what the kernel still held when it stopped would be lost.
+        wait_until(lambda: marker in pcap.read_bytes(), "the marker in the capture", 30)
     assert view["job"]["state"] == "finished", view["job"]["error"]
 
     raw = pcap.read_bytes()
     streams, opened = tcp_streams(raw)
-    assert marker in raw, "the capture holds no payload: it proves nothing"
     for what, secret in hidden.items():
         assert secret.encode() not in raw, f"{what} crossed the bridge in clear"
         leaks = [key for key, data in streams.items() if secret.encode() in data]
