@@ -32,7 +32,7 @@ PACKED_VALUES = st.one_of(
     st.binary(max_size=16),
     st.floats(),
     st.integers(-(1 << 63), (1 << 64) - 1),
-    st.dictionaries(st.integers(), st.text(max_size=4), max_size=2),
+    st.dictionaries(st.integers(-(1 << 63), (1 << 64) - 1), st.text(max_size=4), max_size=2),
 )
 PACKED = st.lists(
     st.one_of(st.dictionaries(st.sampled_from(FIELDS), st.one_of(PACKED_VALUES, st.text(max_size=8)), max_size=8)),
