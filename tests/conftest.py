@@ -33,10 +33,12 @@ class Infra:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that needs the broker (the `infra` fixture, itself or through a stack's) is marked
-    `broker`: `make test-unit` runs the others, the edit-test loop's fast tier."""
+    """A test that needs the broker is marked `broker`: one that uses the session's (`infra`,
+    itself or through a stack's), and every end-to-end and integration test (they start stacks of
+    their own). `make test-unit` runs the others, the edit-test loop's fast tier."""
     for item in items:
-        if "infra" in getattr(item, "fixturenames", ()):
+        own_stack = item.path.parent.name in ("e2e", "integration")
+        if own_stack or "infra" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.broker)
 
 

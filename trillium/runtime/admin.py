@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import prometheus_client
-from fastapi import Depends, Response
+from fastapi import Depends, FastAPI, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, ReleaseRequest
 from trillium.runtime.model_store import ExportRequest
 
-if TYPE_CHECKING:
-    from trillium.runtime.service import Service
+
+class Administered(Protocol):
+    """What the routes read of a service (`trillium.runtime.service.Service`)."""
+
+    app: FastAPI
+    ready: bool
+
+    def accepts_traffic(self) -> bool: ...
+    def health_report(self) -> dict[str, Any]: ...
+    async def require_token(self, creds: Any) -> None: ...
+    def require_attempt(self, job_id: str, attempt: int) -> None: ...
+    async def capture(self, request: CaptureRequest) -> CaptureResult: ...
+    async def export(self, request: ExportRequest) -> None: ...
+    async def release(self, request: ReleaseRequest) -> None: ...
+
 
 _SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
 <link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
@@ -25,7 +38,7 @@ _SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
 <script>SwaggerUIBundle({{dom_id: "#swagger-ui", spec: {spec}}});</script></body></html>"""
 
 
-def add_admin_routes(service: Service) -> None:
+def add_admin_routes(service: Administered) -> None:
     """Health and readiness (open); status, metrics, the OpenAPI spec and its docs page, and the
     coordinator's checkpoint and publishing calls (behind the token)."""
     app = service.app

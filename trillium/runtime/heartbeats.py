@@ -8,22 +8,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import httpx
 from fastapi import status
 from redis.exceptions import RedisError
 
+from trillium.config import ServiceSettings
 from trillium.job.record import JobRecord
 from trillium.wire import state
 
-if TYPE_CHECKING:
-    from trillium.runtime.service import Service
+
+class Heartbeating(Protocol):
+    """What the heartbeats read and call of a service (`trillium.runtime.service.Service`)."""
+
+    settings: ServiceSettings
+    name: str
+    coordinator: httpx.AsyncClient
+    stopping: asyncio.Event  # set: the process is stopping
+    heartbeat_now: asyncio.Event  # set: a report is waiting, heartbeat at once
+
+    def registration(self) -> dict[str, Any]: ...
+    def health_report(self) -> dict[str, Any]: ...
+    async def on_job(self, job: JobRecord | None) -> None: ...
+    def exit_replaced(self, why: str | None) -> None: ...
+
 
 logger = logging.getLogger("trillium.runtime.service")
 
 
-async def heartbeat_on_job_changes(service: Service) -> None:
+async def heartbeat_on_job_changes(service: Heartbeating) -> None:
     """Heartbeat at once whenever the coordinator announces a changed job record (Redis
     pub/sub), so that a job's start, pause or stop reaches this worker in milliseconds
     while the periodic heartbeats stay seconds apart. Through Redis restarts: a lost
@@ -48,7 +62,7 @@ async def heartbeat_on_job_changes(service: Service) -> None:
         await redis.aclose()
 
 
-async def heartbeat_loop(service: Service) -> None:
+async def heartbeat_loop(service: Heartbeating) -> None:
     """Register, then heartbeat; re-register whenever the coordinator forgot us
     (e.g. it restarted), and keep retrying while it is unreachable."""
     announcements = asyncio.create_task(heartbeat_on_job_changes(service), name="job-announcements")
@@ -60,7 +74,7 @@ async def heartbeat_loop(service: Service) -> None:
             await announcements
 
 
-async def _heartbeats(service: Service) -> None:
+async def _heartbeats(service: Heartbeating) -> None:
     base, client = service.settings.coordinator_url, service.coordinator
     registered = False
     job_digest: str | None = None  # names the record `on_job` last took: not sent again
