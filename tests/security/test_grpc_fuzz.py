@@ -6,22 +6,19 @@ INTERNAL or UNKNOWN, and the shard answers a good lookup exactly as before, and 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from types import SimpleNamespace
 
 import grpc
 import numpy as np
 import pytest
+from grpc_in_thread import channel_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trillium_native
-from trillium.config import GrpcCredentials
 from trillium.services.embedding_ps.server import _Servicer
-from trillium.stack.procs import free_port
-from trillium.wire import codec, rpc
+from trillium.wire import codec
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
@@ -48,23 +45,11 @@ class Shard:
 
 @pytest.fixture(scope="module")
 def server():
-    shard, port, ready = Shard(), free_port(), threading.Event()
-    loop = asyncio.new_event_loop()
-
-    async def run() -> None:
-        register = lambda s: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(shard), s)  # noqa: E731
-        server = await rpc.serve("127.0.0.1", port, GrpcCredentials(token=TOKEN), register)
-        ready.set()
-        await server.wait_for_termination()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield shard, channel
-    channel.close()
-    # The server goes with the test process (its thread is a daemon): a stop() scheduled onto
-    # its loop from this thread never completed.
+    shard = Shard()
+    with channel_to(
+        lambda s: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(shard), s), TOKEN
+    ) as channel:
+        yield shard, channel
 
 
 METADATA = (("authorization", f"Bearer {TOKEN}"),)

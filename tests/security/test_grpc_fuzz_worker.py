@@ -8,26 +8,20 @@ UNKNOWN; and a good lookup and its push answer as before."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from collections import OrderedDict
-from pathlib import Path
 from types import SimpleNamespace
 
 import grpc
 import numpy as np
 import pytest
+from grpc_in_thread import channel_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_record import tiny_record
 
 from trillium import pooling
-from trillium.config import GrpcCredentials
-from trillium.data import load_job
-from trillium.job.record import JobRecord, Topics
 from trillium.services.embedding_worker.server import _Servicer
-from trillium.stack.procs import free_port
-from trillium.wire import codec, rpc
+from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
@@ -36,7 +30,6 @@ TOKEN = "the-stack-token-0123456789"
 ATTEMPT = 3
 SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingWorker"].full_name
 CLEAR = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
-TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 METADATA = (("authorization", f"Bearer {TOKEN}"),)
 
 
@@ -47,16 +40,7 @@ class Worker:
     name = "embedding_worker-0"
 
     def __init__(self) -> None:
-        now = time.time()
-        job = JobRecord(
-            id="tiny-0123abcd",
-            state="running",
-            config=load_job(TINY_JOB),
-            created_at=now,
-            updated_at=now,
-            topics=Topics(samples="s", eval="e", gradients="g"),
-            attempt=ATTEMPT,
-        )
+        job = tiny_record("running", ATTEMPT)
         config = job.config
         layout = pooling.Layout(config.slots, config.tables, config.topology.ps_shards)
         self.dims = {name: table.dim for name, table in config.tables.items()}
@@ -86,20 +70,9 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def server():
-    worker, port, ready = Worker(), free_port(), threading.Event()
-    loop = asyncio.new_event_loop()
-
-    async def run() -> None:
-        register = lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(worker), s)  # noqa: E731
-        server = await rpc.serve("127.0.0.1", port, GrpcCredentials(token=TOKEN), register)
-        ready.set()
-        await server.wait_for_termination()
-
-    threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True).start()
-    assert ready.wait(30)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield worker, channel
-    channel.close()  # the server goes with the test process (its thread is a daemon), as the PS fuzz's
+    worker = Worker()
+    with channel_to(lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(worker), s), TOKEN) as channel:
+        yield worker, channel
 
 
 def call(channel: grpc.Channel, method: str, payload: bytes) -> tuple[grpc.StatusCode, bytes | None]:

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from pathlib import Path
 
+from tiny_record import tiny_record
 from unconnected import unconnected_settings
 
-from trillium.data import load_job
-from trillium.job.record import JobRecord, Topics
+from trillium.job.record import JobRecord
 from trillium.runtime.service import Service
-
-TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 
 
 class Shard(Service):
@@ -29,23 +25,11 @@ class Shard(Service):
         await asyncio.Event().wait()
 
 
-def submitted() -> JobRecord:
-    now = time.time()
-    return JobRecord(
-        id="tiny-0123abcd",
-        state="submitted",
-        config=load_job(TINY_JOB),
-        created_at=now,
-        updated_at=now,
-        topics=Topics(samples="s", eval="e", gradients="g"),
-    )
-
-
 async def test_a_job_deleted_before_its_end_was_heard_stops_the_task() -> None:
     # The warm-up job of `trillium up` is deleted the moment it finishes: the next heartbeat's
     # answer has no job at all, and the shard's consumer of its deleted topic must not live on.
     shard = Shard()
-    await shard.on_job(submitted())
+    await shard.on_job(tiny_record())
     await asyncio.wait_for(shard.running.wait(), 5)
     task = shard._job_task
     assert task is not None and not task.done()
@@ -83,7 +67,7 @@ class StuckShard(Shard):
 async def test_a_job_task_that_does_not_end_when_cancelled_restarts_the_process(monkeypatch) -> None:
     monkeypatch.setattr("trillium.runtime.service.JOB_CANCEL_S", 0.2)
     shard = StuckShard()
-    await shard.on_job(submitted())
+    await shard.on_job(tiny_record())
     await asyncio.wait_for(shard.running.wait(), 5)
     try:
         await asyncio.wait_for(shard.on_job(None), 5)
