@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trillium.config import ENV_KAFKA_BOOTSTRAP, KafkaConnection
 
-from .procs import REPO_ROOT, LauncherError
+from .procs import REPO_ROOT, LauncherError, write_private
 from .tls import KAFKA_MECHANISM, KAFKA_USER, StackTls
 
 KAFKA_LIBS = Path(os.environ.get("TRILLIUM_KAFKA_LIBS", REPO_ROOT / ".cache" / "kafka" / "libs"))
@@ -78,36 +78,34 @@ def kafka_config(run_dir: Path, address: str, port: int, controller_port: int, t
     kdir = run_dir / "kafka"
     kdir.mkdir(parents=True, exist_ok=True)
     props = kdir / "server.properties"
-    props.unlink(missing_ok=True)
-    fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # with TLS, it holds the password
-    with os.fdopen(fd, "w") as f:
-        f.write(
-            "\n".join(
-                [
-                    "process.roles=broker,controller",
-                    "node.id=1",
-                    *_listeners(address, port, controller_port, tls),
-                    "controller.listener.names=CONTROLLER",
-                    f"log.dirs={kdir / 'data'}",
-                    "num.partitions=1",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=8",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "auto.create.topics.enable=false",
-                    # Batches of embeddings/gradients are large; 16 MiB messages.
-                    "message.max.bytes=16777216",
-                    "replica.fetch.max.bytes=16777216",
-                    "log.retention.hours=24",
-                    # A trim of a job's topics (DeleteRecords behind a checkpoint) frees disk within this.
-                    "log.retention.check.interval.ms=30000",
-                    "num.network.threads=2",
-                    "num.io.threads=2",
-                    "",
-                ]
-            )
-        )
+    write_private(  # with TLS, it holds the password
+        props,
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                *_listeners(address, port, controller_port, tls),
+                "controller.listener.names=CONTROLLER",
+                f"log.dirs={kdir / 'data'}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=8",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+                # Batches of embeddings/gradients are large; 16 MiB messages.
+                "message.max.bytes=16777216",
+                "replica.fetch.max.bytes=16777216",
+                "log.retention.hours=24",
+                # A trim of a job's topics (DeleteRecords behind a checkpoint) frees disk within this.
+                "log.retention.check.interval.ms=30000",
+                "num.network.threads=2",
+                "num.io.threads=2",
+                "",
+            ]
+        ),
+    )
     (kdir / "log4j.properties").write_text(
         "\n".join(
             [

@@ -64,6 +64,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner reads (a key, a password, a configuration holding one), made
+    anew so that no wider mode of an older copy is kept."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def read_state(run_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((run_dir / STATE_FILE).read_text())

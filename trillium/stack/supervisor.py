@@ -48,7 +48,7 @@ from trillium.wire.state import wait_for_redis
 from . import object_store, tls
 from .broker import java_argv, kafka_config, kafka_connection, scram_user
 from .hosts import Cluster, Loopback
-from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json
+from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json, write_private
 
 logger = logging.getLogger("trillium.stack.supervisor")
 
@@ -238,10 +238,7 @@ class Supervisor:
         if self.tls is None:
             return []
         conf = self.run_dir / "redis" / "password.conf"
-        conf.unlink(missing_ok=True)
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"requirepass {self.tls.redis_password}\n")
+        write_private(conf, f"requirepass {self.tls.redis_password}\n")
         return [str(conf)]
 
     @property

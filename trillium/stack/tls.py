@@ -7,7 +7,7 @@ On the first start the launcher makes, in `<run-dir>/tls/` (keys and secrets mod
   checks its peers' against (`TRILLIUM_GRPC_TLS_*`);
 - Redis's password, and Redis served over TLS only (`rediss://`, its plain port closed);
 - Kafka's user and password: the broker takes SASL/SCRAM-SHA-512 over TLS (SASL_SSL) only, its
-  controller listening on its own host.
+  controller only the broker itself, by its certificate (mutual TLS).
 The token, the passwords and the data cross the bridge as TLS records only
 (tests/cluster/test_tls_capture.py captures the bridge to check it). The object store, when there is
 one, stays plain HTTP: S3's signatures keep its keys off the wire, not its objects.
@@ -16,7 +16,6 @@ one, stays plain HTTP: S3's signatures keep its keys off the wire, not its objec
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import tempfile
@@ -36,18 +35,11 @@ from trillium.config import (
     KafkaConnection,
 )
 
-from .procs import LauncherError
+from .procs import LauncherError, write_private
 
 KAFKA_USER = "trillium"
 KAFKA_MECHANISM = "SCRAM-SHA-512"
 CERT_DAYS = 365
-
-
-def _private(path: Path, text: str) -> None:
-    """Write a file only its owner reads (a key, a password)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def _openssl(*args: str) -> None:
@@ -125,7 +117,7 @@ def ensure(run_dir: Path, hosts: dict[str, str]) -> StackTls:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     passwords = directory / "passwords.json"
     if not passwords.exists():
-        _private(passwords, json.dumps({"redis": secrets.token_urlsafe(24), "kafka": secrets.token_urlsafe(24)}))
+        write_private(passwords, json.dumps({"redis": secrets.token_urlsafe(24), "kafka": secrets.token_urlsafe(24)}))
     saved = json.loads(passwords.read_text())
     tls = StackTls(directory, redis_password=saved["redis"], kafka_password=saved["kafka"])
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -142,9 +134,9 @@ def ensure(run_dir: Path, hosts: dict[str, str]) -> StackTls:
             names.append("extendedKeyUsage=serverAuth,clientAuth")
             extensions = [arg for name in names for arg in ("-addext", name)]
             _openssl(*_request(curve, host), *signed, *extensions, "-keyout", str(key), "-out", str(cert))
-            _private(tls.key_file(host), key.read_text())
+            write_private(tls.key_file(host), key.read_text())
             tls.cert_file(host).write_text(cert.read_text())
-            _private(tls.keystore(host), key.read_text() + cert.read_text())  # last: it marks the host done
+            write_private(tls.keystore(host), key.read_text() + cert.read_text())  # last: it marks the host done
     return tls
 
 
