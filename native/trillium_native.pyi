@@ -36,6 +36,7 @@ class TableStats(TypedDict):
     updates: int
     dropped_grads: int
     update_batches: int
+    forgotten: int  # rows removed by `forget` (not in snapshots: 0 again in a new process)
     version: int
     internal_shards: int
     # Only for a table with a disk tier (memory_budget_bytes and disk):
@@ -226,6 +227,38 @@ def to_fp16_scaled(values: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.floa
 
 def from_fp16_scaled(values: npt.NDArray[np.float16], scale: float) -> npt.NDArray[np.float32]:
     """`to_fp16_scaled`'s values back as float32 (divided by `scale`: exact for a power of two)."""
+
+def forget_in_snapshot(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], ids: dict[str, npt.NDArray[np.uint64]]
+) -> tuple[int, int, str]:
+    """Rewrite the snapshot `src` (a `dump` or `StoreCapture.write` file, full or delta) to
+    `dst` without the rows of `ids` (table name -> uint64 IDs; a table the file lacks is
+    fine, tables not named are copied whole). Returns `(rows removed, bytes written, sha256
+    hex of dst)`, as `StoreCapture.write` returns `(bytes, sha256)`.
+
+    Everything else is kept exactly: header flags (a delta stays a delta) and creation
+    time, the version clock, each table's configuration and counters, the admission sketch,
+    every column of every kept row; forgetting nothing writes the source's bytes again.
+    Streams one row block at a time. The source is verified as it is read (checksums,
+    structure): a corrupt or truncated one raises ValueError, as `load` does, and nothing is
+    written to `dst`. `dst` is written atomically (temp file, fsync, rename) and may be
+    `src`. GIL released.
+
+    Example: `forget_in_snapshot("ckpt/s0.snap", "ckpt/s0.snap", {"user": np.array([42],
+    dtype=np.uint64)})` -> `(1, n_bytes, sha256_hex)` when the file held user 42.
+    """
+
+def forget_in_values(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], ids: dict[str, npt.NDArray[np.uint64]]
+) -> tuple[int, int, str]:
+    """Rewrite the values file `src` (`StoreCapture.write_values`) to `dst` without the rows
+    of `ids` (table name -> uint64 IDs), keeping its dtype, delta flag, store version and
+    table order, the kept values byte for byte. Returns `(rows removed, bytes written,
+    sha256 hex of dst)`. The source gets `ServingTables.apply`'s checks as it streams (sizes,
+    CRC-32, IDs ascending): a bad one raises ValueError naming it (OSError for I/O errors) and
+    nothing is written. `dst` is written atomically and may be `src`. A replica that applied
+    a file keeps a forgotten row until it applies a full file without it. GIL released.
+    """
 
 class EmbeddingStore:
     """A set of named embedding tables (u64 id -> row of `dim` floats).
@@ -431,6 +464,23 @@ class EmbeddingStore:
     def expire(self, table: str | None = None, *, now: float | None = None) -> int:
         """Remove rows past their TTL (one table or all); returns how many.
         `now` overrides the current UNIX time (seconds)."""
+    def forget(self, table: str, ids: npt.NDArray[np.uint64]) -> int:
+        """Remove the rows of `ids` from `table` wherever they are, in RAM or in the disk
+        tier's spill file (a right to be forgotten, GDPR Art. 17); returns how many rows were
+        removed (IDs the table lacks, and repeats, are skipped). A forgotten ID looked up
+        again with `create=True` is a new row: its initial value, fresh optimizer state.
+
+        The next `capture(since=mark)` is then a full one (`delta` False): a delta cannot say
+        that a row is gone. The persisted counters do not move; `stats(table)["forgotten"]`
+        counts the rows removed (not saved in snapshots). The admission sketch keeps its
+        counts (hashed and shared by many IDs). GIL released, runs on the store's pool.
+
+        Example: `s.forget("user", np.array([42, 7], dtype=np.uint64))` -> 2 if both had rows.
+
+        **Locking behaviour:** one task per internal shard with IDs in `ids`, each under that
+        shard's *write* lock. Raises KeyError (unknown table), TypeError (ids not uint64),
+        ValueError (not 1-D).
+        """
     def stats(self, table: str) -> TableStats:
         """Row count, memory and counters of a table."""
     def table_config(self, table: str) -> TableConfig:

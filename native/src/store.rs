@@ -226,6 +226,14 @@ impl Store {
         self.pool.install(|| t.expire(&ctx))
     }
 
+    /// Remove the rows of `ids` from `t`, resident or on disk; returns how many there were.
+    ///
+    /// **Locking behaviour:** as `Table::forget` (see `run` for where it runs); no registry lock.
+    pub fn forget(&self, t: &Table, ids: &[u64]) -> u64 {
+        let sequential = self.threads == 1;
+        self.run(|| t.forget(ids, sequential))
+    }
+
     pub fn version(&self) -> u64 {
         self.clock.committed()
     }

@@ -1,7 +1,8 @@
-//! PyO3 bindings, one module per area (store, captures, hashing, text cells, pooling, serving,
-//! events, the join, the wire's fp16); this one registers them and holds the helpers they share. Every
-//! batched call releases the GIL and runs on the store's own rayon pool; every entry point
-//! catches panics and maps errors to ValueError / TypeError / KeyError / OSError.
+//! PyO3 bindings, one module per area (store, captures, forgetting IDs in files, hashing, text
+//! cells, pooling, serving, events, the join, the wire's fp16); this one registers them and
+//! holds the helpers they share. Every batched call releases the GIL and runs on the store's
+//! own rayon pool; every entry point catches panics and maps errors to ValueError /
+//! TypeError / KeyError / OSError.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -15,6 +16,7 @@ use crate::snapshot::FORMAT_VERSION;
 
 mod cells;
 mod events;
+mod forget;
 mod hash;
 mod join;
 mod json_out;
@@ -151,6 +153,8 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(json_out::json_rows, m)?)?;
     m.add_function(wrap_pyfunction!(wire16::to_fp16_scaled, m)?)?;
     m.add_function(wrap_pyfunction!(wire16::from_fp16_scaled, m)?)?;
+    m.add_function(wrap_pyfunction!(forget::forget_in_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(forget::forget_in_values, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     m.add("VALUES_FORMAT_VERSION", crate::values::VALUES_FORMAT_VERSION)?;

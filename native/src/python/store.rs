@@ -395,6 +395,17 @@ impl PyStore {
         guard(|| store.set_row(&t, id, s))
     }
 
+    /// Remove the rows of `ids` from `table`, resident or on disk; returns how many there were
+    /// (see `Table::forget`). Not refused on a failed disk tier: removing reads and writes no
+    /// record.
+    fn forget<'py>(&self, py: Python<'py>, table: &str, ids: &Bound<'py, PyAny>) -> PyResult<u64> {
+        let t = self.store.table(table).map_err(to_py)?;
+        let ids = get_array::<u64, Ix1>(py, ids, "ids", "uint64", 1)?;
+        let ids_s = ids.slice()?;
+        let store = &*self.store;
+        py.detach(|| guard(|| Ok(store.forget(&t, ids_s))))
+    }
+
     /// Point-in-time copy of the whole store (see `snapshot::Capture::new`), or with `since`
     /// of what changed after that mark (`snapshot::Capture::since`).
     #[pyo3(signature = (since=None))]
@@ -480,6 +491,7 @@ impl PyStore {
         for (name, v) in COUNTER_NAMES.iter().zip(t.counters.snapshot()) {
             d.set_item(*name, v)?;
         }
+        d.set_item("forgotten", t.forgotten.load(std::sync::atomic::Ordering::Relaxed))?;
         d.set_item("version", self.store.version())?;
         d.set_item("internal_shards", t.num_shards())?;
         if !disk.is_empty() {

@@ -9,9 +9,9 @@
 //! A **delta** (`Capture::since`) copies only the rows created or updated since an earlier
 //! capture's `CaptureMark`; loading the earlier capture's file and then the delta's gives the
 //! store as of the delta. That holds only while no row has left the store in between (an
-//! eviction, a TTL expiry, a dropped table would come back from the older file), so then a
-//! full capture is taken instead. A delta's event counters are the increments since the
-//! mark: loading (merging) both files adds them up to the store's counts.
+//! eviction, a TTL expiry, a forgotten ID, a dropped table would come back from the older
+//! file), so then a full capture is taken instead. A delta's event counters are the
+//! increments since the mark: loading (merging) both files adds them up to the store's counts.
 
 use std::path::Path;
 
@@ -69,16 +69,18 @@ macro_rules! with_copied {
 }
 
 /// Where a capture stood, for a later delta (`Capture::since`): the store's version clock
-/// and, per table, how many rows had left it (evicted or expired), both read before any row
-/// was copied, and its counters as the capture wrote them (read after).
+/// and, per table, how many rows had left it (evicted, expired or forgotten), both read
+/// before any row was copied, and its counters as the capture wrote them (read after).
 #[derive(Clone, Debug)]
 pub struct CaptureMark {
     since: u64,
     tables: Vec<(String, [u64; 9], u64)>,
 }
 
-fn removed(counters: &[u64; 9]) -> u64 {
-    counters[2] + counters[3] // evicted + expired
+/// How many rows have left `t`: evicted, expired (`counters`, read before) and forgotten (not a
+/// persisted counter, see `Table::forget`). Each only grows, so an equal sum means none left.
+fn removed(t: &Table, counters: &[u64; 9]) -> u64 {
+    counters[2] + counters[3] + t.forgotten.load(std::sync::atomic::Ordering::Acquire)
 }
 
 struct SketchCopy {
@@ -256,7 +258,8 @@ impl Capture {
 
     /// A delta of the capture that left `mark`: only the rows created or updated since, with
     /// the counters' increments. A full capture (see `is_delta`) when rows may have left the
-    /// store since the mark, or the tables differ from the mark's. Locks as `new` does.
+    /// store since the mark (evicted, expired or forgotten), or the tables differ from the
+    /// mark's. Locks as `new` does.
     pub fn since(store: &Store, mark: &CaptureMark) -> Capture {
         Capture::take(store, Some(mark))
     }
@@ -269,13 +272,13 @@ impl Capture {
         // capture or (its version being at least `since`) in the next delta; a row removed
         // meanwhile makes the next capture a full one.
         let since = store.clock.next_value();
-        let before: Vec<[u64; 9]> = tables.iter().map(|t| t.counters.snapshot()).collect();
+        let gone: Vec<u64> = tables.iter().map(|t| removed(t, &t.counters.snapshot())).collect();
         let delta = mark.filter(|m| {
             m.tables.len() == tables.len()
                 && m.tables
                     .iter()
-                    .zip(tables.iter().zip(&before))
-                    .all(|((name, _, gone), (t, now))| *name == t.cfg.name && removed(now) == *gone)
+                    .zip(tables.iter().zip(&gone))
+                    .all(|((name, _, then), (t, now))| *name == t.cfg.name && now == then)
         });
         let from = delta.map(|m| m.since);
         let rows: Vec<(ShardCopies, Arena, Option<String>)> = if sequential {
@@ -289,12 +292,7 @@ impl Capture {
         let counters: Vec<[u64; 9]> = tables.iter().map(|t| t.counters.snapshot()).collect();
         let mark = CaptureMark {
             since,
-            tables: tables
-                .iter()
-                .zip(&counters)
-                .zip(&before)
-                .map(|((t, c), b)| (t.cfg.name.clone(), *c, removed(b)))
-                .collect(),
+            tables: tables.iter().zip(&counters).zip(&gone).map(|((t, c), g)| (t.cfg.name.clone(), *c, *g)).collect(),
         };
         let error = rows.iter().find_map(|r| r.2.clone());
         let tables = tables

@@ -10,18 +10,22 @@
 //!
 //! `meta` encodes the table metadata block, `write` the writer (shared by `dump` and
 //! captures), `read` the verifying reader and the loader, `capture` point-in-time copies,
-//! `values` a capture's export of weights only for serving (the format of `crate::values`).
+//! `values` a capture's export of weights only for serving (the format of `crate::values`),
+//! `forget` the rewrite of a file without the rows of given IDs.
 
 use crate::config::{Result, StoreError, TableConfig};
 
 mod capture;
+mod forget;
 mod meta;
 mod read;
 mod values;
 mod write;
 
 pub use capture::{Capture, CaptureMark};
+pub use forget::forget_in_snapshot;
 pub use read::{load_snapshot, read_snapshot, AnyBlock, Visitor};
+pub(crate) use write::{write_atomically, FileOut};
 pub use write::{write_snapshot, Written};
 
 #[cfg(target_endian = "big")]
@@ -100,5 +104,7 @@ fn bytes_of_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
+#[cfg(test)]
+mod forget_tests;
 #[cfg(test)]
 mod tests;

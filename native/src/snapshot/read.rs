@@ -60,6 +60,11 @@ pub enum AnyBlock {
 }
 
 pub trait Visitor {
+    /// The header's table count and creation time, before `header`: only a visitor that
+    /// writes the file again needs them.
+    fn file_header(&mut self, _num_tables: u32, _created_secs: u64) -> Result<()> {
+        Ok(())
+    }
     /// `delta`: the header's `FLAG_DELTA`.
     fn header(&mut self, next_version: u64, delta: bool) -> Result<()>;
     fn table(&mut self, cfg: &TableConfig, counters: &[u64; 9]) -> Result<()>;
@@ -127,6 +132,8 @@ pub fn read_snapshot(path: &Path, v: &mut dyn Visitor) -> Result<()> {
     }
     let next_version = u64::from_le_bytes(hdr[16..24].try_into().unwrap_or_default());
     let num_tables = u32::from_le_bytes(hdr[24..28].try_into().unwrap_or_default());
+    let created_secs = u64::from_le_bytes(hdr[28..36].try_into().unwrap_or_default());
+    v.file_header(num_tables, created_secs)?;
     v.header(next_version, flags & FLAG_DELTA != 0)?;
     let mut names = HashSet::new();
     let mut all_rows = 0u64;

@@ -12,7 +12,7 @@ use crate::store::Store;
 use crate::table::{RowState, Table, COUNTER_NAMES};
 use crate::test_dir::TestDir;
 
-fn filled_store() -> Store {
+pub(super) fn filled_store() -> Store {
     let s = Store::new(Some(4), Some(2)).unwrap();
     let mut c = TableConfig::new("a", 5);
     c.optimizer = OptKind::Adam;
@@ -108,7 +108,7 @@ fn corruption_detected_everywhere() {
     }
 }
 
-fn assert_same_row(a: &RowState, b: &RowState, what: &str) {
+pub(super) fn assert_same_row(a: &RowState, b: &RowState, what: &str) {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&a.weights), bits(&b.weights), "{what}: weights");
     assert_eq!(bits(&a.state), bits(&b.state), "{what}: optimizer state");

@@ -24,7 +24,7 @@ use crate::with_shards;
 pub type Written = (u64, [u8; 32]);
 
 /// Counts and hashes every byte on its way to the file.
-pub(super) struct HashingWriter<F: Write> {
+pub(crate) struct HashingWriter<F: Write> {
     inner: F,
     sha: Sha256,
     bytes: u64,
@@ -51,7 +51,11 @@ pub(super) struct SnapWriter<'a> {
     blk_rows: u64,
 }
 
-impl SnapWriter<'_> {
+impl<'a> SnapWriter<'a> {
+    pub(super) fn new(w: &'a mut FileOut) -> Self {
+        SnapWriter { w, tables: 0, rows: 0, blk_rows: 0 }
+    }
+
     /// Write `b` and feed it to the block checksum `h`.
     fn put(&mut self, h: &mut crc32fast::Hasher, b: &[u8]) -> std::io::Result<()> {
         h.update(b);
@@ -62,7 +66,13 @@ impl SnapWriter<'_> {
         self.w.write_all(b)
     }
 
-    fn header(&mut self, next_version: u64, num_tables: u32, created_secs: u64, flags: u32) -> std::io::Result<()> {
+    pub(super) fn header(
+        &mut self,
+        next_version: u64,
+        num_tables: u32,
+        created_secs: u64,
+        flags: u32,
+    ) -> std::io::Result<()> {
         let mut h = crc32fast::Hasher::new();
         let mut hdr = Vec::with_capacity(36);
         hdr.extend_from_slice(MAGIC);
@@ -75,7 +85,7 @@ impl SnapWriter<'_> {
         self.raw(&h.finalize().to_le_bytes())
     }
 
-    fn meta(&mut self, cfg: &TableConfig, counters: &[u64; 9]) -> std::io::Result<()> {
+    pub(super) fn meta(&mut self, cfg: &TableConfig, counters: &[u64; 9]) -> std::io::Result<()> {
         let meta = encode_meta(cfg, counters);
         self.raw(&TAG_META.to_le_bytes())?;
         self.raw(&(meta.len() as u32).to_le_bytes())?;
@@ -154,7 +164,7 @@ impl SnapWriter<'_> {
         Ok(())
     }
 
-    fn table_end(&mut self) -> std::io::Result<()> {
+    pub(super) fn table_end(&mut self) -> std::io::Result<()> {
         let rows = self.blk_rows;
         self.raw(&TAG_TEND.to_le_bytes())?;
         let mut h = crc32fast::Hasher::new();
@@ -164,7 +174,7 @@ impl SnapWriter<'_> {
         Ok(())
     }
 
-    fn trailer(&mut self, next_version: u64) -> std::io::Result<()> {
+    pub(super) fn trailer(&mut self, next_version: u64) -> std::io::Result<()> {
         self.raw(&TAG_TRAILER.to_le_bytes())?;
         let mut h = crc32fast::Hasher::new();
         let (tables, rows) = (self.tables, self.rows);
@@ -187,20 +197,23 @@ pub(super) trait TableSource {
 }
 
 /// The buffered, hashing writer of a file being written atomically.
-pub(super) type FileOut = BufWriter<HashingWriter<File>>;
+pub(crate) type FileOut = BufWriter<HashingWriter<File>>;
 
 /// Write a file atomically: `body` writes it to `path.tmp-<pid>` (through a 4 MiB buffer,
 /// counting and hashing every byte), which is fsynced and renamed to `path`; then the
 /// directory is fsynced so that the rename survives a crash. On an error the temporary
 /// file is removed and `path` is untouched. Shared by snapshots and values files.
-pub(super) fn write_atomically(path: &Path, body: impl FnOnce(&mut FileOut) -> std::io::Result<()>) -> Result<Written> {
+pub(crate) fn write_atomically<E: Into<StoreError>>(
+    path: &Path,
+    body: impl FnOnce(&mut FileOut) -> std::result::Result<(), E>,
+) -> Result<Written> {
     let file_name =
         path.file_name().ok_or_else(|| StoreError::Value(format!("invalid file path {}", path.display())))?;
     let tmp = path.with_file_name(format!("{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
     let res = (|| -> Result<Written> {
         let f = File::create(&tmp)?;
         let mut w = BufWriter::with_capacity(4 << 20, HashingWriter { inner: f, sha: Sha256::new(), bytes: 0 });
-        body(&mut w)?;
+        body(&mut w).map_err(Into::into)?;
         let hw = w.into_inner().map_err(|e| StoreError::Io(e.into_error()))?;
         hw.inner.sync_all()?;
         drop(hw.inner);
@@ -228,7 +241,7 @@ pub(super) fn write_file<T: std::ops::Deref<Target: TableSource>>(
     tables: &[T],
 ) -> Result<Written> {
     write_atomically(path, |out| {
-        let mut w = SnapWriter { w: out, tables: 0, rows: 0, blk_rows: 0 };
+        let mut w = SnapWriter::new(out);
         w.header(next_version(), tables.len() as u32, created_secs, flags)?;
         for t in tables {
             w.meta(t.config(), &t.counters())?;

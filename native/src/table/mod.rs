@@ -19,8 +19,8 @@
 //! per-table `Layout`, slab chunks, row views and the columns snapshots read and write),
 //! `shard` (one internal shard: slots, probing, allocation), and the shard's concerns in
 //! files of their own: `lookup` (lookups, admission of the missing ids), `update`
-//! (optimizer updates, `set_row`), `evict` (eviction and TTL), `copy` (copies and loads for
-//! snapshots). This file: the per-call `Ctx`, the routing `Plan` and the `Table` front,
+//! (optimizer updates, `set_row`), `evict` (eviction and TTL), `forget` (removing given IDs),
+//! `copy` (copies and loads for snapshots). This file: the per-call `Ctx`, the routing `Plan` and the `Table` front,
 //! which takes the shard locks. Rows leave a shard only through `Shard::remove_slot` and
 //! a lookup's missing ids are resolved only in `Shard::handle_missing`. `spill` is the disk
 //! tier of a table with a RAM budget: the shard's least recently used rows beyond it live in
@@ -44,6 +44,7 @@ mod chunk;
 mod copy;
 mod counters;
 mod evict;
+mod forget;
 mod lookup;
 mod shard;
 mod sketch;
@@ -202,6 +203,9 @@ pub struct Table {
     pub shards: Shards,
     pub sketch: Option<Sketch>,
     pub counters: Counters,
+    /// Rows removed by `forget`: not one of the persisted counters (a snapshot never carries
+    /// it); a `CaptureMark` compares it so that a capture after a removal is full.
+    pub forgotten: std::sync::atomic::AtomicU64,
     /// Set when a disk tier of the table failed (see `tier_error`).
     pub tier_failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub arena: Arena,
@@ -277,6 +281,7 @@ impl Table {
             shards,
             sketch,
             counters: Counters::default(),
+            forgotten: Default::default(),
             tier_failed,
             arena: Arena::default(),
         })

@@ -5,6 +5,7 @@ use super::*;
 use crate::config::{DType, OptKind};
 use crate::hash::SplitMix64;
 use crate::test_dir::TestDir;
+use crate::with_shards;
 
 /// `cfg` with a RAM budget of `budget_rows` rows and its spill files in `dir` (unlinked once
 /// open, so the test's `TestDir` may go before its tables do).
@@ -216,5 +217,50 @@ fn a_full_disk_keeps_rows_in_ram_and_says_why() {
         let mut v = vec![0f32; 4];
         init_values(&t.cfg, id, &mut v);
         assert_eq!(t.get_state(id).unwrap().weights, v);
+    }
+}
+
+/// The IDs of the cold rows of `t`'s tier.
+fn cold_ids(t: &Table) -> Vec<u64> {
+    with_shards!(&t.shards, s => s.iter().flat_map(|sh| {
+        let g = sh.read();
+        let tier = g.tier.as_ref().unwrap();
+        (0..tier.len()).map(|i| tier.at(i).id).collect::<Vec<_>>()
+    }).collect())
+}
+
+#[test]
+fn forget_removes_cold_rows_as_resident_ones() {
+    let dir = TestDir::new("spill-forget");
+    for (i, cfg) in configs().into_iter().enumerate().step_by(5) {
+        for shards in [1usize, 4] {
+            let a = Table::new(cfg.clone(), shards).unwrap();
+            let b = Table::new(with_tier(&cfg, 6, &dir), shards).unwrap();
+            run_same(&a, &b, i as u64 * 7 + shards as u64, 120, 80);
+            // Every ID looked up (twice: admission), so that rows spill whatever the run left.
+            let every: Vec<u64> = (0..80).collect();
+            for t in [&a, &b, &a, &b] {
+                t.lookup(&ctx_of(t, 1, 0, 0), &every, &mut vec![0f32; 80 * cfg.dim], true);
+            }
+            let cold = cold_ids(&b);
+            assert!(cold.len() > 4, "config {i}: {} cold rows", cold.len());
+            // Half the cold rows, every fifth ID of the universe (resident or absent), a repeat.
+            let mut gone: Vec<u64> = cold.iter().step_by(2).copied().collect();
+            gone.extend((0..80).step_by(5));
+            gone.push(gone[0]);
+            let n = a.forget(&gone, true);
+            assert!(n as usize >= cold.len() / 2, "config {i}: {n} removed");
+            assert_eq!(b.forget(&gone, false), n);
+            for id in &gone {
+                assert!(a.get_state(*id).is_none() && b.get_state(*id).is_none());
+            }
+            let left: u64 = b.disk_stats().iter().map(|d| d.rows).sum();
+            assert_eq!(left as usize, cold.iter().filter(|id| !gone.contains(id)).count());
+            assert_eq!(states(&a, 80), states(&b, 80));
+            assert_eq!(b.forgotten.load(Ordering::Relaxed), n);
+            // And on: the forgotten IDs come back as new rows, the tier's bookkeeping holds.
+            run_same(&a, &b, i as u64 * 7 + 1000, 120, 80);
+            assert!(b.tier_error().is_none());
+        }
     }
 }

@@ -116,3 +116,56 @@ fn version_offsets_rebase_without_losing_changes() {
     ids.sort();
     assert_eq!(ids, vec![1, 2, 3]);
 }
+
+/// A row's state as bits (weights, state, accumulator, step), without its version.
+fn bits(s: &RowState) -> (Vec<u32>, Vec<u32>, Option<u32>, Option<u32>) {
+    (
+        s.weights.iter().map(|x| x.to_bits()).collect(),
+        s.state.iter().map(|x| x.to_bits()).collect(),
+        s.acc.map(f32::to_bits),
+        s.step,
+    )
+}
+
+#[test]
+fn forget_removes_rows_and_a_forgotten_id_comes_back_new() {
+    let mut cfg = TableConfig::new("t", 3);
+    cfg.optimizer = crate::config::OptKind::Adam;
+    cfg.lr = 0.1;
+    for sequential in [true, false] {
+        let t = table(cfg.clone());
+        let ctx = |v: u64, b: u32| Ctx { sequential, ..t.ctx(v, 0, b) };
+        let ids: Vec<u64> = (0..500u64).map(|i| i * 13 + 1).collect();
+        let mut out = vec![0f32; ids.len() * 3];
+        t.lookup(&ctx(1, 0), &ids, &mut out, true);
+        t.update(&ctx(2, 1), &ids, &vec![0.5f32; ids.len() * 3]);
+        let before: Vec<RowState> = ids.iter().map(|&id| t.get_state(id).unwrap()).collect();
+        // Every third ID, one of them twice, and two IDs the table lacks.
+        let mut gone: Vec<u64> = ids.iter().step_by(3).copied().collect();
+        gone.extend([ids[0], 2, 4]);
+        assert_eq!(t.forget(&gone, sequential), 167);
+        assert_eq!((t.rows(), t.forgotten.load(Ordering::Relaxed)), (333, 167));
+        assert_eq!(t.counters.snapshot()[2..4], [0, 0], "a removal is no eviction or expiry");
+        for (k, &id) in ids.iter().enumerate() {
+            match t.get_state(id) {
+                Some(s) => {
+                    assert!(k % 3 != 0, "id {id} was forgotten");
+                    assert_eq!(bits(&s), bits(&before[k]));
+                    assert_eq!(s.version, before[k].version);
+                }
+                None => assert!(k % 3 == 0, "id {id} was not forgotten"),
+            }
+        }
+        assert_eq!(t.forget(&gone, sequential), 0);
+        // Looked up again: a new row, as in a table that never saw the ID.
+        let fresh = table(cfg.clone());
+        let again = [ids[0], ids[1], ids[3]];
+        t.lookup(&ctx(3, 1), &again, &mut [0f32; 9], true);
+        fresh.lookup(&fresh.ctx(3, 0, 1), &again, &mut [0f32; 9], true);
+        for id in [ids[0], ids[3]] {
+            assert_eq!(bits(&t.get_state(id).unwrap()), bits(&fresh.get_state(id).unwrap()), "id {id}");
+        }
+        assert_ne!(bits(&t.get_state(ids[0]).unwrap()), bits(&before[0]));
+        assert_eq!(bits(&t.get_state(ids[1]).unwrap()), bits(&before[1]));
+    }
+}

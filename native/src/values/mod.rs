@@ -32,15 +32,17 @@
 //! a **delta** file only the rows created or updated since the previous capture.
 //!
 //! `read` holds the reader; the writer of a capture is `snapshot/values.rs`, on top of the
-//! primitives here.
+//! primitives here; `forget` rewrites a file without the rows of given IDs.
 
 use std::io::Write;
 
 use crate::config::DType;
 use crate::elem::Elem;
 
+mod forget;
 mod read;
 
+pub use forget::forget_in_values;
 pub use read::{read_values, ValuesError, ValuesFile, ValuesTable};
 
 #[cfg(target_endian = "big")]
@@ -147,5 +149,7 @@ fn u64_bytes_mut(s: &mut [u64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }
 
+#[cfg(test)]
+mod forget_tests;
 #[cfg(test)]
 mod tests;

@@ -42,7 +42,7 @@ impl From<std::io::Error> for ValuesError {
     }
 }
 
-fn bad<T>(msg: impl Into<String>) -> Result<T, ValuesError> {
+pub(super) fn bad<T>(msg: impl Into<String>) -> Result<T, ValuesError> {
     Err(ValuesError::Bad(msg.into()))
 }
 
@@ -66,14 +66,14 @@ pub struct ValuesFile<W: Copy> {
 }
 
 /// Reads through a buffer, feeding every byte to the CRC and counting them.
-struct CrcReader {
-    inner: BufReader<File>,
-    crc: crc32fast::Hasher,
-    pos: u64,
+pub(super) struct CrcReader {
+    pub(super) inner: BufReader<File>,
+    pub(super) crc: crc32fast::Hasher,
+    pub(super) pos: u64,
 }
 
 impl CrcReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+    pub(super) fn read(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
         // Large reads in slices, so the CRC runs on data still in cache.
         for c in buf.chunks_mut(4 << 20) {
             self.inner.read_exact(c)?;
@@ -82,18 +82,18 @@ impl CrcReader {
         self.pos += buf.len() as u64;
         Ok(())
     }
-    fn array<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
+    pub(super) fn array<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
         let mut b = [0u8; N];
         self.read(&mut b)?;
         Ok(b)
     }
-    fn u16(&mut self) -> std::io::Result<u16> {
+    pub(super) fn u16(&mut self) -> std::io::Result<u16> {
         Ok(u16::from_le_bytes(self.array()?))
     }
-    fn u32(&mut self) -> std::io::Result<u32> {
+    pub(super) fn u32(&mut self) -> std::io::Result<u32> {
         Ok(u32::from_le_bytes(self.array()?))
     }
-    fn u64(&mut self) -> std::io::Result<u64> {
+    pub(super) fn u64(&mut self) -> std::io::Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 }

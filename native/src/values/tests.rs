@@ -12,7 +12,7 @@ use crate::store::Store;
 use crate::test_dir::TestDir;
 
 /// A values file of `tables` (name, dim, sorted ids, values as f16).
-fn write_raw(path: &Path, delta: bool, tables: &[(&str, usize, Vec<u64>, Vec<f16>)]) {
+pub(super) fn write_raw(path: &Path, delta: bool, tables: &[(&str, usize, Vec<u64>, Vec<f16>)]) {
     let mut f = BufWriter::new(File::create(path).unwrap());
     let mut w = ValuesWriter::new(&mut f, DType::F16, delta, tables.len() as u32, 77).unwrap();
     for (name, dim, ids, vals) in tables {
@@ -23,7 +23,7 @@ fn write_raw(path: &Path, delta: bool, tables: &[(&str, usize, Vec<u64>, Vec<f16
     f.flush().unwrap();
 }
 
-fn small_file(path: &Path) {
+pub(super) fn small_file(path: &Path) {
     let vals: Vec<f16> = (0..9).map(|i| f16::from_f32(i as f32 * 0.5 - 1.0)).collect();
     write_raw(path, true, &[("a", 3, vec![1, 5, 9], vals), ("bb", 2, vec![], vec![])]);
 }
@@ -105,7 +105,7 @@ fn unsorted_ids_refused() {
 }
 
 /// A store of an fp32, an fp16 and a bf16 table, trained a little.
-fn trained_store() -> Store {
+pub(super) fn trained_store() -> Store {
     let s = Store::new(Some(4), Some(2)).unwrap();
     for (name, dim, dtype) in [("f32", 5, DType::F32), ("f16", 3, DType::F16), ("b16", 4, DType::BF16)] {
         let mut c = TableConfig::new(name, dim);
