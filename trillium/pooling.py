@@ -51,7 +51,9 @@ class Layout:
 @dataclass(frozen=True)
 class TablePlan:
     ids: np.ndarray  # uint64[U]: the batch's unique IDs of this table, grouped by owning shard
-    shard_rows: list[slice]  # per shard: its range of `ids` (and of the rows and gradients)
+    # Per shard: its range of `ids` (and of the rows and gradients); in a training batch replayed
+    # from before a forget, the positions it keeps (services/embedding_worker/forget.py).
+    shard_rows: list[slice] | list[np.ndarray]
 
     def shard_ids(self, shard: int) -> np.ndarray:
         return self.ids[self.shard_rows[shard]]

@@ -2,7 +2,8 @@
 their gradients back to the parameter servers (Kafka).
 
 LookupBatches: wait while the lookup would exceed the staleness bound, dedup the batch's
-IDs per table, look them up on every owning PS shard in parallel, pool per slot.
+IDs per table, look them up on every owning PS shard in parallel, pool per slot. In a batch
+replayed from before a forget, the forgotten IDs are asked of no shard and read as zeros (forget.py).
 PushGradients: sum the gradient per unique ID and, once every rank this worker serves has pushed
 the step, produce one message per PS shard to the gradients topic (partition = shard) holding
 all of their gradients. A rank's pushes arrive in step order and are handled one at a time, so
@@ -34,6 +35,8 @@ from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import EmbeddingRef, GradientUpdate
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
+
+from .forget import Forgotten, MaskedPlan
 
 logger = logging.getLogger("trillium.embedding_worker")
 
@@ -73,6 +76,7 @@ class _JobContext:
         # The ranks whose lookups and gradients come here (an NN rank's worker is rank % workers).
         self.ranks = [r for r in range(topology.nn_ranks) if r % topology.embedding_workers == worker_index]
         self.steps: dict[int, _StepGradients] = {}  # steps some of our ranks have pushed, not all
+        self.forgotten = Forgotten(job.forgotten)
 
 
 class _StepGradients:
@@ -117,6 +121,8 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
             plan = pooling.plan(ctx.layout, batch.ids)
         except (KeyError, ValueError) as err:  # slots or IDs that are not the job's
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch {batch.batch_id}: {err.args[0]}")
+        if request.training and ctx.job.forgotten:  # its forgotten IDs go to no shard: no lookup, no gradient
+            plan = ctx.forgotten.mask(plan, batch.batch_id)
         try:
             rows = await self.worker.lookup_rows(ctx, plan, evaluation=not request.training, fp16=request.fp16)
         except ShardUnavailable as err:
@@ -259,6 +265,9 @@ class EmbeddingWorker(Service):
         row_dtype = "float16" if fp16 or served16 else "float32"
         dims = {t: ctx.job.config.tables[t].dim for t in plan.tables}
         rows = {t: np.empty((len(p.ids), dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
+        if isinstance(plan, MaskedPlan):  # forgotten IDs, asked of no shard
+            for table, masked in plan.masked.items():
+                rows[table][masked] = 0
         requests, asked = [], {}
         for shard, lookups in enumerate(ctx.ps):
             ids = {t: p.shard_ids(shard) for t, p in plan.tables.items()}

@@ -101,6 +101,17 @@ class Reshard(BaseModel):
     error: str | None = None
 
 
+class ForgetMask(BaseModel):
+    """IDs a forget removed (`POST /v1/jobs/{id}/forget`), masked in the batches the job had written
+    before it: a later attempt that replays or re-reads those batches (a recovery from an older
+    checkpoint) looks them up as zeros and creates no row. A batch after `through_batch` is new
+    data, where such an ID is a new ID."""
+
+    receipt: str = Field(description="the forget's receipt id")
+    tables: dict[str, list[int]] = Field(description="table -> the forgotten IDs (u64, as the slots hash them)")
+    through_batch: int = Field(description="the newest batch_id written to the samples topic when it ran")
+
+
 class CheckpointFailures(BaseModel):
     """Checkpoints the job abandoned (a part that failed to write or timed out, a worker that did
     not answer): the job went on from each, its earlier checkpoints untouched."""
@@ -148,6 +159,7 @@ class JobRecord(BaseModel):
         "(checkpoint_seq) whose checkpoint the job stops after",
     )
     reshards: list[Reshard] = Field(default_factory=list, description="live changes of ps_shards, oldest first")
+    forgotten: list[ForgetMask] = Field(default_factory=list, description="forgets run on the job, oldest first")
 
     @property
     def pending_reshard(self) -> Reshard | None:
