@@ -17,10 +17,12 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from trillium.job import JobConfig
 from trillium.job.record import ACTIVE, IllegalTransition, JobRecord
 from trillium.job.trust import PathRoots, check_model_module
+from trillium.runtime.forget import ForgetReceipt
 from trillium.runtime.progress import JobProgress
 from trillium.wire import state
 
 from .checkpoints import CheckpointInfo
+from .forget import ForgetRequest
 from .jobs import CheckpointRequested, JobNotFound
 from .lifecycle import lost_workers
 from .observe import (
@@ -400,6 +402,21 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         job is not running, takes no checkpoints, is stopping or already resharding, already has that
         many shards, or the stack does not run embedding_ps-0..N-1."""
         return await request_reshard(coord.jobs, coord.registry, job_id, body.ps_shards)
+
+    # ---- forgetting
+    @v1.post("/jobs/{job_id}/forget", response_model=ForgetReceipt, tags=["forget"], responses=_errors(404, 409, 422))
+    async def forget(job_id: str, body: ForgetRequest) -> ForgetReceipt:
+        """Remove IDs (a user's, under the GDPR's Art. 17) from everything of the job that holds them:
+        the live PS shards, every checkpoint, every version of its model and the replicas serving it,
+        and, masked, the batches its later attempts replay. Returns the receipt (every place checked,
+        the rows removed there), also kept as an audit record. 409 unless the job is stopped, failed
+        or finished; 422 for a table the job lacks."""
+        return await coord.forgetter.forget(job_id, body)
+
+    @v1.get("/jobs/{job_id}/forget", response_model=list[ForgetReceipt], tags=["forget"])
+    async def forget_receipts(job_id: str) -> list[ForgetReceipt]:
+        """The receipts of the forgets run on the job, oldest first (kept after the job is deleted)."""
+        return await coord.forgetter.receipts(job_id)
 
     # ---- staleness
     @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404))

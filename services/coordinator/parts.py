@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from trillium.wire.state import aioredis
 
 from .checkpoints import Checkpointer
+from .forget import Forgetter
 from .jobs import JobStore
 from .observe import Observer
 from .publish import Publisher
@@ -23,5 +24,6 @@ class CoordinatorParts(Protocol):
     observer: Observer
     checkpointer: Checkpointer
     publisher: Publisher
+    forgetter: Forgetter
 
     async def require_token(self, creds: HTTPAuthorizationCredentials | None) -> None: ...

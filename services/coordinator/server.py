@@ -20,6 +20,7 @@ from trillium.wire import state
 
 from .api import add_api
 from .checkpoints import Checkpointer
+from .forget import Forgetter
 from .jobs import JobStore
 from .lifecycle import advance
 from .observe import Observer
@@ -70,6 +71,13 @@ class Coordinator(Service):
             self.settings.run_dir,
             calls(httpx.Timeout(60.0, connect=5.0)),
         )
+        self.forgetter = Forgetter(
+            self.jobs,
+            self.registry,
+            self.settings.kafka,
+            self.settings.run_dir,
+            calls(httpx.Timeout(300.0, connect=5.0)),
+        )
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)
         self._loops = [
             asyncio.create_task(self.registry.listen(), name="registry listening"),
@@ -103,6 +111,7 @@ class Coordinator(Service):
             await self.observer.close()
             await self.checkpointer.close()
             await self.publisher.close()
+            await self.forgetter.http.aclose()
             await self.retention.close()
         if hasattr(self, "redis"):
             await self.redis.aclose()

@@ -45,6 +45,7 @@ from trillium.runtime.checkpoint import (
     ledger_file,
     ps_file,
 )
+from trillium.runtime.forget import ShardForgetRequest, ShardForgetResult
 from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
@@ -334,6 +335,20 @@ class EmbeddingPS(Service):
         captured = await asyncio.to_thread(exporter.capture, store, job, step)
         if captured is not None:
             exporter.write(job, step, captured)
+
+    async def forget(self, request: ShardForgetRequest) -> ShardForgetResult:
+        """Remove rows from the live store, between two gradient applications. The store stays the
+        job's after its last attempt ends (until the next job's first): a stopped job's rows too."""
+        job, store = self.job, self.store
+        if job is None or store is None or job.id != request.job_id:
+            return ShardForgetResult(held=False)
+        if request.table not in store:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"job {job.id} has no table {request.table!r}")
+        ids = np.asarray(request.ids, dtype=np.uint64)
+        async with self._apply_lock:
+            removed = await asyncio.to_thread(store.forget, request.table, ids)
+        logger.info("forgot", extra={"job": job.id, "table": request.table, "asked": len(ids), "removed": removed})
+        return ShardForgetResult(held=True, removed=removed)
 
     async def capture(self, request: CaptureRequest) -> CaptureResult:
         if request.step in self._captures:

@@ -64,6 +64,7 @@ class ModelView(BaseModel):
     version_age_seconds: float | None = Field(None, description="now less created_at")
     dtype: str | None = None
     pinned: int | None = Field(None, description="the version a rollback pinned (null: following the newest)")
+    forgets: int = Field(0, description="the forgets of the model (`POST /v1/jobs/{id}/forget`) its tables reflect")
     tables: dict[str, TableView] = Field(default_factory=dict)
     bytes: int = Field(0, description="the tables' memory")
     refused: list[RefusalView] = Field(default_factory=list, description="versions refused, the latest")
@@ -118,6 +119,7 @@ def model_view(follower: ModelFollower) -> ModelView:
         version_age_seconds=now - manifest.created_at,
         dtype=manifest.dtype,
         pinned=state.pinned,
+        forgets=state.forgets,
         tables=tables,
         bytes=served.tables.memory_bytes(),
         refused=refused,

@@ -10,6 +10,9 @@
    replaces the old one whole, as a replica that slept past the retention horizon does.
 3. **Pin.** `pin(N)` loads version N's chain into a new `ServedModel` and stops following;
    `unpin()` loads the newest and follows again.
+4. **Forget.** A forget rewrites the model's files without some IDs and raises the model's forget
+   count (`ModelStore.forget_seq`); a replica that reads a higher count than the one it loaded
+   under loads the version it serves (pinned or not) anew from the rewritten files.
 
 A version refused on the way (a checksum, a row on the wrong shard, a chain that no longer loads)
 leaves the previous one serving; the follower goes on with the next. A store that does not answer
@@ -47,6 +50,7 @@ class Refusal:
     version: int
     at: float
     reason: str
+    forget_seq: int  # the files were rewritten since when the count rose: worth another try
 
 
 @dataclass
@@ -56,6 +60,7 @@ class FollowerState:
     pinned: int | None = None
     refused: list[Refusal] = field(default_factory=list)
     applied: int = 0  # versions applied since the replica started
+    forgets: int = 0  # the model's forget count the tables served were loaded under
     first_served_at: dict[int, float] = field(default_factory=dict)  # version -> when it began serving (latest few)
     error: str | None = None  # why nothing is served, while nothing is
     store_unreachable_since: float | None = None  # the first read of the store that failed, while they fail
@@ -75,6 +80,7 @@ class ModelFollower:
         # Held while a version is applied or a pin loads: a pin never lands in the middle of a
         # catch-up's version, to be overwritten by it when that version's load ends.
         self._applying = asyncio.Lock()
+        self._forget_seq = 0  # the model's forget count read before the tables served were loaded
         self._task: asyncio.Task[None] | None = None
         self._on_change: Callable[[ModelFollower, VersionManifest | None, float], None] = lambda *_: None
 
@@ -122,8 +128,7 @@ class ModelFollower:
                 await asyncio.wait_for(listening.wait(), POLL_S)
             while True:
                 self._wake.clear()  # before reading the store: a notice meanwhile reads it again
-                if self.state.pinned is None:
-                    await self._read_store()
+                await self._read_store()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), POLL_S)
         finally:
@@ -157,9 +162,11 @@ class ModelFollower:
                     await consumer.stop()
 
     async def _read_store(self) -> None:
-        """Catch up with the store, or, while it does not answer, say so and serve on."""
+        """Catch up with the store (unless pinned), or, while it does not answer, say so and serve on."""
         try:
-            await self._catch_up()
+            await self._reload_if_forgotten()
+            if self.state.pinned is None:
+                await self._catch_up()
         except Exception as err:
             if not unreachable(err):
                 raise
@@ -174,6 +181,24 @@ class ModelFollower:
             after_s = round(time.time() - self.state.store_unreachable_since, 1)
             logger.info("model store reachable again", extra={"model": self.name, "after_s": after_s})
         self.state.store_unreachable_since = self.state.store_error = None
+
+    async def _reload_if_forgotten(self) -> None:
+        """Load the version served anew when a forget rewrote the files since it was loaded."""
+        seq = await asyncio.to_thread(self.store.forget_seq)
+        if seq == self._forget_seq:
+            return
+        self._forget_seq = seq  # first: a forget while this loads raises it again, and is seen next
+        async with self._applying:
+            held = self.served.manifest if self.served is not None else None
+            if held is None:
+                return  # nothing served yet: what loads next is read from the rewritten files
+            try:
+                self._serve(await self._load_chain(held.version))
+            except (CorruptVersion, OSError, ValueError) as err:
+                if unreachable(err):
+                    raise
+                self._refuse(held.version, err)
+                self.served, self.state.error = None, "the version served was forgotten from and no longer loads"
 
     async def _catch_up(self) -> None:
         listed = await asyncio.to_thread(self.store.versions)
@@ -220,7 +245,7 @@ class ModelFollower:
             self._refuse(version, err)
 
     def _refused(self, version: int) -> bool:
-        return any(r.version == version for r in self.state.refused)
+        return any(r.version == version and r.forget_seq == self._forget_seq for r in self.state.refused)
 
     async def _load_chain(self, version: int) -> ServedModel:
         """A new ServedModel holding `version`, loaded from its full version on."""
@@ -242,6 +267,7 @@ class ModelFollower:
 
     def _serve(self, served: ServedModel) -> None:
         self.served = served  # one assignment: a request holds the old one or the new one
+        self.state.forgets = self._forget_seq
         self.state.error = None
         manifest = served.manifest
         assert manifest is not None
@@ -256,5 +282,8 @@ class ModelFollower:
 
     def _refuse(self, version: int, err: Exception) -> None:
         logger.error("version refused", extra={"model": self.name, "version": version, "error": str(err)})
-        self.state.refused = [*self.state.refused[-(REFUSALS_KEPT - 1) :], Refusal(version, time.time(), str(err))]
+        self.state.refused = [
+            *self.state.refused[-(REFUSALS_KEPT - 1) :],
+            Refusal(version, time.time(), str(err), self._forget_seq),
+        ]
         self._on_change(self, None, 0.0)

@@ -1,5 +1,5 @@
 """Job control: clients of the coordinator's REST API (`jobs`, `job`, `pause`, `resume`,
-`checkpoints`, `stop`, `reshard`, `staleness`)."""
+`checkpoints`, `stop`, `reshard`, `staleness`, `forget`)."""
 
 from __future__ import annotations
 
@@ -253,3 +253,44 @@ def staleness(
     for rank, s in report["ranks"].items():
         table.add_row(rank, str(s["count"]), str(s["max"]), f"{s['mean']:.2f}", " ".join(map(str, s["histogram"])))
     console.print(table)
+
+
+@app.command()
+def forget(
+    table: Annotated[str, typer.Option(help="the embedding table, e.g. user")],
+    ids: Annotated[Path, typer.Option(help="a file of the IDs as the data has them, one a line")],
+    model: Annotated[Optional[str], typer.Option(help="the model whose job to forget from")] = None,
+    job: Annotated[Optional[str], typer.Option(help="the job to forget from (instead of --model)")] = None,
+    run_dir: RunDir = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Remove IDs (a user's, under the GDPR's Art. 17) from a stopped, failed or finished job: its PS
+    shards, checkpoints, model versions and serving replicas; its later attempts mask them in the
+    batches it had written. Prints the receipt, also kept as an audit record."""
+    if (model is None) == (job is None):
+        fail("name the job to forget from: --model M or --job ID")
+    try:
+        values = [line.strip() for line in ids.read_text().splitlines() if line.strip()]
+    except OSError as err:
+        fail(f"--ids {ids}: {err.strerror or err}")
+    if not values:
+        fail(f"--ids {ids} holds no ID")
+    with coordinator(run_dir) as client:
+        if job is None:
+            entry = next((m for m in client.models() if m["model"] == model), None)
+            if entry is None:
+                fail(f"no model {model!r} is published on this stack")
+            job = entry["job_id"]
+        receipt = client.forget(job, table, values)
+    if as_json:
+        print(json.dumps(receipt, indent=2))
+        return
+    listing = Table("place", "name", "rows removed", "note")
+    for place in receipt["places"]:
+        listing.add_row(place["kind"], place["name"], str(place["rows_removed"]), place.get("note") or "")
+    console.print(listing)
+    complete = "complete" if receipt["complete"] else "INCOMPLETE (see the notes)"
+    console.print(
+        f"receipt {receipt['id']}: job {receipt['job_id']}, table {receipt['table']}: {receipt['values']} values, "
+        f"{receipt['ids']} IDs, {receipt['rows_removed']} rows removed from the PS shards; {complete}"
+    )

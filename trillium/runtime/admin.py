@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, ReleaseRequest
+from trillium.runtime.forget import ShardForgetRequest, ShardForgetResult
 from trillium.runtime.model_store import ExportRequest
 
 
@@ -29,6 +30,7 @@ class Administered(Protocol):
     async def capture(self, request: CaptureRequest) -> CaptureResult: ...
     async def export(self, request: ExportRequest) -> None: ...
     async def release(self, request: ReleaseRequest) -> None: ...
+    async def forget(self, request: ShardForgetRequest) -> ShardForgetResult: ...
 
 
 _SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
@@ -40,7 +42,7 @@ _SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
 
 def add_admin_routes(service: Administered) -> None:
     """Health and readiness (open); status, metrics, the OpenAPI spec and its docs page, and the
-    coordinator's checkpoint and publishing calls (behind the token)."""
+    coordinator's checkpoint, publishing and forget calls (behind the token)."""
     app = service.app
     authorized = [Depends(service.require_token)]
 
@@ -85,6 +87,11 @@ def add_admin_routes(service: Administered) -> None:
         service.require_attempt(request.job_id, request.attempt)
         await service.release(request)
         return {"released": True}
+
+    @app.post("/job/forget", tags=["forget"], dependencies=authorized)
+    async def forget(request: ShardForgetRequest) -> ShardForgetResult:
+        """Remove rows of a job's table from this PS shard's live store (a forget)."""
+        return await service.forget(request)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=authorized)
     async def openapi() -> JSONResponse:

@@ -3,6 +3,7 @@ counterpart of `trillium.runtime.checkpoint`).
 
 Layout (a local directory, `<run-dir>/models` by default, or any fsspec URL):
 
+    <dir>/<model>/forgotten.json            how many forgets rewrote the files below (services/coordinator/forget.py)
     <dir>/<model>/versions/<version>.json   a version's manifest, written last and atomically: the
                                             version exists iff it does (numbered 1, 2, ... per model)
     <dir>/<model>/parts/<job id>.<attempt>.<step>/   the files of the cut after that step:
@@ -40,6 +41,7 @@ from .storage import StorageDir, filesystem, read_json, write_json_atomically
 FORMAT_VERSION = 1
 DENSE = "dense.pt"
 EVAL = "eval.npy"
+FORGOTTEN = "forgotten.json"
 
 DenseStats = dict[str, dict[str, float]]  # {column: {"mean", "std"} | {"min", "max"}}
 
@@ -172,6 +174,18 @@ class ModelStore:
         if manifest.version != version or manifest.model != self.model:
             raise CorruptVersion(f"{self.location}/versions/{version}.json names {manifest.model} {manifest.version}")
         return manifest
+
+    def forget_seq(self) -> int:
+        """How many forgets rewrote this model's files (`<dir>/<model>/forgotten.json`): a replica
+        that loaded its version before the last one loads it again."""
+        raw = read_json(self.fs, posixpath.join(self.root, FORGOTTEN))
+        return int(raw["seq"]) if isinstance(raw, dict) else 0
+
+    def raise_forget_seq(self) -> int:
+        """Count a forget whose rewrites are done; returns the new count."""
+        seq = self.forget_seq() + 1
+        write_json_atomically(self.fs, posixpath.join(self.root, FORGOTTEN), {"seq": seq})
+        return seq
 
     def commit(self, manifest: VersionManifest) -> None:
         """Write a version's manifest (its files written and verified before): it exists from now."""

@@ -53,6 +53,7 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
 )
+from trillium.runtime.forget import ShardForgetRequest, ShardForgetResult
 from trillium.runtime.heartbeats import heartbeat_loop
 from trillium.runtime.memory import (
     LEAN_ARENAS,
@@ -152,6 +153,10 @@ class Service:
     async def release(self, request: ReleaseRequest) -> None:
         """Go on after a checkpoint cut (NN ranks)."""
         raise HTTPException(status.HTTP_409_CONFLICT, f"a {self.role} does not hold at checkpoint cuts")
+
+    async def forget(self, request: ShardForgetRequest) -> ShardForgetResult:
+        """Remove rows of a job's table (PS shards)."""
+        raise HTTPException(status.HTTP_409_CONFLICT, f"a {self.role} holds no rows")
 
     async def peers(self, role: Role, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """The registered workers `<role>-0 .. <role>-(count-1)`, waiting for them to register."""

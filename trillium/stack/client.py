@@ -117,6 +117,13 @@ class CoordinatorClient:
         """Move a running job onto `ps_shards` PS shards, live (through a checkpoint and a new attempt)."""
         return self._call("POST", self._job(job_id, "reshard"), json={"ps_shards": ps_shards})
 
+    def models(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/models")
+
+    def forget(self, job_id: str, table: str, values: list[str]) -> dict[str, Any]:
+        """Remove IDs from everything of a stopped, failed or finished job; returns the receipt."""
+        return self._call("POST", self._job(job_id, "forget"), json={"table": table, "values": values})
+
     def delete(self, job_id: str) -> None:
         self._call("DELETE", self._job(job_id))
 

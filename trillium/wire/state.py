@@ -32,6 +32,7 @@ CURRENT_JOB = key("current_job")  # string: the id of the stack's current (or la
 # pub/sub channel: a job's id whenever its record or the current job changes, so that workers
 # heartbeat at once instead of hearing of it with their next periodic heartbeat (coordinator).
 JOB_CHANGED = key("job_changed")
+FORGETS = key("forgets")  # hash: receipt id -> a forget's receipt (JSON), kept after its job is deleted
 MODELS = key("models")  # hash: model -> where its versions are (dir, topic), the newest, its job (JSON)
 
 # A job's keys: JOB_KEYS[name] says what each holds; `applied`, `ledger` and `rendezvous` are per attempt.

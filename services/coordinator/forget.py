@@ -1,0 +1,272 @@
+"""A right to be forgotten (GDPR Art. 17): `POST /v1/jobs/{id}/forget` removes a user's IDs from
+everything of the job that holds them, and returns a receipt, kept as an audit record.
+
+The values asked for (a user column's values, as the data has them) are hashed as every slot that
+uses the table hashes its values, and those IDs are removed
+
+1. from the live PS shards (`/job/forget` on each: the native store removes the rows, resident or
+   on disk; the next capture is a full one, a delta cannot say a row left);
+2. from every checkpoint of the job (each PS snapshot rewritten without them, the manifest's sizes
+   and checksums updated; the old file is replaced, not kept), and checkpoints no recovery can read
+   (incomplete, refused) are deleted;
+3. from every model version (each values file rewritten, its manifest updated), and parts no version
+   names are deleted; the model's forget count is raised (`forgotten.json` beside its versions) and
+   a notice sent: every replica reloads the version it serves from the rewritten files;
+4. from the job's later attempts: a `ForgetMask` on the job record makes the embedding workers look
+   the IDs up as zeros, creating no row, in every batch the job had written when the forget ran
+   (a recovery from an older checkpoint replays them); a later batch is new data, where the ID is
+   a new ID. The samples, eval and gradients topics still hold those batches until retention
+   trims them behind the oldest kept checkpoint (the receipt says from which offsets).
+
+It runs only while the job runs nothing (stopped, failed or finished): no capture, export or
+gradient is in flight to bring a row back. Dense weights are not per ID: they keep what they learnt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from aiokafka import TopicPartition
+from fastapi import HTTPException, status
+from pydantic import BaseModel, Field
+
+import trillium_native
+from trillium.job.record import TERMINAL, ForgetMask, IllegalTransition, JobRecord
+from trillium.runtime.checkpoint import JobCheckpoints
+from trillium.runtime.forget import (
+    MAX_FORGET_VALUES,
+    ForgetReceipt,
+    Place,
+    ShardForgetRequest,
+    ShardForgetResult,
+)
+from trillium.runtime.model_store import ModelStore, model_topic
+from trillium.runtime.storage import StorageDir
+from trillium.wire import codec, kafka, state
+from trillium.wire.kafka import KafkaConnection
+
+from .jobs import JobStore
+from .registry import WorkerRegistry
+
+logger = logging.getLogger("trillium.coordinator.forget")
+
+
+class ForgetRequest(BaseModel):
+    table: str = Field(description="the embedding table, e.g. `user`")
+    values: list[str] = Field(
+        min_length=1,
+        max_length=MAX_FORGET_VALUES,
+        description="the IDs as the data has them (the values of the columns whose slots use the table)",
+    )
+
+
+class Forgetter:
+    def __init__(
+        self,
+        jobs: JobStore,
+        registry: WorkerRegistry,
+        kafka_conn: KafkaConnection,
+        run_dir: Path,
+        http: httpx.AsyncClient,
+    ) -> None:
+        self.jobs = jobs
+        self.registry = registry
+        self.kafka = kafka_conn
+        self.run_dir = run_dir
+        self.http = http
+        self._lock = asyncio.Lock()  # one forget at a time: each rewrites the same files
+
+    async def forget(self, job_id: str, request: ForgetRequest) -> ForgetReceipt:
+        job = await self.jobs.require(job_id)
+        if job.state not in TERMINAL:
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}: stop it first (its final checkpoint keeps its progress), "
+                "forget, then resume it"
+            )
+        if request.table not in job.config.tables:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_ENTITY,
+                f"job {job_id} has no table {request.table!r}; tables: {', '.join(job.config.tables)}",
+            )
+        ids = table_ids(job, request.table, request.values)
+        async with self._lock:
+            receipt = await self._run(job, request, ids)
+        await self.jobs.redis.hset(state.FORGETS, receipt.id, receipt.model_dump_json())
+        logger.info(
+            "forgot",
+            extra={"job": job.id, "receipt": receipt.id, "ids": len(ids), "rows_removed": receipt.rows_removed},
+        )
+        return receipt
+
+    async def receipts(self, job_id: str) -> list[ForgetReceipt]:
+        raw = await self.jobs.redis.hvals(state.FORGETS)
+        found = [ForgetReceipt.model_validate_json(r) for r in raw]
+        return sorted((r for r in found if r.job_id == job_id), key=lambda r: r.started_at)
+
+    async def _run(self, job: JobRecord, request: ForgetRequest, ids: np.ndarray) -> ForgetReceipt:
+        started = time.time()
+        receipt_id = f"forget-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(started))}-{secrets.token_hex(3)}"
+        through = await self._through_batch(job)
+        if through is not None:  # before the rows go: a recovery started meanwhile masks them already
+            mask = ForgetMask(receipt=receipt_id, tables={request.table: ids.tolist()}, through_batch=through)
+            await self.jobs.update(job.id, lambda record: record.forgotten.append(mask))
+        places = await self._ps_shards(job, request.table, ids)
+        drop = {request.table: ids}
+        places += await asyncio.to_thread(_checkpoints, job, self.run_dir, drop)
+        places += await self._model_versions(job, drop)
+        places += self._topics(job, through)
+        return ForgetReceipt(
+            id=receipt_id,
+            job_id=job.id,
+            table=request.table,
+            values=len(request.values),
+            ids=len(ids),
+            ids_sha256=hashlib.sha256(ids.astype("<u8").tobytes()).hexdigest(),
+            started_at=started,
+            finished_at=time.time(),
+            through_batch=through,
+            rows_removed=sum(p.rows_removed for p in places if p.kind == "ps_shard"),
+            complete=not any(p.note and p.note.startswith("not reached") for p in places),
+            places=places,
+        )
+
+    async def _ps_shards(self, job: JobRecord, table: str, ids: np.ndarray) -> list[Place]:
+        workers = {w.name: w for w in await self.registry.workers()}
+        body = ShardForgetRequest(job_id=job.id, table=table, ids=ids.tolist()).model_dump(mode="json")
+
+        async def one(shard: int) -> Place:
+            name = f"embedding_ps-{shard}"
+            worker = workers.get(name)
+            if worker is None:
+                return Place(kind="ps_shard", name=name, note="not reached: not registered (its rows died with it)")
+            try:
+                r = await self.http.post(worker.http_url + "/job/forget", json=body)
+                r.raise_for_status()
+            except httpx.HTTPError as err:
+                return Place(kind="ps_shard", name=name, note=f"not reached: {err}")
+            result = ShardForgetResult.model_validate(r.json())
+            note = None if result.held else "holds no rows of this job (another job's since, or restarted)"
+            return Place(kind="ps_shard", name=name, rows_removed=result.removed, note=note)
+
+        shards = job.config.topology.ps_shards
+        return list(await asyncio.gather(*(one(s) for s in range(shards))))
+
+    async def _through_batch(self, job: JobRecord) -> int | None:
+        """The newest batch_id in the samples topic: what the job had written (None: nothing, or
+        the topics are gone with a finished job and nothing can replay)."""
+        if job.topics_deleted:
+            return None
+        consumer = kafka.consumer(self.kafka, group_id=None)
+        await consumer.start()
+        try:
+            partitions = [TopicPartition(job.topics.samples, p) for p in range(job.config.topology.nn_ranks)]
+            consumer.assign(partitions)
+            first = await consumer.beginning_offsets(partitions)
+            end = await consumer.end_offsets(partitions)
+            newest: int | None = None
+            for tp in partitions:
+                if end[tp] <= first[tp]:
+                    continue
+                # The last records: an epoch's end marker may follow the last batch of each.
+                consumer.seek(tp, max(first[tp], end[tp] - 4))
+                while await consumer.position(tp) < end[tp]:
+                    for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                        if kafka.epoch_end(record.headers) is None:
+                            batch_id = codec.decode_batch(record.value).batch_id
+                            newest = batch_id if newest is None else max(newest, batch_id)
+            return newest
+        finally:
+            await consumer.stop()
+
+    async def _model_versions(self, job: JobRecord, drop: dict[str, np.ndarray]) -> list[Place]:
+        store = ModelStore.of(job.config, self.run_dir)
+        if store is None:
+            return []
+        places = await asyncio.to_thread(_versions, store, drop)
+        seq = await asyncio.to_thread(store.raise_forget_seq)
+        # Replicas read the count at every notice (and every poll): each reloads what it serves.
+        producer = kafka.producer(self.kafka)
+        note = f"forget {seq}: every replica reloads its version from the rewritten files"
+        try:
+            await producer.start()
+            await producer.send_and_wait(model_topic(store.model), f'{{"forget": {seq}}}'.encode())
+        except Exception as err:  # noqa: BLE001 (replicas also poll the store)
+            note = f"forget {seq}: notice not sent ({err}); replicas see it at their next poll of the store"
+        finally:
+            await producer.stop()
+        return [*places, Place(kind="serving", name=store.model, note=note)]
+
+    def _topics(self, job: JobRecord, through: int | None) -> list[Place]:
+        if job.topics_deleted:
+            gone = "deleted with the finished job"
+            return [Place(kind="topic", name=t, note=gone) for t in (job.topics.samples, job.topics.gradients)]
+        note = (
+            f"batches through {through} masked in every later attempt; retention deletes them "
+            "behind the oldest kept checkpoint"
+        )
+        topics = [job.topics.samples, job.topics.eval, job.topics.gradients]
+        return [Place(kind="topic", name=t, note=note) for t in topics]
+
+
+def table_ids(job: JobRecord, table: str, values: list[str]) -> np.ndarray:
+    """The IDs `values` hash to in every slot that uses `table` (each slot hashes in its own
+    namespace), sorted and unique."""
+    slots = [s for s in job.config.slots if s.table == table]
+    hashed = [trillium_native.hash_cells(s.name, values)[1] for s in slots]
+    return np.unique(np.concatenate(hashed))
+
+
+def _checkpoints(job: JobRecord, run_dir: Path, drop: dict[str, np.ndarray]) -> list[Place]:
+    checkpoints = JobCheckpoints.of(job.config, job.id, run_dir)
+    if checkpoints is None:
+        return []
+    places = []
+    complete, refused = checkpoints.scan()
+    for step in refused:
+        checkpoints.dir(step).remove()
+        places.append(Place(kind="checkpoint", name=f"{step}", note="refused (unreadable manifest): deleted"))
+    for step in checkpoints.cleanup_incomplete():
+        places.append(Place(kind="checkpoint", name=f"{step}", note="incomplete: deleted"))
+    for manifest in complete:
+        where = checkpoints.dir(manifest.step)
+        removed = 0
+        for entry in manifest.files:
+            if entry.role == "embedding_ps" and entry.name.endswith(".snap"):
+                n, entry.bytes, entry.sha256 = _rewrite(where, entry.name, trillium_native.forget_in_snapshot, drop)
+                removed += n
+        where.write_manifest(manifest)
+        places.append(Place(kind="checkpoint", name=f"{manifest.step}", rows_removed=removed))
+    return places
+
+
+def _versions(store: ModelStore, drop: dict[str, np.ndarray]) -> list[Place]:
+    places = []
+    for version in store.versions():
+        manifest = store.manifest(version)  # every job's that published the model: the same IDs
+        parts = store.parts(manifest.parts)
+        removed = 0
+        for entry in manifest.values:
+            n, entry.bytes, entry.sha256 = _rewrite(parts, entry.name, trillium_native.forget_in_values, drop)
+            removed += n
+        store.commit(manifest)
+        places.append(Place(kind="model_version", name=f"{store.model} v{version}", rows_removed=removed))
+    referenced = {store.manifest(v).parts for v in store.versions()}
+    for name in store.remove_unreferenced(referenced, protect=lambda name: False):
+        places.append(
+            Place(kind="model_version", name=f"{store.model} parts {name}", note="no version names it: deleted")
+        )
+    return places
+
+
+def _rewrite(where: StorageDir, name: str, rewrite, drop: dict[str, np.ndarray]) -> tuple[int, int, str]:
+    """A file of `where` rewritten in place without the rows of `drop` (downloaded and uploaded
+    again when remote): (rows removed, bytes, sha256)."""
+    with where.reading(name) as src, where.writing(name) as dst:
+        return rewrite(src, dst, drop)

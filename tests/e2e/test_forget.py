@@ -1,0 +1,198 @@
+"""A right to be forgotten on a real stack: train, stop, forget 1,000 users with `trillium forget`,
+then prove that no live PS shard, checkpoint snapshot, model version or replica holds them, that a
+recovery from the oldest kept checkpoint does not bring them back, and that a replica answers for
+a forgotten user as it does for a user it never saw."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from pipeline_helpers import DATA
+from test_serving import Replica, _delimited_rows
+from waiting import wait_until
+
+import trillium_native
+from trillium.data import load_job
+from trillium.data.sources.datagen import generate_criteo
+from trillium.job import CRITEO_COLUMNS, JobConfig
+from trillium.runtime.checkpoint import JobCheckpoints, Manifest
+from trillium.runtime.model_store import ModelStore
+from trillium.stack.client import CoordinatorClient
+
+ROWS, BATCH, EPOCHS = 6000, 100, 2
+FORGOTTEN = 1000
+UNSEEN = "never-seen-user"
+
+
+def _job(tmp_path: Path) -> JobConfig:
+    """tests/data/tiny_job.yaml on more rows, its C1 a user column of ~1,900 users (table `user`),
+    checkpointed and published every 10 steps."""
+    generate_criteo(tmp_path / "train.tsv", ROWS, seed=11, vocab_sizes=[2000] + [10] * 25, zipf_exponent=0.3)
+    generate_criteo(tmp_path / "test.tsv", 300, seed=11, split="test", vocab_sizes=[2000] + [10] * 25)
+    raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    raw["name"] = "forget"
+    raw["data"] = {"source": "criteo", "train": str(tmp_path / "train.tsv"), "test": str(tmp_path / "test.tsv")}
+    raw["slots"][0]["table"] = "user"
+    raw["tables"]["user"] = {"dim": 4, "optimizer": {"name": "adagrad", "lr": 0.2}}
+    raw["training"].update(batch_size=BATCH, epochs=EPOCHS)
+    raw["checkpoint"] = {"every_steps": 10, "every_seconds": None, "keep_last": 3}
+    raw["publish"] = {"at_checkpoints": True, "every_seconds": None}
+    return JobConfig.model_validate(raw)
+
+
+def _ids(values: list[str]) -> np.ndarray:
+    """The user IDs as the job's slot c1 hashes its values (the data's own hashing, not the forget's)."""
+    return np.unique(trillium_native.hash_cells("c1", values)[1])
+
+
+def _user_rows(store: trillium_native.EmbeddingStore, ids: np.ndarray) -> tuple[int, int]:
+    """(rows of `ids` in the store's user table, its rows)."""
+    if "user" not in store:
+        return 0, 0
+    return sum(store.get_row("user", int(i)) is not None for i in ids), store.num_rows("user")
+
+
+def _chain(checkpoints: JobCheckpoints, manifests: dict[int, Manifest], step: int, name: str) -> list[Path]:
+    """The files a recovery from checkpoint `step` loads for its PS file `name`, oldest first."""
+    paths: list[Path] = []
+    at: int | None = step
+    while at is not None:
+        paths.append(Path(checkpoints.dir(at).path) / name)
+        at = manifests[at].file(name).delta_of
+    return paths[::-1]
+
+
+def _checkpoint_rows(checkpoints: JobCheckpoints, ids: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Per complete checkpoint, as a recovery restores it (each PS file after those its deltas are
+    loaded on top of): (rows of `ids`, user rows)."""
+    manifests = {m.step: m for m in checkpoints.complete()}
+    out = {}
+    for step, manifest in manifests.items():
+        checkpoints.dir(step).verify(manifest)  # sizes and sha256 as the (rewritten) manifest says
+        restored = trillium_native.EmbeddingStore()
+        for entry in manifest.files:
+            if entry.name.endswith(".snap"):
+                for path in _chain(checkpoints, manifests, step, entry.name):
+                    restored.load(path)
+        out[step] = _user_rows(restored, ids)
+    return out
+
+
+def _own_rows(checkpoints: JobCheckpoints, ids: np.ndarray) -> dict[int, int]:
+    """Per complete checkpoint: the rows of `ids` its own PS files hold (a delta's: those it changed)."""
+    out = {}
+    for manifest in checkpoints.complete():
+        out[manifest.step] = 0
+        for entry in manifest.files:
+            if entry.name.endswith(".snap"):
+                store = trillium_native.EmbeddingStore()
+                store.load(Path(checkpoints.dir(manifest.step).path) / entry.name)
+                out[manifest.step] += _user_rows(store, ids)[0]
+    return out
+
+
+def _served_rows(job: JobConfig, store: ModelStore, ids: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Per model version, loaded as a replica loads it: (IDs of `ids` served, user rows served)."""
+    out = {}
+    dims = {name: table.dim for name, table in job.tables.items()}
+    for version in store.versions():
+        chain = store.chain(version)
+        tables = trillium_native.ServingTables(dims, job.topology.ps_shards, chain[0].dtype)
+        for n, manifest in enumerate(chain, start=1):
+            store.verify(manifest)
+            parts = Path(store.parts(manifest.parts).path)
+            tables.apply([(f.shard, parts / f.name) for f in manifest.values], n)
+        _, _, misses = tables.lookup([("user", ids)])
+        out[version] = (len(ids) - misses[0], tables.stats()["user"]["rows"])
+    return out
+
+
+def _cli(run_dir: Path, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "trillium.cli", *args, "--run-dir", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def test_forgotten_users_leave_every_place_and_stay_gone_after_a_recovery(training_stack, tmp_path) -> None:
+    job = _job(tmp_path)
+    client = CoordinatorClient.for_stack(training_stack)
+    job_id = client.submit(job)["id"]
+    total_batches = EPOCHS * ROWS // BATCH
+
+    def produced() -> int:
+        loaders = [w for w in client.workers() if w["role"] == "data_loader"]
+        return sum(w["health"].get("produced", {}).get("train_batches", 0) for w in loaders)
+
+    # Every batch of the job written, and two checkpoints taken: then stopped with a final one.
+    wait_until(lambda: produced() >= total_batches, "the loaders to write every batch", 240)
+    wait_until(lambda: len(client.checkpoints(job_id)) >= 2, "two checkpoints", 240)
+    client.stop(job_id)
+    wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 240)
+    checkpoints = JobCheckpoints.of(job, job_id, training_stack)
+    store = ModelStore.of(job, training_stack)
+    assert checkpoints is not None and store is not None
+
+    # The users to forget: 1,000 of those the job trained on.
+    users = sorted({row["C1"] for row in _delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
+    assert len(users) >= 1500, len(users)
+    forgotten = users[:FORGOTTEN]
+    ids = _ids(forgotten)
+    before, own = _checkpoint_rows(checkpoints, ids), _own_rows(checkpoints, ids)
+    newest = max(before)
+    assert all(found > 0 for found, _ in before.values()), before
+    replica = Replica(training_stack)
+    version = store.versions()[-1]
+    replica.wait_for(job.name, version)
+    test_rows = _delimited_rows(tmp_path / "test.tsv", CRITEO_COLUMNS, "\t")
+    mine = [dict(row, C1=user) for row, user in zip(test_rows, forgotten, strict=False)]
+    unseen = [dict(row, C1=UNSEEN) for row in mine]
+    got, _ = replica.predict(job.name, mine)
+    assert np.abs(got - replica.predict(job.name, unseen)[0]).max() > 1e-4  # they were learnt
+
+    (tmp_path / "ids.txt").write_text("\n".join(forgotten) + "\n")
+    receipt = _cli(training_stack, "forget", "--model", job.name, "--table", "user", "--ids", str(tmp_path / "ids.txt"))
+
+    # The receipt: the live shards held what the newest (the stop's) checkpoint holds.
+    assert receipt["complete"] and receipt["values"] == FORGOTTEN and receipt["ids"] == len(ids)
+    assert receipt["rows_removed"] == before[newest][0]
+    assert receipt["through_batch"] == total_batches - 1
+    by_kind: dict[str, list[dict]] = {}
+    for place in receipt["places"]:
+        by_kind.setdefault(place["kind"], []).append(place)
+    assert len(by_kind["ps_shard"]) == 2
+    assert {int(p["name"]): p["rows_removed"] for p in by_kind["checkpoint"]} == own
+    assert {p["name"] for p in by_kind["model_version"]} >= {f"{job.name} v{v}" for v in store.versions()}
+    assert client._call("GET", f"/jobs/{job_id}/forget")[-1]["id"] == receipt["id"]
+
+    # No snapshot or version holds them; the other users' rows stay.
+    after = _checkpoint_rows(checkpoints, ids)
+    assert _own_rows(checkpoints, ids) == {step: 0 for step in own}
+    assert after == {step: (0, users_rows - found) for step, (found, users_rows) in before.items()}
+    for served, users_rows in _served_rows(job, store, ids).values():
+        assert served == 0 and users_rows > 0
+
+    # The replica reloads its version: a forgotten user is answered as one never seen.
+    wait_until(lambda: replica.view(job.name).get("forgets") == 1, "the replica to reload", 60)
+    got, versions = replica.predict(job.name, mine)
+    assert versions == {version}
+    assert np.abs(got - replica.predict(job.name, unseen)[0]).max() <= 1e-6
+
+    # A recovery from the oldest kept checkpoint replays the batches that held them: masked.
+    oldest = min(after)
+    client.resume(job_id, checkpoint=oldest)
+    view = client.follow(job_id, timeout_s=300)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    final = _checkpoint_rows(checkpoints, ids)
+    assert max(final) > newest and all(found == 0 for found, _ in final.values()), final
+    for served, _ in _served_rows(job, store, ids).values():
+        assert served == 0
+    client.close()

@@ -1,0 +1,56 @@
+"""The messages of a forget (`POST /v1/jobs/{id}/forget`, services/coordinator/forget.py) between
+the coordinator and the workers and replicas that hold rows, and its receipt."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# The most values one forget takes: its IDs travel in one request to every PS shard and stay in
+# the job record (a `ForgetMask`) for the job's later attempts.
+MAX_FORGET_VALUES = 100_000
+
+
+class ShardForgetRequest(BaseModel):
+    """Coordinator -> PS shard: remove these rows of the job's table from the live store."""
+
+    job_id: str
+    table: str
+    ids: list[int]
+
+
+class ShardForgetResult(BaseModel):
+    held: bool = Field(description="whether the shard holds the job's rows (another job may have replaced them)")
+    removed: int = 0
+
+
+PlaceKind = Literal["ps_shard", "checkpoint", "model_version", "serving", "topic"]
+
+
+class Place(BaseModel):
+    """One place a forget checked: what it is, how many rows it removed there, and what it says."""
+
+    kind: PlaceKind
+    name: str
+    rows_removed: int = 0
+    note: str | None = None
+
+
+class ForgetReceipt(BaseModel):
+    """What a forget did, kept as an audit record: it names the IDs only by a digest."""
+
+    id: str
+    job_id: str
+    table: str
+    values: int = Field(description="the values asked for")
+    ids: int = Field(description="the IDs they hash to, over the slots that use the table")
+    ids_sha256: str = Field(description="sha256 of the sorted IDs (u64 little-endian): which IDs, without them")
+    started_at: float
+    finished_at: float
+    through_batch: int | None = Field(
+        None, description="the newest batch the job had written: its later attempts mask the IDs up to it"
+    )
+    rows_removed: int = Field(description="rows removed from the live PS shards")
+    complete: bool = Field(description="every place that holds the job's rows answered")
+    places: list[Place]
