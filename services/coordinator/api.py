@@ -413,9 +413,10 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         or finished; 422 for a table the job lacks."""
         return await coord.forgetter.forget(job_id, body)
 
-    @v1.get("/jobs/{job_id}/forget", response_model=list[ForgetReceipt], tags=["forget"])
-    async def forget_receipts(job_id: str) -> list[ForgetReceipt]:
-        """The receipts of the forgets run on the job, oldest first (kept after the job is deleted)."""
+    @v1.get("/forgets", response_model=list[ForgetReceipt], tags=["forget"])
+    async def forget_receipts(job_id: str | None = None) -> list[ForgetReceipt]:
+        """The receipts of every forget (or of one job's: `?job_id=`), oldest first: audit records,
+        kept after their job is deleted."""
         return await coord.forgetter.receipts(job_id)
 
     # ---- staleness

@@ -105,10 +105,10 @@ class Forgetter:
         )
         return receipt
 
-    async def receipts(self, job_id: str) -> list[ForgetReceipt]:
+    async def receipts(self, job_id: str | None) -> list[ForgetReceipt]:
         raw = await self.jobs.redis.hvals(state.FORGETS)
         found = [ForgetReceipt.model_validate_json(r) for r in raw]
-        return sorted((r for r in found if r.job_id == job_id), key=lambda r: r.started_at)
+        return sorted((r for r in found if job_id in (None, r.job_id)), key=lambda r: r.started_at)
 
     async def _run(self, job: JobRecord, request: ForgetRequest, ids: np.ndarray) -> ForgetReceipt:
         started = time.time()

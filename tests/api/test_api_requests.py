@@ -67,6 +67,7 @@ def test_unknown_job_is_404_on_every_job_route(api_stack) -> None:
             continue
         body = {"bound": 1} if path.endswith("/staleness") and method in ("PUT", "PATCH") else None
         body = {"ps_shards": 1} if path.endswith("/reshard") else body
+        body = {"table": "a", "values": ["u1"]} if path.endswith("/forget") else body
         path = path.removeprefix("/v1").replace("{job_id}", "no-such-job").replace("{step}", "0")
         r = http.request(method, path, json=body)
         assert r.status_code == 404 and r.json() == {"detail": "no job 'no-such-job'"}, (method, path, r.text)

@@ -171,7 +171,7 @@ def test_forgotten_users_leave_every_place_and_stay_gone_after_a_recovery(traini
     assert len(by_kind["ps_shard"]) == 2
     assert {int(p["name"]): p["rows_removed"] for p in by_kind["checkpoint"]} == own
     assert {p["name"] for p in by_kind["model_version"]} >= {f"{job.name} v{v}" for v in store.versions()}
-    assert client._call("GET", f"/jobs/{job_id}/forget")[-1]["id"] == receipt["id"]
+    assert [r["id"] for r in client._call("GET", "/forgets", params={"job_id": job_id})] == [receipt["id"]]
 
     # No snapshot or version holds them; the other users' rows stay.
     after = _checkpoint_rows(checkpoints, ids)
