@@ -82,6 +82,13 @@ class Forgetter:
         self.run_dir = run_dir
         self.http = http
         self._lock = asyncio.Lock()  # one forget at a time: each rewrites the same files
+        self._running: str | None = None  # the job a forget runs on now
+
+    def require_idle(self, job_id: str) -> None:
+        """IllegalTransition while a forget runs on the job (a resume would restore its files
+        half rewritten, a delete remove them under it)."""
+        if self._running == job_id:
+            raise IllegalTransition(f"job {job_id}: a forget is running on it; try again once it is done")
 
     async def forget(self, job_id: str, request: ForgetRequest) -> ForgetReceipt:
         job = await self.jobs.require(job_id)
@@ -97,7 +104,14 @@ class Forgetter:
             )
         ids = table_ids(job, request.table, request.values)
         async with self._lock:
-            receipt = await self._run(job, request, ids)
+            job = await self.jobs.require(job_id)  # as it stands now, after any forget before this one
+            if job.state not in TERMINAL:
+                raise IllegalTransition(f"job {job_id} is {job.state}: resumed while the forget waited")
+            self._running = job_id
+            try:
+                receipt = await self._run(job, request, ids)
+            finally:
+                self._running = None
         await self.jobs.redis.hset(state.FORGETS, receipt.id, receipt.model_dump_json())
         logger.info(
             "forgot",
