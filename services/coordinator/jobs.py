@@ -352,10 +352,20 @@ class JobStore:
             raise IllegalTransition(f"job {job.id} takes no checkpoints (checkpoint: null)")
         complete, refused = await asyncio.to_thread(store.scan)
         if step is not None:
+            # Retention trims the topics behind the oldest of the newest keep_last: an older one is
+            # kept only as the base of their deltas, its records gone (retention.py).
+            settings = job.config.checkpoint
+            readable = [m.step for m in complete[-settings.keep_last :]] if settings and settings.trim_topics else None
             complete = [m for m in complete if m.step == step]
             if not complete:
                 why = f" ({refused[step]})" if step in refused else ""
                 raise IllegalTransition(f"job {job.id} has no complete checkpoint at step {step}{why}")
+            if readable is not None and step not in readable:
+                raise IllegalTransition(
+                    f"job {job.id}'s checkpoint at step {step} is kept only as the base of newer ones' deltas: "
+                    f"the records after it are trimmed (checkpoint.trim_topics); resume from step "
+                    f"{', '.join(map(str, readable))}"
+                )
         # The manifests refused (corrupt, or of a newer format) newer than the one picked, newest first.
         newest = complete[-1].step if complete else -1
         problems = [why for s, why in sorted(refused.items(), reverse=True) if s > newest and step is None]
