@@ -118,6 +118,16 @@ class Feed(_Supervised):
         self.lookup = lookup
         self.group_id = group_id  # commits (for the lag metrics) only when given
         self.queue: asyncio.Queue[Fetched | EpochEnd] = asyncio.Queue(maxsize=ahead)
+        self.in_flight = 0  # lookups started and not answered yet
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more is looked up until a step takes an item: the queue is full (its reader
+        waits) and every lookup started is answered."""
+        return self.queue.full() and self.in_flight == 0
+
+    def _answered(self, _: asyncio.Future[Any]) -> None:
+        self.in_flight -= 1
 
     def run(self) -> Feed:
         self._task = asyncio.create_task(self._read(), name=f"feed {self.partition.topic}[{self.partition.partition}]")
@@ -151,6 +161,8 @@ class Feed(_Supervised):
                         await self.queue.put(EpochEnd(record.offset, epoch))
                     else:
                         lookup = started(self.lookup(record.value))
+                        self.in_flight += 1
+                        lookup.add_done_callback(self._answered)
                         await self.queue.put(Fetched(record.offset, record.value, lookup))
                 if records and bookkeeping is not None:
                     bookkeeping.after_records()

@@ -135,6 +135,9 @@ class NNWorker(Service):
         # Ranks often share a host's cores with other ranks and services: one intra-op thread by default.
         torch.set_num_threads(self.settings.threads or 1)
         self.trained = 0
+        # While the job is paused: the step this rank holds before (its progress reported), and
+        # whether its feed has settled (every lookup ahead answered, no more to start).
+        self.holding: dict[str, Any] | None = None
         self.placement: Placement | None = None
         self._held: dict[int, asyncio.Future[ReleaseRequest]] = {}
         self._released: set[int] = set()
@@ -148,7 +151,7 @@ class NNWorker(Service):
 
     def health(self) -> dict[str, Any]:
         device = str(self.placement.device) if self.placement else None
-        return {"rank": self.settings.index, "samples_trained": self.trained, "device": device}
+        return {"rank": self.settings.index, "samples_trained": self.trained, "device": device, "holding": self.holding}
 
     async def left_attempt(self) -> None:
         if self._group_dirty and not self.stopping.is_set():
@@ -392,10 +395,12 @@ class NNWorker(Service):
                 if control.paused:
                     await self._report_progress(run)  # the job view shows where it holds
                 while control.paused:
+                    self.holding = {"step": s.step, "lookups_settled": feed.settled}
                     if control.seq > s.seq and s.step > 0:
                         await self._cut(run, "request", control.seq)
                     await asyncio.sleep(0.2)
                     control = await self._torch(run, run.trainer.control, *self._heard())
+                self.holding = None
                 t0 = clock()
                 response = await item.lookup
                 t1 = clock()
@@ -443,6 +448,7 @@ class NNWorker(Service):
             if publish is not None and s.step > 0:
                 await self._publish_cut(run, "final")
         finally:
+            self.holding = None
             s.train_seconds += clock() - started
             await feed.stop()
             await run.pusher.stop()

@@ -27,17 +27,18 @@ def _samples(api_stack, job_id: str) -> int:
     return api_stack.http.get(f"/jobs/{job_id}").json()["progress"]["samples"]
 
 
-def _settled_samples(api_stack, job_id: str, timeout_s: float = 15.0) -> int:
-    """The sample count once it stops moving (a pause reaches the ranks with a heartbeat)."""
-    deadline = time.monotonic() + timeout_s
-    last = _samples(api_stack, job_id)
-    while True:
-        time.sleep(1.5)
-        now = _samples(api_stack, job_id)
-        if now == last:
-            return now
-        assert time.monotonic() < deadline, "samples still increasing while paused"
-        last = now
+def _held_samples(api_stack, job_id: str, timeout_s: float = 30.0) -> int:
+    """The sample count once every NN rank holds (a pause reaches the ranks with a heartbeat) and
+    its feed has settled: a rank reports its progress before it holds and steps no more, and a
+    settled feed has answered every lookup ahead and starts no other while the rank holds."""
+
+    def settled() -> bool:
+        ranks = [w for w in api_stack.http.get("/workers").json() if w["role"] == "nn_worker"]
+        held = [(w["health"].get("holding") or {}).get("lookups_settled") for w in ranks]
+        return len(ranks) == 2 and all(held)
+
+    wait_until(settled, "every NN rank to hold, its lookups ahead answered", timeout_s)
+    return _samples(api_stack, job_id)
 
 
 def _histogram(api_stack, job_id: str) -> list[int]:
@@ -145,12 +146,12 @@ def _refused_while_running(api_stack, job_id: str, config: JobConfig) -> None:
 
 
 def _paused_mid_job(api_stack, job_id: str, total: int) -> int:
-    """Pause once training has begun: the sample count stops and stays put; returns it."""
+    """Pause once training has begun: every rank holds and its lookups ahead are done; returns the
+    sample count where they hold."""
     http = api_stack.http
     wait_until(lambda: _samples(api_stack, job_id) > 0, "training progress", 60, every_s=0.05)
     assert http.post(f"/jobs/{job_id}/pause").json()["state"] == "paused"
-    paused_at = _settled_samples(api_stack, job_id)
-    time.sleep(2.0)
+    paused_at = _held_samples(api_stack, job_id)
     view = http.get(f"/jobs/{job_id}").json()
     assert view["job"]["state"] == "paused" and view["progress"]["samples"] == paused_at
     assert 0 < paused_at < total
