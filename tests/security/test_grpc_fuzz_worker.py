@@ -8,18 +8,14 @@ UNKNOWN; and a good lookup and its push answer as before."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from types import SimpleNamespace
-
 import grpc
 import numpy as np
 import pytest
 from grpc_in_thread import channel_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_record import tiny_record
+from tiny_record import tiny_record, worker_context
 
-from trillium import pooling
 from trillium.services.embedding_worker.server import _Servicer
 from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
@@ -41,21 +37,9 @@ class Worker:
 
     def __init__(self) -> None:
         job = tiny_record("running", ATTEMPT)
-        config = job.config
-        layout = pooling.Layout(config.slots, config.tables, config.topology.ps_shards)
-        self.dims = {name: table.dim for name, table in config.tables.items()}
-        self.ctx = SimpleNamespace(
-            job=job,
-            layout=layout,
-            widths=[c[1] - c[0] if c is not None else 0 for c in layout.columns],
-            pending=OrderedDict(),
-            ranks=[0, 1],
-            watermark=SimpleNamespace(wait_applied=self._applied),
-        )
+        self.dims = {name: table.dim for name, table in job.config.tables.items()}
+        self.ctx = worker_context(job)
         self.pushed: list[int] = []
-
-    async def _applied(self, steps: int) -> None:
-        return None
 
     async def wait_for_staleness(self, ctx, batch_id: int) -> int:
         return 0

@@ -7,14 +7,13 @@ lookups only."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from types import SimpleNamespace
 
 import grpc
 import numpy as np
 import pytest
 from grpc_in_thread import channel_to, serve_in_thread
-from tiny_record import tiny_record
+from tiny_record import tiny_record, worker_context
 
 import trillium_native
 from trillium import pooling
@@ -174,20 +173,8 @@ class Worker:
     def __init__(self) -> None:
         job = tiny_record("running", 1)
         job.forgotten = MASKS
-        layout = pooling.Layout(job.config.slots, job.config.tables, job.config.topology.ps_shards)
-        self.ctx = SimpleNamespace(
-            job=job,
-            layout=layout,
-            widths=[c[1] - c[0] if c is not None else 0 for c in layout.columns],
-            pending=OrderedDict(),
-            ranks=[0, 1],
-            watermark=SimpleNamespace(wait_applied=self._applied),
-            forgotten=Forgotten(MASKS),
-        )
+        self.ctx = worker_context(job, forgotten=Forgotten(MASKS))
         self.plans: list[pooling.BatchPlan] = []
-
-    async def _applied(self, steps: int) -> None:
-        return None
 
     async def wait_for_staleness(self, ctx, batch_id: int) -> int:
         return 0
