@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 KAFKA_LIBS := .cache/kafka/libs
 KUSTOMIZE := .cache/bin/kustomize
-NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/Cargo.lock native/pyproject.toml
+NATIVE_SRC := $(shell find native/src native/stream/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/stream/Cargo.toml \
+              native/Cargo.lock native/pyproject.toml
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
@@ -55,11 +56,12 @@ test: setup lint docs test-native test-python
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 
-# One Python style (ruff: pyflakes, bugbear, async rules, import order; `ruff format`) and the crate's.
+# One Python style (ruff: pyflakes, bugbear, async rules, import order; `ruff format`) and the native
+# workspace's (both crates).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	cd native && cargo fmt --check && cargo clippy --release --all-targets -q -- -D warnings
+	cd native && cargo fmt --all --check && cargo clippy --release --workspace --all-targets -q -- -D warnings
 
 test-python:
 	$(PY) -m pytest -q; rc=$$?; \
@@ -71,7 +73,7 @@ test-unit: setup test-native
 	$(PY) -m pytest -q -m "not broker and not compose and not cluster"
 
 test-native: $(VENV)/.native
-	cd native && cargo test --release -q
+	cd native && cargo test --release --workspace -q
 
 # ---- a cluster of hosts on this machine (root; docs/operations.md, Running across hosts) ----
 .cache/cluster-tools.ok:

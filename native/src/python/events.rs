@@ -1,4 +1,4 @@
-//! Bindings of the stream loader's event decoding fast path (`crate::events`).
+//! Bindings of the stream loader's event decoding fast path (`trillium_stream::events`).
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple, PyType};
 
 use super::type_name;
-use crate::events::{Decoded, EventSpec, Kind};
+use trillium_stream::events::{Decoded, EventSpec, Kind};
 
 /// EventDecoder(fields, event_time, event_key, max_message_bytes, max_value_bytes, event_type):
 /// decodes JSON messages for the fields a job maps. `fields` is a list of (dotted path, kind),

@@ -1,4 +1,4 @@
-//! Bindings of the stream loader's joiner (`crate::join`); `trillium/data/sources/joiner.py`
+//! Bindings of the stream loader's joiner (`trillium_stream::join`); `trillium/data/sources/joiner.py`
 //! subclasses it as `PartitionJoin`, adding its config and its checkpointed state.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -7,7 +7,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use super::events::PyEventDecoder;
 use super::type_name;
-use crate::join::{Closed, Join, Kind, Sample, COUNTS};
+use trillium_stream::join::{Closed, Join, Kind, Sample, COUNTS};
 
 /// An event as the loader has it; a copy is another reference (the core keeps one to correct a
 /// negative).

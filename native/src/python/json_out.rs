@@ -1,4 +1,4 @@
-//! Binding of the JSON event writer (`crate::json_out`): a chunk of rows' messages in one call.
+//! Binding of the JSON event writer (`trillium_stream::json_out`): a chunk of rows' messages in one call.
 
 use numpy::Ix1;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
 
 use super::{get_array, type_name};
-use crate::json_out::{write_rows, Column, Piece};
+use trillium_stream::json_out::{write_rows, Column, Piece};
 
 /// json_rows(template, columns) -> list[bytes]: row i's message is the template (`bytes`
 /// literals and `int` column numbers) with column c's row i at each `c`. A column is
