@@ -27,7 +27,7 @@ Every impression is emitted exactly once as a positive or a negative (correction
 and its state — open impressions, held labels, recently closed ones — is a plain value
 (`state`/`from_state`), checkpointed with the input offsets it matches.
 
-The join itself is native (`trillium_native.EventJoin`, native/src/join.rs): a few hash-map and
+The join itself is native (`trillium_native.EventJoin`, native/stream/src/join.rs): a few hash-map and
 heap operations an event cost half of a loader's CPU per event in Python. It holds the events as
 the loader made them; tests/unit/joiner_reference.py keeps the Python join as its oracle.
 """
