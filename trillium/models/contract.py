@@ -1,4 +1,4 @@
-"""The model contract, the default model, and how a job's model and dense optimizer are built.
+"""The model contract, and how a job's model and dense optimizer are built.
 
 A model is a plain `torch.nn.Module` whose `forward(dense, embeddings)` takes
 
@@ -8,6 +8,10 @@ A model is a plain `torch.nn.Module` whose `forward(dense, embeddings)` takes
   and evaluation pass a `SlotTensors` (a list that may also hold them `joined`);
 
 and returns logits of shape (B,) (the loss is BCE with logits).
+
+No mask comes with a sequence slot: a row of it is padding iff it is all zero. (An ID whose
+embedding is exactly zero, as a not-yet-admitted ID reads, is therefore indistinguishable from
+padding; a model that sums or masks such rows loses nothing by it.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from trillium.job import (
 )
 from trillium.job.trust import check_model_module
 
-__all__ = ["DNN", "SlotTensors", "build_dense_optimizer", "build_model", "load_model", "logits"]
+__all__ = ["SlotTensors", "build_dense_optimizer", "build_model", "load_model", "logits", "mlp", "pooled_slots"]
 
 
 class SlotTensors(list):
@@ -42,52 +46,36 @@ class SlotTensors(list):
     joined: Tensor | None = None
 
 
-class DNN(nn.Module):
-    """After PERSIA's adult-income DNN: the dense columns and the concatenated embeddings are each
-    projected and normalized, then a ReLU MLP maps both to a logit. Sequence slots are sum-pooled
-    (their padding rows are zero, so padding adds nothing).
+def pooled_slots(embeddings: Sequence[Tensor]) -> list[Tensor]:
+    """Every slot as (B, dim): a sequence slot (B, max_len, dim) sum-pooled (its padding rows
+    are zero, so padding adds nothing), a pooled one as it is."""
+    return [e.sum(dim=1) if e.dim() == 3 else e for e in embeddings]
 
-    LayerNorm where PERSIA has BatchNorm: a sample's output then does not depend on the rest of its
-    batch, so it is the same on any number of NN ranks, in eval and for a batch of one.
-    """
 
-    def __init__(
-        self,
-        num_dense: int,
-        embedding_dims: Sequence[int],
-        hidden: Sequence[int] = (256, 128),
-        dense_proj: int = 16,
-        sparse_proj: int = 128,
-    ) -> None:
-        super().__init__()
-        if not embedding_dims and not num_dense:
-            raise ValueError("DNN needs dense columns or embeddings")
-        self.dense_proj = (
-            nn.Sequential(nn.Linear(num_dense, dense_proj), nn.LayerNorm(dense_proj)) if num_dense else None
-        )
-        self.sparse_proj = (
-            nn.Sequential(nn.Linear(sum(embedding_dims), sparse_proj), nn.LayerNorm(sparse_proj))
-            if embedding_dims
-            else None
-        )
-        width = (dense_proj if num_dense else 0) + (sparse_proj if embedding_dims else 0)
-        layers: list[nn.Module] = []
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        layers.append(nn.Linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
+def joined_slots(embeddings: Sequence[Tensor]) -> Tensor:
+    """All slots side by side, (B, sum of dims), sequence slots sum-pooled: `SlotTensors.joined`
+    when the batch has it (no copy), else a concatenation."""
+    joined = getattr(embeddings, "joined", None)
+    return joined if joined is not None else torch.cat(pooled_slots(embeddings), dim=1)
 
-    def forward(self, dense: Tensor, embeddings: list[Tensor]) -> Tensor:
-        parts = []
-        if self.dense_proj is not None:
-            parts.append(self.dense_proj(dense))
-        if self.sparse_proj is not None:
-            joined = getattr(embeddings, "joined", None)
-            if joined is None:
-                joined = torch.cat([e.sum(dim=1) if e.dim() == 3 else e for e in embeddings], dim=1)
-            parts.append(self.sparse_proj(joined))
-        return self.mlp(torch.cat(parts, dim=1)).squeeze(-1)
+
+def mlp(width: int, hidden: Sequence[int], out: int | None = 1, final_relu: bool = False) -> nn.Sequential:
+    """Linear + ReLU for each size in `hidden`, from `width` inputs, then a last Linear to `out`
+    (none when `out` is None; ReLU after it too with `final_relu`)."""
+    layers: list[nn.Module] = []
+    for size in hidden:
+        layers += [nn.Linear(width, size), nn.ReLU()]
+        width = size
+    if out is not None:
+        layers.append(nn.Linear(width, out))
+        if final_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def mlp_width(width: int, hidden: Sequence[int]) -> int:
+    """The output width of `mlp(width, hidden, out=None)`."""
+    return hidden[-1] if hidden else width
 
 
 def logits(model: nn.Module, dense: Tensor, embeddings: list[Tensor], bf16: bool = False) -> Tensor:
@@ -119,7 +107,7 @@ def load_model(spec: ModelSpec) -> nn.Module:
         raise ValueError(f"model {spec.cls!r} is not a torch.nn.Module subclass")
     try:
         return obj(**spec.kwargs)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # a missing or unknown kwarg, or one the model refuses
         raise ValueError(f"model {spec.cls!r}: cannot build it with {spec.kwargs}: {e}") from e
 
 

@@ -1,0 +1,25 @@
+"""The model zoo: the model contract (`contract`), the default `DNN`, and models from the CTR
+literature under the same contract, each named in a job file as `trillium.models:<Name>`
+(docs/jobs.md, "Models"). Single-task: each returns one logit per sample."""
+
+from __future__ import annotations
+
+from .contract import SlotTensors, build_dense_optimizer, build_model, load_model, logits
+from .dcn import DCNv2
+from .deepfm import DeepFM
+from .din import DIN
+from .dlrm import DLRM
+from .dnn import DNN
+
+__all__ = [
+    "DCNv2",
+    "DIN",
+    "DLRM",
+    "DNN",
+    "DeepFM",
+    "SlotTensors",
+    "build_dense_optimizer",
+    "build_model",
+    "load_model",
+    "logits",
+]

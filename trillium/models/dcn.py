@@ -1,0 +1,65 @@
+"""DCN-V2: explicit feature crosses beside (or before) a deep network."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .contract import joined_slots, mlp, mlp_width
+
+
+class DCNv2(nn.Module):
+    """Wang et al., "DCN V2: Improved Deep & Cross Network and Practical Lessons for Web-scale
+    Learning to Rank Systems", 2021, arXiv:2008.13535 (Eq. 1, Fig. 2 and 3; the low-rank cross
+    of Eq. 2 without its mixture of experts).
+
+    x0 = concat(dense, slot embeddings) (a sequence slot sum-pooled), width D. Cross layer l:
+
+        x_{l+1} = x0 ⊙ (W_l x_l + b_l) + x_l          W_l: D x D, or U_l V_l^T with `low_rank` r
+
+    `structure: stacked`: logit = w^T deep(x_L) + b (the deep ReLU MLP on the cross output);
+    `parallel`: logit = w^T concat(x_L, deep(x0)) + b. With `low_rank`, `cross[l][0]` is V_l^T
+    (D -> r, no bias) and `cross[l][1]` is U_l with b_l; otherwise `cross[l]` is W_l with b_l.
+    """
+
+    def __init__(
+        self,
+        num_dense: int,
+        embedding_dims: Sequence[int],
+        cross_layers: int = 3,
+        structure: str = "stacked",
+        low_rank: int | None = None,
+        hidden: Sequence[int] = (256, 128),
+    ) -> None:
+        super().__init__()
+        if structure not in ("stacked", "parallel"):
+            raise ValueError(f"DCNv2 structure must be 'stacked' or 'parallel', got {structure!r}")
+        if cross_layers < 0:
+            raise ValueError(f"DCNv2 cross_layers must be >= 0, got {cross_layers}")
+        if low_rank is not None and low_rank < 1:
+            raise ValueError(f"DCNv2 low_rank must be a positive int or null, got {low_rank}")
+        width = num_dense + sum(embedding_dims)
+        if not width:
+            raise ValueError("DCNv2 needs dense columns or embeddings")
+        self.structure = structure
+
+        def cross() -> nn.Module:
+            if low_rank is None:
+                return nn.Linear(width, width)
+            return nn.Sequential(nn.Linear(width, low_rank, bias=False), nn.Linear(low_rank, width))
+
+        self.cross = nn.ModuleList(cross() for _ in range(cross_layers))
+        self.deep = mlp(width, hidden, out=None)
+        out = mlp_width(width, hidden) + (width if structure == "parallel" else 0)
+        self.out = nn.Linear(out, 1)
+
+    def forward(self, dense: Tensor, embeddings: list[Tensor]) -> Tensor:
+        x0 = torch.cat([dense, joined_slots(embeddings)], dim=1)
+        x = x0
+        for layer in self.cross:
+            x = x0 * layer(x) + x
+        if self.structure == "stacked":
+            return self.out(self.deep(x)).squeeze(-1)
+        return self.out(torch.cat([x, self.deep(x0)], dim=1)).squeeze(-1)
