@@ -1,7 +1,7 @@
 //! The hand-written JSON reader (`json_in`, as `events::EventSpec::decode` uses it) against
 //! simd-json and sonic-rs, on the online example's impression events, Python-free:
 //!
-//! `cargo run --release -p trillium-stream --example json_bench [-- MESSAGES REPETITIONS]`
+//! `cd native/json_bench && cargo run --release [-- MESSAGES REPETITIONS]`
 //!
 //! The messages are the ones `trillium replay` sends for `examples/online/job.yaml` (written by
 //! `json_out::write_rows` in that event's layout: `request_id`, `ts`, C1..C26 as 8 hex digits or
