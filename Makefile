@@ -86,6 +86,11 @@ LINKDELAY := .cache/bin/linkdelay
 $(LINKDELAY): scripts/linkdelay/main.go scripts/linkdelay/go.mod
 	scripts/go-tool.sh -C scripts/linkdelay go build -o $(abspath $@) .
 
+# The serving benches' second gRPC client, in Go (bench/serving.py, bench/grpc_transport.py).
+GRPCLOAD := .cache/bin/grpcload
+$(GRPCLOAD): scripts/grpcload/main.go scripts/grpcload/go.mod scripts/grpcload/go.sum
+	scripts/go-tool.sh -C scripts/grpcload go build -o $(abspath $@) .
+
 # An S3 object store for a cluster's models (trillium/stack/object_store.py): versitygw, built as kustomize is.
 VERSITYGW := .cache/bin/versitygw
 $(VERSITYGW):

@@ -3,13 +3,16 @@
 1. A stack (2 PS shards, 2 NN ranks, a serving replica) trains a synthetic Criteo-layout file job
    (26 slots in 2 tables of dim 64, served in fp16) to its end; its final version is the model.
 2. **Latency** at a fixed offered load (open loop: `--rate` requests a second, for `--seconds`),
-   p50 and p99, at batch 1 and batch 64, over REST and over gRPC.
-3. **Saturation**: `--clients` requesters in a closed loop, batch 1 and batch 64, gRPC and REST:
-   requests and instances a second.
-4. **The same model as a plain torch module**: the version's dense weights and its rows in
-   `nn.EmbeddingBag` tables (the rows the requests need), the same transform, answering the same
-   request bodies (JSON in, JSON out) in this process, one at a time: instances a second, and the
-   replica's saturation over it.
+   p50 and p99, at batch 1 and batch 64, over REST and over gRPC; gRPC from two clients, the
+   bench's Python one (`grpc`) and a Go one (`grpc_go`, `scripts/grpcload`), whose difference is
+   the Python client's own cost.
+3. **Saturation**: `--clients` requesters in a closed loop, batch 1 and batch 64, gRPC (both
+   clients) and REST: requests and instances a second.
+4. **A fair anchor: the same model as a plain torch module** (`bench/serving_anchor.py`): the
+   version's dense weights and its rows in `nn.EmbeddingBag` tables (the rows the requests need),
+   the same transform, in a process of its own behind the same gRPC service, answering the same
+   request bodies from the same clients: its latency and saturation beside the replica's, and the
+   ratios. The anchor in one sequential loop with no transport says which part is transport.
 5. **Bytes per value** of the served tables (the replica's memory over rows × dim).
 6. **Click-to-served freshness**: an online job (examples/online, a version every
    `publish.every_seconds`) on a replayed stream; a probe asks the replica for a prediction every
@@ -26,27 +29,29 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import go_client
 import httpx
 import numpy as np
-import torch
+from serving_anchor import PlainTorchModel, in_process_rate  # the script's own folder is on sys.path
 
-import trillium_native
 from trillium import stack
 from trillium.config import GrpcCredentials, KafkaConnection, StackTopology
 from trillium.data import load_job
-from trillium.data.instances import InstanceEncoder
 from trillium.data.replay import replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import CRITEO_COLUMNS, JobConfig
-from trillium.models import load_model, logits
-from trillium.runtime.model_store import DENSE, ModelStore
 from trillium.stack.client import CoordinatorClient
+from trillium.stack.procs import free_port
 from trillium.wire import rpc
 from trillium.wire.pb import serving_pb2 as pb
 from trillium.wire.pb import serving_pb2_grpc as pb_grpc
@@ -76,11 +81,16 @@ def instances(job: JobConfig, n: int) -> list[dict[str, str]]:
 
 
 class Client:
-    def __init__(self, run_dir: Path, model: str) -> None:
+    """Requests to one Serving endpoint: a replica of the stack (`of_replica`) or the anchor."""
+
+    def __init__(self, url: str | None, grpc_address: str, token: str, model: str) -> None:
+        self.url, self.grpc_address, self.token, self.model = url, grpc_address, token, model
+
+    @classmethod
+    def of_replica(cls, run_dir: Path, model: str) -> Client:
         st = stack.read_state(run_dir)
         replica = next(p for p in st["processes"] if p["role"] == "serving")
-        self.token = stack.read_token(run_dir)
-        self.url, self.grpc_address, self.model = replica["http_url"], replica["grpc_address"], model
+        return cls(replica["http_url"], replica["grpc_address"], stack.read_token(run_dir), model)
 
     async def run(
         self, protocol: str, bodies: list[bytes], *, rate: float | None, seconds: float, clients: int
@@ -88,7 +98,7 @@ class Client:
         """Requests for `seconds`: open loop at `rate` a second, or `clients` closed loops."""
         latencies: list[float] = []
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=self.url or "http://unused", headers=headers, timeout=30) as http:
             channel = rpc.channel(self.grpc_address, GrpcCredentials(token=self.token))
             stub = pb_grpc.ServingStub(channel)
 
@@ -131,51 +141,82 @@ class Client:
         }
 
 
-def plain_torch(run_dir: Path, job: JobConfig, bodies: list[bytes], seconds: float) -> dict[str, Any]:
-    """The model as a plain torch module in this process, answering the same request bodies."""
-    store = ModelStore.of(job, run_dir)
-    manifest = store.manifest(store.versions()[-1])
-    tables = trillium_native.ServingTables({t: c.dim for t, c in job.tables.items()}, job.topology.ps_shards, "fp16")
-    with store.parts(manifest.parts).reading(DENSE) as dense:
-        state = torch.load(dense, weights_only=True)["model"]
-    for m in store.chain(manifest.version):
-        tables.apply([(f.shard, str(Path(store.parts(m.parts).path) / f.name)) for f in m.values], m.version)
-    encoder = InstanceEncoder(job, manifest.dense_stats)
-    # Every ID the requests hold, and its row, in an nn.EmbeddingBag per table: plain torch tables.
-    every = encoder.batch([x for body in bodies for x in json.loads(body)])
-    bags, index = {}, {}
-    for table in job.tables:
-        ids = np.unique(np.concatenate([every.ids.slot(s.name)[0] for s in job.slots if s.table == table]))
-        (rows,), _, _ = tables.lookup([(table, ids)])
-        index[table] = ids
-        bags[table] = {
-            mode: torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows), mode=mode, freeze=True)
-            for mode in ("sum", "mean")
+@contextmanager
+def anchor(run_dir: Path, job: JobConfig, bodies: dict[int, list[bytes]]) -> Iterator[str]:
+    """The anchor process (bench/serving_anchor.py) serving the job's newest version; yields its
+    gRPC address."""
+    work = Path(tempfile.mkdtemp(prefix="anchor-", dir=run_dir))
+    job_file, bodies_file = work / "job.json", work / "bodies.json"
+    job_file.write_text(job.model_dump_json())
+    bodies_file.write_text(json.dumps([b.decode() for bs in bodies.values() for b in bs]))
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).with_name("serving_anchor.py")), "--run-dir", str(run_dir)]
+    argv += ["--job", str(job_file), "--bodies", str(bodies_file), "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=stack.REPO_ROOT)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"the anchor did not start (exit {proc.wait()})")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def in_process(run_dir: Path, job: JobConfig, bodies: list[bytes], seconds: float) -> dict[str, Any]:
+    """The anchor's model answering in this process, one request at a time, with no transport."""
+    model = PlainTorchModel(run_dir, job, bodies)
+    return {"requests_per_sec": round(in_process_rate(model, bodies, seconds), 1)}
+
+
+async def predictions(client: Client, bodies: list[bytes]) -> np.ndarray:
+    """An endpoint's predictions for `bodies`, over gRPC, in order."""
+    async with rpc.channel(client.grpc_address, GrpcCredentials(token=client.token)) as channel:
+        stub = pb_grpc.ServingStub(channel)
+        answers = [await stub.Predict(pb.PredictRequest(model=client.model, instances=body)) for body in bodies]
+    return np.concatenate([np.asarray(a.predictions) for a in answers])
+
+
+def measure(client: Client, protocols: tuple[str, ...], bodies: dict[int, list[bytes]], args) -> dict[str, Any]:
+    """Latency at the offered rate and saturation with `args.clients`, at batch 1 and 64; over
+    `grpc_go` the same gRPC calls come from the Go client (bench/go_client.py)."""
+    latency, saturation = {}, {}
+    for protocol in protocols:
+        for b in (1, 64):
+            for rate, figures in ((args.rate, latency), (None, saturation)):
+                clients = 1 if rate is not None else args.clients
+                if protocol == "grpc_go":
+                    run = go_client.run(
+                        client.grpc_address,
+                        client.token,
+                        client.model,
+                        bodies[b],
+                        rate=rate,
+                        seconds=args.seconds,
+                        clients=clients,
+                    )
+                else:
+                    run = asyncio.run(client.run(protocol, bodies[b], rate=rate, seconds=args.seconds, clients=clients))
+                figures[f"{protocol}_batch{b}"] = (
+                    run if rate is not None else run | {"instances_per_sec": round(run["requests_per_sec"] * b)}
+                )
+    return {"latency": latency, "saturation": saturation}
+
+
+def over_anchor(ours: dict[str, Any], anchor_: dict[str, Any]) -> dict[str, Any]:
+    """The replica's figures over the anchor's, per client and batch size: > 1 for latency is
+    slower, < 1 for requests a second is fewer."""
+    ratios = {}
+    for key in anchor_["latency"]:
+        mine, theirs = ours["latency"][key], anchor_["latency"][key]
+        ratios[key] = {
+            "p50": round(mine["p50_ms"] / theirs["p50_ms"], 3),
+            "p99": round(mine["p99_ms"] / theirs["p99_ms"], 3),
+            "requests_per_sec": round(
+                ours["saturation"][key]["requests_per_sec"] / anchor_["saturation"][key]["requests_per_sec"], 3
+            ),
         }
-    model = load_model(job.model)
-    model.load_state_dict(state)
-    model.eval()
-
-    def answer(body: bytes) -> bytes:
-        batch = encoder.batch(json.loads(body))
-        embeddings = []
-        for slot in job.slots:
-            values, lengths = batch.ids.slot(slot.name)
-            rows = torch.from_numpy(np.searchsorted(index[slot.table], values).astype(np.int64))
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
-            embeddings.append(bags[slot.table][slot.pooling](rows, offsets))
-        with torch.no_grad():
-            probs = torch.sigmoid(logits(model, torch.from_numpy(np.array(batch.dense)), embeddings))
-        return json.dumps({"predictions": probs.tolist()}).encode()
-
-    for body in bodies[:20]:
-        answer(body)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        answer(bodies[done % len(bodies)])
-        done += 1
-    elapsed = time.perf_counter() - start
-    return {"requests_per_sec": round(done / elapsed, 1)}
+    return ratios
 
 
 def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float) -> dict[str, Any]:
@@ -203,7 +244,7 @@ def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float)
         time.sleep(2)
         client = CoordinatorClient.for_stack(run_dir)
         job_id = client.submit(job)["id"]
-        probe = Client(run_dir, job.name)
+        probe = Client.of_replica(run_dir, job.name)
         answers: list[tuple[float, int]] = []  # (time answered, version)
         event_times: dict[int, float] = {}
         http = httpx.Client(base_url=probe.url, headers={"Authorization": f"Bearer {probe.token}"}, timeout=10)
@@ -259,7 +300,7 @@ def main() -> None:
             client = CoordinatorClient.for_stack(run_dir)
             view = client.follow(client.submit(job)["id"], timeout_s=1800)
             assert view["job"]["state"] == "finished", view["job"]["error"]
-            replica = Client(run_dir, job.name)
+            replica = Client.of_replica(run_dir, job.name)
             http = httpx.Client(base_url=replica.url, headers={"Authorization": f"Bearer {replica.token}"}, timeout=30)
             while (model := http.get(f"/v1/models/{job.name}")).status_code != 200 or model.json()["version"] is None:
                 time.sleep(0.5)
@@ -271,31 +312,21 @@ def main() -> None:
             bodies = {
                 b: [json.dumps(pool[i : i + b]).encode() for i in range(0, len(pool) - b + 1, b)] for b in (1, 64)
             }
-            latency, saturation = {}, {}
-            for protocol in ("grpc", "rest"):
-                for b in (1, 64):
-                    log(f"latency {protocol} batch {b} ...")
-                    latency[f"{protocol}_batch{b}"] = asyncio.run(
-                        replica.run(protocol, bodies[b], rate=args.rate, seconds=args.seconds, clients=1)
-                    )
-                    log(f"saturation {protocol} batch {b} ...")
-                    run = asyncio.run(
-                        replica.run(protocol, bodies[b], rate=None, seconds=args.seconds, clients=args.clients)
-                    )
-                    saturation[f"{protocol}_batch{b}"] = run | {"instances_per_sec": round(run["requests_per_sec"] * b)}
+            with anchor(run_dir, job, bodies) as anchor_address:
+                log("the replica: latency and saturation ...")
+                ours = measure(replica, ("grpc", "grpc_go", "rest"), bodies, args)
+                plain = Client(None, anchor_address, replica.token, job.name)
+                answers = [asyncio.run(predictions(c, bodies[64][:20])) for c in (replica, plain)]
+                log("the anchor: latency and saturation ...")
+                theirs = measure(plain, ("grpc", "grpc_go"), bodies, args)
             result["offered_requests_per_sec"] = args.rate
-            result["latency"] = latency
-            result["saturation"] = saturation
-            log("the plain torch module ...")
-            plain = {f"batch{b}": plain_torch(run_dir, job, bodies[b], args.seconds) for b in (1, 64)}
-            result["plain_torch"] = plain
-            result["serving_vs_plain_torch_qps"] = {
-                f"{p}_batch{b}": round(
-                    saturation[f"{p}_batch{b}"]["requests_per_sec"] / plain[f"batch{b}"]["requests_per_sec"], 3
-                )
-                for p in ("grpc", "rest")
-                for b in (1, 64)
+            result |= ours
+            log("the anchor in process ...")
+            result["anchor"] = theirs | {
+                "max_prediction_difference": float(np.max(np.abs(answers[0] - answers[1]))),
+                "in_process": {f"batch{b}": in_process(run_dir, job, bodies[b], args.seconds) for b in (1, 64)},
             }
+            result["serving_over_anchor"] = over_anchor(ours, theirs)
             log("freshness ...")
             conn = KafkaConnection(bootstrap=st["kafka"]["bootstrap"])
             result["freshness"] = freshness(run_dir, conn, args.stream_seconds, rate=2000.0)
