@@ -27,11 +27,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from concurrent import futures
 from typing import Any
 
-import go_client
+import clients
 import grpc
 import numpy as np
 
@@ -92,44 +91,6 @@ def serve(kind: str, port: int) -> None:
         asyncio.run(_serve_aio(port, interceptors=kind == "aio"))
 
 
-async def drive(address: str, *, rate: float | None, seconds: float, clients: int) -> dict[str, Any]:
-    """Calls for `seconds`: an open loop at `rate` a second, or `clients` closed loops."""
-    latencies: list[float] = []
-    async with rpc.channel(address, GrpcCredentials(token=TOKEN)) as channel:
-        stub = pb_grpc.ServingStub(channel)
-        request = pb.PredictRequest(model="m", instances=b"[]")
-
-        async def one() -> None:
-            started = time.perf_counter()
-            await stub.Predict(request)
-            latencies.append(time.perf_counter() - started)
-
-        for _ in range(50):  # warm both ends
-            await one()
-        latencies.clear()
-        start = time.perf_counter()
-        if rate is not None:
-            pending = []
-            for i in range(int(rate * seconds)):
-                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-                pending.append(asyncio.create_task(one()))
-            await asyncio.gather(*pending)
-        else:
-
-            async def loop() -> None:
-                while time.perf_counter() - start < seconds:
-                    await one()
-
-            await asyncio.gather(*(loop() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    ms = np.asarray(latencies) * 1000
-    return {
-        "calls_per_sec": round(len(ms) / elapsed, 1),
-        "p50_ms": round(float(np.percentile(ms, 50)), 3),
-        "p99_ms": round(float(np.percentile(ms, 99)), 3),
-    }
-
-
 def _ms(figures: dict[str, Any]) -> dict[str, float]:
     return {"p50_ms": figures["p50_ms"], "p99_ms": figures["p99_ms"]}
 
@@ -141,18 +102,17 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         if proc.stdout is None or proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"server {kind} did not start (exit {proc.wait()})")
-        address = f"127.0.0.1:{port}"
-        paced = asyncio.run(drive(address, rate=args.rate, seconds=args.seconds, clients=1))
-        saturated = asyncio.run(drive(address, rate=None, seconds=args.seconds, clients=args.clients))
-        go = {"rate": args.rate, "seconds": args.seconds, "clients": args.clients}
-        go_paced = go_client.run(address, TOKEN, "m", [b"[]"], **(go | {"clients": 1}))
-        go_saturated = go_client.run(address, TOKEN, "m", [b"[]"], **(go | {"rate": None}))
-        return {
-            "paced": paced,
-            "saturated": saturated,
-            "go_paced": {"calls_per_sec": go_paced["requests_per_sec"]} | _ms(go_paced),
-            "go_saturated": {"calls_per_sec": go_saturated["requests_per_sec"]} | _ms(go_saturated),
+        address, empty = f"127.0.0.1:{port}", [b"[]"]
+        python = clients.Client(None, address, TOKEN, "m")
+        paced = {"rate": args.rate, "seconds": args.seconds, "clients": 1}
+        saturated = {"rate": None, "seconds": args.seconds, "clients": args.clients}
+        runs = {
+            "paced": asyncio.run(python.run("grpc", empty, **paced)),
+            "saturated": asyncio.run(python.run("grpc", empty, **saturated)),
+            "go_paced": clients.go_run(address, TOKEN, "m", empty, **paced),
+            "go_saturated": clients.go_run(address, TOKEN, "m", empty, **saturated),
         }
+        return {name: {"calls_per_sec": run["requests_per_sec"]} | _ms(run) for name, run in runs.items()}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -161,9 +121,7 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
-    parser.add_argument("--rate", type=float, default=50.0, help="offered calls a second (latency)")
-    parser.add_argument("--seconds", type=float, default=15.0, help="each paced and saturated run")
-    parser.add_argument("--clients", type=int, default=8, help="closed-loop callers (saturation)")
+    clients.add_load_arguments(parser)
     parser.add_argument("--rounds", type=int, default=2, help="every server this many times, interleaved")
     parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import go_client
+import clients
 import httpx
 import numpy as np
 from serving_anchor import PlainTorchModel, in_process_rate  # the script's own folder is on sys.path
@@ -80,67 +80,6 @@ def instances(job: JobConfig, n: int) -> list[dict[str, str]]:
     return [dict(zip(CRITEO_COLUMNS[1:], line.split("\t")[1:], strict=True)) for line in lines]
 
 
-class Client:
-    """Requests to one Serving endpoint: a replica of the stack (`of_replica`) or the anchor."""
-
-    def __init__(self, url: str | None, grpc_address: str, token: str, model: str) -> None:
-        self.url, self.grpc_address, self.token, self.model = url, grpc_address, token, model
-
-    @classmethod
-    def of_replica(cls, run_dir: Path, model: str) -> Client:
-        st = stack.read_state(run_dir)
-        replica = next(p for p in st["processes"] if p["role"] == "serving")
-        return cls(replica["http_url"], replica["grpc_address"], stack.read_token(run_dir), model)
-
-    async def run(
-        self, protocol: str, bodies: list[bytes], *, rate: float | None, seconds: float, clients: int
-    ) -> dict[str, Any]:
-        """Requests for `seconds`: open loop at `rate` a second, or `clients` closed loops."""
-        latencies: list[float] = []
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        async with httpx.AsyncClient(base_url=self.url or "http://unused", headers=headers, timeout=30) as http:
-            channel = rpc.channel(self.grpc_address, GrpcCredentials(token=self.token))
-            stub = pb_grpc.ServingStub(channel)
-
-            async def one(body: bytes) -> None:
-                started = time.perf_counter()
-                if protocol == "rest":
-                    r = await http.post(f"/v1/models/{self.model}:predict", content=b'{"instances": ' + body + b"}")
-                    r.raise_for_status()
-                else:
-                    await stub.Predict(pb.PredictRequest(model=self.model, instances=body))
-                latencies.append(time.perf_counter() - started)
-
-            for body in bodies[:20]:  # warm both ends
-                await one(body)
-            latencies.clear()
-            start = time.perf_counter()
-            if rate is not None:
-                pending = []
-                for i in range(int(rate * seconds)):
-                    await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-                    pending.append(asyncio.create_task(one(bodies[i % len(bodies)])))
-                await asyncio.gather(*pending)
-            else:
-
-                async def loop(k: int) -> None:
-                    i = k
-                    while time.perf_counter() - start < seconds:
-                        await one(bodies[i % len(bodies)])
-                        i += clients
-
-                await asyncio.gather(*(loop(k) for k in range(clients)))
-            elapsed = time.perf_counter() - start
-            await channel.close()
-        ms = np.asarray(latencies) * 1000
-        return {
-            "requests": len(ms),
-            "requests_per_sec": round(len(ms) / elapsed, 1),
-            "p50_ms": round(float(np.percentile(ms, 50)), 3),
-            "p99_ms": round(float(np.percentile(ms, 99)), 3),
-        }
-
-
 @contextmanager
 def anchor(run_dir: Path, job: JobConfig, bodies: dict[int, list[bytes]]) -> Iterator[str]:
     """The anchor process (bench/serving_anchor.py) serving the job's newest version; yields its
@@ -169,7 +108,7 @@ def in_process(run_dir: Path, job: JobConfig, bodies: list[bytes], seconds: floa
     return {"requests_per_sec": round(in_process_rate(model, bodies, seconds), 1)}
 
 
-async def predictions(client: Client, bodies: list[bytes]) -> np.ndarray:
+async def predictions(client: clients.Client, bodies: list[bytes]) -> np.ndarray:
     """An endpoint's predictions for `bodies`, over gRPC, in order."""
     async with rpc.channel(client.grpc_address, GrpcCredentials(token=client.token)) as channel:
         stub = pb_grpc.ServingStub(channel)
@@ -177,26 +116,26 @@ async def predictions(client: Client, bodies: list[bytes]) -> np.ndarray:
     return np.concatenate([np.asarray(a.predictions) for a in answers])
 
 
-def measure(client: Client, protocols: tuple[str, ...], bodies: dict[int, list[bytes]], args) -> dict[str, Any]:
+def measure(client: clients.Client, protocols: tuple[str, ...], bodies: dict[int, list[bytes]], args) -> dict[str, Any]:
     """Latency at the offered rate and saturation with `args.clients`, at batch 1 and 64; over
-    `grpc_go` the same gRPC calls come from the Go client (bench/go_client.py)."""
+    `grpc_go` the same gRPC calls come from the Go client (bench/clients.py)."""
     latency, saturation = {}, {}
     for protocol in protocols:
         for b in (1, 64):
             for rate, figures in ((args.rate, latency), (None, saturation)):
-                clients = 1 if rate is not None else args.clients
+                loops = 1 if rate is not None else args.clients
                 if protocol == "grpc_go":
-                    run = go_client.run(
+                    run = clients.go_run(
                         client.grpc_address,
                         client.token,
                         client.model,
                         bodies[b],
                         rate=rate,
                         seconds=args.seconds,
-                        clients=clients,
+                        clients=loops,
                     )
                 else:
-                    run = asyncio.run(client.run(protocol, bodies[b], rate=rate, seconds=args.seconds, clients=clients))
+                    run = asyncio.run(client.run(protocol, bodies[b], rate=rate, seconds=args.seconds, clients=loops))
                 figures[f"{protocol}_batch{b}"] = (
                     run if rate is not None else run | {"instances_per_sec": round(run["requests_per_sec"] * b)}
                 )
@@ -244,7 +183,7 @@ def freshness(run_dir: Path, conn: KafkaConnection, seconds: float, rate: float)
         time.sleep(2)
         client = CoordinatorClient.for_stack(run_dir)
         job_id = client.submit(job)["id"]
-        probe = Client.of_replica(run_dir, job.name)
+        probe = clients.Client.of_replica(run_dir, job.name)
         answers: list[tuple[float, int]] = []  # (time answered, version)
         event_times: dict[int, float] = {}
         http = httpx.Client(base_url=probe.url, headers={"Authorization": f"Bearer {probe.token}"}, timeout=10)
@@ -284,9 +223,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
     parser.add_argument("--rows", type=int, default=240_000, help="training rows of the file job")
-    parser.add_argument("--rate", type=float, default=50.0, help="offered requests a second (latency)")
-    parser.add_argument("--seconds", type=float, default=15.0, help="each latency and saturation run")
-    parser.add_argument("--clients", type=int, default=8, help="closed-loop requesters (saturation)")
+    clients.add_load_arguments(parser)
     parser.add_argument("--stream-seconds", type=float, default=60.0, help="the freshness run")
     args = parser.parse_args()
     log = (lambda *a: None) if args.json else print
@@ -300,7 +237,7 @@ def main() -> None:
             client = CoordinatorClient.for_stack(run_dir)
             view = client.follow(client.submit(job)["id"], timeout_s=1800)
             assert view["job"]["state"] == "finished", view["job"]["error"]
-            replica = Client.of_replica(run_dir, job.name)
+            replica = clients.Client.of_replica(run_dir, job.name)
             http = httpx.Client(base_url=replica.url, headers={"Authorization": f"Bearer {replica.token}"}, timeout=30)
             while (model := http.get(f"/v1/models/{job.name}")).status_code != 200 or model.json()["version"] is None:
                 time.sleep(0.5)
@@ -315,7 +252,7 @@ def main() -> None:
             with anchor(run_dir, job, bodies) as anchor_address:
                 log("the replica: latency and saturation ...")
                 ours = measure(replica, ("grpc", "grpc_go", "rest"), bodies, args)
-                plain = Client(None, anchor_address, replica.token, job.name)
+                plain = clients.Client(None, anchor_address, replica.token, job.name)
                 answers = [asyncio.run(predictions(c, bodies[64][:20])) for c in (replica, plain)]
                 log("the anchor: latency and saturation ...")
                 theirs = measure(plain, ("grpc", "grpc_go"), bodies, args)
