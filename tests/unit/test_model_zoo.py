@@ -230,6 +230,11 @@ def test_load_model_resolves_each_by_name(name: str) -> None:
         ("DCNv2", {"num_dense": 2, "embedding_dims": [4], "structure": "mixed"}, "structure"),
         ("DIN", {"num_dense": 0, "embedding_dims": [4, 4], "sequence_slot": 2, "target_slot": 0}, "sequence_slot=2"),
         ("DIN", {"num_dense": 0, "embedding_dims": [4, 4], "sequence_slot": 0, "target_slot": -1}, "target_slot=-1"),
+        (
+            "DIN",
+            {"num_dense": 0, "embedding_dims": [4, 4], "sequence_slot": True, "target_slot": 0},
+            "sequence_slot=True",
+        ),
         ("DIN", {"num_dense": 0, "embedding_dims": [4, 8], "sequence_slot": 0, "target_slot": 1}, "same dim"),
     ],
 )

@@ -48,7 +48,7 @@ class DIN(nn.Module):
         super().__init__()
         dims = list(embedding_dims)
         for name, index in (("sequence_slot", sequence_slot), ("target_slot", target_slot)):
-            if not isinstance(index, int) or not 0 <= index < len(dims):
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(dims):
                 raise ValueError(f"DIN {name}={index!r} is not a slot index (embedding_dims={dims})")
         if sequence_slot == target_slot:
             raise ValueError(f"DIN sequence_slot and target_slot are both {sequence_slot}")
