@@ -5,6 +5,7 @@ another), and no source file grows past 600 lines."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,3 +125,21 @@ def test_no_source_file_above_600_lines() -> None:
         if "pb" not in f.parts and (n := len(f.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists the packages a wheel (and so every image) holds: one left out imports
+    from the source tree in an editable install and is missing from the images."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join(("trillium", *d.relative_to(ROOT / "trillium").parts)).rstrip(".")
+        for d in (ROOT / "trillium").rglob("*")
+        if d.is_dir() and "__pycache__" not in d.parts and (d / "__init__.py").exists()
+    } | {"trillium"}
+    on_disk |= {
+        ".".join(("trillium.services", *d.relative_to(ROOT / "services").parts))
+        for d in (ROOT / "services").rglob("*")
+        if d.is_dir() and "__pycache__" not in d.parts and (d / "__init__.py").exists()
+    } | {"trillium.services"}
+    assert on_disk - listed == set(), "packages missing from pyproject.toml's [tool.setuptools] packages"
