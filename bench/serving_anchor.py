@@ -34,12 +34,11 @@ from trillium.data.instances import InstanceEncoder
 from trillium.job import JobConfig
 from trillium.models import load_model, logits
 from trillium.runtime.model_store import DENSE, ModelStore
+from trillium.services.serving.server import INLINE_INSTANCES  # the replica's split, not a copy of it
 from trillium.stack import read_token
 from trillium.wire import rpc
 from trillium.wire.pb import serving_pb2 as pb
 from trillium.wire.pb import serving_pb2_grpc as pb_grpc
-
-INLINE_INSTANCES = 8  # as services/serving/server.py: up to this many on the event loop
 
 
 class PlainTorchModel:
