@@ -148,6 +148,15 @@ def test_bf16_autocast_trains_on_the_cpu() -> None:
     assert fp32.step(batch, copied(embeddings)).loss_sum != losses[0]  # autocast did run in bf16
 
 
+def rank_processes():
+    """The context the 2-rank tests start their ranks in. Each spawned rank would import torch
+    afresh (seconds here, per rank); the forkserver imports it once and forks every rank from
+    itself, never from this process, whose gloo group runs threads a fork would not carry."""
+    context = torch.multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch.distributed", "trillium.models", "trillium.services.nn_worker.step"])
+    return context
+
+
 def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
     """Rank `rank` of a 2-rank gloo group (a spawned process): one step on its own batch."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
@@ -174,7 +183,7 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
 def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_control_words(tmp_path) -> None:
     rng = np.random.default_rng(11)
     (b0, e0), (b1, e1) = make_batch(rng, 24), make_batch(rng, 40)  # uneven: the step's count is summed
-    context = torch.multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     ranks = [
         context.Process(target=_rank_step, args=(r, str(tmp_path / "store"), [b0, b1], [e0, e1], results))
@@ -217,7 +226,7 @@ def _rank_ends(rank: int, store: str, results) -> None:
 
 def test_a_dead_peer_fails_the_end_of_a_job_within_its_timeout(tmp_path) -> None:
     """Not the collective's 10-minute timeout: the monitored barrier names the rank it misses."""
-    context = torch.multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     ranks = [context.Process(target=_rank_ends, args=(r, str(tmp_path / "store"), results)) for r in range(2)]
     for p in ranks:
@@ -263,7 +272,7 @@ def test_a_finished_job_leaves_no_trainer_nor_gloo_threads_behind(tmp_path) -> N
     """DDP keeps its communication hook's state in C++, out of the GC's sight: a Trainer there
     would never be freed, and each job's group would keep its gloo threads (4 more a job, seen
     on a long-lived stack). A fresh process: the module's own group must not count."""
-    context = torch.multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     rank = context.Process(target=_jobs_in_a_row, args=(str(tmp_path / "store"), results))
     rank.start()

@@ -303,14 +303,14 @@ def test_parquet_and_synthetic_shares(tmp_path: Path) -> None:
         ]
         np.testing.assert_array_equal(np.concatenate(shares), full)
     synthetic = load_job(Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml").model_dump(mode="json")
-    synthetic["data"] = {"source": "synthetic", "rows": 300_000, "seed": 2, "vocab_sizes": [5] * 26}
+    synthetic["data"] = {"source": "synthetic", "rows": 140_000, "seed": 2, "vocab_sizes": [5] * 26}
     job = JobConfig.model_validate(synthetic)
     stats = dense_stats(job)
     labels = [
         np.concatenate([b.labels for b in epoch_batches(job, "train", stats=stats, part=p, parts=2)]) for p in range(2)
     ]
     # Sample blocks of 131072 rows; the second's middle falls in the second half.
-    assert [len(x) for x in labels] == [131072, 300_000 - 131072]
+    assert [len(x) for x in labels] == [131072, 140_000 - 131072]
     whole = np.concatenate([b.labels for b in epoch_batches(job, "train", stats=stats)])
     np.testing.assert_array_equal(np.concatenate(labels), whole)
 
