@@ -1,6 +1,7 @@
 """The model zoo: the model contract (`contract`), the default `DNN`, and models from the CTR
 literature under the same contract, each named in a job file as `trillium.models:<Name>`
-(docs/jobs.md, "Models"). Single-task: each returns one logit per sample."""
+(docs/jobs.md, "Models"). Each returns one logit per sample, (B,), except the multi-task `MMoE`:
+one per task, (B, T), which no job can train yet (a job has one label)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .deepfm import DeepFM
 from .din import DIN
 from .dlrm import DLRM
 from .dnn import DNN
+from .mmoe import MMoE
 
 __all__ = [
     "DCNv2",
@@ -17,6 +19,7 @@ __all__ = [
     "DLRM",
     "DNN",
     "DeepFM",
+    "MMoE",
     "SlotTensors",
     "build_dense_optimizer",
     "build_model",
