@@ -13,7 +13,8 @@ import typer
 
 from trillium import stack
 from trillium.config import KafkaConnection
-from trillium.data.sources.datagen import generate_criteo
+from trillium.data.sources.datagen import DatagenReport, generate_criteo
+from trillium.data.sources.datagen_multitask import MultitaskReport, generate_multitask
 from trillium.job import JobConfig, KafkaData
 from trillium.wire import kafka
 
@@ -98,16 +99,33 @@ def replay(
 
 @app.command()
 def datagen(
-    path: Annotated[Path, typer.Argument(help="the TSV file to write")],
+    path: Annotated[Path, typer.Argument(help="the file to write: Criteo-format TSV, or CSV with --multitask")],
     rows: Annotated[int, typer.Option(min=1, help="rows to write")] = 100_000,
     seed: Annotated[int, typer.Option(help="seed of the planted model and the draws")] = 0,
     vocab_size: Annotated[
         Optional[int], typer.Option(min=1, help="IDs per categorical slot (default: 10^3..10^6, varying by slot)")
     ] = None,
+    multitask: Annotated[
+        bool,
+        typer.Option(
+            "--multitask",
+            help="a feed's impressions instead: user, item, recent items; a click, the seconds watched, a conversion",
+        ),
+    ] = False,
+    split: Annotated[str, typer.Option(help="train or test: independent rows of the same planted model")] = "train",
 ) -> None:
-    """Write Criteo-format TSV from a planted logistic model and print that model's own
-    (Bayes-optimal) AUC: the ceiling a trained model can approach."""
-    report = generate_criteo(path, rows, seed, vocab_sizes=[vocab_size] * 26 if vocab_size else None)
+    """Write data drawn from a planted model and print that model's own (Bayes-optimal) scores:
+    the ceiling a trained model can approach. By default Criteo-format TSV from a planted logistic
+    model (its AUC); with --multitask a feed's impressions as CSV, with each task's AUC and GAUC
+    (grouped by user) or, for the watch time, the MSE of its log."""
+    if split != "train" and split != "test":  # as written, mypy narrows it to the Split literal
+        fail(f"--split must be train or test, got {split!r}")
+    if multitask:
+        if vocab_size is not None:
+            fail("--vocab-size is for Criteo-format data, not --multitask")
+        report: MultitaskReport | DatagenReport = generate_multitask(path, rows, seed, split=split)
+    else:
+        report = generate_criteo(path, rows, seed, split=split, vocab_sizes=[vocab_size] * 26 if vocab_size else None)
     console.print_json(json.dumps(dataclasses.asdict(report), default=str))
 
 
