@@ -69,8 +69,9 @@ test-python:
 
 # The edit-test loop's fast tier: the native crate's tests and every Python test that needs no
 # broker (unit, native, deploy and security tests): 3 minutes here, where `make test` takes 17-28.
+# Two workers: the tier has no broker, so its tests share nothing but the machine.
 test-unit: setup test-native
-	$(PY) -m pytest -q -m "not broker and not compose and not cluster"
+	$(PY) -m pytest -q -n 2 -m "not broker and not compose and not cluster"
 
 test-native: $(VENV)/.native
 	cd native && cargo test --release --workspace -q
