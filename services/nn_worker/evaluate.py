@@ -22,14 +22,17 @@ class Scored(NamedTuple):
     labels: np.ndarray  # float32[samples]
     probs: np.ndarray  # float32[samples]
     batch_ids: np.ndarray  # int64[samples]: each sample's batch
+    groups: np.ndarray  # uint64[samples]: each sample's first ID in `evaluation.group_by`'s slot
+    grouped: np.ndarray  # bool[samples]: whether it has one (all False without group_by)
 
 
-async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]]) -> Scored:
-    """The labels, predicted probabilities and batch ids of every batch of the feed's first epoch;
+async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]], group_by: str | None) -> Scored:
+    """The labels, predicted probabilities, batch ids and GAUC groups (from slot `group_by`) of
+    every batch of the feed's first epoch;
     `scores(batch, embeddings)` runs the model (on the rank's torch thread). The feed is stopped on
     the way out: its consumer, left running, would poll the job's topics forever — and, once they
     are deleted, spin on metadata requests (35% of a core per idle NN worker, and the broker's as much)."""
-    labels, probs, batch_ids = [], [], []
+    labels, probs, batch_ids, groups, grouped = [], [], [], [], []
     try:
         while not isinstance(item := await feed.get(), EpochEnd):
             response = await item.lookup
@@ -37,18 +40,32 @@ async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]]) -> Sco
             probs.append(await scores(batch, embeddings_of(response)))
             labels.append(np.asarray(batch.labels))
             batch_ids.append(np.full(batch.batch_size, batch.batch_id, np.int64))
+            if group_by is None:
+                groups.append(np.zeros(batch.batch_size, np.uint64))
+                grouped.append(np.zeros(batch.batch_size, bool))
+            else:
+                first, has = batch.ids.first(group_by)
+                groups.append(first)
+                grouped.append(has)
     finally:
         await feed.stop()
     if not labels:
-        return Scored(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
-    return Scored(np.concatenate(labels), np.concatenate(probs), np.concatenate(batch_ids))
+        return Scored(*(np.zeros(0, dtype) for dtype in (np.float32, np.float32, np.int64, np.uint64, bool)))
+    return Scored(*(np.concatenate(x) for x in (labels, probs, batch_ids, groups, grouped)))
 
 
-def summarize(gathered: list[Scored]) -> dict[str, Any]:
-    """AUC and log loss over the scores of every rank."""
+def summarize(gathered: list[Scored], group_by: str | None) -> dict[str, Any]:
+    """AUC and log loss over the scores of every rank; with `group_by`, GAUC over the samples
+    that have a group, and how many did."""
     labels = np.concatenate([g.labels for g in gathered])
     probs = np.concatenate([g.probs for g in gathered])
-    return {"auc": metrics.auc(labels, probs), "logloss": metrics.logloss(labels, probs), "samples": int(len(labels))}
+    out = {"auc": metrics.auc(labels, probs), "logloss": metrics.logloss(labels, probs), "samples": int(len(labels))}
+    if group_by is not None:
+        grouped = np.concatenate([g.grouped for g in gathered])
+        groups = np.concatenate([g.groups for g in gathered])
+        out["gauc"] = metrics.gauc(labels[grouped], probs[grouped], groups[grouped])
+        out["gauc_samples"] = int(grouped.sum())
+    return out
 
 
 def in_batch_order(gathered: list[Scored]) -> bytes:

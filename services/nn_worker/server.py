@@ -276,7 +276,10 @@ class NNWorker(Service):
             await self.wait_until_running()
             await self._train(run)
             gathered = await self._gather(
-                run, await evaluate.score(self._feed(run, evaluation=True), self._scorer(run))
+                run,
+                await evaluate.score(
+                    self._feed(run, evaluation=True), self._scorer(run), run.job.config.evaluation.group_by
+                ),
             )
             if rank == 0 and run.state.step > 0:
                 await self._save_predictions(run, run.state.step - 1, gathered)
@@ -292,7 +295,7 @@ class NNWorker(Service):
                 "attempt": job.attempt,
             }
             if rank == 0:
-                result["eval"] = evaluate.summarize(gathered)
+                result["eval"] = evaluate.summarize(gathered, run.job.config.evaluation.group_by)
             await progress.set_rank_result(rank, result)
             await self._torch(run, run.trainer.finish)
             self._group_dirty = False
@@ -538,10 +541,12 @@ class NNWorker(Service):
         if release.location is not None:  # null: the coordinator abandoned the checkpoint
             metrics = None
             if release.evaluate:
-                scores = await evaluate.score(self._feed(run, evaluation=True), self._scorer(run))
+                scores = await evaluate.score(
+                    self._feed(run, evaluation=True), self._scorer(run), run.job.config.evaluation.group_by
+                )
                 gathered = await self._gather(run, scores)
                 if rank == 0:
-                    metrics = evaluate.summarize(gathered)
+                    metrics = evaluate.summarize(gathered, run.job.config.evaluation.group_by)
                     await self._save_predictions(run, step, gathered)
             write = asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics))
             run.writes.append(write)

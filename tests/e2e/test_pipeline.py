@@ -17,6 +17,7 @@ from pipeline_helpers import DATA, run_to_end, with_training
 from trillium import stack
 from trillium.data import load_job
 from trillium.data.features import BatchBuilder
+from trillium.job import EvaluationConfig
 from trillium.stack.client import CoordinatorClient
 from trillium.train.reference import train_reference
 
@@ -77,8 +78,13 @@ def test_two_loaders_feed_every_sample_once_per_epoch(training_stack, tiny_job, 
 def test_one_rank_synchronous_run_matches_single_process_reference(training_stack, tiny_job) -> None:
     """Golden equivalence: with 1 NN rank, k = 0 and a fixed order and seed, the distributed
     system's loss curve and test AUC are those of plain single-process PyTorch. Exact only with
-    fp32 on the wire (the default, fp16, rounds: the next test)."""
-    job = tiny_job.model_copy(update={"topology": tiny_job.topology.model_copy(update={"nn_ranks": 1})})
+    fp32 on the wire (the default, fp16, rounds: the next test). Its GAUC too, grouped by slot c2."""
+    job = tiny_job.model_copy(
+        update={
+            "topology": tiny_job.topology.model_copy(update={"nn_ranks": 1}),
+            "evaluation": EvaluationConfig(group_by="c2"),
+        }
+    )
     job = with_training(job, staleness_bound=0, wire_dtype="fp32")
     reference = train_reference(job)
     view, report = run_to_end(training_stack, job)
@@ -88,6 +94,7 @@ def test_one_rank_synchronous_run_matches_single_process_reference(training_stac
     np.testing.assert_allclose(distributed, reference.losses, rtol=1e-4, atol=1e-5)
     assert report["auc"] == pytest.approx(reference.test_auc, abs=1e-4)
     assert report["logloss"] == pytest.approx(reference.test_logloss, abs=1e-4)
+    assert reference.test_gauc is not None and report["gauc"] == pytest.approx(reference.test_gauc, abs=1e-4)
     # And it is not trivially so: training moved the loss.
     assert np.mean(distributed[-10:]) < np.mean(distributed[:10])
 

@@ -38,6 +38,17 @@ def test_keyed_ids_slot(ids: KeyedIds) -> None:
         ids.slot("c")
 
 
+def test_keyed_ids_first(ids: KeyedIds) -> None:
+    first, has = ids.first("a")  # [1], [], [2, 3]
+    np.testing.assert_array_equal(first, u64(1, 0, 2))
+    np.testing.assert_array_equal(has, [True, False, True])
+    first, has = ids.first("b")
+    np.testing.assert_array_equal(first, u64(7, 7, 8))
+    assert has.all()
+    with pytest.raises(KeyError, match="no slot 'c'"):
+        ids.first("c")
+
+
 def test_keyed_ids_unique(ids: KeyedIds) -> None:
     unique, inverse = ids.unique()
     np.testing.assert_array_equal(unique, u64(1, 2, 3, 7, 8))

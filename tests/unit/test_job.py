@@ -74,6 +74,16 @@ def test_unknown_column_names_the_slot_and_lists_columns(raw: dict[str, Any]) ->
     assert "known columns: " + ", ".join(ADULT_COLUMNS) in message
 
 
+def test_evaluation_groups_by_a_slot_and_names_a_wrong_one(raw: dict[str, Any]) -> None:
+    assert JobConfig.model_validate(raw).evaluation.group_by is None  # no GAUC unless asked
+    raw["evaluation"] = {"group_by": "occupation"}
+    assert JobConfig.model_validate(raw).evaluation.group_by == "occupation"
+    raw["evaluation"] = {"group_by": "user"}
+    assert "evaluation.group_by: 'user' is no slot; slots: workclass, education," in errors(raw)
+    raw["evaluation"] = {"group": "occupation"}
+    assert "evaluation.group" in errors(raw) and "Extra inputs are not permitted" in errors(raw)
+
+
 def test_unknown_dense_and_label_columns(raw: dict[str, Any]) -> None:
     bad = copy.deepcopy(raw)
     bad["dense"][1]["column"] = "years"

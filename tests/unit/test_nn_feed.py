@@ -96,9 +96,9 @@ async def test_scoring_stops_its_feed_however_it_ends(fail: bool) -> None:
 
     if fail:
         with pytest.raises(RuntimeError, match="feed died"):
-            await score(feed, scores)  # type: ignore[arg-type]
+            await score(feed, scores, None)  # type: ignore[arg-type]
     else:
-        scored = await score(feed, scores)  # type: ignore[arg-type]
+        scored = await score(feed, scores, None)  # type: ignore[arg-type]
         assert len(scored.labels) == len(scored.probs) == len(scored.batch_ids) == 0
     assert feed.stopped
 

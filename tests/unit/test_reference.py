@@ -28,6 +28,20 @@ def test_reference_learns_and_is_deterministic(tiny: JobConfig) -> None:
     assert np.mean(first.losses[-10:]) < np.mean(first.losses[:10])
 
 
+def test_gauc_only_with_group_by_and_grouping_changes_nothing_else(tiny: JobConfig) -> None:
+    plain = train_reference(tiny)
+    assert plain.test_gauc is None
+    document = tiny.model_dump(mode="json")
+    document["evaluation"] = {"group_by": "c2"}
+    grouped = train_reference(JobConfig.model_validate(document))
+    assert (grouped.losses, grouped.test_auc, grouped.test_logloss) == (
+        plain.losses,
+        plain.test_auc,
+        plain.test_logloss,
+    )
+    assert grouped.test_gauc is not None and 0.6 < grouped.test_gauc < 0.9 and grouped.test_gauc != plain.test_auc
+
+
 def test_a_different_seed_gives_a_different_run(tiny: JobConfig) -> None:
     document = tiny.model_dump(mode="json")
     document["training"]["seed"] = 2

@@ -79,6 +79,8 @@ def summarize(view: dict, elapsed_s: float) -> dict:
         "staleness_bound": job["config"]["training"]["staleness_bound"],
         "auc": metrics.get("auc"),
         "logloss": metrics.get("logloss"),
+        "gauc": metrics.get("gauc"),  # with evaluation.group_by
+        "gauc_samples": metrics.get("gauc_samples"),
         "eval_samples": metrics.get("samples"),
         "samples_trained": samples,
         "samples_per_sec": samples / train_s if train_s else 0.0,
@@ -108,6 +110,7 @@ def _print_summary(report: dict) -> None:
         "mode",
         "staleness_bound",
         "auc",
+        "gauc",
         "logloss",
         "samples_trained",
         "samples_per_sec",
@@ -116,6 +119,8 @@ def _print_summary(report: dict) -> None:
         "elapsed_s",
     ):
         value = report[key]
+        if key == "gauc" and value is None:  # a job without evaluation.group_by
+            continue
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
 

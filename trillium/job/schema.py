@@ -109,6 +109,16 @@ class LabelConfig(Strict):
         return self
 
 
+class EvaluationConfig(Strict):
+    """How the job's test split is scored, beyond AUC and log loss."""
+
+    group_by: str | None = None
+    """The slot whose ID groups the test samples for GAUC, e.g. the user's: the AUC of each group
+    holding both classes, averaged weighted by the group's samples (a feed ranks items within a
+    user's list, never users against each other). A sample with no ID in the slot is in no
+    group; a multi-valued slot groups by its first ID. null: no GAUC."""
+
+
 # --- model, training, topology ---------------------------------------------------------------
 
 
@@ -314,6 +324,8 @@ class JobConfig(Strict):
     """The numeric inputs, in the model's input order."""
     label: LabelConfig
     """The label and which of its values are positive."""
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    """How the test split is scored: AUC and log loss always, GAUC with `group_by`."""
     model: ModelSpec
     """The dense network: a torch.nn.Module called as model(dense, embeddings)."""
     training: TrainingConfig
@@ -362,6 +374,11 @@ class JobConfig(Strict):
             seen.add(slot.name)
             if slot.table not in self.tables:
                 raise ValueError(f"{where}: table {slot.table!r} is not defined; tables: {', '.join(self.tables)}")
+        group_by = self.evaluation.group_by
+        if group_by is not None and group_by not in seen:
+            raise ValueError(
+                f"evaluation.group_by: {group_by!r} is no slot; slots: {', '.join(x.name for x in self.slots)}"
+            )
         unused = set(self.tables) - {s.table for s in self.slots}
         if unused:
             raise ValueError(f"tables {sorted(unused)} are used by no slot")

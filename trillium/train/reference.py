@@ -35,7 +35,7 @@ from trillium.job import (
     SgdConfig,
     TableConfig,
 )
-from trillium.metrics import auc, logloss
+from trillium.metrics import auc, gauc, logloss
 from trillium.models import build_dense_optimizer, build_model
 from trillium.wire.batch import Batch
 
@@ -47,6 +47,7 @@ class TrainResult:
     losses: list[float]  # training loss of every step, in order
     test_auc: float | None  # None when the job has no test split
     test_logloss: float | None
+    test_gauc: float | None  # None without evaluation.group_by or a test split
     examples: int  # training examples processed
     seconds: float  # wall time of the training steps (not of reading the data)
 
@@ -208,17 +209,24 @@ def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _E
             examples += batch.batch_size
     seconds = time.perf_counter() - start
     if not builder.has_test:
-        return TrainResult(losses, None, None, examples, seconds)
+        return TrainResult(losses, None, None, None, examples, seconds)
     model.eval()
-    labels, probs = [], []
+    group_by = job.evaluation.group_by
+    labels, probs, groups = [], [], []
     with torch.no_grad():
         for batch in builder.batches("test"):
             logits = model(torch.from_numpy(batch.dense), embeddings(batch))
             probs.append(torch.sigmoid(logits).numpy())
             labels.append(batch.labels)
+            if group_by is not None:
+                groups.append(batch.ids.first(group_by))
     model.train()
     y, p = np.concatenate(labels), np.concatenate(probs)
-    return TrainResult(losses, auc(y, p), logloss(y, p), examples, seconds)
+    grouped_auc = None
+    if group_by is not None:
+        has = np.concatenate([h for _, h in groups])
+        grouped_auc = gauc(y[has], p[has], np.concatenate([g for g, _ in groups])[has])
+    return TrainResult(losses, auc(y, p), logloss(y, p), grouped_auc, examples, seconds)
 
 
 class _ReferenceEmbeddings:

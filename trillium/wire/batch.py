@@ -104,6 +104,16 @@ class KeyedIds:
         start = int(self.lengths[: k * b].sum(dtype=np.int64))
         return self.values[start : start + int(lengths.sum(dtype=np.int64))], lengths
 
+    def first(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(uint64[batch_size], bool[batch_size]): each sample's first ID in slot `key`, and
+        whether it has one (a sample with none reads 0 there)."""
+        values, lengths = self.slot(key)
+        has = lengths > 0
+        starts = np.cumsum(lengths, dtype=np.int64) - lengths
+        out = np.zeros(len(lengths), np.uint64)
+        out[has] = values[starts[has]]
+        return out, has
+
     def unique(self) -> tuple[np.ndarray, np.ndarray]:
         """(unique IDs sorted, inverse) with `unique_ids[inverse] == values`."""
         ids, inverse = np.unique(self.values, return_inverse=True)
