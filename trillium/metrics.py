@@ -1,12 +1,12 @@
-"""Evaluation metrics shared by every component that evaluates a model."""
+"""Evaluation metrics shared by every component that evaluates a model. Numpy only but `auc`
+(scikit-learn, imported there): the coordinator merges the ranks' grouped AUCs without it."""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike
-from sklearn.metrics import roc_auc_score
 
-__all__ = ["auc", "gauc", "logloss"]
+__all__ = ["auc", "gauc", "gauc_parts", "logloss"]
 
 
 def auc(labels: ArrayLike, scores: ArrayLike) -> float:
@@ -15,6 +15,8 @@ def auc(labels: ArrayLike, scores: ArrayLike) -> float:
     NaN when `labels` hold a single class: AUC is undefined there, and an evaluation of a tiny
     split should report that rather than fail the job.
     """
+    from sklearn.metrics import roc_auc_score
+
     labels = np.asarray(labels).reshape(-1)
     if len(np.unique(labels)) < 2:
         return float("nan")
@@ -30,6 +32,13 @@ def gauc(labels: ArrayLike, scores: ArrayLike, groups: ArrayLike) -> float:
     averaged, gives each group's AUC as Mann-Whitney's U / (positives x negatives), where
     U = (sum of the positives' ranks) - positives (positives + 1) / 2.
     """
+    weighted, weight = gauc_parts(labels, scores, groups)
+    return weighted / weight if weight else float("nan")
+
+
+def gauc_parts(labels: ArrayLike, scores: ArrayLike, groups: ArrayLike) -> tuple[float, int]:
+    """`gauc` as (the sum over the groups holding both classes of samples x AUC, their samples):
+    what adds up across shares of the samples scored apart (`gauc` is the ratio)."""
     y = np.asarray(labels).reshape(-1) > 0
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     g = np.asarray(groups).reshape(-1)
@@ -38,7 +47,7 @@ def gauc(labels: ArrayLike, scores: ArrayLike, groups: ArrayLike) -> float:
     if np.isnan(s).any():
         raise ValueError("gauc: scores hold NaN")
     if not len(y):
-        return float("nan")
+        return 0.0, 0
     by_score = np.argsort(s, kind="stable")
     order = by_score[np.argsort(g[by_score], kind="stable")]  # by group, then score: np.lexsort's order, faster
     y, s, g = y[order], s[order], g[order]
@@ -53,10 +62,8 @@ def gauc(labels: ArrayLike, scores: ArrayLike, groups: ArrayLike) -> float:
     pos = np.bincount(group, weights=y)
     neg = n - pos
     both = (pos > 0) & (neg > 0)
-    if not both.any():
-        return float("nan")
     u = np.bincount(group, weights=rank * y)[both] - pos[both] * (pos[both] + 1) / 2
-    return float(np.sum(n[both] * u / (pos[both] * neg[both])) / np.sum(n[both]))
+    return float(np.sum(n[both] * u / (pos[both] * neg[both]))), int(np.sum(n[both]))
 
 
 def logloss(labels: ArrayLike, probs: ArrayLike, eps: float = 1e-7) -> float:

@@ -46,6 +46,9 @@ TABLE_DISK_BYTES = Gauge(
 PROGRESSIVE_AUC = Gauge(
     "trillium_job_progressive_auc", "AUC of the latest samples, each scored before it was trained on", ["job"]
 )
+PROGRESSIVE_GAUC = Gauge(
+    "trillium_job_progressive_gauc", "grouped AUC of the latest samples (evaluation.group_by)", ["job"]
+)
 PROGRESSIVE_LOGLOSS = Gauge(
     "trillium_job_progressive_logloss", "log loss of the latest samples, scored before training", ["job"]
 )
@@ -71,6 +74,7 @@ GAUGES = (
     TABLE_BYTES,
     TABLE_DISK_BYTES,
     PROGRESSIVE_AUC,
+    PROGRESSIVE_GAUC,
     PROGRESSIVE_LOGLOSS,
     INPUT_LAG,
     INPUT_LAG_SECONDS,
@@ -128,6 +132,9 @@ class ProgressiveView(BaseModel):
     samples: int = Field(description="the latest samples the rolling metrics are over")
     scored: int = Field(description="samples scored so far, all ranks")
     auc: float | None
+    gauc: float | None = Field(
+        None, description="grouped AUC (evaluation.group_by), each rank's share ranked on its own; null without"
+    )
     logloss: float | None
     windows: list[WindowView] = Field(description="per window of event time (training.progressive_window_seconds)")
     delay_seconds: dict[str, float] | None = Field(
@@ -162,6 +169,7 @@ async def progressive_view(redis: aioredis.Redis, job: JobRecord) -> Progressive
         samples=merged["samples"],
         scored=merged["scored"],
         auc=merged["auc"],
+        gauc=merged["gauc"],
         logloss=merged["logloss"],
         windows=[WindowView(**w) for w in merged["windows"]],
         delay_seconds={"p50": float(np.percentile(delays, 50)), "p99": float(np.percentile(delays, 99))}
@@ -343,6 +351,8 @@ class Observer:
         scores = await progressive_view(self.redis, job)
         if scores.auc is not None:
             PROGRESSIVE_AUC.labels(job.id).set(scores.auc)
+        if scores.gauc is not None:
+            PROGRESSIVE_GAUC.labels(job.id).set(scores.gauc)
         if scores.logloss is not None:
             PROGRESSIVE_LOGLOSS.labels(job.id).set(scores.logloss)
         for quantile, seconds in (scores.delay_seconds or {}).items():

@@ -268,7 +268,9 @@ class NNWorker(Service):
             run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state, streams=streams)
             world = config.topology.nn_ranks
             run.scores = progressive_validation.Scores(
-                max(config.training.progressive_samples // world, 1), config.training.progressive_window_seconds
+                max(config.training.progressive_samples // world, 1),
+                config.training.progressive_window_seconds,
+                grouped=config.evaluation.group_by is not None,
             )
             self.trained = rank_state.trained
             await self._report_progress(run)
@@ -410,7 +412,9 @@ class NNWorker(Service):
                 STALENESS.labels(str(rank)).set(response.staleness)
                 result = await self._torch(run, run.trainer.step, batch, embeddings_of(response), *self._heard())
                 loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
-                run.scores.add(batch.labels, probs, batch.event_times)
+                group_by = run.job.config.evaluation.group_by
+                groups = None if group_by is None else batch.ids.first(group_by)
+                run.scores.add(batch.labels, probs, batch.event_times, groups)
                 if batch.event_times is not None and len(batch.event_times):  # how long after its event
                     # Never negative: another host's clock may run a little ahead of this one's.
                     run.delays.extend(np.maximum(time.time() - batch.event_times[batch.labels > 0.5], 0.0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
 from trillium.train.progressive_validation import BINS, WINDOWS_KEPT, Scores, merge
@@ -70,3 +71,50 @@ def test_a_summary_of_every_window_kept_stays_small() -> None:
     assert len(summary["windows"]["starts"]) == WINDOWS_KEPT
     assert len(json.dumps(summary)) < 2 * WINDOWS_KEPT * BINS  # under a byte per bin each side
     assert merge([summary])["windows"][-1]["samples"] == 2 * 4096
+
+
+def _logit_bins(probs: np.ndarray) -> np.ndarray:
+    """The logit bin of each probability, written out: 2048 bins over [-12, 12]."""
+    p = np.clip(probs, 1e-7, 1 - 1e-7)
+    return np.clip(np.floor((np.log(p / (1 - p)) + 12.0) / 24.0 * BINS), 0, BINS - 1)
+
+
+def test_the_grouped_auc_merges_each_ranks_latest_samples_by_group() -> None:
+    """Each rank ranks a group's samples it holds (its last 1,000); the merged GAUC weights every
+    (rank, group) holding both classes by its samples. Samples with no group count in no group."""
+    rng = np.random.default_rng(4)
+    ranks = [Scores(samples=1000, window_seconds=WINDOW, grouped=True) for _ in range(2)]
+    held: list[list[tuple[np.ndarray, ...]]] = [[], []]
+    for step, (labels, probs, times) in enumerate(_batches(rng, steps=12, size=300, seconds_per_step=1.0)):
+        groups = rng.integers(0, 15, len(labels)).astype(np.uint64) << np.uint64(40)  # IDs with high bits
+        has = rng.random(len(labels)) < 0.95
+        ranks[step % 2].add(labels, probs, times, (groups, has))
+        held[step % 2].append((labels, probs, groups, has))
+    weighted = weight = 0.0
+    for batches in held:
+        labels, probs, groups, has = (np.concatenate(c)[-1000:] for c in zip(*batches, strict=True))
+        for g in np.unique(groups[has]):
+            mine = has & (groups == g)
+            if len(np.unique(labels[mine])) == 2:
+                weighted += mine.sum() * roc_auc_score(labels[mine], _logit_bins(probs[mine]))
+                weight += mine.sum()
+    merged = merge([json.loads(json.dumps(r.summary())) for r in ranks])
+    assert merged["gauc"] == pytest.approx(weighted / weight, abs=1e-12)
+    assert merged["gauc"] != pytest.approx(merged["auc"], abs=1e-3)
+
+
+def test_no_grouped_auc_unless_the_scores_are_grouped() -> None:
+    rng = np.random.default_rng(5)
+    labels, probs, times = next(_batches(rng, steps=1, size=100, seconds_per_step=1.0))
+    plain, grouped = (
+        Scores(samples=100, window_seconds=WINDOW),
+        Scores(samples=100, window_seconds=WINDOW, grouped=True),
+    )
+    plain.add(labels, probs, times)
+    assert "gauc_parts" not in plain.summary() and merge([plain.summary()])["gauc"] is None
+    with pytest.raises(ValueError, match="groups must come with them"):
+        grouped.add(labels, probs, times)
+    with pytest.raises(ValueError, match="groups must come with them"):
+        plain.add(labels, probs, times, (np.zeros(100, np.uint64), np.ones(100, bool)))
+    grouped.add(labels, probs, times, (np.zeros(100, np.uint64), np.zeros(100, bool)))  # no sample has a group
+    assert merge([grouped.summary()])["gauc"] is None

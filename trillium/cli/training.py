@@ -97,7 +97,9 @@ def summarize(view: dict, elapsed_s: float) -> dict:
             for r in job.get("recoveries", [])
         ],
         "last_checkpoint_step": (view.get("last_checkpoint") or {}).get("step"),
-        "progressive": {k: view["progressive"][k] for k in ("auc", "logloss", "samples", "scored", "delay_seconds")},
+        "progressive": {
+            k: view["progressive"][k] for k in ("auc", "gauc", "logloss", "samples", "scored", "delay_seconds")
+        },
         "stream": view.get("stream"),
     }
 

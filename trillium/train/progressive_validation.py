@@ -7,6 +7,11 @@ Each NN rank keeps its latest samples' scores as histograms over the logit (`BIN
 loss, over the last `samples` samples and per window of event time, and publishes a summary;
 the coordinator merges the ranks' summaries into a rolling AUC and log loss (`merge`). Numpy only:
 the coordinator needs no scikit-learn for it.
+
+With `evaluation.group_by`, a rank also scores its latest samples by grouped AUC (the logit bins as
+scores) and publishes it as `gauc_parts`; the merged GAUC adds the ranks' parts up. A group (a
+user) whose samples two ranks score is two groups there, each ranked within its own share: exact
+with one NN rank, and with several the per-group AUCs of smaller shares.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import zlib
 from typing import Any
 
 import numpy as np
+
+from trillium.metrics import gauc_parts
 
 BINS = 2048
 LOGIT_RANGE = 12.0
@@ -53,11 +60,15 @@ def auc_of(pos: np.ndarray, neg: np.ndarray) -> float | None:
 class Scores:
     """One rank's latest scores: the last `samples` (a ring) and per event-time window."""
 
-    def __init__(self, samples: int, window_seconds: float) -> None:
+    def __init__(self, samples: int, window_seconds: float, *, grouped: bool = False) -> None:
         self.size = samples
         self.window = window_seconds
         self.bins = np.zeros(samples, np.int32)
         self.labels = np.zeros(samples, bool)
+        # With `grouped`: each sample's group (a slot's first ID) and whether it has one.
+        self.grouped = grouped
+        self.groups = np.zeros(samples if grouped else 0, np.uint64)
+        self.has_group = np.zeros(samples if grouped else 0, bool)
         self.loss = np.zeros(samples, np.float64)
         self.filled = 0
         self.next = 0
@@ -65,10 +76,22 @@ class Scores:
         self.total = 0  # samples scored so far
         self.windows: collections.OrderedDict[float, list[Any]] = collections.OrderedDict()
 
-    def add(self, labels: np.ndarray, probs: np.ndarray, times: np.ndarray | None) -> None:
+    def add(
+        self,
+        labels: np.ndarray,
+        probs: np.ndarray,
+        times: np.ndarray | None,
+        groups: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Score a batch: its labels, predicted probabilities, event times (streams) and, when
+        the scores are `grouped`, (each sample's group, whether it has one)."""
         n = len(labels)
         if not n:
             return
+        if self.grouped != (groups is not None):
+            raise ValueError(
+                f"scores {'are' if self.grouped else 'are not'} grouped: groups must come with them or not"
+            )
         (bins, loss), y = bins_and_losses(labels, probs), np.asarray(labels) > 0.5
         if n > self.size:
             bins, y, loss = bins[-self.size :], y[-self.size :], loss[-self.size :]
@@ -78,6 +101,8 @@ class Scores:
         if len(old):
             self.hist -= _counts(self.bins[old], self.labels[old])
         self.bins[idx], self.labels[idx], self.loss[idx] = bins, y, loss
+        if groups is not None:
+            self.groups[idx], self.has_group[idx] = groups[0][-k:], groups[1][-k:]
         self.hist += _counts(bins, y)
         self.next = (self.next + k) % self.size
         self.filled = min(self.filled + k, self.size)
@@ -99,7 +124,7 @@ class Scores:
         build (and its heap keep) a Python object per bin on every read of the job view."""
         starts = list(self.windows)
         hists = np.stack([w[0] for w in self.windows.values()]) if starts else np.zeros((0, 2, BINS))
-        return {
+        summary: dict[str, Any] = {
             "total": self.total,
             "samples": self.filled,
             "loss_sum": float(self.loss[: self.filled].sum()),
@@ -111,6 +136,11 @@ class Scores:
                 "hist": _pack(hists),
             },
         }
+        if self.grouped:
+            has = self.has_group[: self.filled]
+            ring = slice(0, self.filled)
+            summary["gauc_parts"] = gauc_parts(self.labels[ring][has], self.bins[ring][has], self.groups[ring][has])
+        return summary
 
 
 def _pack(counts: np.ndarray) -> str:
@@ -127,7 +157,7 @@ def _unpack(text: str) -> np.ndarray:
 def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Every rank's summary as one: the rolling AUC and log loss, and per window of event time."""
     if not summaries:
-        return {"samples": 0, "scored": 0, "auc": None, "logloss": None, "windows": []}
+        return {"samples": 0, "scored": 0, "auc": None, "gauc": None, "logloss": None, "windows": []}
     pos, neg = sum((_unpack(s["hist"])[0] for s in summaries), np.zeros((2, BINS), np.int64))
     samples = sum(s["samples"] for s in summaries)
     windows: dict[float, list[Any]] = {}
@@ -138,10 +168,13 @@ def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             merged[0] += hist
             merged[1] += loss
             merged[2] += n
+    weighted = sum(s["gauc_parts"][0] for s in summaries if "gauc_parts" in s)
+    weight = sum(s["gauc_parts"][1] for s in summaries if "gauc_parts" in s)
     return {
         "samples": samples,
         "scored": sum(s["total"] for s in summaries),
         "auc": auc_of(pos, neg),
+        "gauc": weighted / weight if weight else None,
         "logloss": sum(s["loss_sum"] for s in summaries) / samples if samples else None,
         "windows": [
             {"start": start, "samples": w[2], "auc": auc_of(*w[0]), "logloss": w[1] / w[2] if w[2] else None}
