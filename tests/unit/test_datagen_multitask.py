@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gauc_reference import grouped_auc
 from sklearn.metrics import roc_auc_score
 
 from trillium.data.sources.datagen_multitask import COLUMNS, MultitaskModel, generate_multitask
@@ -20,16 +21,6 @@ ROWS, USERS, ITEMS = 20_000, 500, 3_000
 def drawn(seed: int = 4, rows: int = ROWS) -> dict[str, np.ndarray]:
     blocks = MultitaskModel.create(seed, users=USERS, items=ITEMS).sample(rows)
     return {name: np.concatenate([getattr(b, name) for b in blocks]) for name in vars(blocks[0])}
-
-
-def grouped_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
-    total = weight = 0.0
-    for g in np.unique(groups):
-        mine = groups == g
-        if len(np.unique(labels[mine])) == 2:
-            total += mine.sum() * roc_auc_score(labels[mine], scores[mine])
-            weight += mine.sum()
-    return total / weight
 
 
 def test_the_report_is_the_planted_models_own_score(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ class CrossNetwork(nn.ModuleList):
 
     A `ModuleList` of the layers, so a model holding one as `cross` keeps the parameter names
     `cross.<l>...`: with `low_rank`, `[l][0]` is V_l^T (D -> r, no bias) and `[l][1]` is U_l with
-    b_l; otherwise `[l]` is W_l with b_l. The models using it validate `layers` and `low_rank`,
-    so that their errors name them.
+    b_l; otherwise `[l]` is W_l with b_l. The models using it validate `layers` and `low_rank`
+    (`check_cross`), so that their errors name the model and its arguments.
     """
 
     def __init__(self, width: int, layers: int, low_rank: int | None = None) -> None:
@@ -34,6 +34,14 @@ class CrossNetwork(nn.ModuleList):
         for layer in self:
             x = x0 * layer(x) + x
         return x
+
+
+def check_cross(model: str, cross_layers: int, low_rank: int | None) -> None:
+    """A ValueError naming `model` and the argument unless a `CrossNetwork` can be built of them."""
+    if cross_layers < 0:
+        raise ValueError(f"{model} cross_layers must be >= 0, got {cross_layers}")
+    if low_rank is not None and low_rank < 1:
+        raise ValueError(f"{model} low_rank must be a positive int or null, got {low_rank}")
 
 
 class DCNv2(nn.Module):
@@ -62,10 +70,7 @@ class DCNv2(nn.Module):
         super().__init__()
         if structure not in ("stacked", "parallel"):
             raise ValueError(f"DCNv2 structure must be 'stacked' or 'parallel', got {structure!r}")
-        if cross_layers < 0:
-            raise ValueError(f"DCNv2 cross_layers must be >= 0, got {cross_layers}")
-        if low_rank is not None and low_rank < 1:
-            raise ValueError(f"DCNv2 low_rank must be a positive int or null, got {low_rank}")
+        check_cross("DCNv2", cross_layers, low_rank)
         width = num_dense + sum(embedding_dims)
         if not width:
             raise ValueError("DCNv2 needs dense columns or embeddings")

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .contract import joined_slots, mlp, mlp_width
-from .dcn import CrossNetwork
+from .dcn import CrossNetwork, check_cross
 
 
 class MMoE(nn.Module):
@@ -58,10 +58,7 @@ class MMoE(nn.Module):
                 f"MMoE cross_layers={cross_layers} and low_rank={low_rank} need features: dcnv2, got {features!r}"
             )
         cross_layers = 2 if cross_layers is None else cross_layers
-        if cross_layers < 0:
-            raise ValueError(f"MMoE cross_layers must be >= 0, got {cross_layers}")
-        if low_rank is not None and low_rank < 1:
-            raise ValueError(f"MMoE low_rank must be a positive int or null, got {low_rank}")
+        check_cross("MMoE", cross_layers, low_rank)
         width = num_dense + sum(embedding_dims)
         if not width:
             raise ValueError("MMoE needs dense columns or embeddings")
