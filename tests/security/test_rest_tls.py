@@ -100,8 +100,19 @@ class Capture:
                 continue
 
     def stop(self) -> bytes:
+        """Every frame sent while it ran: a frame on loopback is queued to this socket within the
+        sender's call, so the ones the reader had not taken when told to stop are read here (it
+        stops after the frame it is reading: on a busy machine the request's frame was still
+        queued, and the control below failed)."""
         self._stop.set()
         self._thread.join(5)
+        assert not self._thread.is_alive(), "the capture's reader did not stop"
+        self.sock.setblocking(False)
+        while True:
+            try:
+                self.frames.append(self.sock.recv(1 << 16))
+            except BlockingIOError:
+                break
         self.sock.close()
         return b"".join(self.frames)
 
