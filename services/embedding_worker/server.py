@@ -8,7 +8,8 @@ PushGradients: sum the gradient per unique ID and, once every rank this worker s
 the step, produce one message per PS shard to the gradients topic (partition = shard) holding
 all of their gradients. A rank's pushes arrive in step order and are handled one at a time, so
 the steps complete in order and go out through one idempotent producer: each shard applies
-them in that order.
+them in that order. A push is answered once its step's messages are durable, and the next is
+handled meanwhile (rpc.Later).
 Both are streams, one per NN rank and job (trillium.wire.rpc.OrderedStream), as are the
 lookups on each PS shard.
 """
@@ -16,6 +17,7 @@ lookups on each PS shard.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -159,7 +161,7 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         )
 
     @rpc.streamed(window=1)
-    async def PushGradients(self, request: pb.PushGradientsRequest, context) -> pb.PushGradientsResponse:
+    async def PushGradients(self, request: pb.PushGradientsRequest, context) -> rpc.Later[pb.PushGradientsResponse]:
         ctx = await self._context(context, request.ref.attempt)
         ref = EmbeddingRef(
             worker=request.ref.worker,
@@ -176,16 +178,26 @@ class _Servicer(pb_grpc.EmbeddingWorkerServicer):
         plan = ctx.pending.pop((ref.rank, ref.batch_id), None)
         if plan is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no embeddings handed out for {ref}")
-        with PUSH_SECONDS.time():
-            try:
-                pooled = codec.unpack_array(request.pooled.data)
-                if pooled.dtype == np.float16:
-                    pooled = codec.from_fp16(pooled, request.pooled_scale or 1.0)
-                grads = pooling.scatter_wire(plan, pooled, [codec.unpack_array(s.grad.data) for s in request.slots])
-            except (ValueError, TypeError, codec.CodecError) as err:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
-            sent = await self.worker.push_gradients(ctx, ref, plan, grads, publish=request.publish)
-        return pb.PushGradientsResponse(messages=sent)
+        start = time.perf_counter()
+        try:
+            pooled = codec.unpack_array(request.pooled.data)
+            if pooled.dtype == np.float16:
+                pooled = codec.from_fp16(pooled, request.pooled_scale or 1.0)
+            grads = pooling.scatter_wire(plan, pooled, [codec.unpack_array(s.grad.data) for s in request.slots])
+        except (ValueError, TypeError, codec.CodecError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad gradients for {ref}: {err}")
+        sent = await self.worker.push_gradients(ctx, ref, plan, grads, publish=request.publish)
+        # Answered once durable; the rank's next push is handled meanwhile, so the round trips
+        # to Kafka of a rank's pushes overlap instead of adding up (one a step: across 20 ms
+        # links, a step's push took longer than the step).
+        return rpc.Later(asyncio.ensure_future(_answer_when_sent(sent, start)))
+
+
+async def _answer_when_sent(sent: asyncio.Future[int], start: float) -> pb.PushGradientsResponse:
+    # Shielded: a rank's stream that ends leaves the others' wait for the step as it is.
+    messages = await asyncio.shield(sent)
+    PUSH_SECONDS.observe(time.perf_counter() - start)
+    return pb.PushGradientsResponse(messages=messages)
 
 
 class EmbeddingWorker(Service):
@@ -317,9 +329,10 @@ class EmbeddingWorker(Service):
         plan: pooling.BatchPlan,
         grads: dict[str, np.ndarray],
         publish: bool = False,
-    ) -> int:
+    ) -> asyncio.Future[int]:
         """Hold a rank's gradients of a step until every rank we serve has pushed that step, then
-        send them all (`produce_gradients`); answers the messages sent, once they are durable."""
+        queue them all to Kafka (`produce_gradients`). Returns once they are queued, in step
+        order; the future it returns gives the messages sent once they are durable."""
         step_id = ref.batch_id // ctx.job.config.topology.nn_ranks
         step = ctx.steps.setdefault(step_id, _StepGradients())
         step.ranks[ref.rank] = (plan, grads)
@@ -327,19 +340,23 @@ class EmbeddingWorker(Service):
         if len(step.ranks) == len(ctx.ranks):
             del ctx.steps[step_id]
             try:
-                step.sent.set_result(await self.produce_gradients(ctx, step_id, ref.epoch, step))
+                deliveries = await self.produce_gradients(ctx, step_id, ref.epoch, step)
             except asyncio.CancelledError:
                 step.sent.cancel()
                 raise
-            except Exception as err:  # noqa: BLE001 (every rank's push of the step fails with it, below)
+            except Exception as err:  # noqa: BLE001 (every rank's push of the step fails with it)
                 step.sent.set_exception(err)
-        # Shielded: a rank's stream that ends leaves the others' wait for the step as it is.
-        return await asyncio.shield(step.sent)
+            else:
+                asyncio.gather(*deliveries).add_done_callback(functools.partial(_settle, step.sent))
+        return step.sent
 
-    async def produce_gradients(self, ctx: _JobContext, step_id: int, epoch: int, step: _StepGradients) -> int:
+    async def produce_gradients(
+        self, ctx: _JobContext, step_id: int, epoch: int, step: _StepGradients
+    ) -> list[asyncio.Future[Any]]:
         """One message per shard with every rank's gradients of the step, in rank order — empty
         ones too: they advance that shard's watermark (and, at a publish cut, carry the cut to
-        it in step order)."""
+        it in step order). Returns once they are queued in the producer (so the steps go out in
+        the order they were queued), with their deliveries: acks=all, each done once durable."""
         topic = ctx.job.topics.gradients
         ranks = sorted(step.ranks)
         held = [step.ranks[rank] for rank in ranks]
@@ -363,8 +380,19 @@ class EmbeddingWorker(Service):
                     headers=kafka.headers(ctx.job.attempt, publish=step.publish),
                 )
             )
-        await asyncio.gather(*deliveries)  # acks=all: the updates are durable before we answer
-        return len(deliveries)
+        return deliveries
+
+
+def _settle(sent: asyncio.Future[int], deliveries: asyncio.Future[list[Any]]) -> None:
+    """The step's pushes answered with the messages sent once all are durable, or with why not."""
+    if sent.done():
+        return
+    if deliveries.cancelled():
+        sent.cancel()
+    elif (error := deliveries.exception()) is not None:
+        sent.set_exception(error)
+    else:
+        sent.set_result(len(deliveries.result()))
 
 
 def main() -> None:

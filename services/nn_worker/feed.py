@@ -34,6 +34,9 @@ PREFETCH = 8  # lookups requested ahead of the step being trained: at least, and
 # job's (26 slots of dim 512, its evaluation's 1,260-sample batches in fp32: 67 MB each) took
 # 1.6 GB there and ended a 1e10-parameter run on the OOM killer. A dim-16 job keeps all 8.
 PREFETCH_BYTES = 64 << 20
+# Gradient pushes a rank keeps unanswered: more than any staleness bound lets a step run ahead
+# of its gradients, so the bound, not the pushes, decides how far the lookups run ahead.
+PUSH_WINDOW = autobound.MAX_BOUND + 1
 
 
 def prefetch(job: JobConfig, *, evaluation: bool) -> int:
@@ -188,12 +191,24 @@ def _seen(future: asyncio.Future[Any]) -> None:
 
 
 class GradientPusher(_Supervised):
-    def __init__(self, push: Callable[[pb.PushGradientsRequest], Awaitable[Any]]) -> None:
-        self.push = push
+    """Sends a rank's gradients, step after step, without the step waiting for them, and keeps up
+    to `window` of them unanswered: their round trips (to the embedding worker, and its own to
+    Kafka) overlap. One at a time, a push took both round trips a step, and across 20 ms links
+    that was longer than a step: the gradients fell further behind each step, and the lookups
+    that wait for them with them, whatever the staleness bound."""
+
+    def __init__(
+        self,
+        send: Callable[[pb.PushGradientsRequest], Awaitable[asyncio.Future[Any]]],
+        *,
+        window: int = PUSH_WINDOW,
+    ) -> None:
+        self.send = send  # writes a request after the ones before it; gives its answer to await
+        self.window = window
         self.queue: asyncio.Queue[pb.PushGradientsRequest] = asyncio.Queue()
 
     def run(self) -> GradientPusher:
-        self._task = asyncio.create_task(self._send(), name="gradient pusher")
+        self._task = asyncio.create_task(self._push(), name="gradient pusher")
         return self
 
     def put(self, request: pb.PushGradientsRequest) -> None:
@@ -203,8 +218,27 @@ class GradientPusher(_Supervised):
         """Until every gradient handed over so far is acknowledged (in Kafka)."""
         await self._unless_dead(self.queue.join())
 
-    async def _send(self) -> None:
+    async def _push(self) -> None:
+        unanswered: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()
+        room = asyncio.Semaphore(self.window)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._write(unanswered, room))
+                tasks.create_task(self._acknowledge(unanswered, room))
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # the first: the other is the stream's end it caused
+        finally:
+            while not unanswered.empty():  # answers no one awaits now: their errors are not news
+                unanswered.get_nowait().add_done_callback(_seen)
+
+    async def _write(self, unanswered: asyncio.Queue[asyncio.Future[Any]], room: asyncio.Semaphore) -> None:
         while True:
             request = await self.queue.get()
-            await self.push(request)
+            await room.acquire()
+            unanswered.put_nowait(await self.send(request))
+
+    async def _acknowledge(self, unanswered: asyncio.Queue[asyncio.Future[Any]], room: asyncio.Semaphore) -> None:
+        while True:
+            await (await unanswered.get())
+            room.release()
             self.queue.task_done()

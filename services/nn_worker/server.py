@@ -381,7 +381,7 @@ class NNWorker(Service):
         checkpoint, publish = job.config.checkpoint, job.config.publish
         wire16 = job.config.training.wire_dtype == "fp16"
         feed = self._feed(run, evaluation=False)
-        run.pusher = GradientPusher(self._stream(run, run.stub.PushGradients)).run()
+        run.pusher = GradientPusher(self._stream(run, run.stub.PushGradients).send).run()
         loop = asyncio.get_running_loop()
         clock = time.perf_counter
         next_report = loop.time()  # the first step is reported at once: the job view shows it going

@@ -8,6 +8,8 @@ UNKNOWN; and a good lookup and its push answer as before."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import numpy as np
 import pytest
@@ -47,9 +49,11 @@ class Worker:
     async def lookup_rows(self, ctx, plan, *, evaluation: bool = False, fp16: bool = False) -> dict[str, np.ndarray]:
         return {t: np.zeros((len(p.ids), self.dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
 
-    async def push_gradients(self, ctx, ref, plan, grads, publish: bool) -> int:
+    async def push_gradients(self, ctx, ref, plan, grads, publish: bool) -> asyncio.Future[int]:
         self.pushed.append(ref.batch_id)
-        return len(grads)
+        sent = asyncio.get_running_loop().create_future()
+        sent.set_result(len(grads))
+        return sent
 
 
 @pytest.fixture(scope="module")

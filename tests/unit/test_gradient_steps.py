@@ -20,22 +20,37 @@ def _context(ranks: list[int], nn_ranks: int) -> SimpleNamespace:
     return SimpleNamespace(ranks=ranks, steps={}, job=SimpleNamespace(config=SimpleNamespace(topology=topology)))
 
 
-def _worker(sent: list, fail: Exception | None = None) -> EmbeddingWorker:
+def _worker(sent: list, fail: Exception | None = None, deliveries: list | None = None) -> EmbeddingWorker:
+    """A worker whose sends are recorded; each step's two messages are durable at once, or, with
+    `deliveries`, when the test resolves the futures put there."""
     worker = EmbeddingWorker.__new__(EmbeddingWorker)
 
-    async def produce(ctx, step_id, epoch, step) -> int:
+    async def produce(ctx, step_id, epoch, step) -> list[asyncio.Future]:
         sent.append((step_id, sorted(step.ranks), step.publish))
         if fail is not None:
             raise fail
-        return 2
+        loop = asyncio.get_running_loop()
+        acks = [loop.create_future() for _ in range(2)]
+        if deliveries is None:
+            for ack in acks:
+                ack.set_result(None)
+        else:
+            deliveries.extend(acks)
+        return acks
 
     worker.produce_gradients = produce  # type: ignore[method-assign]
     return worker
 
 
 def _push(worker: EmbeddingWorker, ctx, rank: int, step: int, publish: bool = False):
+    """A rank's push as the servicer answers it: queued, then its messages once durable."""
     ref = EmbeddingRef("embedding_worker-0", rank, step * ctx.job.config.topology.nn_ranks + rank, 0)
-    return asyncio.create_task(worker.push_gradients(ctx, ref, f"plan {rank}", {}, publish=publish))  # type: ignore[arg-type]
+
+    async def push() -> int:
+        sent = await worker.push_gradients(ctx, ref, f"plan {rank}", {}, publish=publish)  # type: ignore[arg-type]
+        return await asyncio.shield(sent)
+
+    return asyncio.create_task(push())
 
 
 async def test_a_step_goes_out_once_every_rank_has_pushed_it() -> None:
@@ -73,6 +88,36 @@ async def test_a_push_whose_stream_ends_leaves_the_others_waiting_for_the_step()
     await asyncio.sleep(0.01)
     assert await _push(worker, ctx, 2, 0) == 2 and await waiting == 2
     assert sent == [(0, [0, 1, 2], False)]
+
+
+async def _turns() -> None:
+    """Enough turns of the loop for the acks' callbacks to reach the answers."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_push_returns_once_queued_and_its_answer_waits_for_the_acks() -> None:
+    # The next step is queued while the one before is unacknowledged: a rank's round trips to
+    # Kafka overlap, in step order.
+    sent: list = []
+    acks: list[asyncio.Future] = []
+    worker, ctx = _worker(sent, deliveries=acks), _context([0], 1)
+    answers = []
+    for step in range(3):
+        ref = EmbeddingRef("embedding_worker-0", 0, step, 0)
+        answers.append(await worker.push_gradients(ctx, ref, "plan", {}))  # type: ignore[arg-type]
+    assert [s for s, _, _ in sent] == [0, 1, 2]
+    assert not any(answer.done() for answer in answers)
+    acks[0].set_result(None)
+    await _turns()
+    assert not answers[0].done()  # one of step 0's two messages is durable
+    acks[1].set_result(None)
+    await _turns()
+    assert answers[0].result() == 2 and not answers[1].done()
+    acks[3].set_exception(RuntimeError("broker away"))
+    await _turns()
+    with pytest.raises(RuntimeError, match="broker away"):
+        answers[1].result()
 
 
 def test_a_shard_applies_each_message_once_in_rank_order() -> None:

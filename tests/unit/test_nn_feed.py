@@ -16,35 +16,75 @@ from trillium.stack import REPO_ROOT
 from trillium.wire.pb import embedding_pb2 as pb
 
 
+def _sender(answer):
+    """A pusher's `send` over a fake stream: each request written at once, answered by `answer`."""
+
+    async def send(request: pb.PushGradientsRequest) -> asyncio.Future:
+        return asyncio.ensure_future(answer(request))
+
+    return send
+
+
 async def test_a_dead_push_loop_fails_the_wait_for_pushes_at_once() -> None:
     pushed = []
 
-    async def push(request: pb.PushGradientsRequest) -> None:
+    async def answer(request: pb.PushGradientsRequest) -> None:
         if request.ref.batch_id == 2:
             raise ConnectionError("embedding worker gone")
         pushed.append(request.ref.batch_id)
 
-    pusher = GradientPusher(push).run()
+    pusher = GradientPusher(_sender(answer)).run()
     for batch_id in range(5):
         pusher.put(pb.PushGradientsRequest(ref=pb.EmbeddingRef(worker="w", batch_id=batch_id)))
     with pytest.raises(RuntimeError, match="gradient pusher stopped: ConnectionError"):
         await asyncio.wait_for(pusher.join(), timeout=5)  # before, this waited forever
-    assert pushed == [0, 1]
+    assert pushed[:2] == [0, 1]
     await pusher.stop()
 
 
 async def test_pushes_are_joined_in_order_when_all_goes_well() -> None:
-    pushed = []
+    written, answered = [], []
 
-    async def push(request: pb.PushGradientsRequest) -> None:
-        await asyncio.sleep(0)
-        pushed.append(request.ref.batch_id)
+    async def send(request: pb.PushGradientsRequest) -> asyncio.Future:
+        written.append(request.ref.batch_id)
 
-    pusher = GradientPusher(push).run()
+        async def answer() -> None:
+            await asyncio.sleep(0.001 * (20 - request.ref.batch_id))
+            answered.append(request.ref.batch_id)
+
+        return asyncio.ensure_future(answer())
+
+    pusher = GradientPusher(send).run()
     for batch_id in range(20):
         pusher.put(pb.PushGradientsRequest(ref=pb.EmbeddingRef(worker="w", batch_id=batch_id)))
     await asyncio.wait_for(pusher.join(), timeout=5)
-    assert pushed == list(range(20))
+    assert written == list(range(20))
+    assert sorted(answered) == list(range(20))
+    await pusher.stop()
+
+
+async def test_pushes_overlap_up_to_the_window_and_join_waits_for_every_answer() -> None:
+    # One at a time, a push cost its round trips a step; the rank's pushes now overlap.
+    answers: list[asyncio.Future] = []
+
+    async def send(request: pb.PushGradientsRequest) -> asyncio.Future:
+        answers.append(asyncio.get_running_loop().create_future())
+        return answers[-1]
+
+    pusher = GradientPusher(send, window=4).run()
+    for batch_id in range(10):
+        pusher.put(pb.PushGradientsRequest(ref=pb.EmbeddingRef(worker="w", batch_id=batch_id)))
+    joined = asyncio.ensure_future(pusher.join())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert len(answers) == 4  # the window: four written, unanswered
+    for answered in range(10):
+        assert not joined.done()
+        answers[answered].set_result(None)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(answers) == min(10, answered + 5)
+    await asyncio.wait_for(joined, timeout=5)
     await pusher.stop()
 
 

@@ -25,6 +25,9 @@ class _Echo:
     def __init__(self) -> None:
         self.running = 0
         self.most_at_once = 0
+        self.handled: list[bytes] = []
+        self.waiting = 0  # handled, answer not ready
+        self.most_waiting = 0
 
     async def _answer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if request == b"abort":
@@ -39,6 +42,22 @@ class _Echo:
 
     concurrent = rpc.streamed(window=4)(_answer)
     one_at_a_time = rpc.streamed(window=1)(_answer)
+
+    async def _handle_then_answer_later(self, request: bytes, context: grpc.aio.ServicerContext) -> rpc.Later[bytes]:
+        # Handled at once, one at a time (the window); answered after the delay, like a push
+        # queued to Kafka in order and answered once acknowledged.
+        self.handled.append(request)
+        self.waiting += 1
+        self.most_waiting = max(self.most_waiting, self.waiting)
+        return rpc.Later(asyncio.ensure_future(self._later(request)))
+
+    async def _later(self, request: bytes) -> bytes:
+        try:
+            return await self._answer(request, None)
+        finally:
+            self.waiting -= 1
+
+    answered_later = rpc.streamed(window=1)(_handle_then_answer_later)
 
 
 async def _serve(echo: _Echo, handler) -> tuple[grpc.aio.Server, str]:
@@ -85,6 +104,21 @@ async def test_a_window_of_one_handles_each_after_the_one_before() -> None:
     await server.stop(None)
     assert answers == [f"{i}:5!".encode() for i in range(6)]
     assert echo.most_at_once == 1
+
+
+async def test_answers_handed_later_overlap_and_still_come_in_order() -> None:
+    echo = _Echo()
+    server, address = await _serve(echo, _Echo.answered_later)
+    async with rpc.channel(address, CREDS) as channel:
+        stream = rpc.OrderedStream(channel.stream_stream(METHOD))
+        requests = [f"{i}:{(6 - i) * 40}".encode() for i in range(6)]  # the first answer comes last
+        sent = [await stream.send(r) for r in requests]  # all written before any is answered
+        answers = await asyncio.gather(*sent)
+        await stream.close()
+    await server.stop(None)
+    assert answers == [r + b"!" for r in requests]
+    assert echo.handled == requests
+    assert echo.most_waiting == 6  # every answer pending at once, with a window of one
 
 
 async def test_an_abort_ends_the_stream_for_the_calls_pending_and_those_after() -> None:

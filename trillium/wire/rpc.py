@@ -222,6 +222,12 @@ class OrderedStream(Generic[Request, Response]):
         self._error: BaseException | None = None
 
     async def __call__(self, request: Request) -> Response:
+        return await (await self.send(request))
+
+    async def send(self, request: Request) -> asyncio.Future[Response]:
+        """Write `request` after every one sent before it, and give its answer to await later:
+        for a caller that keeps several requests unanswered in order (`await stream(request)`
+        waits for each answer before its caller can send the next)."""
         answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         try:
             # Shielded: a write cut halfway would leave an answer unclaimed, and every later
@@ -230,7 +236,7 @@ class OrderedStream(Generic[Request, Response]):
         except asyncio.CancelledError:
             answer.cancel()  # its answer, when it comes, is dropped
             raise
-        return await answer
+        return answer
 
     async def _send(self, request: Request, answer: asyncio.Future[Response]) -> None:
         async with self._writing:
@@ -285,13 +291,25 @@ class OrderedStream(Generic[Request, Response]):
             self._fail(StreamEnded("the stream was closed"))
 
 
+@dataclass(frozen=True)
+class Later(Generic[Response]):
+    """What a `streamed` handler returns when it is done with its request but its answer is not
+    ready: the stream handles the requests after it meanwhile, and writes `answer`'s result
+    in its turn. For work that must start in request order and completes later (a message
+    queued to Kafka in order, answered once acknowledged): handled one at a time, its
+    acknowledgements still overlap."""
+
+    answer: Awaitable[Response]
+
+
 def streamed(*, window: int):
     """Turn a servicer's handler of one request into the handler of a stream of them (an
     OrderedStream's server side): about `window` requests handled at once (1: each after the one
-    before), answered in their order. A handler's error ends the stream with it (a
-    `context.abort`'s status included), and the handlers still running are cancelled."""
+    before), answered in their order. A handler that returns `Later` frees its place in the
+    window at once. A handler's error ends the stream with it (a `context.abort`'s status
+    included), and the handlers still running are cancelled."""
 
-    def decorate(handle: Callable[[Any, Request, Any], Awaitable[Response]]):
+    def decorate(handle: Callable[[Any, Request, Any], Awaitable[Response | Later[Response]]]):
         @functools.wraps(handle)
         async def stream(servicer: Any, requests: AsyncIterator[Request], context: Any) -> AsyncIterator[Response]:
             answers = _answer_in_order(requests, lambda request: handle(servicer, request, context), window)
@@ -305,17 +323,23 @@ def streamed(*, window: int):
 
 
 async def _answer_in_order(
-    requests: AsyncIterator[Request], handle: Callable[[Request], Awaitable[Response]], window: int
+    requests: AsyncIterator[Request], handle: Callable[[Request], Awaitable[Response | Later[Response]]], window: int
 ) -> AsyncIterator[Response]:
     # Handlers in request order; then None where the requests ended, or how they broke off.
-    handling: asyncio.Queue[asyncio.Future[Response] | BaseException | None] = asyncio.Queue()
-    unanswered = asyncio.Semaphore(window)  # handled or waiting for its turn to be answered
+    handling: asyncio.Queue[asyncio.Future[Response | Later[Response]] | BaseException | None] = asyncio.Queue()
+    unanswered = asyncio.Semaphore(window)  # being handled, or handled and waiting for its turn to be answered
+
+    def handled(future: asyncio.Future[Response | Later[Response]]) -> None:
+        if not future.cancelled() and future.exception() is None and isinstance(future.result(), Later):
+            unanswered.release()
 
     async def read() -> None:
         try:
             async for request in requests:
                 await unanswered.acquire()
-                await handling.put(asyncio.ensure_future(handle(request)))
+                future = asyncio.ensure_future(handle(request))
+                future.add_done_callback(handled)
+                await handling.put(future)
         except Exception as err:  # noqa: BLE001 - raised where the answers are written
             await handling.put(err)
         else:
@@ -327,7 +351,10 @@ async def _answer_in_order(
             if isinstance(item, BaseException):
                 raise item
             answer = await item
-            unanswered.release()
+            if isinstance(answer, Later):
+                answer = await answer.answer  # its place in the window was freed when it was handled
+            else:
+                unanswered.release()
             yield answer
     finally:
         reader.cancel()
@@ -335,5 +362,14 @@ async def _answer_in_order(
             item = handling.get_nowait()
             if isinstance(item, asyncio.Future):
                 item.cancel()
-                if item.done() and not item.cancelled():
-                    item.exception()  # retrieved: the stream ended with an earlier error
+                if item.done() and not item.cancelled() and item.exception() is None:
+                    _discard(item.result())
+                # else retrieved: the stream ended with an earlier error
+
+
+def _discard(answer: Any) -> None:
+    """A Later answer no one will write: cancelled, or its error marked as seen."""
+    if isinstance(answer, Later) and isinstance(answer.answer, asyncio.Future):
+        answer.answer.cancel()
+        if answer.answer.done() and not answer.answer.cancelled():
+            answer.answer.exception()
