@@ -278,6 +278,7 @@ class EmbeddingPS(Service):
         consumer.seek(partition, position)
         # A step's updates, by rank, until every rank's has arrived (see _apply_steps).
         pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
+        next_step = last_step + 1
         self.set_job_phase("ready")
         # Offsets and lag are bookkeeping, not on the training path: every 2 s, beside it.
         bookkeeping = kafka.OffsetBookkeeping(consumer, partition, on_lag=GRADIENT_LAG.labels(str(shard)).set)
@@ -295,8 +296,7 @@ class EmbeddingPS(Service):
                     entry = (update, record.offset, kafka.publishes(record.headers))
                     for rank in update.ranks:  # an embedding worker's message holds its ranks' gradients
                         pending.setdefault(update.step, {})[rank] = entry
-                    while (first := min(pending, default=None)) is not None and len(pending[first]) == ranks:
-                        complete.append((first, pending.pop(first)))
+                    next_step = _take_complete(pending, next_step, ranks, complete)
                 if complete:
                     await self._apply_steps(store, complete, progress)
                 if records:
@@ -461,6 +461,21 @@ class EmbeddingPS(Service):
                     grads = np.concatenate([grads for _, grads in parts])
                     rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
         return rows
+
+
+def _take_complete(
+    pending: dict[int, dict[int, Any]], next_step: int, ranks: int, complete: list[tuple[int, dict[int, Any]]]
+) -> int:
+    """Move the steps every rank's gradients have arrived for from `pending` to `complete`, in step
+    order and none skipped: a step after a missing one waits for it. An embedding worker answers
+    a rank's push once it is durable and sends the next meanwhile, so a step whose send failed
+    can be followed by later ones on the topic; the attempt fails on that error, and its shard
+    must not apply past the hole meanwhile (nor export a version with it). A step before
+    `next_step` (sent again) is taken, for the ledger to count. Returns the next step to apply."""
+    while (first := min(pending, default=None)) is not None and first <= next_step and len(pending[first]) == ranks:
+        complete.append((first, pending.pop(first)))
+        next_step = max(next_step, first + 1)
+    return next_step
 
 
 def _messages(step: dict[int, tuple[GradientUpdate, int, bool]]) -> list[tuple[GradientUpdate, int, bool]]:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trillium.services.embedding_ps.server import _messages
+from trillium.services.embedding_ps.server import _messages, _take_complete
 from trillium.services.embedding_worker.server import EmbeddingWorker
 from trillium.wire.batch import EmbeddingRef, GradientUpdate
 
@@ -128,3 +128,22 @@ def test_a_shard_applies_each_message_once_in_rank_order() -> None:
     merged, alone = update((0, 2)), update((1,))  # two workers: ranks 0 and 2 on one, 1 on the other
     step = {2: merged, 1: alone, 0: merged}
     assert _messages(step) == [merged, alone]
+
+
+def test_a_shard_applies_no_step_past_a_missing_one() -> None:
+    # Pushes overlap, so a step whose send failed can be followed by later ones on the topic.
+    pending: dict[int, dict[int, str]] = {4: {0: "a", 1: "b"}, 6: {0: "c", 1: "d"}, 7: {0: "e"}}
+    complete: list = []
+    assert _take_complete(pending, 4, 2, complete) == 5
+    assert [step for step, _ in complete] == [4]  # 6 waits for 5; 7 lacks rank 1
+    assert _take_complete(pending, 5, 2, complete) == 5 and len(complete) == 1
+    pending[5] = {0: "f", 1: "g"}
+    assert _take_complete(pending, 5, 2, complete) == 7
+    assert [step for step, _ in complete] == [4, 5, 6] and pending == {7: {0: "e"}}
+
+
+def test_a_step_sent_again_is_taken_for_the_ledger_to_count() -> None:
+    pending: dict[int, dict[int, str]] = {2: {0: "again"}}
+    complete: list = []
+    assert _take_complete(pending, 9, 1, complete) == 9
+    assert complete == [(2, {0: "again"})]
