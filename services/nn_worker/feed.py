@@ -35,8 +35,11 @@ PREFETCH = 8  # lookups requested ahead of the step being trained: at least, and
 # 1.6 GB there and ended a 1e10-parameter run on the OOM killer. A dim-16 job keeps all 8.
 PREFETCH_BYTES = 64 << 20
 # Gradient pushes a rank keeps unanswered: more than any staleness bound lets a step run ahead
-# of its gradients, so the bound, not the pushes, decides how far the lookups run ahead.
+# of its gradients, so the bound, not the pushes, decides how far the lookups run ahead ...
 PUSH_WINDOW = autobound.MAX_BOUND + 1
+# ... and at most this much of their gradients, which the embedding worker holds until Kafka has
+# them (a wide job's step pushes tens of MB; an asynchronous job has no bound to stop it).
+PUSH_WINDOW_BYTES = 64 << 20
 
 
 def prefetch(job: JobConfig, *, evaluation: bool) -> int:
@@ -50,6 +53,12 @@ def prefetch(job: JobConfig, *, evaluation: bool) -> int:
     if not evaluation and bound is not None:
         wanted = max(PREFETCH, (autobound.MAX_BOUND if bound == "auto" else bound) + 1)
     return max(1, min(wanted, PREFETCH_BYTES // job.embedding_batch_bytes(evaluation=evaluation)))
+
+
+def push_window(job: JobConfig) -> int:
+    """How many gradient pushes a rank keeps unanswered: PUSH_WINDOW, within PUSH_WINDOW_BYTES
+    (a step's gradients are its batch's embeddings' size on the wire)."""
+    return max(1, min(PUSH_WINDOW, PUSH_WINDOW_BYTES // job.embedding_batch_bytes(evaluation=False)))
 
 
 @dataclass(frozen=True)

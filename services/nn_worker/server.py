@@ -58,7 +58,7 @@ from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 from . import evaluate, rendezvous
 from .cuts import decide_cuts
 from .embeddings import embeddings_of, gradients_request
-from .feed import EpochEnd, Feed, GradientPusher, prefetch
+from .feed import EpochEnd, Feed, GradientPusher, prefetch, push_window
 from .step import Control, Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")
@@ -381,7 +381,9 @@ class NNWorker(Service):
         checkpoint, publish = job.config.checkpoint, job.config.publish
         wire16 = job.config.training.wire_dtype == "fp16"
         feed = self._feed(run, evaluation=False)
-        run.pusher = GradientPusher(self._stream(run, run.stub.PushGradients).send).run()
+        run.pusher = GradientPusher(
+            self._stream(run, run.stub.PushGradients).send, window=push_window(run.job.config)
+        ).run()
         loop = asyncio.get_running_loop()
         clock = time.perf_counter
         next_report = loop.time()  # the first step is reported at once: the job view shows it going

@@ -11,7 +11,15 @@ from trillium.data import load_job
 from trillium.job import JobConfig
 from trillium.runtime.autobound import MAX_BOUND
 from trillium.services.nn_worker.evaluate import score
-from trillium.services.nn_worker.feed import PREFETCH, EpochEnd, GradientPusher, prefetch, started
+from trillium.services.nn_worker.feed import (
+    PREFETCH,
+    PUSH_WINDOW,
+    EpochEnd,
+    GradientPusher,
+    prefetch,
+    push_window,
+    started,
+)
 from trillium.stack import REPO_ROOT
 from trillium.wire.pb import embedding_pb2 as pb
 
@@ -173,3 +181,13 @@ def test_training_keeps_as_many_lookups_ahead_as_the_bound_lets_run() -> None:
         update={"tables": {n: t.model_copy(update={"dim": 2048}) for n, t in adult.tables.items()}}
     )
     assert prefetch(wide, evaluation=False) == 16  # 4 MiB a batch: PREFETCH_BYTES caps it
+
+
+def test_a_wide_job_keeps_fewer_pushes_unanswered_and_never_none() -> None:
+    adult = load_job(REPO_ROOT / "examples/adult/job.yaml")  # dim 8: 8 KiB of gradients a step
+    assert push_window(adult) == PUSH_WINDOW
+    wide = adult.model_copy(update={"tables": {n: t.model_copy(update={"dim": 2048}) for n, t in adult.tables.items()}})
+    assert push_window(wide) == 16  # 4 MiB a step
+    widest = wide.model_copy(update={"training": wide.training.model_copy(update={"batch_size": 8192})})
+    assert widest.embedding_batch_bytes(evaluation=False) > 64 << 20
+    assert push_window(widest) == 1
