@@ -208,6 +208,7 @@ class Publisher:
             cut_at=max(c.at for c in ranks.values()),
             created_at=time.time(),
             event_time=max((c.event_time for c in ranks.values() if c.event_time is not None), default=None),
+            low_watermark=low_watermark([c.complete_through for c in ranks.values()]),
             kind="delta" if bases else "full",
             base=max(bases) if bases else None,
             parts=parts_name(job.id, job.attempt, cut.step),
@@ -289,3 +290,11 @@ def _reports(workers: list[Worker], job: JobRecord, key: str, kind: type[Any]) -
             else:
                 out[int(step)] = ModelPart.model_validate(raw)
     return out
+
+
+def low_watermark(stamps: list[float | None]) -> float | None:
+    """A version's low watermark: the least of its ranks' (each rank's batches come from one loader,
+    and the ranks stepped together to the cut), unknown when any rank's is."""
+    if not stamps or any(stamp is None for stamp in stamps):
+        return None
+    return min(stamps)  # type: ignore[type-var]

@@ -99,6 +99,27 @@ def due_steps(
             yield rows.pick(rng.permutation(len(rows)))
 
 
+def complete_through(watermark: float, steps: list[float], pool: float, window: float) -> list[float | None]:
+    """How far the input is complete once each of a round's steps is sent: every impression of an
+    earlier event time is in that step or one before it (None: nothing known yet).
+
+    `steps` holds the oldest sample time of each step of the round, in sending order, `pool` the
+    oldest of the rows left to mix. An impression older than `watermark - window` has its window
+    closed and is decided by `watermark`, so the joiner has handed it over; one older than the
+    oldest sample left (pool, or a later step of the round) less the window is not among them (a
+    sample's time is its click's, at most a window after its impression). What is older than both
+    has been sent. Without a join the window is 0: events are samples as they are read."""
+    out: list[float | None] = []
+    later = pool
+    for oldest in reversed(steps):
+        through = min(watermark, later) - window
+        # Two ulps below: a window end less the window is its impression's time only to within one
+        # ulp, and a stamp must not claim the impression it was computed from.
+        out.append(float(through - 2 * np.spacing(abs(through) + window)) if np.isfinite(through) else None)
+        later = min(later, oldest)
+    return out[::-1]
+
+
 def upgrade_state(state: dict[str, Any], config: JobConfig, format: int) -> dict[str, Any]:
     """A stream's state as checkpoint format `format` wrote it, in today's form: format 1 kept each
     event's values as a dict by path (today one text: `trillium.data.sources.events`), formats 1
@@ -178,6 +199,7 @@ class StreamLoader:
         self.heard: dict[tuple[str, int], float] = {}  # when each input partition last had records
         self.started = time.monotonic()
         self.idle_s = max(IDLE_SECONDS, 2 * self.data.batch_timeout_seconds)
+        self.watermark = -np.inf  # the input's, as `_advance` last found it (joins close windows by it)
 
     # ---- state ---------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -378,9 +400,9 @@ class StreamLoader:
         self.deliveries.append(await producer.send(self.job.topics.dlq, raw or b"", headers=headers))
 
     async def _advance(self, consumer, tps: list[TopicPartition], fetched: dict) -> None:
-        """Close the joiner windows the watermark has passed."""
-        if self.data.join is None:
-            return
+        """Find the input's watermark; close the joiner windows it has passed."""
+        join = self.data.join
+        lateness = join.allowed_lateness_seconds if join is not None else 0.0
         now = time.monotonic()
         for tp in fetched:
             self.heard[(tp.topic, tp.partition)] = now
@@ -399,15 +421,17 @@ class StreamLoader:
         ends = await consumer.end_offsets(silent) if silent else {}
         idle = {tp for tp in silent if ends[tp] <= self.positions.get((tp.topic, tp.partition), 0)}
         busy = {tp: self.max_time.get((tp.topic, tp.partition), -np.inf) for tp in tps if tp not in idle}
-        self._align(consumer, {tp: t for tp, t in busy.items() if t > -np.inf})
+        if join is not None:
+            self._align(consumer, {tp: t for tp, t in busy.items() if t > -np.inf})
         if busy:
-            watermark = min(busy.values()) - self.data.join.allowed_lateness_seconds
+            watermark = min(busy.values()) - lateness
         else:
             # The whole input is idle: event time goes on with the clock from its last event, so
             # the last impressions of a stream that pauses (or ends) close too.
             latest = max(self.max_time.values(), default=-np.inf)
             silent = now - max(self.heard.values(), default=self.started)
-            watermark = latest + silent - self.data.join.allowed_lateness_seconds
+            watermark = latest + silent - lateness
+        self.watermark = max(self.watermark, watermark)
         for joiner in self.joins.values():
             self._add(joiner.advance(watermark))
 
@@ -425,19 +449,25 @@ class StreamLoader:
         k, size = len(self.share.ranks), self.config.training.batch_size
         pool = max(self.config.training.shuffle_buffer, POOL_STEPS * k * size)
         now = time.monotonic()
-        for rows in due_steps(
-            self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=now
-        ):
+        steps = list(
+            due_steps(self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=now)
+        )
+        window = self.data.join.window_seconds if self.data.join is not None else 0.0
+        oldest = [min(rows.times, default=np.inf) for rows in steps]
+        through = complete_through(self.watermark, oldest, min(self.rows.times, default=np.inf), window)
+        for rows, stamp in zip(steps, through, strict=True):
             n = len(rows)
-            await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)])
+            await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)], stamp)
         if not self.rows and now - self.last_step >= self.data.batch_timeout_seconds:
             # A tick: an empty step while the stream is quiet. The ranks' control words ride on the
             # steps, so a checkpoint, a pause, a stop or a model version is agreed on within a
             # timeout of being asked for, data or not (the ranks change no weight on it).
-            await self._step(producer, self.rows.pick([]), [0] * k)
+            [stamp] = complete_through(self.watermark, [np.inf], np.inf, window)
+            await self._step(producer, self.rows.pick([]), [0] * k, stamp)
 
-    async def _step(self, producer, rows: EventRows, sizes: list[int]) -> None:
-        """One step: a batch of `sizes[i]` samples for each of our ranks."""
+    async def _step(self, producer, rows: EventRows, sizes: list[int], stamp: float | None) -> None:
+        """One step: a batch of `sizes[i]` samples for each of our ranks, each stamped with how
+        far the input is complete once it is sent (`complete_through`)."""
         cells = TextCells.of_rows(self.encoder.job, [e.values for e in rows.events], FIELD_SEP, rows.paths, rows.labels)
         checked = self.encoder.check_cells(
             cells, lambda i: (i, msgpack.packb(self.reader.named(rows.events[i])).hex()), file="kafka"
@@ -464,6 +494,7 @@ class StreamLoader:
                 rank=rank,
                 sample_ids=ids[start : start + n] if ids is not None else None,
                 event_times=times[start : start + n],
+                complete_through=stamp,
             )
             self.deliveries.append(
                 await self.service.send(self.job.topics.samples, batch.rank, codec.encode_batch(batch))

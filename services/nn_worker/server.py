@@ -83,6 +83,7 @@ class RankState:
     seq: int = 0  # the last checkpoint request served
     publish_seq: int = 0  # the last model version request served
     event_time: float | None = None  # the newest event time of a sample trained (streams)
+    complete_through: float | None = None  # the newest batch's low watermark (streams): see Batch
     last_cut: int = -1  # the step of the last cut
     trained: int = 0
     loss_sum: float = 0.0
@@ -421,6 +422,8 @@ class NNWorker(Service):
                     # Never negative: another host's clock may run a little ahead of this one's.
                     run.delays.extend(np.maximum(time.time() - batch.event_times[batch.labels > 0.5], 0.0))
                     s.event_time = max(s.event_time or 0.0, float(batch.event_times.max()))
+                if batch.complete_through is not None:
+                    s.complete_through = batch.complete_through
                 run.timing["lookup_wait"] += t1 - t0
                 run.timing["step"] += clock() - t1
                 run.timed_steps += 1
@@ -477,7 +480,13 @@ class NNWorker(Service):
         step = s.step - 1
         self.report_publish_cut(
             PublishCut(
-                attempt=job.attempt, step=step, epoch=s.epoch, at=time.time(), reason=reason, event_time=s.event_time
+                attempt=job.attempt,
+                step=step,
+                epoch=s.epoch,
+                at=time.time(),
+                reason=reason,
+                event_time=s.event_time,
+                complete_through=s.complete_through,
             )
         )
         if self.settings.index == 0 and step not in run.published:

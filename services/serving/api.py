@@ -61,6 +61,14 @@ class ModelView(BaseModel):
     created_at: float | None = Field(None, description="when the version was published")
     event_time: float | None = Field(None, description="the newest event time of a sample trained into it")
     freshness_lag_seconds: float | None = Field(None, description="now less event_time (stream jobs)")
+    low_watermark: float | None = Field(
+        None,
+        description="every impression of an earlier event time is trained into it, those still in a join "
+        "window included (stream jobs)",
+    )
+    low_watermark_lag_seconds: float | None = Field(
+        None, description="now less low_watermark: how far back the version holds every event"
+    )
     version_age_seconds: float | None = Field(None, description="now less created_at")
     dtype: str | None = None
     pinned: int | None = Field(None, description="the version a rollback pinned (null: following the newest)")
@@ -116,6 +124,8 @@ def model_view(follower: ModelFollower) -> ModelView:
         created_at=manifest.created_at,
         event_time=manifest.event_time,
         freshness_lag_seconds=now - manifest.event_time if manifest.event_time is not None else None,
+        low_watermark=manifest.low_watermark,
+        low_watermark_lag_seconds=now - manifest.low_watermark if manifest.low_watermark is not None else None,
         version_age_seconds=now - manifest.created_at,
         dtype=manifest.dtype,
         pinned=state.pinned,

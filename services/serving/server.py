@@ -58,6 +58,9 @@ UNSEEN = Counter(
 )
 VERSION = Gauge("trillium_serving_model_version", "the version served", ["model"])
 FRESHNESS = Gauge("trillium_serving_freshness_lag_seconds", "now less the newest event time trained", ["model"])
+LOW_WATERMARK_LAG = Gauge(
+    "trillium_serving_low_watermark_lag_seconds", "now less the time before which every event is trained", ["model"]
+)
 REFUSED = Counter("trillium_serving_versions_refused_total", "versions refused (checksum, consistency)", ["model"])
 APPLY = Histogram("trillium_serving_version_apply_seconds", "time to apply a version", ["model"])
 
@@ -187,6 +190,8 @@ class ServingReplica(Service):
         APPLY.labels(follower.name).observe(seconds)
         if manifest.event_time is not None:
             FRESHNESS.labels(follower.name).set_function(lambda at=manifest.event_time: time.time() - at)
+        if manifest.low_watermark is not None:
+            LOW_WATERMARK_LAG.labels(follower.name).set_function(lambda at=manifest.low_watermark: time.time() - at)
 
     # ---- predictions -------------------------------------------------------------------------
     async def predict_async(self, model: str, instances: list[Any], protocol: str) -> PredictResponse:

@@ -354,11 +354,38 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
     topic = final["job"]["topics"]["samples"]
     lineage = final["job"]["lineage"].get(topic, {})
     ranks = job.topology.nn_ranks
-    ids = []
+    batches = []
     for record in asyncio.run(read_all(infra.kafka, topic, ranks)):
         segments = lineage.get(str(record.partition)) or lineage.get(record.partition)
         if PartitionLineage(segments).counts(record.offset, kafka.attempt_of(record.headers)):
-            ids.append(codec.decode_batch(record.value).sample_ids)
-    emitted = np.sort(np.concatenate(ids))
+            batches.append(codec.decode_batch(record.value))
+    emitted = np.sort(np.concatenate([b.sample_ids for b in batches]))
     expected = np.sort(trillium_native.hash_ids("trillium.sample", [f"r5-{i}" for i in range(rows)]))
     np.testing.assert_array_equal(emitted, expected)  # each impression exactly once
+    _every_impression_before_a_stamp_came_by_its_step(infra.kafka, job, batches)
+
+
+def _every_impression_before_a_stamp_came_by_its_step(conn: KafkaConnection, job: JobConfig, batches: list) -> None:
+    """Each step's low watermark (`complete_through`) against the impressions topic: every
+    impression of an earlier event time is in that step or one before it, and by the stream's
+    end the stamps cover every impression."""
+    impressions = [json.loads(r.value) for r in asyncio.run(read_all(conn, job.data.join.impressions, 4))]
+    keys = [event[job.data.event_key] for event in impressions]
+    times = np.array([event[job.data.event_time] for event in impressions])
+    ranks = job.topology.nn_ranks
+    first_step = {}  # sample id -> the first step that holds it (corrections come again later)
+    stamps = {}
+    for batch in batches:
+        step = batch.batch_id // ranks
+        for sample in batch.sample_ids.tolist():
+            first_step[sample] = min(first_step.get(sample, step), step)
+        if batch.complete_through is not None:
+            stamps[step] = batch.complete_through
+    steps = np.array(sorted(stamps))
+    covered = np.maximum.accumulate([stamps[s] for s in steps])  # what a step and those before it claim
+    # The first step whose stamp (or an earlier one's) passes each impression's time: it must hold it by then.
+    due = np.searchsorted(covered, times, side="right")
+    assert (due < len(steps)).all(), "the stamps never covered the stream's last impressions"
+    held = np.array([first_step[s] for s in trillium_native.hash_ids("trillium.sample", keys).tolist()])
+    late = np.flatnonzero(held > steps[due])
+    assert not len(late), [(keys[i], times[i], int(held[i]), int(steps[due[i]])) for i in late[:5]]

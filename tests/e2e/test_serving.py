@@ -263,6 +263,12 @@ def test_an_online_job_is_served_fresh_through_crashes(training_stack, infra, tm
         assert np.abs(after - before).max() > 1e-3  # the model learns, and the replica follows
         store = ModelStore.of(job, training_stack)
         assert "delta" in {store.manifest(v).kind for v in store.versions()}  # 2 s apart: on committed bases
+        # The low watermark: an impression is trained once its window has closed, so a version
+        # holds every event only up to a window before the newest read (tests/e2e/test_online.py
+        # checks it against the input); the newest event trained is fresher than that.
+        view = replica.view(job.name)
+        assert view["low_watermark"] is not None and view["low_watermark"] < view["event_time"], view
+        assert view["low_watermark_lag_seconds"] >= job.data.join.window_seconds, view
 
         wait_until(lambda: client.job(job_id)["last_checkpoint"], "a checkpoint", 120)
         held = replica.view(job.name)["version"]

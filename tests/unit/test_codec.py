@@ -204,6 +204,16 @@ def test_corrupt_input_raises_codec_error(message: bytes, mutate, message_part: 
         decode_batch(mutate(message))
 
 
+def test_a_batch_whose_low_watermark_is_no_number_is_refused(message: bytes) -> None:
+    header_len = struct.unpack("<I", message[5:9])[0]  # after the magic and the format version
+    header = msgpack.unpackb(message[9 : 9 + header_len])
+    header["meta"]["complete_through"] = "yesterday"
+    first = header["arrays"][0][2]  # the arrays move 64 bytes on, past the longer header
+    head = _message("batch", header["meta"], [[dtype, shape, at + 64] for dtype, shape, at in header["arrays"]])
+    with pytest.raises(CodecError, match="complete_through must be a float"):
+        decode_batch(head + bytes(first + 64 - len(head)) + message[first:])
+
+
 def test_every_truncation_raises_codec_error(message: bytes) -> None:
     for end in range(len(message)):
         with pytest.raises(CodecError):

@@ -103,10 +103,13 @@ def test_a_stream_batch_carries_its_sample_ids_and_event_times_on_the_wire() -> 
         labels=np.array([0, 1], np.float32),
         sample_ids=np.array([11, 12], np.uint64),
         event_times=np.array([1.5, 2.5]),
+        complete_through=1.25,
     )
     assert codec.decode_batch(codec.encode_batch(batch)) == batch
+    assert codec.decode_batch(codec.encode_batch(batch)).complete_through == 1.25
     plain = Batch(batch_id=3, epoch=0, rank=1, ids=ids, dense=batch.dense, labels=batch.labels)
-    assert codec.decode_batch(codec.encode_batch(plain)).sample_ids is None
+    decoded = codec.decode_batch(codec.encode_batch(plain))
+    assert decoded.sample_ids is None and decoded.complete_through is None
 
 
 def _pooled(arrivals: list[tuple[int, float]]) -> EventRows:

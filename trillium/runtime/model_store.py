@@ -74,6 +74,11 @@ class VersionManifest(BaseModel):
     cut_at: float = Field(description="when the ranks finished the step (UNIX time)")
     created_at: float = Field(description="when the version was committed")
     event_time: float | None = Field(None, description="the newest event time of a sample trained into it")
+    low_watermark: float | None = Field(
+        None,
+        description="every impression of an earlier event time is trained into it (streams; the least over "
+        "the ranks of their newest batch's `complete_through`); None when a rank knows none",
+    )
     kind: Literal["full", "delta"]
     base: int | None = Field(None, description="a delta: the version it is applied on top of")
     parts: str = Field(description="the directory of its files, relative to the model's")
@@ -255,6 +260,9 @@ class PublishCut(BaseModel):
     at: float = Field(description="when the rank finished the step (UNIX time)")
     reason: Literal["schedule", "checkpoint", "final"]
     event_time: float | None = Field(None, description="the newest event time this rank has trained")
+    complete_through: float | None = Field(
+        None, description="the low watermark of the newest batch this rank has trained (Batch.complete_through)"
+    )
 
 
 class ModelPart(BaseModel):

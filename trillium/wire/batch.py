@@ -139,7 +139,8 @@ class Batch:
     A batch of a stream also says which event each sample is (`sample_ids`: a stable hash of the
     event's key, the sample ledger of a job) and when it became a sample (`event_times`: the
     event time of the click that made it positive, else of the impression), so training can report
-    how long after the event a sample was trained.
+    how long after the event a sample was trained, and how far its input is complete
+    (`complete_through`), so a model version can say which events it holds all of.
     """
 
     batch_id: int
@@ -150,6 +151,9 @@ class Batch:
     labels: np.ndarray  # float32[batch_size]
     sample_ids: np.ndarray | None = None  # uint64[batch_size]
     event_times: np.ndarray | None = None  # float64[batch_size], seconds since the UNIX epoch
+    # A stream's low watermark when its loader cut this batch: every impression of an earlier
+    # event time is in this batch or one before it on the same partition (see the data loader).
+    complete_through: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_id", "epoch", "rank"):
@@ -180,6 +184,7 @@ class Batch:
             and np.array_equal(self.labels, other.labels)
             and _same(self.sample_ids, other.sample_ids)
             and _same(self.event_times, other.event_times)
+            and self.complete_through == other.complete_through
         )
 
     __hash__ = None  # type: ignore[assignment]

@@ -172,6 +172,8 @@ def encode_batch(batch: Batch) -> bytes:
     }
     if extras:
         meta["extras"] = extras
+    if batch.complete_through is not None:
+        meta["complete_through"] = float(batch.complete_through)
     arrays = [batch.ids.values, batch.ids.lengths, batch.dense, batch.labels]
     return _encode("batch", meta, arrays + [getattr(batch, name) for name in extras])
 
@@ -179,8 +181,13 @@ def encode_batch(batch: Batch) -> bytes:
 def decode_batch(data: BytesLike) -> Batch:
     """Decode `encode_batch`'s output; the arrays are read-only views into `data`."""
     meta, arrays = _decode(data, "batch")
-    batch_id, epoch, rank, keys = _meta_fields(meta, "batch_id", "epoch", "rank", "keys", optional=("extras",))
+    batch_id, epoch, rank, keys = _meta_fields(
+        meta, "batch_id", "epoch", "rank", "keys", optional=("extras", "complete_through")
+    )
     extras = meta.get("extras", [])
+    complete_through = meta.get("complete_through")
+    if complete_through is not None and not isinstance(complete_through, float):
+        raise CodecError(f"corrupt batch message: complete_through must be a float, got {complete_through!r}")
     if not isinstance(extras, list) or not set(extras) <= set(_BATCH_EXTRAS) or len(set(extras)) != len(extras):
         raise CodecError(f"corrupt batch message: extras must be some of {list(_BATCH_EXTRAS)}, got {extras!r}")
     if len(arrays) != 4 + len(extras) or not isinstance(keys, list):
@@ -195,6 +202,7 @@ def decode_batch(data: BytesLike) -> Batch:
             ids=ids,
             dense=dense,
             labels=labels,
+            complete_through=complete_through,
             **dict(zip(extras, arrays[4:], strict=True)),
         )
     except ValueError as e:

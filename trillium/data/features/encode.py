@@ -373,6 +373,7 @@ def batch_of(
     epoch: int = 0,
     sample_ids: np.ndarray | None = None,
     event_times: np.ndarray | None = None,
+    complete_through: float | None = None,
 ) -> Batch:
     """Every row of `block`, in order, as one batch."""
     return Batch(
@@ -388,4 +389,5 @@ def batch_of(
         labels=block.labels,
         sample_ids=sample_ids,
         event_times=event_times,
+        complete_through=complete_through,
     )
