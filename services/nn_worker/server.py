@@ -358,10 +358,12 @@ class NNWorker(Service):
             group_id=group_id,
         ).run()
 
-    async def _report_progress(self, run: _Attempt) -> None:
+    async def _report_progress(self, run: _Attempt, *, trained: bool = False) -> None:
+        """The rank's progress, and its progressive scores once a second (they are larger) or
+        when `trained`: the last steps' scores must not wait for a report that never comes."""
         s = run.state
         now = time.monotonic()
-        if now >= run.next_scores:  # the progressive scores are larger: once a second
+        if trained or now >= run.next_scores:
             run.next_scores = now + 1.0
             summary = run.scores.summary() | {"delays": list(run.delays)[-DELAYS_REPORTED:]}
             await run.progress.set_progressive(self.settings.index, summary)
@@ -464,7 +466,7 @@ class NNWorker(Service):
             s.train_seconds += clock() - started
             await feed.stop()
             await run.pusher.stop()
-        await self._report_progress(run)
+        await self._report_progress(run, trained=True)
 
     def _heard(self) -> tuple[bool, int, int]:
         """What this rank tells the others in its control words: paused, and the newest checkpoint

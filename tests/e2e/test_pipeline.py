@@ -95,6 +95,9 @@ def test_one_rank_synchronous_run_matches_single_process_reference(training_stac
     assert report["auc"] == pytest.approx(reference.test_auc, abs=1e-4)
     assert report["logloss"] == pytest.approx(reference.test_logloss, abs=1e-4)
     assert reference.test_gauc is not None and report["gauc"] == pytest.approx(reference.test_gauc, abs=1e-4)
+    # Every sample trained was scored first, and the rank reported its last scores: they go out once
+    # a second, and a job trained within a second of its last report showed the ones before.
+    assert report["progressive"]["scored"] == report["samples_trained"]
     assert 0.5 < report["progressive"]["gauc"] < 1.0  # the rolling one, over the train split's last samples
     # And it is not trivially so: training moved the loss.
     assert np.mean(distributed[-10:]) < np.mean(distributed[:10])
