@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import uuid
 
 import numpy as np
+import pytest
+import uvloop
+from aiokafka import AIOKafkaClient
+from aiokafka.client import ConnectionGroup
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL
 from trillium.wire import kafka, state
@@ -37,6 +44,31 @@ async def test_kafka_produce_consume_round_trip(infra) -> None:
     finally:
         await consumer.stop()
     assert received == {str(i).encode(): p for i, p in enumerate(payloads)}
+
+
+def test_a_write_to_a_connection_the_broker_closed_is_a_connection_error_on_uvloop(infra) -> None:
+    """What the services' loop (uvloop) does between a broker's close and aiokafka's reader
+    seeing it: a request written then is a KafkaConnectionError, which aiokafka's callers retry,
+    not uvloop's RuntimeError, which ends a consumer's fetcher (aio-libs/aiokafka#1038)."""
+
+    async def main() -> None:
+        client = AIOKafkaClient(**kafka._connection(infra.kafka))
+        await client.bootstrap()
+        try:
+            (broker,) = client.cluster.brokers()
+            assert await client.ready(broker.nodeId)
+            connection = client._conns[(broker.nodeId, ConnectionGroup.DEFAULT)]
+            connection._writer.transport.abort()  # as a broker's close reaches the transport ...
+            await asyncio.sleep(0)  # ... which closes it; aiokafka's reader task runs after this one
+            with pytest.raises(KafkaConnectionError, match="broken"):
+                await connection.send(MetadataRequest([]))
+            assert await client.ready(broker.nodeId)  # a new connection
+            metadata = await client.send(broker.nodeId, MetadataRequest([]))
+            assert [b.nodeId for b in client.cluster.brokers()] == [broker.nodeId] and metadata.brokers
+        finally:
+            await client.close()
+
+    uvloop.run(main())
 
 
 async def test_ensure_topics_is_idempotent(infra) -> None:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.conn import AIOKafkaConnection, CloseReason
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
 from trillium.config import KafkaConnection
@@ -22,6 +25,34 @@ from trillium.timeouts import KAFKA_DELIVERY_S, KAFKA_REQUEST_S
 KAFKA_REQUEST_MS = int(KAFKA_REQUEST_S * 1000)
 
 logger = logging.getLogger("trillium.kafka")
+
+
+def _broken_writes_break_the_connection(write: Callable[..., Any]) -> Callable[..., Any]:
+    """A write to a connection the broker has closed, as aiokafka handles it for OSError: the
+    connection closed and a KafkaConnectionError, which every caller of aiokafka retries.
+    Between the broker's close reaching uvloop's transport and aiokafka's reader task seeing it,
+    uvloop raises RuntimeError ("the handler is closed") on a write, where asyncio's own loop
+    drops it, and aiokafka catches only OSError there (aio-libs/aiokafka#1038, open in 0.14).
+    Uncaught, it ends a consumer's fetcher routine (getmany then returns nothing, for ever) or
+    comes out of the consumer's stop(); a rank of the e2e test that restarts Kafka failed with it."""
+
+    @functools.wraps(write)
+    def guarded(connection: AIOKafkaConnection, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return write(connection, *args, **kwargs)
+        except RuntimeError as err:
+            writer = connection._writer
+            if writer is None or not writer.transport.is_closing():
+                raise  # not a closed transport's: a bug to see, not a broker away
+            connection.close(reason=CloseReason.CONNECTION_BROKEN)
+            raise KafkaConnectionError(f"Connection at {connection.host}:{connection.port} broken: {err}") from err
+
+    return guarded
+
+
+# Every client of the project is made here, so importing this module guards every connection.
+AIOKafkaConnection.send = _broken_writes_break_the_connection(AIOKafkaConnection.send)
+AIOKafkaConnection._send_sasl_token = _broken_writes_break_the_connection(AIOKafkaConnection._send_sasl_token)
 
 
 def _connection(conn: KafkaConnection) -> dict[str, object]:
