@@ -55,6 +55,7 @@ ENV_SERVING_MODEL = "TRILLIUM_SERVING_MODEL"
 ENV_SERVING_VERSION = "TRILLIUM_SERVING_VERSION"
 ENV_SERVING_MAX_BATCH = "TRILLIUM_SERVING_MAX_BATCH"
 ENV_SERVING_MAX_BODY_BYTES = "TRILLIUM_SERVING_MAX_BODY_BYTES"
+ENV_SERVING_MEMORY_GB = "TRILLIUM_SERVING_MEMORY_GB"
 
 # A service exits with this code (EX_TEMPFAIL) to be started afresh, e.g. an NN rank leaving an
 # abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
@@ -282,6 +283,12 @@ class ServiceSettings(BaseModel):
     serving_version: int | None = Field(None, ge=1, description="the version a serving replica is pinned to")
     serving_max_batch: int = Field(1024, ge=1, le=1 << 20, description="instances one prediction request may hold")
     serving_max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="a prediction request's body")
+    serving_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="the most memory (GB, 10^9 bytes) a serving replica's embedding tables may take: a version "
+        "that would take more is refused, and says so (default: no cap)",
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -343,6 +350,7 @@ class ServiceSettings(BaseModel):
         "serving_version": ENV_SERVING_VERSION,
         "serving_max_batch": ENV_SERVING_MAX_BATCH,
         "serving_max_body_bytes": ENV_SERVING_MAX_BODY_BYTES,
+        "serving_memory_gb": ENV_SERVING_MEMORY_GB,
     }
     TLS_ENV: ClassVar[dict[str, str]] = {
         "cert_file": ENV_GRPC_TLS_CERT,

@@ -36,7 +36,7 @@ from trillium.runtime.model_store import CorruptVersion, ModelStore, VersionMani
 from trillium.runtime.storage import unreachable
 from trillium.wire import kafka
 
-from .served import ServedModel
+from .served import ServedModel, check_memory, values_bytes
 
 logger = logging.getLogger("trillium.serving")
 
@@ -68,11 +68,19 @@ class FollowerState:
 
 
 class ModelFollower:
-    def __init__(self, store: ModelStore, topic: str, conn: KafkaConnection, threads: int | None) -> None:
+    def __init__(
+        self,
+        store: ModelStore,
+        topic: str,
+        conn: KafkaConnection,
+        threads: int | None,
+        memory_cap: int | None = None,
+    ) -> None:
         self.store = store
         self.topic = topic
         self.conn = conn
         self.threads = threads
+        self.memory_cap = memory_cap  # bytes the tables may take (None: no cap); a version over it is refused
         self.served: ServedModel | None = None
         self.state = FollowerState()
         self.loaded = asyncio.Event()  # set once a version serves (or the store holds none yet: see `ready`)
@@ -235,6 +243,8 @@ class ModelFollower:
         try:
             manifest = await asyncio.to_thread(self.store.manifest, version)
             if self.served.fits(manifest):
+                held = 0 if manifest.kind == "full" else self.served.tables.memory_bytes()
+                check_memory(manifest, held + values_bytes([manifest]), self.memory_cap)
                 seconds = await asyncio.to_thread(self.served.apply, manifest)
                 self._served_version(manifest, seconds)
             else:  # a new lineage, other tables, a base these tables never reached
@@ -251,9 +261,11 @@ class ModelFollower:
         """A new ServedModel holding `version`, loaded from its full version on."""
         started = time.monotonic()
         chain = await asyncio.to_thread(self.store.chain, version)
+        check_memory(chain[-1], values_bytes(chain), self.memory_cap)  # before any of it is read
         served = ServedModel(self.store, chain[0], self.threads)
         for manifest in chain:
             await asyncio.to_thread(served.apply, manifest)
+        check_memory(chain[-1], served.tables.memory_bytes(), self.memory_cap)  # what the tables took
         logger.info(
             "model loaded",
             extra={

@@ -35,6 +35,26 @@ from trillium.runtime.storage import StorageDir
 RETRIES = 3  # versions applied under one request before it gives up (a version takes seconds to come)
 
 
+class OverMemoryCap(ValueError):
+    """A version whose tables would take more memory than the replica's cap (`serving_memory_gb`)."""
+
+
+def check_memory(manifest: VersionManifest, needed: int, cap: int | None) -> None:
+    """OverMemoryCap when `needed` bytes of tables exceed `cap` (None: no cap)."""
+    if cap is not None and needed > cap:
+        raise OverMemoryCap(
+            f"version {manifest.version} of {manifest.model}: its tables take {needed / 1e9:.4g} GB, over this "
+            f"replica's cap of {cap / 1e9:.4g} GB (TRILLIUM_SERVING_MEMORY_GB)"
+        )
+
+
+def values_bytes(manifests: Sequence[VersionManifest]) -> int:
+    """What loading these versions' values files costs at most: their bytes (an ID's 8 bytes and its
+    values; the tables keep about 6 bytes of index a row instead of the ID, and a delta's rows
+    that replace rows already held take nothing more)."""
+    return sum(f.bytes for m in manifests for f in m.values)
+
+
 class VersionChurn(RuntimeError):
     """Versions were applied under every try of one request: the replica is busy (503), not broken."""
 

@@ -172,8 +172,13 @@ class ServingReplica(Service):
             await asyncio.sleep(DISCOVER_S)
 
     async def _follow(self, name: str, entry: dict[str, Any]) -> None:
+        cap = self.settings.serving_memory_gb
         follower = ModelFollower(
-            ModelStore(entry["dir"], name), entry["topic"], self.settings.kafka, self.settings.threads
+            ModelStore(entry["dir"], name),
+            entry["topic"],
+            self.settings.kafka,
+            self.settings.threads,
+            memory_cap=None if cap is None else int(cap * 1e9),
         )
         self.followers[name] = follower
         follower.start(self._changed)

@@ -25,7 +25,8 @@ from trillium.data.replay import replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.data.sources.presets import ADULT
 from trillium.job import ADULT_COLUMNS, CRITEO_COLUMNS, JobConfig
-from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest
+from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest, model_topic
+from trillium.services.serving.follower import ModelFollower
 from trillium.stack.client import CoordinatorClient
 from trillium.wire import kafka
 
@@ -187,6 +188,52 @@ def test_a_replica_pinned_to_an_older_version_answers_as_that_version_evaluated(
     replica.wait_for(job.name, newest.version)
     got, _ = replica.predict(job.name, instances)
     assert np.abs(got - _evaluation(training_stack, job, newest)).max() <= SKEW
+
+
+def test_a_replica_refuses_a_version_over_its_memory_cap(training_stack, infra) -> None:
+    """`serving_memory_gb`: a replica never loads a version whose values files, on disk, are
+    more than its cap (it refuses every version, saying why); under twice the largest, it serves
+    the newest."""
+    raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    raw["name"] = "capped"
+    raw["checkpoint"] = {"every_steps": 10, "every_seconds": None}
+    raw["publish"] = {"at_checkpoints": True, "every_seconds": None}
+    job = JobConfig.model_validate(raw, context={"base_dir": DATA})
+    view, _ = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    store = ModelStore.of(job, training_stack)
+    versions = store.versions()
+    assert len(store.chain(versions[-1])) >= 2  # the in-place check of a delta, and the chain's
+
+    def on_disk(version: int) -> int:
+        """The bytes of the values files a replica reads to load `version`."""
+        total = 0
+        for manifest in store.chain(version):
+            for values in manifest.values:
+                with store.parts(manifest.parts).reading(values.name) as path:
+                    total += os.path.getsize(path)
+        return total
+
+    def follow(cap: int) -> ModelFollower:
+        async def loaded() -> ModelFollower:
+            follower = ModelFollower(store, model_topic(job.name), infra.kafka, 1, memory_cap=cap)
+            follower.start(lambda *_: None)
+            try:
+                await asyncio.wait_for(follower.loaded.wait(), 60)
+            finally:
+                await follower.stop()
+            return follower
+
+        return asyncio.run(loaded())
+
+    refusing = follow(min(on_disk(v) for v in versions) - 1)
+    assert refusing.served is None
+    assert {r.version for r in refusing.state.refused} == set(versions)
+    assert all("over this replica's cap" in r.reason for r in refusing.state.refused), refusing.state.refused
+    cap = 2 * max(on_disk(v) for v in versions)
+    serving = follow(cap)
+    assert serving.served is not None and serving.served.version == versions[-1], serving.state.refused
+    print(f"\ncapped: {on_disk(versions[-1])} bytes on disk, {serving.served.tables.memory_bytes()} in memory")
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,15 @@ def test_threads_come_from_the_environment_and_a_bad_count_names_its_variable(en
         _settings()
 
 
+def test_a_serving_replicas_memory_cap_comes_from_the_environment_and_a_bad_one_names_its_variable(env) -> None:
+    assert _settings().serving_memory_gb is None  # no cap
+    env.setenv(config.ENV_SERVING_MEMORY_GB, "1.5")
+    assert _settings().serving_memory_gb == 1.5
+    env.setenv(config.ENV_SERVING_MEMORY_GB, "0")
+    with pytest.raises(ConfigError, match=r"serving_memory_gb: .*\(from TRILLIUM_SERVING_MEMORY_GB\)"):
+        _settings()
+
+
 def test_no_error_echoes_a_secret(env) -> None:
     env.setenv(config.ENV_TOKEN, "short-token")  # under 16 characters: refused
     with pytest.raises(ConfigError, match="token: .*16 characters") as refused:
