@@ -56,6 +56,8 @@ ENV_SERVING_VERSION = "TRILLIUM_SERVING_VERSION"
 ENV_SERVING_MAX_BATCH = "TRILLIUM_SERVING_MAX_BATCH"
 ENV_SERVING_MAX_BODY_BYTES = "TRILLIUM_SERVING_MAX_BODY_BYTES"
 ENV_SERVING_MEMORY_GB = "TRILLIUM_SERVING_MEMORY_GB"
+ENV_SERVING_SHARD = "TRILLIUM_SERVING_SHARD"
+ENV_SERVING_SHARDS = "TRILLIUM_SERVING_SHARDS"
 
 # A service exits with this code (EX_TEMPFAIL) to be started afresh, e.g. an NN rank leaving an
 # abandoned attempt whose collectives may still block its threads. Supervisors restart it at once
@@ -66,9 +68,20 @@ EXIT_RESTART = 75
 # stopped: restarting it would only be refused again.
 EXIT_REPLACED = 76
 
-Role = Literal["coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader", "serving"]
-# In the order a stack starts them: the coordinator first (the others register with it).
-ROLES: tuple[Role, ...] = ("coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader", "serving")
+Role = Literal[
+    "coordinator", "embedding_ps", "embedding_worker", "nn_worker", "data_loader", "serving_shard", "serving"
+]
+# In the order a stack starts them: the coordinator first (the others register with it), the
+# serving shards before the frontends that ask them.
+ROLES: tuple[Role, ...] = (
+    "coordinator",
+    "embedding_ps",
+    "embedding_worker",
+    "nn_worker",
+    "data_loader",
+    "serving_shard",
+    "serving",
+)
 
 
 class ConfigError(ValueError):
@@ -210,6 +223,7 @@ _COUNTED_BY: dict[str, str] = {
     "embedding_worker": "embedding_workers",
     "nn_worker": "nn_ranks",
     "data_loader": "data_loaders",
+    "serving_shard": "serving_shards",
     "serving": "serving_replicas",
 }
 
@@ -241,6 +255,9 @@ class StackTopology(RoleCounts, BaseModel):
     nn_ranks: int = Field(2, ge=1, le=64)
     data_loaders: int = Field(1, ge=1, le=64)
     serving_replicas: int = Field(1, ge=0, le=16)
+    serving_shards: int = Field(
+        0, ge=0, le=64, description="serving shards the replicas ask for rows (0: each replica holds every row)"
+    )
 
 
 class ServiceSettings(BaseModel):
@@ -289,6 +306,18 @@ class ServiceSettings(BaseModel):
         description="the most memory (GB, 10^9 bytes) a serving replica's embedding tables may take: a version "
         "that would take more is refused, and says so (default: no cap)",
     )
+    serving_shard: str | None = Field(
+        None,
+        pattern=r"^[0-9]+/[1-9][0-9]*$",
+        description="a serving shard's place, `INDEX/COUNT`: it holds every table's rows of the training PS "
+        "shards t with t % COUNT == INDEX, and answers a frontend's lookups",
+    )
+    serving_shards: str | None = Field(
+        None,
+        min_length=1,
+        description="a frontend's serving shards, in shard order, comma-separated; a shard's replicas "
+        "separated by `|` (`a:7000|b:7000,c:7000`): it asks each shard for the rows it holds",
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -309,6 +338,31 @@ class ServiceSettings(BaseModel):
             self.redis_url = parts._replace(netloc=f"{user}:{secret}@{parts.netloc.rpartition('@')[2]}").geturl()
             self.redis_password = None
         return self
+
+    @model_validator(mode="after")
+    def _serving_shard_in_range(self) -> "ServiceSettings":
+        if self.role == "serving_shard" and self.serving_shard is None:
+            raise ValueError("serving_shard: a serving shard needs its place, INDEX/COUNT")
+        if self.serving_shard is not None:
+            index, count = (int(x) for x in self.serving_shard.split("/"))
+            if index >= count:
+                raise ValueError(f"serving_shard: index {index} of {count} shards (0 to {count - 1})")
+        return self
+
+    @field_validator("serving_shards")
+    @classmethod
+    def _shard_addresses(cls, v: str | None) -> str | None:
+        for shard, replicas in enumerate(v.split(",") if v is not None else []):
+            for address in replicas.split("|"):
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ValueError(f"shard {shard}: {address!r} is not HOST:PORT")
+        return v
+
+    @property
+    def serving_shard_addresses(self) -> list[list[str]]:
+        """Per serving shard, its replicas' addresses (a frontend's; empty elsewhere)."""
+        return [replicas.split("|") for replicas in self.serving_shards.split(",")] if self.serving_shards else []
 
     @field_validator("coordinator_url")
     @classmethod
@@ -351,6 +405,8 @@ class ServiceSettings(BaseModel):
         "serving_max_batch": ENV_SERVING_MAX_BATCH,
         "serving_max_body_bytes": ENV_SERVING_MAX_BODY_BYTES,
         "serving_memory_gb": ENV_SERVING_MEMORY_GB,
+        "serving_shard": ENV_SERVING_SHARD,
+        "serving_shards": ENV_SERVING_SHARDS,
     }
     TLS_ENV: ClassVar[dict[str, str]] = {
         "cert_file": ENV_GRPC_TLS_CERT,

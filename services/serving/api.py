@@ -111,8 +111,7 @@ def model_view(follower: ModelFollower) -> ModelView:
         )
     now = time.time()
     tables = {
-        name: TableView(**{k: stats[k] for k in TableView.model_fields})
-        for name, stats in served.tables.stats().items()
+        name: TableView(**{k: stats[k] for k in TableView.model_fields}) for name, stats in served.table_stats().items()
     }
     return ModelView(
         model=follower.name,
@@ -131,7 +130,7 @@ def model_view(follower: ModelFollower) -> ModelView:
         pinned=state.pinned,
         forgets=state.forgets,
         tables=tables,
-        bytes=served.tables.memory_bytes(),
+        bytes=served.memory_bytes(),
         refused=refused,
         error=state.error,
         store_unreachable_since=state.store_unreachable_since,

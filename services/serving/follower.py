@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import TopicPartition
 
@@ -36,7 +37,7 @@ from trillium.runtime.model_store import CorruptVersion, ModelStore, VersionMani
 from trillium.runtime.storage import unreachable
 from trillium.wire import kafka
 
-from .served import ServedModel, check_memory, values_bytes
+from .served import WHOLE, ServedModel, Slice, check_memory
 
 logger = logging.getLogger("trillium.serving")
 
@@ -73,13 +74,18 @@ class ModelFollower:
         store: ModelStore,
         topic: str,
         conn: KafkaConnection,
-        threads: int | None,
+        make: Callable[[VersionManifest], Any],
+        *,
+        rows: Slice | None = WHOLE,
         memory_cap: int | None = None,
     ) -> None:
         self.store = store
         self.topic = topic
         self.conn = conn
-        self.threads = threads
+        # A new model from a chain's first version: a ServedModel (a replica's, a serving shard's)
+        # or a frontend's (sharded.py), holding `rows` of the tables (None: none, a frontend's).
+        self.make = make
+        self.rows = rows
         self.memory_cap = memory_cap  # bytes the tables may take (None: no cap); a version over it is refused
         self.served: ServedModel | None = None
         self.state = FollowerState()
@@ -243,8 +249,10 @@ class ModelFollower:
         try:
             manifest = await asyncio.to_thread(self.store.manifest, version)
             if self.served.fits(manifest):
-                held = 0 if manifest.kind == "full" else self.served.tables.memory_bytes()
-                check_memory(manifest, held + values_bytes([manifest]), self.memory_cap)
+                # A delta goes on top of tables within the cap (so they pass it by one delta's new
+                # rows at most: how many of its rows are new is known only once it is applied).
+                held = self._loads([manifest]) if manifest.kind == "full" else self.served.memory_bytes()
+                check_memory(manifest, held, self.memory_cap)
                 seconds = await asyncio.to_thread(self.served.apply, manifest)
                 self._served_version(manifest, seconds)
             else:  # a new lineage, other tables, a base these tables never reached
@@ -261,11 +269,13 @@ class ModelFollower:
         """A new ServedModel holding `version`, loaded from its full version on."""
         started = time.monotonic()
         chain = await asyncio.to_thread(self.store.chain, version)
-        check_memory(chain[-1], values_bytes(chain), self.memory_cap)  # before any of it is read
-        served = ServedModel(self.store, chain[0], self.threads)
+        # Before any of it is read: its full version's files (a delta's rows mostly replace rows of
+        # it, so the chain's files would count them again and again); then what the tables took.
+        check_memory(chain[-1], self._loads(chain[:1]), self.memory_cap)
+        served = self.make(chain[0])
         for manifest in chain:
             await asyncio.to_thread(served.apply, manifest)
-        check_memory(chain[-1], served.tables.memory_bytes(), self.memory_cap)  # what the tables took
+        check_memory(chain[-1], served.memory_bytes(), self.memory_cap)
         logger.info(
             "model loaded",
             extra={
@@ -276,6 +286,9 @@ class ModelFollower:
             },
         )
         return served
+
+    def _loads(self, manifests: list[VersionManifest]) -> int:
+        return 0 if self.rows is None else self.rows.values_bytes(manifests)
 
     def _serve(self, served: ServedModel) -> None:
         self.served = served  # one assignment: a request holds the old one or the new one

@@ -1,5 +1,7 @@
 """One model as a replica serves it: its embedding tables (values only, `trillium_native.ServingTables`),
-the dense network of each version they may be read at, and its job's transform.
+the dense network of each version they may be read at, and its job's transform. A serving shard
+holds a slice of the tables' rows and no dense network (`Slice`; the frontend that runs the
+network over the shards is sharded.py).
 
 A request reads the tables' version first and encodes its instances with that version's dense
 statistics, then looks up every table under one read lock; the lookup says the version it read,
@@ -29,7 +31,7 @@ import trillium_native
 from trillium import pooling
 from trillium.data.instances import InstanceEncoder
 from trillium.models import load_model, logits
-from trillium.runtime.model_store import DENSE, CorruptVersion, ModelStore, VersionManifest
+from trillium.runtime.model_store import DENSE, CorruptVersion, ModelStore, VersionFile, VersionManifest
 from trillium.runtime.storage import StorageDir
 
 RETRIES = 3  # versions applied under one request before it gives up (a version takes seconds to come)
@@ -43,16 +45,34 @@ def check_memory(manifest: VersionManifest, needed: int, cap: int | None) -> Non
     """OverMemoryCap when `needed` bytes of tables exceed `cap` (None: no cap)."""
     if cap is not None and needed > cap:
         raise OverMemoryCap(
-            f"version {manifest.version} of {manifest.model}: its tables take {needed / 1e9:.4g} GB, over this "
+            f"version {manifest.version} of {manifest.model}: {needed / 1e9:.4g} GB of tables, over this "
             f"replica's cap of {cap / 1e9:.4g} GB (TRILLIUM_SERVING_MEMORY_GB)"
         )
 
 
-def values_bytes(manifests: Sequence[VersionManifest]) -> int:
-    """What loading these versions' values files costs at most: their bytes (an ID's 8 bytes and its
-    values; the tables keep about 6 bytes of index a row instead of the ID, and a delta's rows
-    that replace rows already held take nothing more)."""
-    return sum(f.bytes for m in manifests for f in m.values)
+@dataclass(frozen=True)
+class Slice:
+    """Serving shard `index` of `count`: every table's rows of the training PS shards t with
+    t % count == index (whole training shards: a values file is read by one serving shard)."""
+
+    index: int = 0
+    count: int = 1
+
+    def holds(self, training_shard: int) -> bool:
+        return training_shard % self.count == self.index
+
+    def values(self, manifest: VersionManifest) -> list[VersionFile]:
+        """The values files of `manifest` this slice reads."""
+        return [f for f in manifest.values if f.shard is not None and self.holds(f.shard)]
+
+    def values_bytes(self, manifests: Sequence[VersionManifest]) -> int:
+        """The bytes of these versions' values files this slice reads: about what their rows take
+        in memory (an ID's 8 bytes and its values; the tables keep about 6 bytes of index a row
+        instead of the ID, and a delta's rows that replace rows already held take nothing more)."""
+        return sum(f.bytes for m in manifests for f in self.values(m))
+
+
+WHOLE = Slice()
 
 
 class VersionChurn(RuntimeError):
@@ -60,10 +80,10 @@ class VersionChurn(RuntimeError):
 
 
 @dataclass(frozen=True)
-class _Version:
+class HeldVersion:
     manifest: VersionManifest
-    module: torch.nn.Module
-    encoder: InstanceEncoder
+    module: torch.nn.Module | None  # None on a serving shard: it runs no network
+    encoder: InstanceEncoder | None
 
 
 @dataclass(frozen=True)
@@ -76,23 +96,39 @@ class Prediction:
 class ServedModel:
     """The tables of a model at one version (and, while a newer one is applied, the one before)."""
 
-    def __init__(self, store: ModelStore, first: VersionManifest, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        store: ModelStore,
+        first: VersionManifest,
+        threads: int | None = None,
+        *,
+        rows: Slice = WHOLE,
+        dense: bool = True,
+    ) -> None:
         config = first.config
         self.store = store
         self.name = first.model
         self.config = config  # its tables and shards; a version of other ones is served by a new ServedModel
         self.shards = config.topology.ps_shards
+        self.rows = rows  # the training shards' rows it holds (a serving shard: a slice; IDs of others miss)
+        self.dense = dense  # whether it runs the network (a replica) or only answers lookups (a serving shard)
         self.tables = trillium_native.ServingTables(
             {name: t.dim for name, t in config.tables.items()}, self.shards, first.dtype, threads
         )
         self.layout = pooling.Layout(config.slots, config.tables, 1)
         self.bf16 = config.training.precision == "bf16"
-        self._versions: dict[int, _Version] = {}
+        self._versions: dict[int, HeldVersion] = {}
         self._lock = threading.Lock()  # one applier at a time
 
     @property
     def version(self) -> int:
         return self.tables.version
+
+    def memory_bytes(self) -> int:
+        return self.tables.memory_bytes()
+
+    def table_stats(self) -> dict[str, dict[str, int]]:
+        return self.tables.stats()
 
     @property
     def manifest(self) -> VersionManifest | None:
@@ -119,16 +155,13 @@ class ServedModel:
         tables as they were."""
         started = time.monotonic()
         with self._lock:
-            self.store.verify(manifest)
+            values = self.rows.values(manifest)
+            self.store.verify(manifest, values + ([manifest.file(DENSE)] if self.dense else []))
             parts = self.store.parts(manifest.parts)
-            dense = parts.read_checked(DENSE, manifest.file(DENSE).bytes, manifest.file(DENSE).sha256, CorruptVersion)
-            module = load_model(manifest.config.model)
-            module.load_state_dict(torch.load(io.BytesIO(dense), map_location="cpu", weights_only=True)["model"])
-            module.eval()
-            encoder = InstanceEncoder(manifest.config, manifest.dense_stats)
-            self._versions[manifest.version] = _Version(manifest, module, encoder)
+            module, encoder = load_dense(parts, manifest) if self.dense else (None, None)
+            self._versions[manifest.version] = HeldVersion(manifest, module, encoder)
             try:
-                with _local_paths(parts, manifest) as paths:
+                with _local_paths(parts, values) as paths:
                     self.tables.apply(paths, manifest.version)
             except ValueError as err:
                 del self._versions[manifest.version]
@@ -166,8 +199,17 @@ class ServedModel:
         return Prediction(torch.sigmoid(out).numpy(), read_at, dict(zip(names, misses, strict=True)))
 
 
+def load_dense(parts: StorageDir, manifest: VersionManifest) -> tuple[torch.nn.Module, InstanceEncoder]:
+    """A version's dense network, in evaluation mode, and its transform (with its dense statistics)."""
+    dense = parts.read_checked(DENSE, manifest.file(DENSE).bytes, manifest.file(DENSE).sha256, CorruptVersion)
+    module = load_model(manifest.config.model)
+    module.load_state_dict(torch.load(io.BytesIO(dense), map_location="cpu", weights_only=True)["model"])
+    module.eval()
+    return module, InstanceEncoder(manifest.config, manifest.dense_stats)
+
+
 @contextlib.contextmanager
-def _local_paths(parts: StorageDir, manifest: VersionManifest) -> Iterator[list[tuple[int, str]]]:
-    """(training shard, a local path) of each values file of a version (downloaded when remote)."""
+def _local_paths(parts: StorageDir, values: list[VersionFile]) -> Iterator[list[tuple[int, str]]]:
+    """(training shard, a local path) of each values file (downloaded when remote)."""
     with contextlib.ExitStack() as stack:
-        yield [(f.shard, str(stack.enter_context(parts.reading(f.name)))) for f in manifest.values]
+        yield [(f.shard, str(stack.enter_context(parts.reading(f.name)))) for f in values]

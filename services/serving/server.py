@@ -6,7 +6,9 @@ a version: `trillium.wire.state.MODELS`); a replica started for one model (`tril
 `TRILLIUM_SERVING_MODEL`) serves that one only, pinned to `TRILLIUM_SERVING_VERSION` if set. Each
 model has a follower (follower.py) that keeps a `ServedModel` (served.py) at its newest version.
 Requests come over REST (api.py) and gRPC (`Predict`, proto/serving.proto), both behind the
-stack's token; both run the same `predict`.
+stack's token; both run the same `predict`. With `TRILLIUM_SERVING_SHARDS` the replica is a frontend
+of sharded serving: it holds the models' networks only, and asks serving shards (shard.py) for the
+rows (sharded.py).
 
 The replica is ready (`/readyz`, a Kubernetes readiness probe) once every model the registry
 names has tried its first load, however long a large model takes: a replica never takes traffic
@@ -21,6 +23,7 @@ import gc
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -40,7 +43,8 @@ from trillium.wire.pb import serving_pb2_grpc as pb_grpc
 
 from .api import PredictResponse, bad_instance, router
 from .follower import ModelFollower
-from .served import VersionChurn
+from .served import WHOLE, Prediction, ServedModel, Slice, VersionChurn
+from .sharded import FrontendModel, ShardClients, ShardUnavailable
 
 logger = logging.getLogger("trillium.serving")
 
@@ -113,6 +117,8 @@ class ServingReplica(Service):
         self.followers: dict[str, ModelFollower] = {}
         self.max_batch = self.settings.serving_max_batch
         self._first_load = asyncio.Event()
+        # A frontend of sharded serving: the rows are its serving shards' (sharded.py).
+        self.clients: ShardClients | None = None
 
     def add_routes(self, app: FastAPI) -> None:
         app.description = (
@@ -125,11 +131,10 @@ class ServingReplica(Service):
 
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
+        if self.settings.serving_shard_addresses:
+            self.clients = ShardClients(self.settings.serving_shard_addresses, self.settings.grpc)
         self.grpc_server = await rpc.serve(
-            self.settings.host,
-            self.settings.grpc_port,
-            self.settings.grpc,
-            lambda server: pb_grpc.add_ServingServicer_to_server(_Servicer(self), server),
+            self.settings.host, self.settings.grpc_port, self.settings.grpc, self.register
         )
         self._discovery = asyncio.create_task(self._discover(), name="model discovery")
 
@@ -144,7 +149,13 @@ class ServingReplica(Service):
         for follower in self.followers.values():
             await follower.stop()
         await self.grpc_server.stop(grace=2)
+        if self.clients is not None:
+            await self.clients.close()
         await self.redis.aclose()
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """The gRPC services this process answers."""
+        pb_grpc.add_ServingServicer_to_server(_Servicer(self), server)
 
     def health(self) -> dict[str, Any]:
         return {"models": {name: f.served.version if f.served else None for name, f in self.followers.items()}}
@@ -171,13 +182,24 @@ class ServingReplica(Service):
                 logger.warning("model registry unavailable", extra={"error": str(err)})
             await asyncio.sleep(DISCOVER_S)
 
+    def holding(self, store: ModelStore) -> tuple[Callable[[VersionManifest], Any], Slice | None]:
+        """How this process holds a model: what makes one from a chain's first version, and the rows
+        of its tables it holds (a replica, all; a frontend, none)."""
+        if self.clients is not None:
+            clients = self.clients
+            return lambda first: FrontendModel(store, first, clients), None
+        return lambda first: ServedModel(store, first, self.settings.threads), WHOLE
+
     async def _follow(self, name: str, entry: dict[str, Any]) -> None:
         cap = self.settings.serving_memory_gb
+        store = ModelStore(entry["dir"], name)
+        make, rows = self.holding(store)
         follower = ModelFollower(
-            ModelStore(entry["dir"], name),
+            store,
             entry["topic"],
             self.settings.kafka,
-            self.settings.threads,
+            make,
+            rows=rows,
             memory_cap=None if cap is None else int(cap * 1e9),
         )
         self.followers[name] = follower
@@ -202,50 +224,65 @@ class ServingReplica(Service):
     async def predict_async(self, model: str, instances: list[Any], protocol: str) -> PredictResponse:
         """A few instances are answered on the event loop (a hop to a thread would cost about what
         they do: 0.1-0.5 ms); more, on a thread, so that one large request does not hold the loop
-        up for the requests behind it."""
-        if len(instances) <= INLINE_INSTANCES:
-            return self.predict(model, instances, protocol)
-        return await asyncio.to_thread(self.predict, model, instances, protocol)
+        up for the requests behind it. A frontend awaits its shards' rows on the loop, and runs its
+        network on a thread for more."""
+        inline = len(instances) <= INLINE_INSTANCES
+        if self.clients is None:
+            if inline:
+                return self.predict(model, instances, protocol)
+            return await asyncio.to_thread(self.predict, model, instances, protocol)
+        with self._answering(model, protocol):
+            frontend = self._served(model, instances)
+            return self._response(model, await frontend.predict(instances, inline=inline), len(instances))
 
     def predict(self, model: str, instances: list[Any], protocol: str) -> PredictResponse:
         """One request's predictions (on a worker thread); HTTPException says why not."""
+        with self._answering(model, protocol):
+            return self._response(model, self._served(model, instances).predict(instances), len(instances))
+
+    @contextlib.contextmanager
+    def _answering(self, model: str, protocol: str) -> Iterator[None]:
+        """A request's metrics, and its errors as HTTP answers."""
         started = time.perf_counter()
         code = "200"
         label = model if model in self.followers else "_unknown"  # a client's names are no metric labels
         try:
-            follower = self.followers.get(model)
-            if follower is None:
-                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {model!r}; models: {sorted(self.followers)}")
-            served = follower.served
-            if served is None:
-                raise HTTPException(
-                    status.HTTP_503_SERVICE_UNAVAILABLE,
-                    f"model {model!r} has no version loaded: {follower.state.error}",
-                )
-            if len(instances) > self.max_batch:
-                raise HTTPException(
-                    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-                    f"{len(instances)} instances; at most {self.max_batch} a request",
-                )
             try:
-                prediction = served.predict(instances)
+                yield
             except BadInstance as err:
                 raise bad_instance(err) from None
-            except VersionChurn as err:  # the caller's retry lands on a settled version
+            except (VersionChurn, ShardUnavailable) as err:  # the caller's retry lands on a settled version
                 raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(err)) from None
-            INSTANCES.labels(model).inc(len(instances))
-            for table, misses in prediction.misses.items():
-                if misses:
-                    UNSEEN.labels(model, table).inc(misses)
-            return PredictResponse(
-                predictions=prediction.probabilities.tolist(), model=model, version=prediction.version
-            )
         except HTTPException as err:
             code = str(err.status_code)
             raise
         finally:
             REQUESTS.labels(label, protocol, code).inc()
             LATENCY.labels(label, protocol).observe(time.perf_counter() - started)
+
+    def _served(self, model: str, instances: list[Any]) -> Any:
+        """The model that answers a request (a ServedModel, a frontend's FrontendModel)."""
+        follower = self.followers.get(model)
+        if follower is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {model!r}; models: {sorted(self.followers)}")
+        served = follower.served
+        if served is None:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"model {model!r} has no version loaded: {follower.state.error}"
+            )
+        if len(instances) > self.max_batch:
+            raise HTTPException(
+                status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                f"{len(instances)} instances; at most {self.max_batch} a request",
+            )
+        return served
+
+    def _response(self, model: str, prediction: Prediction, instances: int) -> PredictResponse:
+        INSTANCES.labels(model).inc(instances)
+        for table, misses in prediction.misses.items():
+            if misses:
+                UNSEEN.labels(model, table).inc(misses)
+        return PredictResponse(predictions=prediction.probabilities.tolist(), model=model, version=prediction.version)
 
 
 def main() -> None:

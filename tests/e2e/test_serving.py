@@ -27,6 +27,7 @@ from trillium.data.sources.presets import ADULT
 from trillium.job import ADULT_COLUMNS, CRITEO_COLUMNS, JobConfig
 from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest, model_topic
 from trillium.services.serving.follower import ModelFollower
+from trillium.services.serving.served import ServedModel
 from trillium.stack.client import CoordinatorClient
 from trillium.wire import kafka
 
@@ -191,9 +192,9 @@ def test_a_replica_pinned_to_an_older_version_answers_as_that_version_evaluated(
 
 
 def test_a_replica_refuses_a_version_over_its_memory_cap(training_stack, infra) -> None:
-    """`serving_memory_gb`: a replica never loads a version whose values files, on disk, are
-    more than its cap (it refuses every version, saying why); under twice the largest, it serves
-    the newest."""
+    """`serving_memory_gb`: a replica never loads a version whose full version's values files, on
+    disk, are more than its cap (it refuses every version, saying why); under twice the largest,
+    it serves the newest."""
     raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
     raw["name"] = "capped"
     raw["checkpoint"] = {"every_steps": 10, "every_seconds": None}
@@ -206,9 +207,9 @@ def test_a_replica_refuses_a_version_over_its_memory_cap(training_stack, infra) 
     assert len(store.chain(versions[-1])) >= 2  # the in-place check of a delta, and the chain's
 
     def on_disk(version: int) -> int:
-        """The bytes of the values files a replica reads to load `version`."""
+        """The bytes of the values files of the full version `version` is built on."""
         total = 0
-        for manifest in store.chain(version):
+        for manifest in store.chain(version)[:1]:
             for values in manifest.values:
                 with store.parts(manifest.parts).reading(values.name) as path:
                     total += os.path.getsize(path)
@@ -216,7 +217,9 @@ def test_a_replica_refuses_a_version_over_its_memory_cap(training_stack, infra) 
 
     def follow(cap: int) -> ModelFollower:
         async def loaded() -> ModelFollower:
-            follower = ModelFollower(store, model_topic(job.name), infra.kafka, 1, memory_cap=cap)
+            follower = ModelFollower(
+                store, model_topic(job.name), infra.kafka, lambda first: ServedModel(store, first, 1), memory_cap=cap
+            )
             follower.start(lambda *_: None)
             try:
                 await asyncio.wait_for(follower.loaded.wait(), 60)

@@ -105,6 +105,23 @@ def test_a_serving_replicas_memory_cap_comes_from_the_environment_and_a_bad_one_
         _settings()
 
 
+def test_a_serving_shards_place_and_a_frontends_shards_are_checked_at_start(env) -> None:
+    shard = dict(role="serving_shard", http_port=8080)
+    with pytest.raises(ConfigError, match=r"serving_shard: a serving shard needs its place"):
+        ServiceSettings.from_env(**shard)
+    env.setenv(config.ENV_SERVING_SHARD, "3/3")
+    with pytest.raises(ConfigError, match=r"serving_shard: index 3 of 3 shards"):
+        ServiceSettings.from_env(**shard)
+    env.setenv(config.ENV_SERVING_SHARD, "2/3")
+    assert ServiceSettings.from_env(**shard).serving_shard == "2/3"
+    frontend = dict(role="serving", http_port=8080)
+    env.setenv(config.ENV_SERVING_SHARDS, "a:7000|b:7000,c:7000")
+    assert ServiceSettings.from_env(**frontend).serving_shard_addresses == [["a:7000", "b:7000"], ["c:7000"]]
+    env.setenv(config.ENV_SERVING_SHARDS, "a:7000,c")
+    with pytest.raises(ConfigError, match=r"serving_shards: .*shard 1: 'c' is not HOST:PORT.*TRILLIUM_SERVING_SHARDS"):
+        ServiceSettings.from_env(**frontend)
+
+
 def test_no_error_echoes_a_secret(env) -> None:
     env.setenv(config.ENV_TOKEN, "short-token")  # under 16 characters: refused
     with pytest.raises(ConfigError, match="token: .*16 characters") as refused:

@@ -20,6 +20,10 @@ from trillium.services.serving.follower import ModelFollower
 from trillium.services.serving.server import ServingReplica
 
 
+def _loads_nothing(first):
+    raise AssertionError(f"this test loads no version, but {first.version} was")
+
+
 class SlowStore:
     """Versions 1 and 2; reading version 2's manifest holds until `release` (or a second)."""
 
@@ -52,7 +56,7 @@ class Served:
 
 def test_a_pin_asked_while_a_newer_version_is_applied_is_what_serves_after() -> None:
     store = SlowStore()
-    follower = ModelFollower(store, "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), 1)
+    follower = ModelFollower(store, "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), _loads_nothing)
 
     async def load_chain(version: int) -> Served:
         if version == 1:  # the pin's load: the catch-up's read of version 2 may end now

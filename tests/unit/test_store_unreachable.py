@@ -16,6 +16,10 @@ from trillium.runtime.storage import filesystem, unreachable
 from trillium.services.serving.follower import ModelFollower
 
 
+def _loads_nothing(first):
+    raise AssertionError(f"this test loads no version, but {first.version} was")
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,7 +65,7 @@ def test_an_object_store_call_has_the_named_deadlines(store_away) -> None:
 
 def test_a_replica_whose_store_is_away_refuses_nothing_and_says_since_when(store_away) -> None:
     follower = ModelFollower(
-        ModelStore(store_away, "m"), "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), 1
+        ModelStore(store_away, "m"), "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), _loads_nothing
     )
     before = time.time()
     asyncio.run(follower._read_store())
@@ -76,7 +80,10 @@ def test_a_replica_whose_store_is_away_refuses_nothing_and_says_since_when(store
 
 def test_a_store_that_answers_again_is_reachable_from_its_first_answer(tmp_path) -> None:
     follower = ModelFollower(
-        ModelStore(str(tmp_path / "models"), "m"), "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), 1
+        ModelStore(str(tmp_path / "models"), "m"),
+        "trillium.m.model",
+        KafkaConnection(bootstrap="127.0.0.1:1"),
+        _loads_nothing,
     )
     follower.state.store_unreachable_since, follower.state.store_error = time.time() - 30, "Connect timeout"
     asyncio.run(follower._read_store())  # an empty store: it answers, with no version

@@ -25,6 +25,14 @@ def up(
     nn_ranks: Annotated[int, typer.Option(min=1, help="NN worker ranks")] = 2,
     data_loaders: Annotated[int, typer.Option(min=1)] = 1,
     serving_replicas: Annotated[int, typer.Option(min=0, help="replicas serving the published models")] = 1,
+    serving_shards: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="serving shards, each holding a slice of every model's tables; the replicas then run the "
+            "networks over their rows (0: each replica holds whole models)",
+        ),
+    ] = 0,
     cluster: Annotated[
         bool,
         typer.Option(
@@ -58,6 +66,7 @@ def up(
         nn_ranks=nn_ranks,
         data_loaders=data_loaders,
         serving_replicas=serving_replicas,
+        serving_shards=serving_shards,
     )
     with console.status("starting the stack…"):
         try:

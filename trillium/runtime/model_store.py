@@ -241,10 +241,11 @@ class ModelStore:
             self.parts(name).remove()
         return gone
 
-    def verify(self, manifest: VersionManifest) -> None:
-        """Every file of the version present with the size and sha256 it was committed with."""
+    def verify(self, manifest: VersionManifest, files: list[VersionFile] | None = None) -> None:
+        """Every file of the version (or those of `files`) present with the size and sha256 it was
+        committed with."""
         parts = self.parts(manifest.parts)
-        for entry in manifest.files:
+        for entry in manifest.files if files is None else files:
             parts.verify_file(entry.name, entry.bytes, entry.sha256, error=CorruptVersion)
 
 

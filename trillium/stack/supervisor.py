@@ -32,6 +32,8 @@ from trillium.config import (
     ENV_KAFKA_SECURITY_PROTOCOL,
     ENV_REDIS_URL,
     ENV_RUN_DIR,
+    ENV_SERVING_SHARD,
+    ENV_SERVING_SHARDS,
     ENV_THREADS,
     ENV_TOKEN,
     EXIT_REPLACED,
@@ -58,6 +60,9 @@ RESTART_WINDOW_S = 120.0
 STOP_GRACE_S = 20.0
 # The processes whose compute takes threads (ServiceSettings.threads): they share the host's cores.
 COMPUTE_ROLES = ("embedding_ps", "nn_worker")
+GRPC_ROLES = ("embedding_ps", "embedding_worker", "serving_shard", "serving")
+# A role whose entry point is not `trillium.services.<role>`: a serving shard is serving's.
+SERVICE_MODULES = {"serving_shard": "trillium.services.serving.shard"}
 
 
 class Supervisor:
@@ -313,8 +318,9 @@ class Supervisor:
     def service_proc(self, role: str, index: int) -> Proc:
         name = f"{role}-{index}"
         address, http_port = self.place.address(name), self.place.port(name, "http")
-        grpc_port = self.place.port(name, "grpc") if role in ("embedding_ps", "embedding_worker", "serving") else None
-        argv = [sys.executable, "-m", f"trillium.services.{role}", "--index", str(index), "--http-port", str(http_port)]
+        grpc_port = self.place.port(name, "grpc") if role in GRPC_ROLES else None
+        module = SERVICE_MODULES.get(role, f"trillium.services.{role}")
+        argv = [sys.executable, "-m", module, "--index", str(index), "--http-port", str(http_port)]
         argv += ["--host", address]
         if grpc_port:
             argv += ["--grpc-port", str(grpc_port)]
@@ -334,6 +340,13 @@ class Supervisor:
             env |= self.tls.service_env(name)
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
             env[ENV_THREADS] = str(self.compute_threads())
+        if role == "serving_shard":
+            env[ENV_SERVING_SHARD] = f"{index}/{self.topology.serving_shards}"
+        if role == "serving" and self.topology.serving_shards:
+            env[ENV_SERVING_SHARDS] = ",".join(
+                f"{self.place.address(shard)}:{self.place.port(shard, 'grpc')}"
+                for shard in (f"serving_shard-{i}" for i in range(self.topology.serving_shards))
+            )
         return Proc(
             name,
             role,

@@ -188,12 +188,13 @@ async def serve(
     return server
 
 
-def channel(address: str, creds: GrpcCredentials) -> TokenChannel:
+def channel(address: str, creds: GrpcCredentials, extra_options: Sequence[tuple[str, Any]] = ()) -> TokenChannel:
     """A channel whose every call carries the token (over TLS when configured)."""
+    options = [*OPTIONS, *extra_options]
     if creds.tls is None:
-        return TokenChannel(grpc.aio.insecure_channel(address, options=OPTIONS), creds)
+        return TokenChannel(grpc.aio.insecure_channel(address, options=options), creds)
     tls = grpc.ssl_channel_credentials(root_certificates=_read(creds.tls.ca_file))
-    return TokenChannel(grpc.aio.secure_channel(address, tls, options=OPTIONS), creds)
+    return TokenChannel(grpc.aio.secure_channel(address, tls, options=options), creds)
 
 
 Request = TypeVar("Request")

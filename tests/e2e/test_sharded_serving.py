@@ -1,0 +1,170 @@
+"""Sharded serving on a real stack: 3 serving shards, each holding a slice of a model whose tables
+are over their memory cap, behind one frontend. Its predictions equal the job's own evaluation of
+the version each answer names, for the final version and for every version answered while new
+ones were applied under a stream of requests (rows of two versions in one answer would match
+neither); a serving shard killed -9 gives 503s that name it, and answers come back with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from pipeline_helpers import DATA
+from waiting import wait_until
+
+from trillium import stack
+from trillium.config import ENV_SERVING_MEMORY_GB, StackTopology
+from trillium.data import load_job
+from trillium.job import CRITEO_COLUMNS, JobConfig
+from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest
+from trillium.services.serving.served import Slice
+from trillium.services.serving.sharded import CALL_TIMEOUT_S
+from trillium.stack.client import CoordinatorClient
+
+SKEW = 1e-5
+SHARDS = 3
+PS_SHARDS = 4  # serving shard 0 holds training shards 0 and 3; shards 1 and 2 one each
+CAP_BYTES = 5_000  # each serving shard's cap: under the whole model's files; over each slice's tables (4,683 B at most)
+
+
+@pytest.fixture(scope="module")
+def sharded_stack(infra, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("sharded-stack")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(ENV_SERVING_MEMORY_GB, str(CAP_BYTES / 1e9))  # every process the stack starts (and restarts)
+        stack.up(
+            run_dir,
+            StackTopology(
+                nn_ranks=1,
+                ps_shards=PS_SHARDS,
+                embedding_workers=1,
+                data_loaders=1,
+                serving_replicas=1,
+                serving_shards=SHARDS,
+            ),
+            kafka_bootstrap=infra.kafka_bootstrap,
+            redis_url=infra.redis_database(11),
+        )
+        try:
+            yield run_dir
+        finally:
+            stack.down(run_dir)
+
+
+class Frontend:
+    def __init__(self, run_dir: Path) -> None:
+        st = stack.read_state(run_dir)
+        url = next(p["http_url"] for p in st["processes"] if p["role"] == "serving")
+        headers = {"Authorization": f"Bearer {stack.read_token(run_dir)}"}
+        self.http = httpx.Client(base_url=url, timeout=30.0, headers=headers)
+
+    def version(self, model: str) -> int | None:
+        r = self.http.get(f"/v1/models/{model}")
+        return r.json()["version"] if r.status_code == 200 else None
+
+    def ask(self, model: str, instances: list[dict]) -> httpx.Response:
+        return self.http.post(f"/v1/models/{model}:predict", json={"instances": instances})
+
+
+def _job() -> JobConfig:
+    raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    raw["name"] = "sharded"
+    raw["topology"] = {"nn_ranks": 1, "ps_shards": PS_SHARDS, "embedding_workers": 1}
+    raw["training"]["epochs"] = 6
+    raw["checkpoint"] = {"every_steps": 10, "every_seconds": None, "evaluate": True}
+    raw["publish"] = {"at_checkpoints": True, "every_seconds": None}
+    return JobConfig.model_validate(raw, context={"base_dir": DATA})
+
+
+def _test_rows() -> list[dict]:
+    """The test split as a client sends it: every column by name, a missing value empty."""
+    lines = (DATA / "tiny" / "test.tsv").read_text().splitlines()
+    return [dict(zip(CRITEO_COLUMNS, line.split("\t"), strict=True)) for line in lines]
+
+
+def _evaluation(store: ModelStore, manifest: VersionManifest) -> np.ndarray:
+    with store.parts(manifest.parts).reading(EVAL) as path:
+        return np.load(path)
+
+
+def _full_bytes(store: ModelStore, version: int, rows: Slice) -> int:
+    """The bytes on disk of the values files a holder of `rows` reads of the full version under
+    `version`: what a replica's memory cap is checked against before it loads it."""
+    full = store.chain(version)[0]
+    total = 0
+    for values in rows.values(full):
+        with store.parts(full.parts).reading(values.name) as path:
+            total += os.path.getsize(path)
+    return total
+
+
+def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_stack) -> None:
+    job = _job()
+    instances = _test_rows()
+    frontend = Frontend(sharded_stack)
+    answers: list[tuple[int, list[float]]] = []
+    failures: list[str] = []
+    training = threading.Event()
+
+    def ask_while_training() -> None:
+        """Answers while versions come and go: each must be one version's, whole."""
+        while training.is_set():
+            r = frontend.ask(job.name, instances)
+            if r.status_code == 200:
+                answers.append((r.json()["version"], r.json()["predictions"]))
+            elif answers or r.status_code not in (404, 503):  # before its first version: unknown, or none loaded
+                failures.append(f"{r.status_code}: {r.text}")
+
+    client = CoordinatorClient.for_stack(sharded_stack)
+    try:
+        training.set()
+        asker = threading.Thread(target=ask_while_training)
+        asker.start()
+        try:
+            view = client.follow(client.submit(job)["id"], timeout_s=300)
+        finally:
+            training.clear()
+            asker.join()
+    finally:
+        client.close()
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    store = ModelStore.of(job, sharded_stack)
+    versions = [v for v in store.versions() if store.manifest(v).job_id == view["job"]["id"]]
+    newest = store.manifest(versions[-1])
+    assert len(versions) >= 3 and store.manifest(versions[0]).kind == "full"
+
+    # The premise: a replica of the whole model would refuse it; each shard's slice is under the cap.
+    whole = _full_bytes(store, newest.version, Slice())
+    slices = [_full_bytes(store, newest.version, Slice(s, SHARDS)) for s in range(SHARDS)]
+    assert max(slices) <= CAP_BYTES < whole, (slices, whole)
+
+    # Every answer while versions were applied is one version's, whole.
+    assert not failures, failures[:3]
+    answered = {v for v, _ in answers}
+    assert len(answered) >= 2, f"answers under {answered} only: no version change was seen under load"
+    evaluations = {v: _evaluation(store, store.manifest(v)) for v in answered}
+    for version, predictions in answers:
+        np.testing.assert_allclose(predictions, evaluations[version], rtol=0, atol=SKEW, err_msg=f"version {version}")
+    print(
+        f"\nsharded: {len(answers)} answers under load from versions {sorted(answered)}; whole {whole} B, slices {slices}"
+    )
+
+    wait_until(lambda: frontend.version(job.name) == newest.version, f"version {newest.version} served", 60)
+    r = frontend.ask(job.name, instances)
+    assert r.status_code == 200 and r.json()["version"] == newest.version, r.text
+    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
+
+    # A shard killed -9: 503s naming it, fast; then answers again once it is back.
+    processes = {p["name"]: p for p in stack.read_state(sharded_stack)["processes"]}
+    os.kill(processes["serving_shard-1"]["pid"], signal.SIGKILL)
+    r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code != 200 and r, "a request failing", 30)
+    assert r.status_code == 503 and "serving shard 1" in r.text, r.text
+    assert r.elapsed.total_seconds() < CALL_TIMEOUT_S, "a request hung on the shard killed"
+    r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 90)
+    assert r.json()["version"] == newest.version
+    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
