@@ -223,7 +223,7 @@ _COUNTED_BY: dict[str, str] = {
     "embedding_worker": "embedding_workers",
     "nn_worker": "nn_ranks",
     "data_loader": "data_loaders",
-    "serving_shard": "serving_shards",
+    "serving_shard": "serving_shard_processes",
     "serving": "serving_replicas",
 }
 
@@ -258,6 +258,12 @@ class StackTopology(RoleCounts, BaseModel):
     serving_shards: int = Field(
         0, ge=0, le=64, description="serving shards the replicas ask for rows (0: each replica holds every row)"
     )
+    serving_shard_replicas: int = Field(1, ge=1, le=8, description="processes holding each serving shard")
+
+    @property
+    def serving_shard_processes(self) -> int:
+        """Serving shard process i holds shard i % serving_shards (replica i // serving_shards)."""
+        return self.serving_shards * self.serving_shard_replicas
 
 
 class ServiceSettings(BaseModel):

@@ -1,8 +1,9 @@
-"""Sharded serving on a real stack: 3 serving shards, each holding a slice of a model whose tables
-are over their memory cap, behind one frontend. Its predictions equal the job's own evaluation of
-the version each answer names, for the final version and for every version answered while new
-ones were applied under a stream of requests (rows of two versions in one answer would match
-neither); a serving shard killed -9 gives 503s that name it, and answers come back with it."""
+"""Sharded serving on a real stack: 3 serving shards of 2 replicas each, each holding a slice of a
+model whose tables are over their memory cap, behind one frontend. Its predictions equal the job's
+own evaluation of the version each answer names, for the final version and for every version
+answered while new ones were applied under a stream of requests (rows of two versions in one
+answer would match neither). One replica of a shard killed -9 fails no request; both give 503s
+that name the shard, and answers come back with it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from trillium.stack.client import CoordinatorClient
 
 SKEW = 1e-5
 SHARDS = 3
+REPLICAS = 2  # serving shard process i holds shard i % SHARDS
 PS_SHARDS = 4  # serving shard 0 holds training shards 0 and 3; shards 1 and 2 one each
 CAP_BYTES = 5_000  # each serving shard's cap: under the whole model's files; over each slice's tables (4,683 B at most)
 
@@ -46,6 +48,7 @@ def sharded_stack(infra, tmp_path_factory) -> Path:
                 data_loaders=1,
                 serving_replicas=1,
                 serving_shards=SHARDS,
+                serving_shard_replicas=REPLICAS,
             ),
             kafka_bootstrap=infra.kafka_bootstrap,
             redis_url=infra.redis_database(11),
@@ -159,12 +162,51 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     assert r.status_code == 200 and r.json()["version"] == newest.version, r.text
     np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
 
-    # A shard killed -9: 503s naming it, fast; then answers again once it is back.
-    processes = {p["name"]: p for p in stack.read_state(sharded_stack)["processes"]}
-    os.kill(processes["serving_shard-1"]["pid"], signal.SIGKILL)
+    # One replica of shard 1 killed -9: no request fails, while it is away and as it comes back.
+    pids = _pids(sharded_stack)
+    failed, answered_meanwhile = [], []
+    asking = threading.Event()
+
+    def ask_until_back() -> None:
+        while asking.is_set():
+            r = frontend.ask(job.name, instances)
+            (answered_meanwhile if r.status_code == 200 else failed).append(r)
+
+    asking.set()
+    asker = threading.Thread(target=ask_until_back)
+    asker.start()
+    try:
+        os.kill(pids["serving_shard-1"], signal.SIGKILL)
+        wait_until(lambda: _pids(sharded_stack)["serving_shard-1"] != pids["serving_shard-1"], "a new replica", 60)
+        wait_until(lambda: _shard_version(sharded_stack, 1, job.name) == newest.version, "the replica serving", 90)
+        wait_until(lambda: len(answered_meanwhile) > 20, "answers after its return")
+    finally:
+        asking.clear()
+        asker.join()
+    assert not failed, [f"{r.status_code}: {r.text}" for r in failed[:3]]
+
+    # Both replicas of shard 1: 503s naming it, each at once; then answers again once one is back.
+    pids = _pids(sharded_stack)
+    for replica in range(REPLICAS):
+        os.kill(pids[f"serving_shard-{1 + replica * SHARDS}"], signal.SIGKILL)
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code != 200 and r, "a request failing", 30)
     assert r.status_code == 503 and "serving shard 1" in r.text, r.text
     assert r.elapsed.total_seconds() < CALL_TIMEOUT_S, "a request hung on the shard killed"
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 90)
     assert r.json()["version"] == newest.version
     np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
+
+
+def _pids(run_dir: Path) -> dict[str, int]:
+    return {p["name"]: p["pid"] for p in stack.read_state(run_dir)["processes"]}
+
+
+def _shard_version(run_dir: Path, process: int, model: str) -> int | None:
+    """The version serving shard process `process` serves (None: none, or it does not answer)."""
+    st = stack.read_state(run_dir)
+    url = next(p["http_url"] for p in st["processes"] if p["name"] == f"serving_shard-{process}")
+    try:
+        r = httpx.get(f"{url}/v1/models/{model}", headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"})
+    except httpx.HTTPError:
+        return None
+    return r.json()["version"] if r.status_code == 200 else None

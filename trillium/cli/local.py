@@ -33,6 +33,9 @@ def up(
             "networks over their rows (0: each replica holds whole models)",
         ),
     ] = 0,
+    serving_shard_replicas: Annotated[
+        int, typer.Option(min=1, help="processes holding each serving shard: one may be lost without a failed request")
+    ] = 1,
     cluster: Annotated[
         bool,
         typer.Option(
@@ -67,6 +70,7 @@ def up(
         data_loaders=data_loaders,
         serving_replicas=serving_replicas,
         serving_shards=serving_shards,
+        serving_shard_replicas=serving_shard_replicas,
     )
     with console.status("starting the stack…"):
         try:

@@ -341,12 +341,9 @@ class Supervisor:
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
             env[ENV_THREADS] = str(self.compute_threads())
         if role == "serving_shard":
-            env[ENV_SERVING_SHARD] = f"{index}/{self.topology.serving_shards}"
+            env[ENV_SERVING_SHARD] = f"{index % self.topology.serving_shards}/{self.topology.serving_shards}"
         if role == "serving" and self.topology.serving_shards:
-            env[ENV_SERVING_SHARDS] = ",".join(
-                f"{self.place.address(shard)}:{self.place.port(shard, 'grpc')}"
-                for shard in (f"serving_shard-{i}" for i in range(self.topology.serving_shards))
-            )
+            env[ENV_SERVING_SHARDS] = self.serving_shards()
         return Proc(
             name,
             role,
@@ -358,6 +355,17 @@ class Supervisor:
             env=env,
             address=address,
             tls=self.tls is not None,
+        )
+
+    def serving_shards(self) -> str:
+        """A frontend's `TRILLIUM_SERVING_SHARDS`: shard s's replicas are processes s, s + N, ..."""
+        count = self.topology.serving_shards
+        return ",".join(
+            "|".join(
+                f"{self.place.address(name)}:{self.place.port(name, 'grpc')}"
+                for name in (f"serving_shard-{i}" for i in range(shard, self.topology.serving_shard_processes, count))
+            )
+            for shard in range(count)
         )
 
     def compute_threads(self) -> int:
