@@ -50,6 +50,7 @@ logger = logging.getLogger("trillium.serving")
 
 INLINE_INSTANCES = 8  # requests up to this many instances are answered on the event loop
 DISCOVER_S = 1.0  # how often the model registry is read for models new to the replica
+SHARDS_WATCH_S = 1.0  # how often a frontend asks its serving shards their versions (its readiness)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUESTS = Counter("trillium_serving_requests_total", "prediction requests", ["model", "protocol", "code"])
@@ -119,6 +120,8 @@ class ServingReplica(Service):
         self._first_load = asyncio.Event()
         # A frontend of sharded serving: the rows are its serving shards' (sharded.py).
         self.clients: ShardClients | None = None
+        self.shards_behind: list[str] = []  # the shards not at the version served, while any is not
+        self._shards_watch: asyncio.Task[None] | None = None
 
     def add_routes(self, app: FastAPI) -> None:
         app.description = (
@@ -137,15 +140,33 @@ class ServingReplica(Service):
             self.settings.host, self.settings.grpc_port, self.settings.grpc, self.register
         )
         self._discovery = asyncio.create_task(self._discover(), name="model discovery")
+        if self.clients is not None:
+            self._shards_watch = asyncio.create_task(self._watch_shards(self.clients), name="serving shards")
 
     def accepts_traffic(self) -> bool:
-        """Ready once every model known at the start has tried its first load (`_discover`)."""
-        return self._first_load.is_set()
+        """Ready once every model known at the start has tried its first load (`_discover`); a
+        frontend, once every serving shard serves the version it runs, of every model."""
+        return self._first_load.is_set() and not self.shards_behind
+
+    async def _watch_shards(self, clients: ShardClients) -> None:
+        """Whether every serving shard is at the version this frontend runs (`shards_behind`, for
+        readiness), every SHARDS_WATCH_S."""
+        while True:
+            behind = []
+            for name, follower in list(self.followers.items()):
+                if follower.served is not None:
+                    behind += [f"{name}: {why}" for why in await clients.behind(name, follower.served.version)]
+            if behind != self.shards_behind:
+                logger.info("serving shards", extra={"behind": behind} if behind else {"behind": "none"})
+            self.shards_behind = behind
+            await asyncio.sleep(SHARDS_WATCH_S)
 
     async def stop(self) -> None:
-        self._discovery.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._discovery
+        for task in (self._discovery, self._shards_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for follower in self.followers.values():
             await follower.stop()
         await self.grpc_server.stop(grace=2)
@@ -158,7 +179,8 @@ class ServingReplica(Service):
         pb_grpc.add_ServingServicer_to_server(_Servicer(self), server)
 
     def health(self) -> dict[str, Any]:
-        return {"models": {name: f.served.version if f.served else None for name, f in self.followers.items()}}
+        models = {name: f.served.version if f.served else None for name, f in self.followers.items()}
+        return {"models": models} | ({"shards_behind": self.shards_behind} if self.clients is not None else {})
 
     # ---- models ------------------------------------------------------------------------------
     async def _discover(self) -> None:

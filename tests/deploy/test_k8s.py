@@ -36,9 +36,10 @@ def _render(path: str) -> list[dict]:
 
 
 PERSIA_100T = "deploy/k8s/overlays/persia-100t"  # docs/scaling.md derives its counts and sizes
+SHARDED = "deploy/k8s/overlays/sharded-serving"
 
 
-@pytest.fixture(scope="module", params=["deploy/k8s/base", "deploy/k8s/overlays/production", PERSIA_100T])
+@pytest.fixture(scope="module", params=["deploy/k8s/base", "deploy/k8s/overlays/production", PERSIA_100T, SHARDED])
 def rendered(request) -> tuple[str, list[dict]]:
     return request.param, _render(request.param)
 
@@ -71,14 +72,19 @@ def test_the_topology_and_its_kinds(rendered) -> None:
     kinds = {name: o["kind"] for name, o in _workloads(objects).items()}
     # More than one embedding worker or data loader needs an index each: a StatefulSet's ordinal.
     many = "StatefulSet" if path == PERSIA_100T else "Deployment"
-    assert kinds == {
-        "coordinator": "Deployment",
-        "embedding-ps": "StatefulSet",
-        "embedding-worker": many,
-        "nn-worker": "StatefulSet",
-        "data-loader": many,
-        "serving": "Deployment",
-    }
+    shards = {"serving-shard-a": "StatefulSet", "serving-shard-b": "StatefulSet"} if path == SHARDED else {}
+    assert (
+        kinds
+        == {
+            "coordinator": "Deployment",
+            "embedding-ps": "StatefulSet",
+            "embedding-worker": many,
+            "nn-worker": "StatefulSet",
+            "data-loader": many,
+            "serving": "Deployment",
+        }
+        | shards
+    )
     ps = _workloads(objects)["embedding-ps"]
     assert [c["metadata"]["name"] for c in ps["spec"]["volumeClaimTemplates"]] == ["checkpoints"]
     services = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Service"}
@@ -103,6 +109,33 @@ def test_every_container_is_probed_limited_and_given_the_token_by_a_secret(objec
                 assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "trillium-secrets", (name, var)
             # Only names trillium/config.py reads (POD_INDEX feeds --index, not a service).
             assert set(env) - {"POD_INDEX"} <= CONFIG_NAMES, (name, set(env) - CONFIG_NAMES)
+
+
+def test_the_frontends_ask_every_shard_of_both_sets_and_only_they_may() -> None:
+    """Shard i is pods serving-shard-a-i and -b-i (their ordinal and TRILLIUM_SERVING_SHARD's
+    COUNT), each named in the frontends' TRILLIUM_SERVING_SHARDS by its stable DNS name, and
+    reached on gRPC from the frontends alone."""
+    objects = _render(SHARDED)
+    workloads = _workloads(objects)
+    frontend_env = {e["name"]: e for e in workloads["serving"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    listed = [replicas.split("|") for replicas in frontend_env[config.ENV_SERVING_SHARDS]["value"].split(",")]
+    for set_ in ("a", "b"):
+        shard_set = workloads[f"serving-shard-{set_}"]
+        assert shard_set["spec"]["serviceName"] == f"serving-shard-{set_}"
+        container = shard_set["spec"]["template"]["spec"]["containers"][0]
+        place = next(e["value"] for e in container["env"] if e["name"] == config.ENV_SERVING_SHARD)
+        assert place == f"$(POD_INDEX)/{shard_set['spec']['replicas']}" and len(listed) == shard_set["spec"]["replicas"]
+        port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        for i, replicas in enumerate(listed):
+            assert f"serving-shard-{set_}-{i}.serving-shard-{set_}:{port}" in replicas
+    policies = [
+        o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].startswith("serving-shard")
+    ]
+    assert len(policies) == 2
+    for policy in policies:
+        (rule,) = policy["spec"]["ingress"]
+        assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "serving"}}}]
+        assert rule["ports"] == [{"port": 50051, "protocol": "TCP"}]
 
 
 def test_the_configmap_names_only_config_variables(objects) -> None:

@@ -3,7 +3,7 @@ model whose tables are over their memory cap, behind one frontend. Its predictio
 own evaluation of the version each answer names, for the final version and for every version
 answered while new ones were applied under a stream of requests (rows of two versions in one
 answer would match neither). One replica of a shard killed -9 fails no request; both give 503s
-that name the shard, and answers come back with it."""
+that name the shard, and the frontend is not ready until answers come back with it."""
 
 from __future__ import annotations
 
@@ -69,6 +69,9 @@ class Frontend:
     def version(self, model: str) -> int | None:
         r = self.http.get(f"/v1/models/{model}")
         return r.json()["version"] if r.status_code == 200 else None
+
+    def ready(self) -> bool:
+        return self.http.get("/readyz").status_code == 200
 
     def ask(self, model: str, instances: list[dict]) -> httpx.Response:
         return self.http.post(f"/v1/models/{model}:predict", json={"instances": instances})
@@ -192,9 +195,11 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code != 200 and r, "a request failing", 30)
     assert r.status_code == 503 and "serving shard 1" in r.text, r.text
     assert r.elapsed.total_seconds() < CALL_TIMEOUT_S, "a request hung on the shard killed"
+    wait_until(lambda: not frontend.ready(), "the frontend not ready while a shard is away", 30)
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 90)
     assert r.json()["version"] == newest.version
     np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
+    wait_until(frontend.ready, "the frontend ready again", 30)
 
 
 def _pids(run_dir: Path) -> dict[str, int]:
