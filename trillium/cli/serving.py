@@ -91,6 +91,10 @@ def _ago(ts: float | None) -> str:
     return f"{time.time() - ts:.1f}s" if ts else ""
 
 
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f}s" if value is not None else ""
+
+
 @app.command()
 def models(
     model: Annotated[Optional[str], typer.Argument(help="one model (default: all)")] = None,
@@ -122,10 +126,22 @@ def models(
     if as_json:
         print(json.dumps(views, indent=2))
         return
-    table = Table("replica", "model", "version", "step", "kind", "pinned", "age", "freshness lag", "rows", "bytes")
+    table = Table(
+        "replica",
+        "model",
+        "version",
+        "step",
+        "kind",
+        "pinned",
+        "age",
+        "freshness lag",
+        "watermark lag",
+        "rows",
+        "bytes",
+    )
     for v in views:
         rows = sum(t["rows"] for t in v["tables"].values())
-        lag = f"{v['freshness_lag_seconds']:.1f}s" if v.get("freshness_lag_seconds") is not None else ""
+        lag = _seconds(v.get("freshness_lag_seconds"))
         table.add_row(
             v["replica"],
             v["model"],
@@ -135,6 +151,7 @@ def models(
             str(v["pinned"] or ""),
             _ago(v["created_at"]),
             lag,
+            _seconds(v.get("low_watermark_lag_seconds")),
             f"{rows:,}",
             f"{v['bytes']:,}",
         )
