@@ -13,8 +13,12 @@
    the same transform, in a process of its own behind the same gRPC service, answering the same
    request bodies from the same clients: its latency and saturation beside the replica's, and the
    ratios. The anchor in one sequential loop with no transport says which part is transport.
-5. **Bytes per value** of the served tables (the replica's memory over rows × dim).
-6. **Click-to-served freshness**: an online job (examples/online, a version every
+5. **Sharded serving** (`sharded`): `--serving-shards` serving shards (as many as the job's PS
+   shards, by default) and a frontend over them, the same model, the same clients and loads: its
+   latency and saturation, and the latency it adds over the one replica (target: ≤ 1 ms p50 at
+   batch 1), with its predictions' largest difference from the replica's.
+6. **Bytes per value** of the served tables (the replica's memory over rows × dim).
+7. **Click-to-served freshness**: an online job (examples/online, a version every
    `publish.every_seconds`) on a replayed stream; a probe asks the replica for a prediction every
    20 ms. A click at event time t is served once a version whose newest trained event time is at
    least t answers a probe: freshness = that answer's time - t, over click times every 0.1 s of
@@ -43,6 +47,7 @@ import clients
 import httpx
 import numpy as np
 from serving_anchor import PlainTorchModel, in_process_rate  # the script's own folder is on sys.path
+from serving_sharded import over_replica, sharded
 
 from trillium import stack
 from trillium.config import GrpcCredentials, KafkaConnection, StackTopology
@@ -225,6 +230,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=240_000, help="training rows of the file job")
     clients.add_load_arguments(parser)
     parser.add_argument("--stream-seconds", type=float, default=60.0, help="the freshness run")
+    parser.add_argument(
+        "--serving-shards", type=int, default=TOPOLOGY.ps_shards, help="serving shards of the sharded run"
+    )
     args = parser.parse_args()
     log = (lambda *a: None) if args.json else print
     result: dict[str, Any] = {}
@@ -264,6 +272,15 @@ def main() -> None:
                 "in_process": {f"batch{b}": in_process(run_dir, job, bodies[b], args.seconds) for b in (1, 64)},
             }
             result["serving_over_anchor"] = over_anchor(ours, theirs)
+            log("sharded serving: latency and saturation ...")
+            with sharded(run_dir, job.name, args.serving_shards, bodies[1][0]) as frontend:
+                spread = measure(frontend, ("grpc", "grpc_go"), bodies, args)
+                answers = [asyncio.run(predictions(c, bodies[64][:20])) for c in (replica, frontend)]
+            result["sharded"] = spread | {
+                "shards": args.serving_shards,
+                "over_replica": over_replica(spread, ours),
+                "max_prediction_difference": float(np.max(np.abs(answers[0] - answers[1]))),
+            }
             log("freshness ...")
             conn = KafkaConnection(bootstrap=st["kafka"]["bootstrap"])
             result["freshness"] = freshness(run_dir, conn, args.stream_seconds, rate=2000.0)
