@@ -4,6 +4,7 @@ and the frontend's figures over the replica's."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -16,16 +17,7 @@ import clients
 import httpx
 
 from trillium import stack
-from trillium.config import (
-    ENV_COORDINATOR_URL,
-    ENV_KAFKA_BOOTSTRAP,
-    ENV_REDIS_URL,
-    ENV_RUN_DIR,
-    ENV_SERVING_MODEL,
-    ENV_SERVING_SHARD,
-    ENV_SERVING_SHARDS,
-    ENV_TOKEN,
-)
+from trillium.config import ENV_SERVING_SHARD, ENV_SERVING_SHARDS
 from trillium.stack.procs import free_port
 
 READY_S = 300.0  # a shard loads its slice of a million-row model
@@ -35,16 +27,7 @@ READY_S = 300.0  # a shard loads its slice of a million-row model
 def sharded(run_dir: Path, model: str, shards: int, probe: bytes) -> Iterator[clients.Client]:
     """`shards` serving shards and a frontend over them, serving `model`; yields the frontend once
     it answers `probe` (a request body's instances: a JSON array)."""
-    st = stack.read_state(run_dir)
-    token = stack.read_token(run_dir)
-    env = {
-        ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"],
-        ENV_REDIS_URL: st["redis"]["url"],
-        ENV_COORDINATOR_URL: st["coordinator_url"],
-        ENV_TOKEN: token,
-        ENV_RUN_DIR: st["run_dir"],
-        ENV_SERVING_MODEL: model,
-    }
+    env = dict(os.environ) | stack.serving_env(run_dir, model)
     with ExitStack() as processes:
         addresses = []
         for shard in range(shards):
@@ -55,7 +38,7 @@ def sharded(run_dir: Path, model: str, shards: int, probe: bytes) -> Iterator[cl
         http, grpc = free_port(), free_port()
         env_frontend = env | {ENV_SERVING_SHARDS: ",".join(addresses)}
         processes.enter_context(_process("trillium.services.serving", 0, http, grpc, env_frontend))
-        frontend = clients.Client(f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", token, model)
+        frontend = clients.Client(f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", stack.read_token(run_dir), model)
         _wait_serving(frontend, probe)
         yield frontend
 

@@ -87,21 +87,21 @@ def test_grpc_tls_needs_all_three_files(env, tmp_path) -> None:
     assert "grpc_tls.ca_file: Field required (set TRILLIUM_GRPC_TLS_CA)" in str(err.value)
 
 
-def test_threads_come_from_the_environment_and_a_bad_count_names_its_variable(env) -> None:
-    assert _settings().threads is None  # each role's own default
-    env.setenv(config.ENV_THREADS, "3")
-    assert _settings().threads == 3
-    env.setenv(config.ENV_THREADS, "0")
-    with pytest.raises(ConfigError, match=r"threads: .*\(from TRILLIUM_THREADS\)"):
-        _settings()
-
-
-def test_a_serving_replicas_memory_cap_comes_from_the_environment_and_a_bad_one_names_its_variable(env) -> None:
-    assert _settings().serving_memory_gb is None  # no cap
-    env.setenv(config.ENV_SERVING_MEMORY_GB, "1.5")
-    assert _settings().serving_memory_gb == 1.5
-    env.setenv(config.ENV_SERVING_MEMORY_GB, "0")
-    with pytest.raises(ConfigError, match=r"serving_memory_gb: .*\(from TRILLIUM_SERVING_MEMORY_GB\)"):
+@pytest.mark.parametrize(
+    ("field", "variable", "good", "parsed", "bad"),
+    [
+        ("threads", config.ENV_THREADS, "3", 3, "0"),  # unset: each role's own default
+        ("serving_memory_gb", config.ENV_SERVING_MEMORY_GB, "1.5", 1.5, "0"),  # unset: no cap
+    ],
+)
+def test_a_setting_comes_from_the_environment_and_a_bad_value_names_its_variable(
+    env, field, variable, good, parsed, bad
+) -> None:
+    assert getattr(_settings(), field) is None
+    env.setenv(variable, good)
+    assert getattr(_settings(), field) == parsed
+    env.setenv(variable, bad)
+    with pytest.raises(ConfigError, match=rf"{field}: .*\(from {variable}\)"):
         _settings()
 
 

@@ -16,15 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trillium import stack
-from trillium.config import (
-    ENV_COORDINATOR_URL,
-    ENV_KAFKA_BOOTSTRAP,
-    ENV_REDIS_URL,
-    ENV_RUN_DIR,
-    ENV_SERVING_MODEL,
-    ENV_SERVING_VERSION,
-    ENV_TOKEN,
-)
+from trillium.config import ENV_SERVING_VERSION
 from trillium.stack.procs import free_port
 
 from .app import JsonOut, RunDir, app, console, fail, run_dir_of
@@ -51,16 +43,9 @@ def serve(
 ) -> None:
     """Serve MODEL in the foreground (Ctrl-C stops it), from the versions the stack's jobs publish:
     REST `POST /v1/models/MODEL:predict` and gRPC `Predict`, both with the stack's token."""
-    st, token = _stack(run_dir)
+    _stack(run_dir)
     port, grpc_port = port or free_port(), grpc_port or free_port()
-    env = dict(os.environ) | {
-        ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"],
-        ENV_REDIS_URL: st["redis"]["url"],
-        ENV_COORDINATOR_URL: st["coordinator_url"],
-        ENV_TOKEN: token,
-        ENV_RUN_DIR: st["run_dir"],
-        ENV_SERVING_MODEL: model,
-    }
+    env = dict(os.environ) | stack.serving_env(run_dir_of(run_dir), model)
     if version is not None:
         env[ENV_SERVING_VERSION] = str(version)
     console.print(f"serving {model} at http://{host}:{port} (grpc {host}:{grpc_port}); Ctrl-C stops it")

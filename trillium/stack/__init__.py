@@ -31,7 +31,15 @@ from typing import Any
 
 import httpx
 
-from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, StackTopology
+from trillium.config import (
+    ENV_COORDINATOR_URL,
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_REDIS_URL,
+    ENV_RUN_DIR,
+    ENV_SERVING_MODEL,
+    ENV_TOKEN,
+    StackTopology,
+)
 from trillium.job.record import ACTIVE
 from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
@@ -186,6 +194,20 @@ async def _probe(st: dict[str, Any]) -> dict[str, Any]:
         "redis": r,
         "object_store": o,
         "services": dict(zip((p["name"] for p in services), h, strict=True)),
+    }
+
+
+def serving_env(run_dir: Path, model: str) -> dict[str, str]:
+    """What a serving process started beside a running stack needs to serve `model` from it (a
+    replica of `trillium serve`, a serving shard, a frontend)."""
+    st = read_state(run_dir)
+    return {
+        ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"],
+        ENV_REDIS_URL: st["redis"]["url"],
+        ENV_COORDINATOR_URL: st["coordinator_url"],
+        ENV_TOKEN: read_token(run_dir),
+        ENV_RUN_DIR: st["run_dir"],
+        ENV_SERVING_MODEL: model,
     }
 
 
