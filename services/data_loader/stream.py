@@ -453,11 +453,12 @@ class StreamLoader:
             due_steps(self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=now)
         )
         window = self.data.join.window_seconds if self.data.join is not None else 0.0
-        oldest = [min(rows.times, default=np.inf) for rows in steps]
-        through = complete_through(self.watermark, oldest, min(self.rows.times, default=np.inf), window)
-        for rows, stamp in zip(steps, through, strict=True):
-            n = len(rows)
-            await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)], stamp)
+        if steps:  # the pool's oldest sample (a pass over all of it) only when a step goes out
+            oldest = [min(rows.times, default=np.inf) for rows in steps]
+            through = complete_through(self.watermark, oldest, min(self.rows.times, default=np.inf), window)
+            for rows, stamp in zip(steps, through, strict=True):
+                n = len(rows)
+                await self._step(producer, rows, [n // k + (i < n % k) for i in range(k)], stamp)
         if not self.rows and now - self.last_step >= self.data.batch_timeout_seconds:
             # A tick: an empty step while the stream is quiet. The ranks' control words ride on the
             # steps, so a checkpoint, a pause, a stop or a model version is agreed on within a

@@ -36,8 +36,8 @@ class _Servicer(pb_grpc.ServingShardServicer):
 
     async def Lookup(self, request: pb.ServingRowsRequest, context: grpc.aio.ServicerContext) -> pb.ServingRowsResponse:
         follower = self.shard.followers.get(request.model)
-        if follower is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no model {request.model!r} on this serving shard")
+        if follower is None:  # not found in the registry yet (a frontend asks for the models it found there)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"model {request.model!r} not loaded on this shard yet")
         served = await self.shard.at_least(follower, request.version, request.wait_ms / 1000)
         if served is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"no version loaded: {follower.state.error}")
