@@ -51,6 +51,7 @@ logger = logging.getLogger("trillium.serving")
 INLINE_INSTANCES = 8  # requests up to this many instances are answered on the event loop
 DISCOVER_S = 1.0  # how often the model registry is read for models new to the replica
 SHARDS_WATCH_S = 1.0  # how often a frontend asks its serving shards their versions (its readiness)
+SHARDS_BEHIND_S = 3.0  # ... and how long one may lag the frontend's version before it is not ready
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUESTS = Counter("trillium_serving_requests_total", "prediction requests", ["model", "protocol", "code"])
@@ -150,12 +151,23 @@ class ServingReplica(Service):
 
     async def _watch_shards(self, clients: ShardClients) -> None:
         """Whether every serving shard is at the version this frontend runs (`shards_behind`, for
-        readiness), every SHARDS_WATCH_S."""
+        readiness), every SHARDS_WATCH_S. A shard counts as behind once it has been for
+        SHARDS_BEHIND_S: while a version is applied, the frontend and the shards reach it a moment
+        apart, and a request meanwhile waits for them rather than fails."""
+        since: dict[tuple[str, int], float] = {}  # (model, shard) -> when it was first seen behind
+        loop = asyncio.get_running_loop()
         while True:
-            behind = []
+            behind, now = [], loop.time()
+            seen = set()
             for name, follower in list(self.followers.items()):
-                if follower.served is not None:
-                    behind += [f"{name}: {why}" for why in await clients.behind(name, follower.served.version)]
+                if follower.served is None:
+                    continue
+                for shard, why in (await clients.behind(name, follower.served.version)).items():
+                    seen.add((name, shard))
+                    if now - since.setdefault((name, shard), now) >= SHARDS_BEHIND_S:
+                        behind.append(f"{name}: {why}")
+            for caught_up in set(since) - seen:
+                del since[caught_up]
             if behind != self.shards_behind:
                 logger.info("serving shards", extra={"behind": behind} if behind else {"behind": "none"})
             self.shards_behind = behind

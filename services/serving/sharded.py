@@ -77,9 +77,9 @@ class ShardClients:
                 failures.append(f"{self.addresses[shard][replica]}: {err.code().name}")
         raise ShardUnavailable(f"serving shard {shard} does not answer ({'; '.join(failures)})")
 
-    async def behind(self, model: str, version: int) -> list[str]:
-        """The shards not serving `model` at `version` (none of whose replicas does), each as
-        "shard s: why"; empty when every shard is at it."""
+    async def behind(self, model: str, version: int) -> dict[int, str]:
+        """The shards not serving `model` at `version` (whose replica asked does not), and why;
+        empty when every shard is at it."""
 
         async def at(shard: int) -> str | None:
             request = pb.ServingRowsRequest(model=model, version=version, wait_ms=0)
@@ -89,7 +89,8 @@ class ShardClients:
                 return str(err)
             return None if answered == version else f"serving shard {shard} serves version {answered}"
 
-        return [why for why in await asyncio.gather(*(at(s) for s in range(self.count))) if why is not None]
+        whys = await asyncio.gather(*(at(shard) for shard in range(self.count)))
+        return {shard: why for shard, why in enumerate(whys) if why is not None}
 
     async def close(self) -> None:
         for channels in self._channels:
