@@ -2,13 +2,16 @@
 model whose tables are over their memory cap, behind one frontend. Its predictions equal the job's
 own evaluation of the version each answer names, for the final version and for every version
 answered while new ones were applied under a stream of requests (rows of two versions in one
-answer would match neither). One replica of a shard killed -9 fails no request; both give 503s
-that name the shard, and the frontend is not ready until answers come back with it."""
+answer would match neither). A rollback pins shards and frontend alike. One replica of a shard
+killed -9 fails no request; both give 503s that name the shard, and the frontend is not ready
+until answers come back with it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -165,6 +168,18 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     assert r.status_code == 200 and r.json()["version"] == newest.version, r.text
     np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
 
+    # A rollback: `trillium models --pin` pins the shards and the frontend, and answers are the old
+    # version's, whole; --unpin serves the newest again.
+    old = store.manifest(versions[len(versions) // 2])
+    _models(sharded_stack, job.name, "--pin", str(old.version))
+    r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers pinned", 60)
+    assert r.json()["version"] == old.version, r.text
+    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, old), rtol=0, atol=SKEW)
+    _models(sharded_stack, job.name, "--unpin")
+    wait_until(lambda: frontend.version(job.name) == newest.version, f"version {newest.version} again", 60)
+    r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 60)
+    assert r.json()["version"] == newest.version, r.text
+
     # One replica of shard 1 killed -9: no request fails, while it is away and as it comes back.
     pids = _pids(sharded_stack)
     failed, answered_meanwhile = [], []
@@ -200,6 +215,13 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     assert r.json()["version"] == newest.version
     np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
     wait_until(frontend.ready, "the frontend ready again", 30)
+
+
+def _models(run_dir: Path, *args: str) -> None:
+    """`trillium models ARGS` on the stack in `run_dir`."""
+    cli = [sys.executable, "-m", "trillium.cli", "models", *args, "--run-dir", str(run_dir)]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _pids(run_dir: Path) -> dict[str, int]:

@@ -66,8 +66,12 @@ def serve(
 
 
 def _replicas(st: dict[str, Any]) -> list[str]:
-    urls = [p["http_url"] for p in st["processes"] if p["role"] == "serving"]
-    if not urls:
+    """The serving processes: the serving shards, then the replicas (frontends, with shards). A pin
+    goes to the shards and their frontends alike; between the two, a request is answered 503 (the
+    frontend's version and the shards' differ), never from two versions."""
+    processes = [p for p in st["processes"] if p["role"] in ("serving_shard", "serving")]
+    urls = [p["http_url"] for p in sorted(processes, key=lambda p: p["role"] != "serving_shard")]
+    if not any(p["role"] == "serving" for p in processes):
         fail("the stack runs no serving replica: start it with `trillium up --serving-replicas N`")
     return urls
 
@@ -83,13 +87,16 @@ def _seconds(value: float | None) -> str:
 @app.command()
 def models(
     model: Annotated[Optional[str], typer.Argument(help="one model (default: all)")] = None,
-    pin: Annotated[Optional[int], typer.Option(min=1, help="pin MODEL to this version on every replica")] = None,
+    pin: Annotated[
+        Optional[int], typer.Option(min=1, help="pin MODEL to this version on every replica and serving shard")
+    ] = None,
     unpin: Annotated[bool, typer.Option("--unpin", help="make MODEL follow its newest version again")] = False,
     run_dir: RunDir = None,
     as_json: JsonOut = False,
 ) -> None:
-    """The models the stack's serving replicas serve: version, step, freshness, tables; with
-    MODEL, --pin N rolls every replica back (or forward) to version N, --unpin follows the newest."""
+    """The models the stack's serving replicas (and serving shards) serve: version, step,
+    freshness, tables; with MODEL, --pin N rolls every one back (or forward) to version N, --unpin
+    follows the newest."""
     st, token = _stack(run_dir)
     if (pin is not None or unpin) and model is None:
         fail("--pin and --unpin need a MODEL")
