@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["auc", "gauc", "gauc_parts", "logloss"]
+__all__ = ["auc", "gauc", "gauc_parts", "logloss", "task_metrics"]
 
 
 def auc(labels: ArrayLike, scores: ArrayLike) -> float:
@@ -75,3 +75,33 @@ def logloss(labels: ArrayLike, probs: ArrayLike, eps: float = 1e-7) -> float:
     if not len(y):
         raise ValueError("logloss of an empty set")
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def task_metrics(
+    kinds: list[str],
+    labels: np.ndarray,
+    scores: np.ndarray,
+    groups: np.ndarray | None = None,
+    grouped: np.ndarray | None = None,
+) -> list[dict[str, float | int]]:
+    """Each task's metrics over the samples labelled for it (its label not NaN); `labels` and
+    `scores` are (N, T), task k of kind `kinds[k]`. A binary task: `auc` and `logloss`, and with
+    `groups` (each sample's group ID) `gauc` over the samples `grouped` says have one
+    (`gauc_samples` of them). A regression task: `mse` and `mae` on the scores' scale. Each:
+    `samples`, how many were labelled for it."""
+    out = []
+    for k, kind in enumerate(kinds):
+        has = ~np.isnan(labels[:, k])
+        y, s = labels[has, k], scores[has, k]
+        one: dict[str, float | int] = {"samples": int(has.sum())}
+        if len(y) and kind == "binary":
+            one["auc"], one["logloss"] = auc(y, s), logloss(y, s)
+            if groups is not None and grouped is not None:
+                both = has & grouped
+                one["gauc"] = gauc(labels[both, k], scores[both, k], groups[both])
+                one["gauc_samples"] = int(both.sum())
+        elif len(y):
+            error = s.astype(np.float64) - y
+            one["mse"], one["mae"] = float(np.mean(error * error)), float(np.mean(np.abs(error)))
+        out.append(one)
+    return out

@@ -10,7 +10,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trillium import metrics
+from trillium.models import Objective
 from trillium.wire import codec
+from trillium.wire.batch import Batch
 
 from .embeddings import embeddings_of
 from .feed import EpochEnd, Feed
@@ -19,14 +21,16 @@ from .feed import EpochEnd, Feed
 class Scored(NamedTuple):
     """A rank's scores of its test batches (a tuple: `all_gather_object` pickles it)."""
 
-    labels: np.ndarray  # float32[samples]
-    probs: np.ndarray  # float32[samples]
+    labels: np.ndarray  # float32[samples] (a multi-task job's [samples, T], NaN: no label)
+    probs: np.ndarray  # float32, as `labels`: `Objective.scores`
     batch_ids: np.ndarray  # int64[samples]: each sample's batch
     groups: np.ndarray  # uint64[samples]: each sample's first ID in `evaluation.group_by`'s slot
     grouped: np.ndarray  # bool[samples]: whether it has one (all False without group_by)
 
 
-async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]], group_by: str | None) -> Scored:
+async def score(
+    feed: Feed, scores: Callable[..., Awaitable[np.ndarray]], group_by: str | None, objective: Objective
+) -> Scored:
     """The labels, predicted probabilities, batch ids and GAUC groups (from slot `group_by`) of
     every batch of the feed's first epoch;
     `scores(batch, embeddings)` runs the model (on the rank's torch thread). The feed is stopped on
@@ -50,29 +54,43 @@ async def score(feed: Feed, scores: Callable[..., Awaitable[np.ndarray]], group_
     finally:
         await feed.stop()
     if not labels:
-        return Scored(*(np.zeros(0, dtype) for dtype in (np.float32, np.float32, np.int64, np.uint64, bool)))
+        empty = np.zeros((0, *objective.label_shape), np.float32)
+        return Scored(empty, empty, *(np.zeros(0, dtype) for dtype in (np.int64, np.uint64, bool)))
     return Scored(*(np.concatenate(x) for x in (labels, probs, batch_ids, groups, grouped)))
 
 
-def summarize(gathered: list[Scored], group_by: str | None) -> dict[str, Any]:
-    """AUC and log loss over the scores of every rank; with `group_by`, GAUC over the samples
-    that have a group, and how many did."""
+def summarize(gathered: list[Scored], group_by: str | None, objective: Objective) -> dict[str, Any]:
+    """Every task's metrics over the scores of every rank (`tasks`, by name: `metrics.task_metrics`,
+    GAUC over the samples that have a group with `group_by`), the first task's also at the top
+    (a one-label job's `auc`, `logloss`, `gauc` as ever), and `samples`."""
     labels = np.concatenate([g.labels for g in gathered])
     probs = np.concatenate([g.probs for g in gathered])
-    out = {"auc": metrics.auc(labels, probs), "logloss": metrics.logloss(labels, probs), "samples": int(len(labels))}
-    if group_by is not None:
-        grouped = np.concatenate([g.grouped for g in gathered])
-        groups = np.concatenate([g.groups for g in gathered])
-        out["gauc"] = metrics.gauc(labels[grouped], probs[grouped], groups[grouped])
-        out["gauc_samples"] = int(grouped.sum())
-    return out
+    shape = (len(labels), -1)  # a one-label job's (N,) as one task's column
+    groups = np.concatenate([g.groups for g in gathered]) if group_by is not None else None
+    grouped = np.concatenate([g.grouped for g in gathered]) if group_by is not None else None
+    kinds = [t.kind for t in objective.tasks]
+    per_task = metrics.task_metrics(kinds, labels.reshape(shape), probs.reshape(shape), groups, grouped)
+    return {**per_task[0], "samples": int(len(labels)), "tasks": dict(zip(objective.names, per_task, strict=True))}
 
 
 def in_batch_order(gathered: list[Scored]) -> bytes:
-    """Every rank's predictions as one float32 array in the order of the test batches' ids (the
-    test split's file order with one data loader), saved as `.npy` bytes."""
+    """Every rank's predictions as one float32 array ((samples,), or (samples, T) for several
+    tasks) in the order of the test batches' ids (the test split's file order with one data
+    loader), saved as `.npy` bytes."""
     probs = np.concatenate([g.probs for g in gathered]).astype(np.float32)
     order = np.argsort(np.concatenate([g.batch_ids for g in gathered]), kind="stable")
     out = io.BytesIO()
     np.save(out, probs[order])
     return out.getvalue()
+
+
+def progressive(
+    objective: Objective, batch: Batch, scores: np.ndarray, groups: tuple[np.ndarray, np.ndarray] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """What progressive validation scores of a training step (`Scores.add`'s arguments): the
+    first task's labelled samples, their event times and groups."""
+    labels, scores, rows = objective.headline(batch.labels, scores)
+    if rows is None:
+        return labels, scores, batch.event_times, groups
+    times = None if batch.event_times is None else batch.event_times[rows]
+    return labels, scores, times, None if groups is None else (groups[0][rows], groups[1][rows])

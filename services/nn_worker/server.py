@@ -42,7 +42,7 @@ from prometheus_client import Counter, Gauge
 from torch.nn.parallel import DistributedDataParallel
 
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
-from trillium.models import build_dense_optimizer, build_model
+from trillium.models import Objective, build_dense_optimizer, build_model
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
@@ -231,7 +231,17 @@ class NNWorker(Service):
             # DDP's constructor broadcasts rank 0's weights, waiting for every rank.
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
             optimizer = build_dense_optimizer(config.training.dense_optimizer, ddp.parameters())
-            trainer = Trainer(thread, ddp, optimizer, device, world, rank, control_group, config.training.precision)
+            trainer = Trainer(
+                thread,
+                ddp,
+                optimizer,
+                device,
+                world,
+                rank,
+                control_group,
+                config.training.precision,
+                objective=Objective.of(config),
+            )
             if device.type == "cuda":  # the CPU has no kernels to load nor handles to create
                 trainer.warm_up(config.training.batch_size, len(config.dense), config.embedding_shapes)
             return trainer
@@ -278,12 +288,7 @@ class NNWorker(Service):
             self.set_job_phase("ready")
             await self.wait_until_running()
             await self._train(run)
-            gathered = await self._gather(
-                run,
-                await evaluate.score(
-                    self._feed(run, evaluation=True), self._scorer(run), run.job.config.evaluation.group_by
-                ),
-            )
+            gathered = await self._evaluate(run)
             if rank == 0 and run.state.step > 0:
                 await self._save_predictions(run, run.state.step - 1, gathered)
             await asyncio.gather(*run.writes)
@@ -298,7 +303,7 @@ class NNWorker(Service):
                 "attempt": job.attempt,
             }
             if rank == 0:
-                result["eval"] = evaluate.summarize(gathered, run.job.config.evaluation.group_by)
+                result["eval"] = evaluate.summarize(gathered, run.job.config.evaluation.group_by, run.trainer.objective)
             await progress.set_rank_result(rank, result)
             await self._torch(run, run.trainer.finish)
             self._group_dirty = False
@@ -313,8 +318,15 @@ class NNWorker(Service):
     def _torch(self, run: _Attempt, fn, *args) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(run.trainer.thread, fn, *args)
 
-    def _scorer(self, run: _Attempt):
-        return lambda batch, embeddings: self._torch(run, run.trainer.scores, batch, embeddings)
+    async def _evaluate(self, run: _Attempt) -> list[evaluate.Scored]:
+        """Every rank's scores of the test split, gathered on every rank."""
+        scores = await evaluate.score(
+            self._feed(run, evaluation=True),
+            lambda batch, embeddings: self._torch(run, run.trainer.scores, batch, embeddings),
+            run.job.config.evaluation.group_by,
+            run.trainer.objective,
+        )
+        return await self._gather(run, scores)
 
     async def _gather(self, run: _Attempt, value: Any) -> list[Any]:
         gathered: list[Any] = [None] * run.trainer.world
@@ -419,7 +431,7 @@ class NNWorker(Service):
                 loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
                 group_by = run.job.config.evaluation.group_by
                 groups = None if group_by is None else batch.ids.first(group_by)
-                run.scores.add(batch.labels, probs, batch.event_times, groups)
+                run.scores.add(*evaluate.progressive(run.trainer.objective, batch, probs, groups))
                 if batch.event_times is not None and len(batch.event_times):  # how long after its event
                     # Never negative: another host's clock may run a little ahead of this one's.
                     run.delays.extend(np.maximum(time.time() - batch.event_times[batch.labels > 0.5], 0.0))
@@ -445,7 +457,7 @@ class NNWorker(Service):
                     del s.losses[:-STREAM_LOSSES]
                 else:
                     s.per_epoch[batch.epoch]["samples"] += batch.batch_size
-                    s.per_epoch[batch.epoch]["label_sum"] += float(batch.labels.sum())
+                    s.per_epoch[batch.epoch]["label_sum"] += float(np.nansum(batch.labels))
                 self.trained = s.trained
                 SAMPLES.labels(str(rank)).inc(batch.batch_size)
                 if loop.time() >= next_report:
@@ -558,12 +570,9 @@ class NNWorker(Service):
         if release.location is not None:  # null: the coordinator abandoned the checkpoint
             metrics = None
             if release.evaluate:
-                scores = await evaluate.score(
-                    self._feed(run, evaluation=True), self._scorer(run), run.job.config.evaluation.group_by
-                )
-                gathered = await self._gather(run, scores)
+                gathered = await self._evaluate(run)
                 if rank == 0:
-                    metrics = evaluate.summarize(gathered, run.job.config.evaluation.group_by)
+                    metrics = evaluate.summarize(gathered, run.job.config.evaluation.group_by, run.trainer.objective)
                     await self._save_predictions(run, step, gathered)
             write = asyncio.create_task(self._write_part(release.location, step, mine, dense, metrics))
             run.writes.append(write)

@@ -1,8 +1,9 @@
 """Where a rank trains (device and collective backend) and what one synchronous step is.
 
 Shapes in a step: B samples in this rank's batch, S samples in the step over all R ranks, F
-feature slots of dims D_f: dense [B, num_dense], labels [B], embeddings[f] [B, D_f] (pooled) or
-[B, L_f, D_f] (a sequence slot, padded to L_f = max_len).
+feature slots of dims D_f: dense [B, num_dense], labels [B] (a multi-task job's [B, T]: see
+`trillium.models.Objective`), embeddings[f] [B, D_f] (pooled) or [B, L_f, D_f] (a sequence slot,
+padded to L_f = max_len).
 
 Loss scaling: each rank back-propagates the sum of its batch's per-sample losses; the step's
 one all-reduce (a DDP communication hook) sums the ranks' gradients together with every rank's
@@ -35,9 +36,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from trillium.models import SlotTensors, logits
+from trillium.models import Objective, SlotTensors, logits
 from trillium.wire.batch import Batch
 
 from .embeddings import SlotEmbeddings
@@ -110,7 +110,7 @@ class Control:
 class StepResult:
     loss_sum: float  # of this rank's batch
     grads: SlotEmbeddings  # the embedding gradients, in the embeddings' form
-    probs: np.ndarray  # the batch's predicted probabilities before the update: its progressive validation
+    probs: np.ndarray  # the batch's scores before the update (`Objective.scores`): its progressive validation
     control: Control  # the step's agreement
 
 
@@ -190,8 +190,10 @@ class Trainer:
         control_group: Any,
         precision: Literal["fp32", "bf16"] = "fp32",
         staged: bool = False,
+        objective: Objective | None = None,
     ) -> None:
         self.thread = thread
+        self.objective = objective or Objective.one_label()
         self.ddp = ddp
         self.model = ddp.module
         self.optimizer = optimizer
@@ -233,8 +235,8 @@ class Trainer:
         dense, labels, leaves, embs = self._inputs(
             batch.dense, batch.labels, embeddings, grad=True, words=(batch.batch_size, int(paused), seq, publish)
         )
-        logits = self._forward(self.ddp, dense, embs)
-        loss_sum = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        out = self._forward(self.ddp, dense, embs)
+        loss_sum = self.objective.loss_sum(out, labels)
         self.optimizer.zero_grad(set_to_none=True)
         self._agreed = None
         loss_sum.backward()  # the hook has all-reduced the gradients and the words once it returns
@@ -246,7 +248,7 @@ class Trainer:
             self.optimizer.step()
         grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self._samples) for x in leaves]
         loss, probs, table, *grads = self._to_host(
-            [loss_sum.detach(), torch.sigmoid(logits.detach()), self._agreed, *grads]
+            [loss_sum.detach(), self.objective.scores(out.detach()), self._agreed, *grads]
         )
         if self.staging is not None:  # one leaf for every slot: split it
             grads = _parts(grads[0], embeddings)
@@ -283,10 +285,10 @@ class Trainer:
         try:
             with torch.no_grad():
                 dense, _, _, embs = self._inputs(batch.dense, batch.labels, embeddings, grad=False)
-                logits = self._forward(self.model, dense, embs)
+                out = self._forward(self.model, dense, embs)
             # A blocking copy: the caller keeps the array (pinned memory is for reuse), and the
             # wait frees the staging buffer.
-            return torch.sigmoid(logits).cpu().numpy()
+            return self.objective.scores(out).cpu().numpy()
         finally:
             self.model.train()
 
@@ -301,13 +303,13 @@ class Trainer:
         """
         dense, labels, leaves, embs = self._inputs(
             np.zeros((batch_size, num_dense), np.float32),
-            np.zeros(batch_size, np.float32),
+            np.zeros((batch_size, *self.objective.label_shape), np.float32),
             SlotEmbeddings.of([np.zeros((batch_size, *shape), np.float32) for shape in shapes]),
             grad=True,
         )
-        logits = self._forward(copy.deepcopy(self.model), dense, embs)
-        F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
-        self._to_host([logits.detach(), *(x.grad for x in leaves if x.grad is not None)])
+        out = self._forward(copy.deepcopy(self.model), dense, embs)
+        self.objective.loss_sum(out, labels).backward()
+        self._to_host([out.detach(), *(x.grad for x in leaves if x.grad is not None)])
 
     def _inputs(
         self,
@@ -339,10 +341,11 @@ class Trainer:
         leaf = flat[head:tail].detach().requires_grad_(grad)
         self._words = flat[tail:]
         embs = _per_slot(_parts(leaf, embeddings), embeddings.widths)
-        return flat[: dense.size].view(dense.shape), flat[dense.size : head], [leaf], embs
+        return flat[: dense.size].view(dense.shape), flat[dense.size : head].view(labels.shape), [leaf], embs
 
     def _forward(self, model: torch.nn.Module, dense: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:
-        return logits(model, dense, embs, self.bf16)
+        """The model's outputs, fp32, in the objective's shape: (B,), or (B, T) for several tasks."""
+        return self.objective.outputs(logits(model, dense, embs, self.bf16))
 
     def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors on the host: from CUDA one non-blocking copy each into pinned memory (from

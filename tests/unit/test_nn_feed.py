@@ -9,6 +9,7 @@ import pytest
 
 from trillium.data import load_job
 from trillium.job import JobConfig
+from trillium.models import Objective
 from trillium.runtime.autobound import MAX_BOUND
 from trillium.services.nn_worker.evaluate import score
 from trillium.services.nn_worker.feed import (
@@ -144,9 +145,9 @@ async def test_scoring_stops_its_feed_however_it_ends(fail: bool) -> None:
 
     if fail:
         with pytest.raises(RuntimeError, match="feed died"):
-            await score(feed, scores, None)  # type: ignore[arg-type]
+            await score(feed, scores, None, Objective.one_label())  # type: ignore[arg-type]
     else:
-        scored = await score(feed, scores, None)  # type: ignore[arg-type]
+        scored = await score(feed, scores, None, Objective.one_label())  # type: ignore[arg-type]
         assert len(scored.labels) == len(scored.probs) == len(scored.batch_ids) == 0
     assert feed.stopped
 

@@ -2,13 +2,14 @@
 pydantic and yaml, nothing that reads data or talks to a server; every other package imports it.
 
 - `schema.py`: `JobConfig`, the YAML/JSON document (`read_job`), and its parts in `data.py`
-  (where the data comes from) and `tables.py` (embedding tables). Every model forbids unknown
-  keys, so a misspelt key fails naming the field; enumerations are `Literal`s, so a bad value
-  fails listing the allowed ones; cross-field checks name the slot or field at fault.
+  (where the data comes from), `tables.py` (embedding tables) and `tasks.py` (what it learns:
+  `label` or several `labels`). Every model forbids unknown keys, so a misspelt key fails naming
+  the field; enumerations are `Literal`s, so a bad value fails listing the allowed ones;
+  cross-field checks name the slot or field at fault.
 - `record.py`: a submitted job as the coordinator keeps it: state machine, attempts, lineage.
 
-Imports run one way: `trillium.config` (the role names) <- `base` <- `data`, `tables` <- `schema`
-<- `record`. Checking a job's columns against its files is the data package's
+Imports run one way: `trillium.config` (the role names) <- `base` <- `data`, `tables`, `tasks`
+<- `schema` <- `record`. Checking a job's columns against its files is the data package's
 (`trillium.data.load_job`).
 """
 
@@ -40,7 +41,6 @@ from .schema import (
     FeatureSlot,
     InitFrom,
     JobConfig,
-    LabelConfig,
     ModelSpec,
     PublishConfig,
     TopologyConfig,
@@ -59,6 +59,7 @@ from .tables import (
     SgdConfig,
     TableConfig,
 )
+from .tasks import LabelConfig, TaskConfig
 
 __all__ = [
     "ADULT_COLUMNS",
@@ -99,6 +100,7 @@ __all__ = [
     "SplitPolicy",
     "SyntheticData",
     "TableConfig",
+    "TaskConfig",
     "TopologyConfig",
     "TrainingConfig",
     "read_job",

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from trillium.config import GRPC_MAX_MESSAGE_BYTES, RoleCounts
 
 from .base import NAME_PATTERN, NonNegativeFloat, PositiveFloat, PositiveInt, Probability, Strict
 from .data import ColumnSplit, DataConfig, KafkaData
 from .tables import TableConfig
+from .tasks import LabelConfig, TaskConfig, check_tasks
 
 
 class FeatureSlot(Strict):
@@ -82,30 +83,6 @@ class DenseColumn(Strict):
                 raise ValueError(f"dense column {self.column!r}: give both {a} and {b}, or neither")
         if self.min is not None and self.max is not None and self.min >= self.max:
             raise ValueError(f"dense column {self.column!r}: min must be < max")
-        return self
-
-
-class LabelConfig(Strict):
-    """The label column: values in `positive` are 1, those in `negative` 0. Without
-    `negative`, every other non-empty value is 0; with it, any other value is a malformed row."""
-
-    column: str
-    """The label's column (or event field)."""
-    positive: Annotated[list[str], Field(min_length=1)]
-    """The values that are a positive (1): one, or a list."""
-    negative: Annotated[list[str], Field(min_length=1)] | None = None
-    """The values that are a negative (0); null: every other non-empty value."""
-
-    @field_validator("positive", "negative", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _disjoint(self) -> LabelConfig:
-        both = set(self.positive) & set(self.negative or ())
-        if both:
-            raise ValueError(f"label values {sorted(both)} are both positive and negative")
         return self
 
 
@@ -322,8 +299,12 @@ class JobConfig(Strict):
     """The embedding tables, by name."""
     dense: list[DenseColumn] = Field(default_factory=list)
     """The numeric inputs, in the model's input order."""
-    label: LabelConfig
-    """The label and which of its values are positive."""
+    label: LabelConfig | None = None
+    """The label and which of its values are positive: one binary task, named "label" (or give
+    `labels`)."""
+    labels: Annotated[list[TaskConfig], Field(min_length=1)] | None = None
+    """Several tasks trained together (multi-task): the model returns (B, T), column k for
+    task k. Instead of `label`."""
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     """How the test split is scored: AUC and log loss always, GAUC with `group_by`."""
     model: ModelSpec
@@ -341,6 +322,7 @@ class JobConfig(Strict):
 
     @model_validator(mode="after")
     def _cross_check(self) -> JobConfig:
+        self._check_tasks()
         if self.training.epochs == 0 and self.init_from is None:
             raise ValueError("training.epochs: 0 (evaluation only) needs init_from: a checkpoint to evaluate")
         streaming = isinstance(self.data, KafkaData)
@@ -352,6 +334,7 @@ class JobConfig(Strict):
         if (
             streaming
             and self.data.join is not None
+            and self.label is not None
             and (self.label.positive != ["1"] or self.label.negative not in (None, ["0"]))
         ):
             raise ValueError(
@@ -387,9 +370,37 @@ class JobConfig(Strict):
         for i, column in enumerate(dense_columns):
             if column in dense_columns[:i]:
                 raise ValueError(f"dense[{i}]: column {column!r} is listed twice")
-        if self.label.column in dense_columns or any(s.column == self.label.column for s in self.slots):
-            raise ValueError(f"label column {self.label.column!r} is also used as a feature")
+        for task in self.tasks:
+            where = "label" if self.label is not None else f"labels: task {task.name!r}:"
+            for column in (task.column, task.mask):
+                if column in dense_columns or any(s.column == column for s in self.slots):
+                    raise ValueError(f"{where} column {column!r} is also used as a feature")
         return self
+
+    def _check_tasks(self) -> None:
+        if (self.label is None) == (self.labels is None):
+            raise ValueError("give `label` (one task) or `labels` (several), not both or neither")
+        if self.labels is None:
+            return
+        check_tasks(self.labels)
+        if isinstance(self.data, KafkaData):
+            raise ValueError(
+                "labels: a multi-task job trains from files (csv, parquet) for now; a kafka source takes one `label`"
+            )
+
+    @property
+    def tasks(self) -> list[TaskConfig]:
+        """The job's tasks in the model's output order: `labels`, or `label` as one binary task."""
+        if self.labels is not None:
+            return list(self.labels)
+        assert self.label is not None
+        return [TaskConfig.of_label(self.label)]
+
+    @property
+    def multitask(self) -> bool:
+        """Whether the job gives `labels`: its batches carry labels (B, T), NaN where a row has no
+        label for a task, and its model returns (B, T)."""
+        return self.labels is not None
 
     @property
     def embedding_values(self) -> int:
@@ -422,7 +433,10 @@ class JobConfig(Strict):
         """`(where, column)` for every column the job names, `where` as errors name it."""
         uses = [(f"slots[{i}] {slot.name!r}", slot.column) for i, slot in enumerate(self.slots)]
         uses += [(f"dense[{i}]", d.column) for i, d in enumerate(self.dense)]
-        uses.append(("label", self.label.column))
+        if self.label is not None:
+            uses.append(("label", self.label.column))
+        for i, task in enumerate(self.labels or ()):
+            uses += [(f"labels[{i}] {task.name!r}", column) for column in (task.column, task.mask) if column]
         split = getattr(self.data, "split", None)
         if isinstance(split, ColumnSplit):
             uses.append(("data.split.by", split.by))

@@ -12,8 +12,10 @@ from .din import DIN
 from .dlrm import DLRM
 from .dnn import DNN
 from .mmoe import MMoE
+from .objective import Objective
 
 __all__ = [
+    "Objective",
     "DCNv2",
     "DIN",
     "DLRM",

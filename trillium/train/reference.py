@@ -35,8 +35,8 @@ from trillium.job import (
     SgdConfig,
     TableConfig,
 )
-from trillium.metrics import auc, gauc, logloss
-from trillium.models import build_dense_optimizer, build_model
+from trillium.metrics import task_metrics
+from trillium.models import Objective, build_dense_optimizer, build_model
 from trillium.wire.batch import Batch
 
 __all__ = ["TrainResult", "train_baseline", "train_reference"]
@@ -50,6 +50,7 @@ class TrainResult:
     test_gauc: float | None  # None without evaluation.group_by or a test split
     examples: int  # training examples processed
     seconds: float  # wall time of the training steps (not of reading the data)
+    test_tasks: dict[str, dict[str, float | int]] | None = None  # every task's test metrics, by name
 
 
 def _table_vocab(job: JobConfig, builder: BatchBuilder) -> dict[str, np.ndarray]:
@@ -195,12 +196,13 @@ class _Embeddings(Protocol):
 def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _Embeddings) -> TrainResult:
     """The training loop both trainers share; then the test-set evaluation."""
     optimizer = build_dense_optimizer(job.training.dense_optimizer, model.parameters())
+    objective = Objective.of(job)
     model.train()
     losses, examples, start = [], 0, time.perf_counter()
     for epoch in range(job.training.epochs):
         for batch in builder.batches("train", epoch):
-            logits = model(torch.from_numpy(batch.dense), embeddings(batch))
-            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+            out = objective.outputs(model(torch.from_numpy(batch.dense), embeddings(batch)))
+            loss = objective.loss_mean(out, torch.from_numpy(batch.labels))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -212,21 +214,24 @@ def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _E
         return TrainResult(losses, None, None, None, examples, seconds)
     model.eval()
     group_by = job.evaluation.group_by
-    labels, probs, groups = [], [], []
+    labels, scores, groups = [], [], []
     with torch.no_grad():
         for batch in builder.batches("test"):
-            logits = model(torch.from_numpy(batch.dense), embeddings(batch))
-            probs.append(torch.sigmoid(logits).numpy())
+            out = objective.outputs(model(torch.from_numpy(batch.dense), embeddings(batch)))
+            scores.append(objective.scores(out).numpy())
             labels.append(batch.labels)
             if group_by is not None:
                 groups.append(batch.ids.first(group_by))
     model.train()
-    y, p = np.concatenate(labels), np.concatenate(probs)
-    grouped_auc = None
-    if group_by is not None:
-        has = np.concatenate([h for _, h in groups])
-        grouped_auc = gauc(y[has], p[has], np.concatenate([g for g, _ in groups])[has])
-    return TrainResult(losses, auc(y, p), logloss(y, p), grouped_auc, examples, seconds)
+    y, p = np.concatenate(labels), np.concatenate(scores)
+    shape = (len(y), -1)  # a one-label job's (N,) as one task's column
+    first = np.concatenate([g for g, _ in groups]) if groups else None
+    has = np.concatenate([h for _, h in groups]) if groups else None
+    kinds = [t.kind for t in objective.tasks]
+    per_task = task_metrics(kinds, y.reshape(shape), p.reshape(shape), first, has)
+    tasks = dict(zip(objective.names, per_task, strict=True))
+    head = per_task[0]
+    return TrainResult(losses, head.get("auc"), head.get("logloss"), head.get("gauc"), examples, seconds, tasks)
 
 
 class _ReferenceEmbeddings:

@@ -148,7 +148,7 @@ class Batch:
     rank: int
     ids: KeyedIds
     dense: np.ndarray  # float32[batch_size, num_dense]
-    labels: np.ndarray  # float32[batch_size]
+    labels: np.ndarray  # float32[batch_size]; a multi-task job's [batch_size, tasks], NaN: no label
     sample_ids: np.ndarray | None = None  # uint64[batch_size]
     event_times: np.ndarray | None = None  # float64[batch_size], seconds since the UNIX epoch
     # A stream's low watermark when its loader cut this batch: every impression of an earlier
@@ -163,8 +163,13 @@ class Batch:
         b = self.ids.batch_size
         if _require_array("dense", self.dense, np.float32, 2).shape[0] != b:
             raise ValueError(f"dense has {self.dense.shape[0]} rows but the batch has {b} samples")
-        if _require_array("labels", self.labels, np.float32, 1).shape[0] != b:
-            raise ValueError(f"labels has {self.labels.shape[0]} entries but the batch has {b}")
+        labels = self.labels
+        if not isinstance(labels, np.ndarray) or labels.ndim != 2:
+            _require_array("labels", labels, np.float32, 1)
+        elif _require_array("labels", labels, np.float32, 2).shape[1] < 1:
+            raise ValueError(f"labels of shape {labels.shape} name no task")
+        if labels.shape[0] != b:
+            raise ValueError(f"labels has {labels.shape[0]} entries but the batch has {b}")
         for name, dtype in (("sample_ids", np.uint64), ("event_times", np.float64)):
             value = getattr(self, name)
             if value is not None and _require_array(name, value, dtype, 1).shape[0] != b:

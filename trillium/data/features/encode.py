@@ -22,6 +22,8 @@ from trillium.data.sources.cells import as_numbers, as_text, present, text_buffe
 from trillium.job import FeatureSlot, JobConfig
 from trillium.wire.batch import Batch, KeyedIds
 
+from .labels import single_label, task_labels
+
 DenseStats = dict[str, dict[str, float]]  # {column: {"mean", "std"} | {"min", "max"}}
 
 # Blocks are parsed and encoded in parallel (pyarrow, numpy and the native hasher release the GIL).
@@ -40,7 +42,7 @@ class EncodedBlock:
     offsets: np.ndarray  # int32 (int64 past 2**31 IDs)[slots, rows + 1], from 0
     values: tuple[np.ndarray, ...]  # uint64[offsets[k, -1]] per slot
     dense: np.ndarray  # float32[rows, num_dense], normalized, missing = 0
-    labels: np.ndarray  # float32[rows]
+    labels: np.ndarray  # float32[rows]; a multi-task job's [rows, T], NaN: no label for the task
 
     @staticmethod
     def from_lengths(
@@ -103,7 +105,7 @@ class _Checked:
 
     keep: np.ndarray  # bool[rows]: well formed
     dense: np.ndarray  # float64[rows, num_dense], raw; NaN where missing
-    labels: np.ndarray  # bool[rows]: positive
+    labels: np.ndarray  # bool[rows]: positive; a multi-task job's float32[rows, T], NaN: none
     bad: tuple[Malformed, ...]  # the block's malformed rows, in line order
 
 
@@ -172,11 +174,9 @@ class Encoder:
         self.job = job
         self.stats = stats
         slots = [s.column for s in job.slots]
-        self.columns = tuple(dict.fromkeys([*slots, *(d.column for d in job.dense), job.label.column]))
-        self.checked_columns = tuple(dict.fromkeys([*(d.column for d in job.dense), job.label.column]))
-        label = job.label
-        self._positive = pa.array(label.positive, pa.string())
-        self._negative = pa.array(label.negative, pa.string()) if label.negative is not None else None
+        labels = [c for t in job.tasks for c in (t.column, t.mask) if c is not None]
+        self.columns = tuple(dict.fromkeys([*slots, *(d.column for d in job.dense), *labels]))
+        self.checked_columns = tuple(dict.fromkeys([*(d.column for d in job.dense), *labels]))
 
     def check(self, block: RowBlock) -> _Checked:
         """Parse the dense columns and the labels; find the malformed rows (a row's first problem,
@@ -188,17 +188,10 @@ class Encoder:
             dense[:, j], bad = as_numbers(table.column(d.column), d.column)
             for row, reason in bad.items():
                 problems.setdefault(row, (DENSE_VALUE, reason))
-        text = as_text(table.column(job.label.column))
-        positive = self._member(text, self._positive)
-        # Without negative values, any other value is 0 (but an empty cell is no value).
-        negative = present(text) & ~positive if self._negative is None else self._member(text, self._negative)
-        unknown = np.flatnonzero(~positive & ~negative)
-        if len(unknown):
-            cells = text.take(pa.array(unknown))
-            cells = cells.view(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())
-            for row, cell in zip(unknown, cells.to_pylist(), strict=True):
-                shown = (cell or b"").decode("utf-8", "replace")
-                problems.setdefault(int(row), (LABEL, f"{job.label.column}: unknown label {shown!r}"))
+        if job.multitask:
+            labels = task_labels(job, table.column, block.rows, problems)
+        else:
+            labels = single_label(job, table.column, problems)
         keep = np.ones(block.rows, bool)
         bad = list(block.rejected)
         if problems:
@@ -208,11 +201,7 @@ class Encoder:
                 kind, reason = problems[int(row)]
                 bad.append(Malformed(block.file, line, raw, kind, reason))
             bad.sort(key=lambda m: m.line)
-        return _Checked(keep, dense, positive, tuple(bad))
-
-    @staticmethod
-    def _member(text: pa.Array, values: pa.Array) -> np.ndarray:
-        return pc.is_in(text, value_set=values.cast(text.type)).to_numpy(zero_copy_only=False)
+        return _Checked(keep, dense, labels, tuple(bad))
 
     def encode(self, block: RowBlock, checked: _Checked, *, skip: int = 0) -> EncodedBlock:
         """The well-formed rows of a block but the first `skip` of them, encoded."""
@@ -251,8 +240,9 @@ class Encoder:
                 continue
             if not math.isfinite(value):
                 problems.setdefault(i, (DENSE_VALUE, f"{column}: non-finite value {cell!r}"))
-        positive = np.zeros(cells.rows, bool)
+        positive = np.zeros((cells.rows, len(job.tasks)) if job.multitask else cells.rows, bool)
         if labelled:
+            assert not job.multitask, "a multi-task job's labels come in blocks (its schema refuses streams)"
             label, pos, neg = job.label, set(job.label.positive), set(job.label.negative or ())
             for i, cell in enumerate(cells.labels):
                 if cell in pos:
