@@ -59,6 +59,7 @@ from . import evaluate, rendezvous
 from .cuts import decide_cuts
 from .embeddings import embeddings_of, gradients_request
 from .feed import EpochEnd, Feed, GradientPusher, prefetch, push_window
+from .rank_state import RankState
 from .step import Control, Placement, Trainer, choose_backend, local_placement
 
 logger = logging.getLogger("trillium.nn_worker")
@@ -67,36 +68,8 @@ SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
 PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)
 HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
-STREAM_LOSSES = 10_000  # a continuous job keeps its latest steps' losses, not every one
 DELAYS_REPORTED = 1000  # the latest event-to-trained delays a rank reports
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
-
-
-@dataclass
-class RankState:
-    """A rank's own progress, checkpointed as rank-<r>.json."""
-
-    epochs: int | None  # None: a continuous job
-    step: int = 0  # steps trained
-    epoch: int = 0  # the epoch in progress (== epochs once every epoch is trained)
-    position: int = 0  # the next samples record to read
-    seq: int = 0  # the last checkpoint request served
-    publish_seq: int = 0  # the last model version request served
-    event_time: float | None = None  # the newest event time of a sample trained (streams)
-    complete_through: float | None = None  # the newest batch's low watermark (streams): see Batch
-    last_cut: int = -1  # the step of the last cut
-    trained: int = 0
-    loss_sum: float = 0.0
-    train_seconds: float = 0.0
-    losses: list[float] = field(default_factory=list)  # the mean loss of every step (a stream's: the latest)
-    per_epoch: list[dict[str, float]] = field(default_factory=list)  # samples and label sum of each epoch
-
-    def __post_init__(self) -> None:
-        if not self.per_epoch and self.epochs is not None:
-            self.per_epoch = [{"samples": 0, "label_sum": 0.0} for _ in range(self.epochs)]
-
-    def training(self) -> bool:
-        return self.epochs is None or self.epoch < self.epochs
 
 
 @dataclass
@@ -298,6 +271,7 @@ class NNWorker(Service):
                 "steps": s.step,
                 "train_seconds": s.train_seconds,
                 "loss_curve": s.losses,
+                "task_loss_curves": s.task_loss_curves(run.trainer.objective.names),
                 "epochs": s.per_epoch,
                 "seconds": run.timing,
                 "attempt": job.attempt,
@@ -428,7 +402,7 @@ class NNWorker(Service):
                 t1 = clock()
                 STALENESS.labels(str(rank)).set(response.staleness)
                 result = await self._torch(run, run.trainer.step, batch, embeddings_of(response), *self._heard())
-                loss_sum, grads, probs, control = result.loss_sum, result.grads, result.probs, result.control
+                grads, probs, control = result.grads, result.probs, result.control
                 group_by = run.job.config.evaluation.group_by
                 groups = None if group_by is None else batch.ids.first(group_by)
                 run.scores.add(*evaluate.progressive(run.trainer.objective, batch, probs, groups))
@@ -447,17 +421,7 @@ class NNWorker(Service):
                 push = gradients_request(response, grads, fp16=wire16)
                 push.publish = cuts.publish is not None
                 run.pusher.put(push)
-                s.step += 1
-                s.position = item.offset + 1
-                s.trained += batch.batch_size
-                s.loss_sum += loss_sum
-                if control.samples:  # not an idle stream's tick
-                    s.losses.append(loss_sum / control.samples)
-                if s.epochs is None:
-                    del s.losses[:-STREAM_LOSSES]
-                else:
-                    s.per_epoch[batch.epoch]["samples"] += batch.batch_size
-                    s.per_epoch[batch.epoch]["label_sum"] += float(np.nansum(batch.labels))
+                s.stepped(batch, item.offset + 1, result, run.trainer.objective.multitask)
                 self.trained = s.trained
                 SAMPLES.labels(str(rank)).inc(batch.batch_size)
                 if loop.time() >= next_report:

@@ -112,6 +112,7 @@ class StepResult:
     grads: SlotEmbeddings  # the embedding gradients, in the embeddings' form
     probs: np.ndarray  # the batch's scores before the update (`Objective.scores`): its progressive validation
     control: Control  # the step's agreement
+    task_loss_sums: list[float]  # each task's part of `loss_sum`, in task order
 
 
 class HostStaging:
@@ -236,7 +237,8 @@ class Trainer:
             batch.dense, batch.labels, embeddings, grad=True, words=(batch.batch_size, int(paused), seq, publish)
         )
         out = self._forward(self.ddp, dense, embs)
-        loss_sum = self.objective.loss_sum(out, labels)
+        task_sums = self.objective.loss_sums(out, labels)
+        loss_sum = task_sums.sum()
         self.optimizer.zero_grad(set_to_none=True)
         self._agreed = None
         loss_sum.backward()  # the hook has all-reduced the gradients and the words once it returns
@@ -247,14 +249,18 @@ class Trainer:
         if batch.batch_size or int(self._agreed[:, 0].sum()):
             self.optimizer.step()
         grads = [(x.grad if x.grad is not None else torch.zeros_like(x)).div_(self._samples) for x in leaves]
-        loss, probs, table, *grads = self._to_host(
-            [loss_sum.detach(), self.objective.scores(out.detach()), self._agreed, *grads]
+        loss, tasks, probs, table, *grads = self._to_host(
+            [loss_sum.detach(), task_sums.detach(), self.objective.scores(out.detach()), self._agreed, *grads]
         )
         if self.staging is not None:  # one leaf for every slot: split it
             grads = _parts(grads[0], embeddings)
         pooled, *sequences = (g.numpy() for g in grads)
         return StepResult(
-            loss.item(), SlotEmbeddings(pooled, embeddings.widths, sequences), probs.numpy(), Control.of(table)
+            loss.item(),
+            SlotEmbeddings(pooled, embeddings.widths, sequences),
+            probs.numpy(),
+            Control.of(table),
+            tasks.tolist(),
         )
 
     def _reduce(self, bucket):  # a dist.GradBucket -> a Future of a tensor (DDP refuses string annotations)

@@ -82,6 +82,9 @@ def summarize(view: dict, elapsed_s: float) -> dict:
         "gauc": metrics.get("gauc"),  # with evaluation.group_by
         "gauc_samples": metrics.get("gauc_samples"),
         "eval_samples": metrics.get("samples"),
+        # Every task's test metrics by name (auc, gauc, logloss; mse, mae): `auc` and the rest above
+        # are the first task's.
+        "tasks": metrics.get("tasks"),
         "samples_trained": samples,
         "samples_per_sec": samples / train_s if train_s else 0.0,
         "train_seconds": train_s,

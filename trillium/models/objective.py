@@ -66,24 +66,29 @@ class Objective:
             raise ValueError(f"the model returned {tuple(out.shape)}; this job's {t} tasks {self.names} need (B, {t})")
         return out
 
-    def loss_sum(self, out: Tensor, labels: Tensor) -> Tensor:
-        """The batch's summed loss (module docstring); `out` as `outputs` gives it."""
+    def loss_sums(self, out: Tensor, labels: Tensor) -> Tensor:
+        """(T,): each task's weighted loss summed over the batch (module docstring); `out` as
+        `outputs` gives it. Their sum is what a trainer back-propagates."""
         if not self.multitask:
-            return F.binary_cross_entropy_with_logits(out, labels, reduction="sum")
+            return F.binary_cross_entropy_with_logits(out, labels, reduction="sum").reshape(1)
         has = ~torch.isnan(labels)
         y = torch.where(has, labels, torch.zeros_like(labels))
-        total = out.new_zeros(())
+        sums = []
         for k, task in enumerate(self.tasks):
-            if not self._weights[k]:
-                continue
             if task.kind == "binary":
                 each = F.binary_cross_entropy_with_logits(out[:, k], y[:, k], reduction="none")
             elif task.loss_name == "huber":
                 each = F.huber_loss(out[:, k], y[:, k], reduction="none", delta=task.huber_delta)
             else:
                 each = F.mse_loss(out[:, k], y[:, k], reduction="none")
-            total = total + self._weights[k] * (each * has[:, k]).sum()
-        return total
+            sums.append(self._weights[k] * (each * has[:, k]).sum())
+        return torch.stack(sums)
+
+    def loss_sum(self, out: Tensor, labels: Tensor) -> Tensor:
+        """The batch's summed loss over every task."""
+        if not self.multitask:
+            return F.binary_cross_entropy_with_logits(out, labels, reduction="sum")
+        return self.loss_sums(out, labels).sum()
 
     def loss_mean(self, out: Tensor, labels: Tensor) -> Tensor:
         """`loss_sum` over the batch's sample count: a single-process trainer's loss."""

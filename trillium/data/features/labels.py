@@ -60,7 +60,7 @@ def _transformed(task: TaskConfig, values: np.ndarray, problems: Problems) -> np
     low = 0.0 if task.transform == "log" else -1.0
     for row in np.flatnonzero(values <= low):  # NaN compares false: a missing label is no problem
         problems.setdefault(
-            int(row), (LABEL, f"{task.column}: {values[row]!r} is outside {task.transform}'s domain (> {low:g})")
+            int(row), (LABEL, f"{task.column}: {float(values[row])!r} is outside {task.transform}'s domain (> {low:g})")
         )
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.log(values) if task.transform == "log" else np.log1p(values)
