@@ -33,9 +33,13 @@ class PredictRequest(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    predictions: list[float] = Field(description="the probability of a positive label, per instance")
+    predictions: list[float] | list[dict[str, float]] = Field(
+        description="per instance, the probability of a positive label; a multi-task model's: each "
+        "task's probability (binary) or value in its label's units (regression), by task name"
+    )
     model: str
     version: int
+    tasks: list[str] | None = Field(None, description="a multi-task model's tasks, in its job's order")
 
 
 class TableView(BaseModel):

@@ -21,7 +21,7 @@ import io
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 import trillium_native
 from trillium import pooling
 from trillium.data.instances import InstanceEncoder
-from trillium.models import load_model, logits
+from trillium.models import Objective, load_model, logits
 from trillium.runtime.model_store import DENSE, CorruptVersion, ModelStore, VersionFile, VersionManifest
 from trillium.runtime.storage import StorageDir
 
@@ -84,13 +84,33 @@ class HeldVersion:
     manifest: VersionManifest
     module: torch.nn.Module | None  # None on a serving shard: it runs no network
     encoder: InstanceEncoder | None
+    objective: Objective = field(init=False)  # what the network's outputs mean: its job's tasks
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objective", Objective.of(self.manifest.config))
+
+    @property
+    def tasks(self) -> list[str] | None:
+        """A multi-task model's task names, in the order of its answers' columns."""
+        return self.objective.names if self.objective.multitask else None
+
+    def answers(self, dense: np.ndarray, slots: list[np.ndarray], bf16: bool) -> np.ndarray:
+        """The network's answers for a batch's inputs: a probability per instance (B,), or a
+        multi-task job's (B, T), each task's probability or value in its label's units."""
+        assert self.module is not None
+        objective = self.objective
+        with torch.inference_mode():
+            out = logits(self.module, torch.from_numpy(dense), [torch.from_numpy(v) for v in slots], bf16)
+            scores = objective.scores(objective.outputs(out)).numpy()
+        return objective.answers(scores)
 
 
 @dataclass(frozen=True)
 class Prediction:
-    probabilities: np.ndarray  # float32[B]
+    probabilities: np.ndarray  # float32[B]; a multi-task model's [B, T], in `tasks` order
     version: int
     misses: dict[str, int]  # table -> IDs of the request the model has never trained
+    tasks: list[str] | None = None  # a multi-task model's task names
 
 
 class ServedModel:
@@ -189,14 +209,9 @@ class ServedModel:
         else:
             raise VersionChurn(f"{self.name}: versions changed under {RETRIES} tries of one request")
         pooled = pooling.pool(plan, dict(zip(names, rows, strict=True)))
-        with torch.inference_mode():
-            out = logits(
-                version.module,
-                torch.from_numpy(np.array(batch.dense, dtype=np.float32)),
-                [torch.from_numpy(values) for values, _ in pooled.slots()],
-                self.bf16,
-            )
-        return Prediction(torch.sigmoid(out).numpy(), read_at, dict(zip(names, misses, strict=True)))
+        dense = np.array(batch.dense, dtype=np.float32)
+        answers = version.answers(dense, [values for values, _ in pooled.slots()], self.bf16)
+        return Prediction(answers, read_at, dict(zip(names, misses, strict=True)), version.tasks)
 
 
 def load_dense(parts: StorageDir, manifest: VersionManifest) -> tuple[torch.nn.Module, InstanceEncoder]:

@@ -91,7 +91,10 @@ class _Servicer(pb_grpc.ServingServicer):
             answer = await self.replica.predict_async(request.model, instances, "grpc")
         except HTTPException as err:
             await context.abort(_GRPC_CODES.get(err.status_code, grpc.StatusCode.INTERNAL), _detail(err.detail))
-        return pb.PredictResponse(predictions=answer.predictions, model=answer.model, version=answer.version)
+        predictions, tasks = answer.predictions, answer.tasks or []
+        if tasks:  # a multi-task model's: each instance's values in task order, in turn
+            predictions = [row[task] for row in predictions for task in tasks]  # type: ignore[index]
+        return pb.PredictResponse(predictions=predictions, model=answer.model, version=answer.version, tasks=tasks)
 
 
 _GRPC_CODES = {
@@ -316,7 +319,10 @@ class ServingReplica(Service):
         for table, misses in prediction.misses.items():
             if misses:
                 UNSEEN.labels(model, table).inc(misses)
-        return PredictResponse(predictions=prediction.probabilities.tolist(), model=model, version=prediction.version)
+        answers, tasks = prediction.probabilities.tolist(), prediction.tasks
+        if tasks is not None:
+            answers = [dict(zip(tasks, row, strict=True)) for row in answers]
+        return PredictResponse(predictions=answers, model=model, version=prediction.version, tasks=tasks)
 
 
 def main() -> None:

@@ -25,11 +25,9 @@ from typing import Any
 
 import grpc
 import numpy as np
-import torch
 
 from trillium import pooling
 from trillium.config import GrpcCredentials
-from trillium.models import logits
 from trillium.runtime.model_store import ModelStore, VersionManifest
 from trillium.wire import codec, rpc
 from trillium.wire.pb import serving_pb2 as pb
@@ -204,14 +202,9 @@ class FrontendModel:
         rows, misses = self._rows(plan, asked, answers)
         pooled = pooling.pool(plan, rows)
         dense = np.array(batch.dense, dtype=np.float32)
-        forward = (version.module, dense, [values for values, _ in pooled.slots()])
-        probabilities = self._forward(*forward) if inline else await asyncio.to_thread(self._forward, *forward)
-        return Prediction(probabilities, at, misses)
-
-    def _forward(self, module: torch.nn.Module, dense: np.ndarray, slots: list[np.ndarray]) -> np.ndarray:
-        with torch.inference_mode():
-            out = logits(module, torch.from_numpy(dense), [torch.from_numpy(v) for v in slots], self.bf16)
-        return torch.sigmoid(out).numpy()
+        forward = (dense, [values for values, _ in pooled.slots()], self.bf16)
+        answers = version.answers(*forward) if inline else await asyncio.to_thread(version.answers, *forward)
+        return Prediction(answers, at, misses, version.tasks)
 
     def _asks(self, plan: pooling.BatchPlan) -> list[_Asked]:
         """The serving shards holding some of the plan's IDs, and which of them each holds."""
