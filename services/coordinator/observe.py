@@ -52,6 +52,14 @@ PROGRESSIVE_GAUC = Gauge(
 PROGRESSIVE_LOGLOSS = Gauge(
     "trillium_job_progressive_logloss", "log loss of the latest samples, scored before training", ["job"]
 )
+TASK_PROGRESSIVE = {
+    metric: Gauge(
+        f"trillium_job_task_progressive_{metric}",
+        f"a multi-task job's {metric} of each task's latest labelled samples, scored before training",
+        ["job", "task"],
+    )
+    for metric in ("auc", "gauc", "logloss", "mse", "mae")
+}
 INPUT_LAG = Gauge("trillium_job_input_lag_messages", "a stream's messages not read yet", ["job", "topic", "partition"])
 INPUT_LAG_SECONDS = Gauge(
     "trillium_job_input_lag_seconds", "event time behind now of the last message read", ["job", "topic", "partition"]
@@ -80,6 +88,7 @@ GAUGES = (
     INPUT_LAG_SECONDS,
     DEAD_LETTERS,
     TRAIN_DELAY,
+    *TASK_PROGRESSIVE.values(),
 )
 # A job's series: a point a second while it trains, every other one dropped at this many
 # (trillium.runtime.progress.JobProgress.append_series): enough for a plot of the whole job.
@@ -140,6 +149,11 @@ class ProgressiveView(BaseModel):
     delay_seconds: dict[str, float] | None = Field(
         description="p50 and p99 of the time from a click's event time to its sample trained"
     )
+    tasks: dict[str, dict[str, float | int | None]] | None = Field(
+        None,
+        description="a multi-task job's, per task over the samples labelled for it: samples, scored and "
+        "auc, gauc, logloss (binary) or mse, mae (regression); the top level is the first binary task's",
+    )
 
 
 class InputView(BaseModel):
@@ -175,6 +189,7 @@ async def progressive_view(redis: aioredis.Redis, job: JobRecord) -> Progressive
         delay_seconds={"p50": float(np.percentile(delays, 50)), "p99": float(np.percentile(delays, 99))}
         if len(delays)
         else None,
+        tasks=merged.get("tasks"),
     )
 
 
@@ -355,6 +370,10 @@ class Observer:
             PROGRESSIVE_GAUC.labels(job.id).set(scores.gauc)
         if scores.logloss is not None:
             PROGRESSIVE_LOGLOSS.labels(job.id).set(scores.logloss)
+        for task, metrics in (scores.tasks or {}).items():
+            for metric, value in metrics.items():
+                if metric in TASK_PROGRESSIVE and value is not None:
+                    TASK_PROGRESSIVE[metric].labels(job.id, task).set(value)
         for quantile, seconds in (scores.delay_seconds or {}).items():
             TRAIN_DELAY.labels(job.id, quantile).set(seconds)
         stream = await stream_view(self.registry, job)

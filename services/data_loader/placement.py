@@ -55,7 +55,7 @@ class Share:
                 rank=0,
                 ids=KeyedIds(keys=slots, values=np.zeros(0, np.uint64), lengths=np.zeros(0, np.int32)),
                 dense=np.zeros((0, len(self.config.dense)), np.float32),
-                labels=np.zeros(0, np.float32),
+                labels=np.zeros((0, *self.config.label_shape), np.float32),
             )
             yield self.place(empty, j, first_step)
 

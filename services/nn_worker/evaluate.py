@@ -12,7 +12,6 @@ import numpy as np
 from trillium import metrics
 from trillium.models import Objective
 from trillium.wire import codec
-from trillium.wire.batch import Batch
 
 from .embeddings import embeddings_of
 from .feed import EpochEnd, Feed
@@ -82,15 +81,3 @@ def in_batch_order(gathered: list[Scored]) -> bytes:
     out = io.BytesIO()
     np.save(out, probs[order])
     return out.getvalue()
-
-
-def progressive(
-    objective: Objective, batch: Batch, scores: np.ndarray, groups: tuple[np.ndarray, np.ndarray] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
-    """What progressive validation scores of a training step (`Scores.add`'s arguments): the
-    first task's labelled samples, their event times and groups."""
-    labels, scores, rows = objective.headline(batch.labels, scores)
-    if rows is None:
-        return labels, scores, batch.event_times, groups
-    times = None if batch.event_times is None else batch.event_times[rows]
-    return labels, scores, times, None if groups is None else (groups[0][rows], groups[1][rows])

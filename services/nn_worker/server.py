@@ -81,7 +81,7 @@ class _Attempt:
     stub: pb_grpc.EmbeddingWorkerStub
     progress: JobProgress
     state: RankState
-    scores: progressive_validation.Scores | None = None
+    scores: progressive_validation.Scores | progressive_validation.TaskScores | None = None
     delays: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=DELAYS_REPORTED))
     next_scores: float = 0.0
     pusher: GradientPusher | None = None
@@ -251,11 +251,7 @@ class NNWorker(Service):
             trainer, rank_state = await self._setup(job, progress, thread)
             run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state, streams=streams)
             world = config.topology.nn_ranks
-            run.scores = progressive_validation.Scores(
-                max(config.training.progressive_samples // world, 1),
-                config.training.progressive_window_seconds,
-                grouped=config.evaluation.group_by is not None,
-            )
+            run.scores = progressive_validation.of_job(config, max(config.training.progressive_samples // world, 1))
             self.trained = rank_state.trained
             await self._report_progress(run)
             self.set_job_phase("ready")
@@ -405,7 +401,7 @@ class NNWorker(Service):
                 grads, probs, control = result.grads, result.probs, result.control
                 group_by = run.job.config.evaluation.group_by
                 groups = None if group_by is None else batch.ids.first(group_by)
-                run.scores.add(*evaluate.progressive(run.trainer.objective, batch, probs, groups))
+                run.scores.add(batch.labels, probs, batch.event_times, groups)
                 if batch.event_times is not None and len(batch.event_times):  # how long after its event
                     # Never negative: another host's clock may run a little ahead of this one's.
                     run.delays.extend(np.maximum(time.time() - batch.event_times[batch.labels > 0.5], 0.0))

@@ -233,4 +233,6 @@ def test_a_multitask_step_is_the_plain_computation_of_its_loss() -> None:
         scores = result.probs
         assert scores.shape == (size, 3)
         torch.testing.assert_close(torch.from_numpy(scores[:, 1]), out[:, 1].detach(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(torch.from_numpy(scores[:, 0]), torch.sigmoid(out[:, 0]).detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.from_numpy(scores[:, 0]), torch.sigmoid(out[:, 0]).detach(), rtol=1e-5, atol=1e-6
+        )

@@ -79,4 +79,3 @@ def test_each_task_is_scored_over_the_samples_labelled_for_it() -> None:
     assert watch["mae"] == pytest.approx(float(np.mean(np.abs(p[:, 1].astype(float) - y[:, 1]))), rel=1e-9)
     click = {k: v for k, v in got["tasks"]["click"].items() if k != "samples"}
     assert {k: v for k, v in got.items() if k not in ("tasks", "samples")} == click  # the first task's on top
-

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from trillium.train.progressive_validation import BINS, WINDOWS_KEPT, Scores, merge
+from trillium.train.progressive_validation import BINS, WINDOWS_KEPT, Scores, TaskScores, merge
 
 WINDOW = 60.0
 
@@ -118,3 +118,35 @@ def test_no_grouped_auc_unless_the_scores_are_grouped() -> None:
         plain.add(labels, probs, times, (np.zeros(100, np.uint64), np.ones(100, bool)))
     grouped.add(labels, probs, times, (np.zeros(100, np.uint64), np.zeros(100, bool)))  # no sample has a group
     assert merge([grouped.summary()])["gauc"] is None
+
+
+def test_a_multitask_jobs_scores_are_each_tasks_over_its_labelled_samples() -> None:
+    """Three tasks (binary, regression, binary with most labels missing) on two ranks: each task's
+    merged scores are those of the samples labelled for it; the job's own are the first binary
+    task's, and its summary is sent once."""
+    rng = np.random.default_rng(4)
+    kinds = {"watch": "regression", "click": "binary", "buy": "binary"}
+    ranks = [TaskScores(kinds, samples=100_000, window_seconds=WINDOW, grouped=False) for _ in range(2)]
+    seen = []
+    for step, (labels, probs, times) in enumerate(_batches(rng, steps=20, size=256, seconds_per_step=7.0)):
+        y = np.stack([rng.normal(size=256), labels, rng.random(256) < 0.2], axis=1)
+        s = np.stack([y[:, 0] + rng.normal(size=256), probs, rng.random(256)], axis=1)
+        y[rng.random((256, 3)) < np.array([0.1, 0.0, 0.7])] = np.nan
+        ranks[step % 2].add(y, s, times)
+        seen.append((y, s))
+    y, s = (np.concatenate(c) for c in zip(*seen, strict=True))
+    summaries = [json.loads(json.dumps(r.summary())) for r in ranks]
+    assert summaries[0]["tasks"]["click"] is None  # the headline's is the summary's top level
+    merged = merge(summaries)
+    assert list(merged["tasks"]) == ["watch", "click", "buy"]
+    watch = ~np.isnan(y[:, 0])
+    assert merged["tasks"]["watch"]["samples"] == int(watch.sum()) < len(y)
+    assert merged["tasks"]["watch"]["mse"] == pytest.approx(np.mean((s[watch, 0] - y[watch, 0]) ** 2), rel=1e-9)
+    assert merged["tasks"]["watch"]["mae"] == pytest.approx(np.mean(np.abs(s[watch, 0] - y[watch, 0])), rel=1e-9)
+    for k, name in ((1, "click"), (2, "buy")):
+        has = ~np.isnan(y[:, k])
+        task = merged["tasks"][name]
+        assert task["samples"] == task["scored"] == int(has.sum())
+        assert abs(task["auc"] - roc_auc_score(y[has, k], s[has, k])) < 2e-3
+        assert abs(task["logloss"] - log_loss(y[has, k], s[has, k])) < 1e-9
+    assert merged["auc"] == merged["tasks"]["click"]["auc"] and merged["samples"] == len(y)

@@ -101,7 +101,8 @@ def summarize(view: dict, elapsed_s: float) -> dict:
         ],
         "last_checkpoint_step": (view.get("last_checkpoint") or {}).get("step"),
         "progressive": {
-            k: view["progressive"][k] for k in ("auc", "gauc", "logloss", "samples", "scored", "delay_seconds")
+            k: view["progressive"].get(k)
+            for k in ("auc", "gauc", "logloss", "samples", "scored", "delay_seconds", "tasks")
         },
         "stream": view.get("stream"),
     }

@@ -397,6 +397,11 @@ class JobConfig(Strict):
         return [TaskConfig.of_label(self.label)]
 
     @property
+    def label_shape(self) -> tuple[int, ...]:
+        """A sample's labels in a batch: () for one label, (T,) for several tasks."""
+        return (len(self.labels),) if self.labels is not None else ()
+
+    @property
     def multitask(self) -> bool:
         """Whether the job gives `labels`: its batches carry labels (B, T), NaN where a row has no
         label for a task, and its model returns (B, T)."""

@@ -7,9 +7,8 @@ A model is a plain `torch.nn.Module` whose `forward(dense, embeddings)` takes
   (B, max_len, dim) for sequence slots (pooling `none`), whose padding rows are zero; training
   and evaluation pass a `SlotTensors` (a list that may also hold them `joined`);
 
-and returns logits of shape (B,) (the loss is BCE with logits). A multi-task model returns (B, T),
-column k the logit of its k-th task, in its task order; jobs train a single label today, so only
-(B,) models can be trained yet.
+and returns logits of shape (B,) (the loss is BCE with logits). A multi-task job's model (`labels:`)
+returns (B, T), column k its output for the job's k-th task (`trillium.models.Objective`).
 
 No mask comes with a sequence slot: a row of it is padding iff it is all zero. (An ID whose
 embedding is exactly zero, as a not-yet-admitted ID reads, is therefore indistinguishable from

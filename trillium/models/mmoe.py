@@ -29,10 +29,8 @@ class MMoE(nn.Module):
     gates read; `features: concat` refuses those two arguments.
 
     Parameters: `experts[i]` is f_i, `gates[k]` is (W_gk, b_gk), `towers[k]` is h_k, `cross`
-    the cross network (None with `concat`).
-
-    Not yet trainable by a job: a job has one label and expects (B,) logits; MMoE needs the
-    multi-task jobs (`labels:`) still to come.
+    the cross network (None with `concat`). A job trains it with `labels:`, its `tasks` the
+    labels' names in order (examples/multitask/job.yaml).
     """
 
     def __init__(

@@ -35,6 +35,7 @@ class Objective:
         self.names = [t.name for t in self.tasks]
         self._binary = torch.tensor([t.kind == "binary" for t in self.tasks])
         self._weights = [float(t.weight) for t in self.tasks]
+        self.label_shape = (len(self.tasks),) if multitask else ()  # a sample's labels
 
     @classmethod
     def of(cls, job: JobConfig) -> Objective:
@@ -44,11 +45,6 @@ class Objective:
     def one_label(cls) -> Objective:
         """A `label:` job's: one binary label, BCE."""
         return cls([TaskConfig(name="label", column="label")], multitask=False)
-
-    @property
-    def label_shape(self) -> tuple[int, ...]:
-        """A sample's labels: () one label, (T,) several."""
-        return (len(self.tasks),) if self.multitask else ()
 
     def outputs(self, out: Tensor) -> Tensor:
         """The model's output as this objective reads it: (B,) one label, (B, T) several (a
@@ -102,14 +98,6 @@ class Objective:
         if not self.multitask:
             return torch.sigmoid(out)
         return torch.where(self._binary.to(out.device), torch.sigmoid(out), out)
-
-    def headline(self, labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The first task's labels and scores over the samples labelled for it, and which those
-        are (None: every one): what progressive validation scores."""
-        if not self.multitask:
-            return labels, scores, None
-        rows = ~np.isnan(labels[:, 0])
-        return labels[rows, 0], scores[rows, 0], rows
 
     def answers(self, scores: np.ndarray) -> np.ndarray:
         """Serving's answers from `scores`: a regression task's transform undone (its label's own

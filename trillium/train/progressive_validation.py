@@ -8,6 +8,9 @@ loss, over the last `samples` samples and per window of event time, and publishe
 the coordinator merges the ranks' summaries into a rolling AUC and log loss (`merge`). Numpy only:
 the coordinator needs no scikit-learn for it.
 
+A multi-task job's rank scores each task over the samples labelled for it (`TaskScores`: a regression
+task by its rolling MSE and MAE); the first binary task's scores are the job's headline ones.
+
 With `evaluation.group_by`, a rank also scores its latest samples by grouped AUC (the logit bins as
 scores) and publishes it as `gauc_parts`; the merged GAUC adds the ranks' parts up. A group (a
 user) whose samples two ranks score is two groups there, each ranked within its own share: exact
@@ -23,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from trillium.job import JobConfig
 from trillium.metrics import gauc_parts
 
 BINS = 2048
@@ -143,6 +147,72 @@ class Scores:
         return summary
 
 
+class Errors:
+    """A regression task's latest errors (a ring of the last `samples`): its rolling MSE and MAE."""
+
+    def __init__(self, samples: int) -> None:
+        self.size = samples
+        self.squared = np.zeros(samples, np.float64)
+        self.absolute = np.zeros(samples, np.float64)
+        self.filled = 0
+        self.next = 0
+        self.total = 0
+
+    def add(self, labels: np.ndarray, predictions: np.ndarray) -> None:
+        error = (np.asarray(predictions, np.float64) - np.asarray(labels, np.float64))[-self.size :]
+        idx = (self.next + np.arange(len(error))) % self.size
+        self.squared[idx], self.absolute[idx] = error * error, np.abs(error)
+        self.next = (self.next + len(error)) % self.size
+        self.filled = min(self.filled + len(error), self.size)
+        self.total += len(labels)
+
+    def summary(self) -> dict[str, Any]:
+        ring = slice(0, self.filled)
+        return {
+            "total": self.total,
+            "samples": self.filled,
+            "squared_sum": float(self.squared[ring].sum()),
+            "absolute_sum": float(self.absolute[ring].sum()),
+        }
+
+
+class TaskScores:
+    """A multi-task job's progressive scores: each task's over the samples labelled for it (a
+    binary task's `Scores`, a regression task's `Errors`). The first binary task's are also the
+    job's own (its summary's top level: the headline AUC)."""
+
+    def __init__(self, kinds: dict[str, str], samples: int, window_seconds: float, *, grouped: bool) -> None:
+        self.tasks: dict[str, Scores | Errors] = {
+            name: Scores(samples, window_seconds, grouped=grouped) if kind == "binary" else Errors(samples)
+            for name, kind in kinds.items()
+        }
+        binary = [s for s in self.tasks.values() if isinstance(s, Scores)]
+        self.headline = binary[0] if binary else Scores(1, window_seconds, grouped=grouped)
+
+    def add(
+        self,
+        labels: np.ndarray,
+        scores: np.ndarray,
+        times: np.ndarray | None,
+        groups: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Score a batch: labels and scores (B, T), NaN where a sample has no label for a task."""
+        for k, task in enumerate(self.tasks.values()):
+            rows = ~np.isnan(labels[:, k])
+            if isinstance(task, Errors):
+                task.add(labels[rows, k], scores[rows, k])
+                continue
+            task_times = None if times is None else times[rows]
+            task_groups = None if groups is None else (groups[0][rows], groups[1][rows])
+            task.add(labels[rows, k], scores[rows, k], task_times, task_groups)
+
+    def summary(self) -> dict[str, Any]:
+        """The headline's summary, and each other task's in `tasks` (the headline's is named there,
+        as None: it is sent once)."""
+        tasks = {name: None if task is self.headline else task.summary() for name, task in self.tasks.items()}
+        return {**self.headline.summary(), "tasks": tasks}
+
+
 def _pack(counts: np.ndarray) -> str:
     """Histogram counts as text: int32 (a bin of one rank's window never holds 2^31 samples),
     zlib-compressed (mostly empty bins), base64."""
@@ -155,7 +225,34 @@ def _unpack(text: str) -> np.ndarray:
 
 
 def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every rank's summary as one: the rolling AUC and log loss, and per window of event time."""
+    """Every rank's summary as one: the rolling AUC and log loss, and per window of event time;
+    a multi-task job's (`TaskScores`) also each task's, in `tasks` by name."""
+    merged = _merge_scores(summaries)
+    if summaries and "tasks" in summaries[0]:
+        merged["tasks"] = {
+            name: _merge_task([s if s["tasks"][name] is None else s["tasks"][name] for s in summaries])
+            for name in summaries[0]["tasks"]
+        }
+    return merged
+
+
+def _merge_task(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    samples = sum(s["samples"] for s in summaries)
+    scored = sum(s["total"] for s in summaries)
+    if "hist" in summaries[0]:
+        merged = _merge_scores(summaries)
+        return {k: merged[k] for k in ("samples", "scored", "auc", "gauc", "logloss")}
+    squared = sum(s["squared_sum"] for s in summaries)
+    absolute = sum(s["absolute_sum"] for s in summaries)
+    return {
+        "samples": samples,
+        "scored": scored,
+        "mse": squared / samples if samples else None,
+        "mae": absolute / samples if samples else None,
+    }
+
+
+def _merge_scores(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     if not summaries:
         return {"samples": 0, "scored": 0, "auc": None, "gauc": None, "logloss": None, "windows": []}
     pos, neg = sum((_unpack(s["hist"])[0] for s in summaries), np.zeros((2, BINS), np.int64))
@@ -181,3 +278,11 @@ def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             for start, w in sorted(windows.items())
         ],
     }
+
+
+def of_job(job: JobConfig, samples: int) -> Scores | TaskScores:
+    """A rank's progressive scores of `job`, over its latest `samples`."""
+    window, grouped = job.training.progressive_window_seconds, job.evaluation.group_by is not None
+    if not job.multitask:
+        return Scores(samples, window, grouped=grouped)
+    return TaskScores({t.name: t.kind for t in job.tasks}, samples, window, grouped=grouped)

@@ -5,8 +5,9 @@ the same batches in the same order (`BatchBuilder`), builds the same dense model
 (`build_model`), starts every embedding row from exactly the value the native store gives that ID
 (it asks an `EmbeddingStore` configured like the job's tables), and applies the embedding
 optimizers with the native store's documented math in float32 numpy, gradients of an ID repeated
-within a batch summed first. It is the distributed job with one NN rank and synchronous embedding
-updates (staleness 0). Kept deliberately plain.
+within a batch summed first; its evaluation reads an ID no training step looked up as zeros, as
+the PS's read-only evaluation does. It is the distributed job with one NN rank and synchronous
+embedding updates (staleness 0). Kept deliberately plain.
 
 `train_baseline` is "the single-process PyTorch baseline" of the benchmarks: one
 `nn.EmbeddingBag`-style sparse parameter per table over IDs remapped to dense indices, trained
@@ -51,6 +52,7 @@ class TrainResult:
     examples: int  # training examples processed
     seconds: float  # wall time of the training steps (not of reading the data)
     test_tasks: dict[str, dict[str, float | int]] | None = None  # every task's test metrics, by name
+    task_losses: list[list[float]] | None = None  # a multi-task job's: per step, each task's mean loss
 
 
 def _table_vocab(job: JobConfig, builder: BatchBuilder) -> dict[str, np.ndarray]:
@@ -187,7 +189,10 @@ def _round_to_dtype(w: np.ndarray, dtype: str) -> np.ndarray:
 class _Embeddings(Protocol):
     """How a trainer turns a batch's IDs into model inputs and learns from their gradients."""
 
-    def __call__(self, batch: Batch) -> list[Tensor]: ...
+    def __call__(self, batch: Batch, training: bool = True) -> list[Tensor]:
+        """The batch's model inputs; evaluating (`training` False), an ID never trained reads as
+        zeros where the trainer models the PS (which evaluates read-only)."""
+        ...
 
     def step(self) -> None:
         """Apply the gradients of the last batch embedded (called after `backward`)."""
@@ -199,10 +204,15 @@ def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _E
     objective = Objective.of(job)
     model.train()
     losses, examples, start = [], 0, time.perf_counter()
+    task_losses: list[list[float]] = []
     for epoch in range(job.training.epochs):
         for batch in builder.batches("train", epoch):
             out = objective.outputs(model(torch.from_numpy(batch.dense), embeddings(batch)))
-            loss = objective.loss_mean(out, torch.from_numpy(batch.labels))
+            labels = torch.from_numpy(batch.labels)
+            loss = objective.loss_mean(out, labels)
+            if objective.multitask:
+                sums = objective.loss_sums(out.detach(), labels).tolist()
+                task_losses.append([x / batch.batch_size for x in sums])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -211,13 +221,13 @@ def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _E
             examples += batch.batch_size
     seconds = time.perf_counter() - start
     if not builder.has_test:
-        return TrainResult(losses, None, None, None, examples, seconds)
+        return TrainResult(losses, None, None, None, examples, seconds, None, task_losses)
     model.eval()
     group_by = job.evaluation.group_by
     labels, scores, groups = [], [], []
     with torch.no_grad():
         for batch in builder.batches("test"):
-            out = objective.outputs(model(torch.from_numpy(batch.dense), embeddings(batch)))
+            out = objective.outputs(model(torch.from_numpy(batch.dense), embeddings(batch, training=False)))
             scores.append(objective.scores(out).numpy())
             labels.append(batch.labels)
             if group_by is not None:
@@ -231,7 +241,9 @@ def _fit(job: JobConfig, builder: BatchBuilder, model: nn.Module, embeddings: _E
     per_task = task_metrics(kinds, y.reshape(shape), p.reshape(shape), first, has)
     tasks = dict(zip(objective.names, per_task, strict=True))
     head = per_task[0]
-    return TrainResult(losses, head.get("auc"), head.get("logloss"), head.get("gauc"), examples, seconds, tasks)
+    return TrainResult(
+        losses, head.get("auc"), head.get("logloss"), head.get("gauc"), examples, seconds, tasks, task_losses
+    )
 
 
 class _ReferenceEmbeddings:
@@ -239,14 +251,19 @@ class _ReferenceEmbeddings:
         self.job, self.tables = job, tables
         self.leaves: dict[str, tuple[np.ndarray, Tensor]] = {}
 
-    def __call__(self, batch: Batch) -> list[Tensor]:
+    def __call__(self, batch: Batch, training: bool = True) -> list[Tensor]:
         # Per table, the rows of the batch's unique IDs as one leaf tensor: autograd then sums
         # the gradients of an ID used several times into its row of `leaf.grad`.
         self.leaves = {}
         for name, table in self.tables.items():
-            ids = [batch.ids.slot(s.name)[0] for s in self.job.slots if s.table == name]
-            idx = table.rows(np.unique(np.concatenate(ids)))
-            self.leaves[name] = (idx, torch.from_numpy(table.weight[idx]).requires_grad_())
+            ids = np.unique(np.concatenate([batch.ids.slot(s.name)[0] for s in self.job.slots if s.table == name]))
+            if training:
+                idx = table.rows(ids)
+                weight = table.weight[idx]
+            else:  # read-only, as the PS evaluates: no row created, one never trained is zeros
+                idx = np.searchsorted(table.vocab, ids)
+                weight = np.where(table.known[idx][:, None], table.weight[idx], np.float32(0))
+            self.leaves[name] = (idx, torch.from_numpy(weight).requires_grad_(training))
         inputs = []
         for slot in self.job.slots:
             idx, leaf = self.leaves[slot.table]
@@ -308,7 +325,8 @@ class _BaselineEmbeddings:
             else:
                 raise ValueError(f"baseline: table {name!r}: torch has no sparse {opt.name!r}")
 
-    def __call__(self, batch: Batch) -> list[Tensor]:
+    def __call__(self, batch: Batch, training: bool = True) -> list[Tensor]:
+        # torch's tables hold a row for every ID from the start: evaluating reads it as trained.
         out = []
         for slot in self.job.slots:
             weight, pad = self.weights[slot.table], len(self.vocab[slot.table])

@@ -94,7 +94,7 @@ class BatchBuilder:
             report = None if name in self._reports else self._report(name)  # report a split once
             encoder = Encoder(self.job, stats)
             blocks = _encoded(self.job, name, encoder, part=0, parts=1, skip_rows=0, quarantine=report)
-            empty = EncodedBlock.empty(len(self.job.slots), len(self.job.dense))
+            empty = EncodedBlock.empty(self.job)
             self._splits[name] = EncodedSplit(name, tuple(blocks) or (empty,))
             if report is not None:
                 report.finish()

@@ -81,12 +81,13 @@ class EncodedBlock:
         return EncodedBlock.from_lengths(lengths, tuple(values), self.dense[rows], self.labels[rows])
 
     @staticmethod
-    def empty(slots: int, dense: int) -> EncodedBlock:
+    def empty(job: JobConfig) -> EncodedBlock:
+        slots = len(job.slots)
         return EncodedBlock(
             np.zeros((slots, 1), np.int32),
             tuple(np.zeros(0, np.uint64) for _ in range(slots)),
-            np.zeros((0, dense), np.float32),
-            np.zeros(0, np.float32),
+            np.zeros((0, len(job.dense)), np.float32),
+            np.zeros((0, *job.label_shape), np.float32),
         )
 
     @staticmethod

@@ -1,0 +1,124 @@
+"""A multi-task job end to end (tests/data/tiny_multitask_job.yaml: a click, a watch time learnt as
+its log by Huber, a conversion masked to clicked rows): one rank in sync trains as the single-process
+reference does, task by task; two ranks train every sample once an epoch; and the serving replica
+answers every task as the job's own evaluation of its final version scored it, over REST and gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, run_to_end, with_training
+from test_serving import SKEW, Replica, _evaluation, _newest
+
+from trillium import stack
+from trillium.config import GrpcCredentials
+from trillium.data import load_job
+from trillium.data.features import BatchBuilder
+from trillium.job import JobConfig
+from trillium.train.reference import train_reference
+from trillium.wire import rpc
+from trillium.wire.pb import serving_pb2 as pb
+from trillium.wire.pb import serving_pb2_grpc as pb_grpc
+
+TASKS = ["click", "watch_time", "conversion"]
+
+
+@pytest.fixture(scope="module")
+def multitask_job() -> JobConfig:
+    return load_job(DATA / "tiny_multitask_job.yaml")
+
+
+def test_one_rank_in_sync_trains_every_task_as_the_reference(training_stack, multitask_job) -> None:
+    """Golden equivalence for several tasks: the loss curve, each task's loss curve and each
+    task's test metrics of the distributed job (1 rank, k = 0, fp32 wire) are the reference's."""
+    job = multitask_job.model_copy(update={"topology": multitask_job.topology.model_copy(update={"nn_ranks": 1})})
+    job = with_training(job, wire_dtype="fp32")
+    reference = train_reference(job)
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    result = next(iter(view["results"].values()))
+    drift = np.abs(np.asarray(result["loss_curve"]) - reference.losses) / np.abs(reference.losses)
+    print(
+        f"\nmulti-task golden: loss curve relative drift, first/last 10 steps {drift[:10].max():.1e}/{drift[-10:].max():.1e}"
+    )
+    np.testing.assert_allclose(result["loss_curve"], reference.losses, rtol=1e-4, atol=1e-5)
+    assert reference.task_losses is not None and list(result["task_loss_curves"]) == TASKS
+    for k, task in enumerate(TASKS):
+        theirs = [step[k] for step in reference.task_losses]
+        np.testing.assert_allclose(result["task_loss_curves"][task], theirs, rtol=1e-4, atol=1e-5)
+    assert reference.test_tasks is not None and list(report["tasks"]) == TASKS
+    for task, metrics in reference.test_tasks.items():
+        got = report["tasks"][task]
+        assert set(got) == set(metrics), task
+        for name, value in metrics.items():
+            assert got[name] == pytest.approx(value, abs=1e-4), (task, name)
+    # The mask holds: the conversion is scored on the clicked test rows only.
+    clicked = sum(row["click"] == "1" for row in csv.DictReader((DATA / "tiny_multitask/test.csv").open()))
+    assert report["tasks"]["conversion"]["samples"] == clicked < report["eval_samples"] == 400
+    assert report["auc"] == report["tasks"]["click"]["auc"]  # the first task's, on top
+    # Not trivially so: training moved each task's loss.
+    for curve in result["task_loss_curves"].values():
+        assert np.mean(curve[-5:]) < np.mean(curve[:5])
+
+
+def test_two_ranks_train_every_sample_once_and_serve_every_task_as_they_evaluate(training_stack, multitask_job):
+    job = with_training(multitask_job, staleness_bound=2)
+    view, report = run_to_end(training_stack, job)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    split = BatchBuilder(job).split("train")
+    results = view["results"].values()
+    for epoch in range(job.training.epochs):
+        assert sum(r["epochs"][epoch]["samples"] for r in results) == split.rows == 2000
+        assert sum(r["epochs"][epoch]["label_sum"] for r in results) == pytest.approx(float(np.nansum(split.labels)))
+    assert report["samples_trained"] == 2000 * job.training.epochs
+
+    final = _newest(training_stack, job)
+    expected = _evaluation(training_stack, job, final)
+    assert expected.shape == (400, 3)
+    # The evaluation scores a regression on its transformed scale (log seconds); serving answers in seconds.
+    expected = expected.astype(np.float64)
+    expected[:, 1] = np.exp(expected[:, 1])
+    instances = [
+        {k: v for k, v in row.items() if k not in ("click", "watch_seconds", "conversion")}
+        for row in csv.DictReader((DATA / "tiny_multitask/test.csv").open())
+    ]
+    replica = Replica(training_stack)
+    replica.wait_for(job.name, final.version)
+    answers = []
+    for start in range(0, len(instances), 100):
+        r = replica.http.post(f"/v1/models/{job.name}:predict", json={"instances": instances[start : start + 100]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["tasks"] == TASKS and body["version"] == final.version
+        answers += body["predictions"]
+    assert all(list(a) == TASKS for a in answers)
+    got = np.array([[a[t] for t in TASKS] for a in answers])
+    skew = np.abs(got - expected) / np.maximum(
+        1.0, np.abs(expected)
+    )  # relative for seconds, absolute for probabilities
+    print(
+        f"\nmulti-task: serving vs the job's evaluation, max skew per task {dict(zip(TASKS, skew.max(axis=0), strict=True))}"
+    )
+    assert skew.max() <= SKEW
+    assert got[:, 1].min() > 0 and not math.isclose(got[:, 1].std(), 0.0)  # seconds, and they vary
+
+    address = next(p["grpc_address"] for p in stack.read_state(training_stack)["processes"] if p["role"] == "serving")
+    credentials = GrpcCredentials(token=stack.read_token(training_stack))
+    grpc = asyncio.run(_grpc_predictions(address, credentials, job.name, instances[:40]))
+    assert grpc.tasks == TASKS and grpc.version == final.version
+    flat = np.asarray(grpc.predictions, np.float64).reshape(40, 3)  # each instance's tasks in turn
+    assert np.abs(flat - got[:40]).max() <= 1e-6 * np.abs(got[:40]).max()  # float32 on the wire
+
+    single = replica.http.post(f"/v1/models/{job.name}:predict", json={"instances": [{"user": 1}]})
+    assert single.status_code == 200 and list(single.json()["predictions"][0]) == TASKS
+
+
+async def _grpc_predictions(address: str, credentials: GrpcCredentials, model: str, instances: list[dict]):
+    async with rpc.channel(address, credentials) as channel:
+        stub = pb_grpc.ServingStub(channel)
+        return await stub.Predict(pb.PredictRequest(model=model, instances=json.dumps(instances).encode()))
