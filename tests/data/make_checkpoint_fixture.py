@@ -7,8 +7,9 @@ its manifest recorded. When `trillium.runtime.checkpoint.FORMAT_VERSION` goes up
 (`.venv/bin/python tests/data/make_checkpoint_fixture.py`) and commit the new directory beside
 the old ones, which stay.
 
-The checkpoint is the tiny job's (tests/data/tiny_job.yaml) after one epoch, full (no delta), its
-test split evaluated at the cut, on a stack of its own Kafka and Redis (a few minutes).
+The checkpoint is the tiny multi-task job's (tests/data/tiny_multitask_job.yaml; formats 1-3 have
+the one-label tiny_job.yaml's) after one epoch, full (no delta), its test split evaluated at the
+cut, on a stack of its own Kafka and Redis (a few minutes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def fixture_dir(version: int = FORMAT_VERSION) -> Path:
 
 
 def _job() -> JobConfig:
-    job = load_job(DATA / "tiny_job.yaml")
+    job = load_job(DATA / "tiny_multitask_job.yaml")
     return JobConfig.model_validate(
         job.model_dump()
         | {

@@ -248,11 +248,13 @@ def test_a_checkpoint_of_every_earlier_format_restores(stack, fixture: Path) -> 
     (step,) = [p for p in source.iterdir() if p.is_dir()]
     manifest = json.loads((step / "manifest.json").read_text())
     config = manifest["config"]  # as it was written then, read by today's schema
+    data = DATA / ("tiny_multitask" if config.get("labels") else "tiny")
+    suffix = Path(config["data"]["train"]).suffix
     job = JobConfig.model_validate(
         config
         | {
             "name": f"restore-{fixture.name}",
-            "data": config["data"] | {"train": str(DATA / "tiny/train.tsv"), "test": str(DATA / "tiny/test.tsv")},
+            "data": config["data"] | {"train": str(data / f"train{suffix}"), "test": str(data / f"test{suffix}")},
             "training": config["training"] | {"epochs": 0},
             "init_from": {"job": source.name, "step": int(step.name), "dir": str(fixture)},
         }
@@ -262,6 +264,9 @@ def test_a_checkpoint_of_every_earlier_format_restores(stack, fixture: Path) -> 
     assert restored["job"]["init_from"]["step"] == int(step.name)
     assert restored["job"]["metrics"]["auc"] == pytest.approx(manifest["eval"]["auc"], abs=1e-6)
     assert restored["job"]["metrics"]["logloss"] == pytest.approx(manifest["eval"]["logloss"], abs=1e-6)
+    for task, metrics in manifest["eval"].get("tasks", {}).items():  # a multi-task job's (format 4 on)
+        for name, value in metrics.items():
+            assert restored["job"]["metrics"]["tasks"][task][name] == pytest.approx(value, abs=1e-6), (task, name)
 
 
 def test_a_corrupt_checkpoint_is_refused_and_recovery_takes_the_one_before(stack, sync_job) -> None:

@@ -47,7 +47,9 @@ from trillium.runtime.storage import StorageDir, filesystem
 # 2: a stream loader's events keep their field values as one text (1: a dict by path; read by
 # services/data_loader/stream.py:upgrade_state).
 # 3: a stream loader's events (its joiners' and its rows) as a list per field, not per event.
-FORMAT_VERSION = 3
+# 4: multi-task jobs (`labels:`): a rank's file has each task's loss curve (`task_losses`, which
+# a reader of 3 refuses as an unknown field), the metrics each task's (`eval.tasks`).
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 
