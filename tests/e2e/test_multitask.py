@@ -76,6 +76,14 @@ def test_two_ranks_train_every_sample_once_and_serve_every_task_as_they_evaluate
         assert sum(r["epochs"][epoch]["samples"] for r in results) == split.rows == 2000
         assert sum(r["epochs"][epoch]["label_sum"] for r in results) == pytest.approx(float(np.nansum(split.labels)))
     assert report["samples_trained"] == 2000 * job.training.epochs
+    # Progressive validation scored each task on every sample labelled for it, once an epoch.
+    progressive = report["progressive"]["tasks"]
+    assert list(progressive) == TASKS
+    for k, task in enumerate(TASKS):
+        labelled = int((~np.isnan(split.labels[:, k])).sum())
+        assert progressive[task]["scored"] == labelled * job.training.epochs, task
+    assert labelled < 2000 and progressive["watch_time"]["mse"] > 0 and progressive["conversion"]["auc"] is not None
+    assert report["progressive"]["auc"] == progressive["click"]["auc"]
 
     final = _newest(training_stack, job)
     expected = _evaluation(training_stack, job, final)

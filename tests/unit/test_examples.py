@@ -13,6 +13,7 @@ import numpy as np
 from trillium.data import load_job
 from trillium.data.features import BatchBuilder
 from trillium.data.sources.datagen import generate_criteo
+from trillium.data.sources.datagen_multitask import generate_multitask
 from trillium.train.reference import train_baseline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +60,19 @@ def test_criteo_job_reads_criteos_tsv_and_trains(tmp_path: Path) -> None:
     assert train + test == 5000 and 400 < test < 600
     result = train_baseline(job)
     assert result.examples == train and result.test_auc is not None
+
+
+def test_the_multitask_job_reads_datagens_feed_and_trains_every_task(tmp_path: Path) -> None:
+    """examples/multitask on `trillium datagen --multitask` rows (a few thousand, not its 10M):
+    three tasks read from their columns, trained, each scored."""
+    path = job_in(tmp_path, "multitask")
+    generate_multitask(tmp_path / "data" / "train.csv", 3000, 1, users=200, items=500)
+    generate_multitask(tmp_path / "data" / "test.csv", 500, 1, split="test", users=200, items=500)
+    job = load_job(path)
+    builder = BatchBuilder(job)
+    labels = builder.split("train").labels
+    assert labels.shape == (3000, 3) and builder.malformed == {} and not np.isnan(labels).any()
+    result = train_baseline(job, builder=builder)
+    assert result.examples == 3000 and result.test_tasks is not None
+    assert set(result.test_tasks) == {"click", "watch_time", "conversion"}
+    assert result.test_tasks["watch_time"]["mse"] > 0 and result.test_tasks["click"]["auc"] is not None

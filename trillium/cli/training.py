@@ -128,6 +128,13 @@ def _print_summary(report: dict) -> None:
         if key == "gauc" and value is None:  # a job without evaluation.group_by
             continue
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    tasks = report["tasks"] or {}
+    if len(tasks) > 1:  # a multi-task job: each task's test metrics too
+        for task, metrics in tasks.items():
+            shown = [
+                f"{name} {metrics[name]:.4f}" for name in ("auc", "gauc", "logloss", "mse", "mae") if name in metrics
+            ]
+            table.add_row(f"task {task}", "  ".join(shown))
     console.print(table)
 
 
