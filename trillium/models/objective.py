@@ -71,6 +71,9 @@ class Objective:
         y = torch.where(has, labels, torch.zeros_like(labels))
         sums = []
         for k, task in enumerate(self.tasks):
+            if not self._weights[k]:  # a task only scored: no loss, and no 0 * inf to make a NaN
+                sums.append(out.new_zeros(()))
+                continue
             if task.kind == "binary":
                 each = F.binary_cross_entropy_with_logits(out[:, k], y[:, k], reduction="none")
             elif task.loss_name == "huber":
