@@ -404,7 +404,9 @@ class NNWorker(Service):
                 run.scores.add(batch.labels, probs, batch.event_times, groups)
                 if batch.event_times is not None and len(batch.event_times):  # how long after its event
                     # Never negative: another host's clock may run a little ahead of this one's.
-                    run.delays.extend(np.maximum(time.time() - batch.event_times[batch.labels > 0.5], 0.0))
+                    run.delays.extend(
+                        np.maximum(time.time() - batch.event_times[run.trainer.objective.positive(batch.labels)], 0.0)
+                    )
                     s.event_time = max(s.event_time or 0.0, float(batch.event_times.max()))
                 if batch.complete_through is not None:
                     s.complete_through = batch.complete_through

@@ -1,7 +1,8 @@
 """A multi-task job end to end (tests/data/tiny_multitask_job.yaml: a click, a watch time learnt as
 its log by Huber, a conversion masked to clicked rows): one rank in sync trains as the single-process
-reference does, task by task; two ranks train every sample once an epoch; and the serving replica
-answers every task as the job's own evaluation of its final version scored it, over REST and gRPC."""
+reference does, task by task; two ranks train every sample once an epoch; the serving replica
+answers every task as the job's own evaluation of its final version scored it, over REST and gRPC;
+and a stream of events carrying their labels trains each task."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ import asyncio
 import csv
 import json
 import math
+import time
+import uuid
 
 import numpy as np
 import pytest
 from pipeline_helpers import DATA, run_to_end, with_training
 from test_serving import SKEW, Replica, _evaluation, _newest
+from waiting import wait_until
 
 from trillium import stack
 from trillium.config import GrpcCredentials
 from trillium.data import load_job
 from trillium.data.features import BatchBuilder
 from trillium.job import JobConfig
+from trillium.stack.client import CoordinatorClient
 from trillium.train.reference import train_reference
-from trillium.wire import rpc
+from trillium.wire import kafka, rpc
 from trillium.wire.pb import serving_pb2 as pb
 from trillium.wire.pb import serving_pb2_grpc as pb_grpc
 
@@ -130,3 +135,61 @@ async def _grpc_predictions(address: str, credentials: GrpcCredentials, model: s
     async with rpc.channel(address, credentials) as channel:
         stub = pb_grpc.ServingStub(channel)
         return await stub.Predict(pb.PredictRequest(model=model, instances=json.dumps(instances).encode()))
+
+
+def test_a_stream_of_events_carrying_every_tasks_label_trains_each_task(training_stack, infra) -> None:
+    """A continuous multi-task job reading events that carry their labels (data.topics): every
+    event is trained once, progressive validation scores each task on exactly the events labelled
+    for it (a null is no label, a mask off no label), and an event with no label for any task is a
+    dead letter naming why."""
+    rows = list(csv.DictReader((DATA / "tiny_multitask/train.csv").open()))[:600]
+    now = time.time()
+    events = []
+    for i, row in enumerate(rows):
+        event = {"id": str(i), "ts": now - 600 + i * 0.5, "user": row["user"], "item": row["item"]}
+        event |= {
+            "history": row["history"].split("|"),
+            "hour": row["hour"],
+            "item_age_days": float(row["item_age_days"]),
+        }
+        event |= {"click": int(row["click"]), "watch_seconds": float(row["watch_seconds"]) if i % 5 else None}
+        events.append(event | {"conversion": int(row["conversion"])})
+    events.append(events[0] | {"id": "none", "click": None, "watch_seconds": None, "conversion": None})
+    topic = f"feed-{uuid.uuid4().hex[:8]}"
+    asyncio.run(kafka.ensure_topics(infra.kafka, {topic: 1}))
+    asyncio.run(_produce(infra.kafka, topic, [json.dumps(e).encode() for e in events]))
+    raw = load_job(DATA / "tiny_multitask_job.yaml").model_dump(mode="json", exclude_none=True)
+    raw["name"] = f"stream-{topic}"
+    raw["data"] = {"source": "kafka", "topics": [topic], "key": "id", "event_time": "ts", "batch_timeout_seconds": 0.2}
+    raw["dense"] = [{"column": "item_age_days", "normalization": "log1p"}]  # no statistics pass on a stream
+    raw["training"] |= {"epochs": None, "staleness_bound": 2}
+    raw["topology"] |= {"data_loaders": 1}
+    job = JobConfig.model_validate(raw)
+    client = CoordinatorClient.for_stack(training_stack)
+    try:
+        job_id = client.submit(job)["id"]
+        wait_until(lambda: client.job(job_id)["progress"]["samples"] == 600, "every labelled event trained", 120)
+        # A rank reports its scores once a second, and a stop cancels it: wait for the last ones.
+        wait_until(lambda: client.job(job_id)["progressive"]["scored"] == 600, "the scores of every step", 30)
+        client.stop(job_id, checkpoint=False)
+        view = wait_until(lambda: (v := client.job(job_id))["job"]["state"] == "stopped" and v, "the job to stop", 120)
+    finally:
+        client.close()
+    assert view["progress"]["samples"] == 600
+    assert view["stream"]["dead_letters"] == {"bad_value": 1}
+    tasks = view["progressive"]["tasks"]
+    assert tasks["click"]["scored"] == 600
+    assert tasks["watch_time"]["scored"] == sum(1 for e in events[:600] if e["watch_seconds"] is not None) == 480
+    assert tasks["conversion"]["scored"] == sum(e["click"] for e in events[:600])  # masked to clicked events
+    assert tasks["watch_time"]["mse"] > 0 and tasks["click"]["auc"] is not None
+
+
+async def _produce(conn, topic: str, values: list[bytes]) -> None:
+    producer = kafka.producer(conn)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send(topic, value, partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()

@@ -15,7 +15,8 @@ import torch
 from pydantic import ValidationError
 from test_nn_step import NUM_DENSE, SHAPES, one_rank_group  # noqa: F401 (the fixture)
 
-from trillium.data.features import BatchBuilder
+from trillium.data.features import BatchBuilder, Encoder, TextCells
+from trillium.data.sources.events import FIELD_SEP, EventReader, EventRows
 from trillium.job import JobConfig, TaskConfig
 from trillium.models import MMoE, Objective
 from trillium.services.nn_worker.embeddings import SlotEmbeddings
@@ -71,11 +72,12 @@ def _escaped(text: str) -> str:
     return re.escape(text)
 
 
-def test_a_stream_takes_one_label_for_now() -> None:
+def test_a_join_of_label_topics_takes_one_label_for_now() -> None:
     raw = job_of().model_dump(exclude_none=True)
-    raw["data"] = {"source": "kafka", "topics": ["events"], "key": "id", "event_time": "t"}
+    join = {"impressions": "imps", "labels": "clicks", "key": "id", "window_seconds": 5}
+    raw["data"] = {"source": "kafka", "join": join, "event_time": "t"}
     raw["training"]["epochs"] = None
-    with pytest.raises(ValidationError, match="a multi-task job trains from files"):
+    with pytest.raises(ValidationError, match="a join of label topics .data.join. takes one `label` for now"):
         JobConfig.model_validate(raw)
 
 
@@ -236,3 +238,36 @@ def test_a_multitask_step_is_the_plain_computation_of_its_loss() -> None:
         torch.testing.assert_close(
             torch.from_numpy(scores[:, 0]), torch.sigmoid(out[:, 0]).detach(), rtol=1e-5, atol=1e-6
         )
+
+
+def test_a_streams_events_carry_every_tasks_label_and_are_checked_as_a_blocks_rows() -> None:
+    """A multi-task job reading events that carry their labels (data.topics): the native decoder
+    and the reference read each task's field and mask once (null: no label; a field missing is a
+    bad event, as for any field); a step's rows then get the labels a file's block of the same
+    cells gets (NaN where none), malformed ones named."""
+    raw = job_of().model_dump(exclude_none=True)
+    raw["data"] = {"source": "kafka", "topics": ["events"], "key": "id", "event_time": "ts"}
+    raw["training"]["epochs"] = None
+    job = JobConfig.model_validate(raw)
+    reader = EventReader(job)
+    assert reader.paths == ["user", "click", "watch", "buy", "clicked"]
+    events = [
+        {"id": "a", "ts": 1.0, "user": "u1", "click": 1, "watch": 12.5, "buy": 1, "clicked": 1},
+        {"id": "b", "ts": 2.0, "user": "u2", "click": None, "watch": 3, "buy": 0, "clicked": 1},  # no click label
+        {"id": "c", "ts": 3.0, "user": "u3", "click": 0, "watch": None, "buy": 1, "clicked": 0},  # buy masked off
+        {"id": "d", "ts": 4.0, "user": "u4", "click": 1, "watch": -2, "buy": None, "clicked": 1},  # log(-2)
+    ]
+    raws = [json.dumps(e).encode() for e in events]
+    decoded = reader.events(raws)
+    assert decoded == [reader.event(r) for r in raws]  # the native decoder as the reference
+    rows = EventRows(job)
+    for event in decoded:
+        rows.add(event)
+    encoder = Encoder(job, {})  # no dense column: no statistics to have
+    cells = TextCells.of_rows(job, [e.values for e in rows.events], FIELD_SEP, rows.paths, rows.labels)
+    checked = encoder.check_cells(cells, lambda i: (i, ""), file="kafka")
+    assert checked.keep.tolist() == [True, True, True, False]
+    assert [b.reason for b in checked.bad] == ["watch: -2.0 is outside log's domain (> 0)"]
+    labels = encoder.encode_cells(cells, checked).labels
+    want = [[1, math.log(12.5), 1], [math.nan, math.log(3), 0], [0, math.nan, math.nan]]
+    np.testing.assert_allclose(labels, np.array(want, np.float32), rtol=1e-7)

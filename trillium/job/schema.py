@@ -383,9 +383,10 @@ class JobConfig(Strict):
         if self.labels is None:
             return
         check_tasks(self.labels)
-        if isinstance(self.data, KafkaData):
+        if isinstance(self.data, KafkaData) and self.data.join is not None:
             raise ValueError(
-                "labels: a multi-task job trains from files (csv, parquet) for now; a kafka source takes one `label`"
+                "labels: a multi-task job reads its labels from its events (data.topics) or files; "
+                "a join of label topics (data.join) takes one `label` for now"
             )
 
     @property

@@ -102,6 +102,13 @@ class Objective:
             return torch.sigmoid(out)
         return torch.where(self._binary.to(out.device), torch.sigmoid(out), out)
 
+    def positive(self, labels: np.ndarray) -> np.ndarray:
+        """bool (B,): the samples with a positive label (for several tasks, of any binary task)."""
+        if not self.multitask:
+            return labels > 0.5
+        binary = self._binary.numpy()
+        return (labels[:, binary] > 0.5).any(axis=1)
+
     def answers(self, scores: np.ndarray) -> np.ndarray:
         """Serving's answers from `scores`: a regression task's transform undone (its label's own
         units), the rest as they are."""

@@ -242,8 +242,13 @@ class Encoder:
             if not math.isfinite(value):
                 problems.setdefault(i, (DENSE_VALUE, f"{column}: non-finite value {cell!r}"))
         positive = np.zeros((cells.rows, len(job.tasks)) if job.multitask else cells.rows, bool)
-        if labelled:
-            assert not job.multitask, "a multi-task job's labels come in blocks (its schema refuses streams)"
+        if labelled and job.multitask:  # each task's cells as a column: a block's very checks
+
+            def column(name: str) -> pa.Array:
+                return pa.array([cells.cell(i, name) for i in range(cells.rows)], pa.string())
+
+            positive = task_labels(job, column, cells.rows, problems)
+        elif labelled:
             label, pos, neg = job.label, set(job.label.positive), set(job.label.negative or ())
             for i, cell in enumerate(cells.labels):
                 if cell in pos:

@@ -98,11 +98,17 @@ def events_of(columns: Mapping[str, list[Any]]) -> Iterator[Event]:
 
 def event_fields(job: JobConfig) -> list[tuple[str, str]]:
     """The fields an event of `job` carries, in their order: (path, kind), kind slot, dense or
-    label (the label only where no joiner sets it)."""
+    label (the labels only where no joiner sets them: a one-label job's label last; a multi-task
+    job's tasks' labels and masks, each once)."""
     fields = [(s.column, "slot") for s in job.slots] + [(d.column, "dense") for d in job.dense]
     if job.data.join is None:  # type: ignore[union-attr]
-        fields.append((job.label.column, "label"))
+        fields += [(path, "label") for path in label_paths(job)]
     return fields
+
+
+def label_paths(job: JobConfig) -> list[str]:
+    """The fields an event carries its labels in: the label's, or each task's and mask's."""
+    return list(dict.fromkeys(c for t in job.tasks for c in (t.column, t.mask) if c is not None))
 
 
 def packed_values(values: Mapping[str, str | None], paths: Sequence[str]) -> str:
@@ -157,7 +163,7 @@ class EventReader:
         self.data = data
         self.slots = [s.column for s in job.slots]
         self.dense = [d.column for d in job.dense]
-        self.label = job.label.column
+        self.labels = label_paths(job)
         self.joined = data.join is not None
         fields = event_fields(job)
         self.paths = [p for p, _ in fields]
@@ -225,8 +231,9 @@ class EventReader:
                 raise BadEvent(f"field {path!r} (dense): expected a finite number, got {value!r}")
             values.append("" if value is None else scalar_text(path, value))
         if not self.joined:
-            value = _at(event, self.label)
-            values.append("" if value is None else scalar_text(self.label, value))
+            for path in self.labels:
+                value = _at(event, path)
+                values.append("" if value is None else scalar_text(path, value))
         return Event(FIELD_SEP.join(values), key, time)
 
     def named(self, event: Event) -> dict[str, str]:
@@ -247,7 +254,9 @@ class EventRows:
     def __init__(self, job: JobConfig) -> None:
         self.paths = [p for p, _ in event_fields(job)]  # of each event's values, in order
         self.events: list[Event] = []
-        self.labels: list[str] = []  # each event's label (set by the joiner, or read)
+        # Each event's label (set by the joiner, or read: its last field). A multi-task job's labels
+        # are read from each event's values by `trillium.data.features.Encoder.check_cells`.
+        self.labels: list[str] = []
         self.times: list[float] = []  # when each became a sample (the click, else the event)
         self.arrived: list[float] = []  # when each was added here (time.monotonic()), oldest first
 
