@@ -41,7 +41,9 @@ def plot(view: dict[str, Any], series: list[dict[str, Any]], path: Path) -> Path
     auc_ax.set_title(f"progressive AUC{first} (last {window:,} samples)")
     auc_ax.set_xlabel("samples trained")
     metrics = job.get("metrics") or {}
-    for (task, scores), color in zip((metrics.get("tasks") or {"": metrics}).items(), _COLORS, strict=False):
+    tasks = metrics.get("tasks") or {}
+    shown = tasks if len(tasks) > 1 else {"": metrics}  # a one-label job's: "test AUC"
+    for (task, scores), color in zip(shown.items(), _COLORS, strict=False):
         if scores.get("auc") is not None:
             name = f"{task} test AUC" if task else "test AUC"
             auc_ax.axhline(scores["auc"], ls="--", color=color, label=f"{name} {scores['auc']:.4f}")
