@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from .base import NonNegativeFloat, PositiveFloat, Strict
 
@@ -22,21 +22,20 @@ def _one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+# Label values: one, or a list.
+Values = Annotated[list[str], BeforeValidator(_one_or_many), Field(min_length=1)]
+
+
 class LabelConfig(Strict):
     """The label column: values in `positive` are 1, those in `negative` 0. Without
     `negative`, every other non-empty value is 0; with it, any other value is a malformed row."""
 
     column: str
     """The label's column (or event field)."""
-    positive: Annotated[list[str], Field(min_length=1)]
+    positive: Values
     """The values that are a positive (1): one, or a list."""
-    negative: Annotated[list[str], Field(min_length=1)] | None = None
+    negative: Values | None = None
     """The values that are a negative (0); null: every other non-empty value."""
-
-    @field_validator("positive", "negative", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return _one_or_many(value)
 
     @model_validator(mode="after")
     def _disjoint(self) -> LabelConfig:
@@ -63,9 +62,9 @@ class TaskConfig(Strict):
     """Its label's column (or event field)."""
     kind: Literal["binary", "regression"] = "binary"
     """`binary` (BCE) or `regression` (`loss`: mse or huber)."""
-    positive: Annotated[list[str], Field(min_length=1)] | None = None
+    positive: Values | None = None
     """binary: the values that are a positive (1); default "1"."""
-    negative: Annotated[list[str], Field(min_length=1)] | None = None
+    negative: Values | None = None
     """binary: the values that are a negative (0); null: every other non-empty value."""
     loss: Literal["bce", "mse", "huber"] | None = None
     """The loss: `bce` for binary (the default and only one); `mse` (default) or `huber` for
@@ -80,11 +79,6 @@ class TaskConfig(Strict):
     mask: str | None = None
     """A column whose cell says whether the row trains this task: "1"/"true" yes, "0"/"false" or
     empty no (e.g. a conversion rate learnt on clicked rows only); any other value is malformed."""
-
-    @field_validator("positive", "negative", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return _one_or_many(value)
 
     @model_validator(mode="after")
     def _fits_kind(self) -> TaskConfig:
