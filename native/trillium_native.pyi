@@ -713,3 +713,45 @@ class EventJoin:
     def restore_closed(self, key: str, event: Any | None, positive: bool, end: float) -> None: ...
     def restore_decided(self, event: Any, positive: bool, time: float, kind: str) -> None: ...
     def restore_counts(self, values: list[int]) -> None: ...
+
+class TaskJoin:
+    """A multi-task job's joiner core (trillium/data/sources/task_joiner.py subclasses it as
+    `PartitionTaskJoin`): a partition's impressions and the labels of several tasks, a window
+    each, joined by key in event time. Labels are "1", "0" or "" (none), a text per task; counts
+    are in the orders of task_joiner.py's COUNTS and TASK_COUNTS."""
+
+    def __new__(cls, windows: list[float], correct_late_labels: bool, max_open: int) -> Self: ...
+    def impression(self, event: tuple[str, str | None, float]) -> None:
+        """An impression (ValueError: it has no key)."""
+    def label(self, task: int, key: str, time: float) -> None: ...
+    def take(
+        self,
+        decoder: EventDecoder,
+        messages: list[bytes | None],
+        start: int,
+        task: int | None,
+        earliest: float,
+        newest: float,
+    ) -> tuple[int, float]:
+        """As `EventJoin.take`: the messages as impressions (`task` None) or labels of `task`."""
+    def advance(self, watermark: float) -> tuple[list[Any], list[tuple[str, ...]], list[float], list[bool]]:
+        """(events, labels, times, corrections) of the samples decided at or before the
+        watermark, in the order of their decisions."""
+    def count_values(self) -> list[int]: ...
+    def task_count_values(self) -> list[list[int]]: ...
+    @property
+    def tracked_count(self) -> int: ...
+    def parts(
+        self,
+    ) -> tuple[
+        list[tuple[Any, list[float], bool]],
+        list[list[tuple[str, float]]],
+        tuple[list[Any], list[tuple[str, ...]], list[float], list[bool]],
+    ]:
+        """The state but its counts: the tracked impressions (event, each task's label time or
+        NaN, emitted) in the order their horizons end, each task's held labels (key, time), and
+        the decided samples as `advance` gives them."""
+    def restore_tracked(self, event: tuple[str, str | None, float], labels: list[float], emitted: bool) -> None: ...
+    def restore_held(self, task: int, key: str, time: float) -> None: ...
+    def restore_decided(self, event: Any, labels: list[str], time: float, correction: bool) -> None: ...
+    def restore_counts(self, values: list[int], task_values: list[list[int]]) -> None: ...

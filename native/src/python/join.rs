@@ -11,7 +11,7 @@ use trillium_stream::join::{Closed, Join, Kind, Sample, COUNTS};
 
 /// An event as the loader has it; a copy is another reference (the core keeps one to correct a
 /// negative).
-struct Event(Py<PyAny>);
+pub(crate) struct Event(pub(crate) Py<PyAny>);
 
 impl Clone for Event {
     fn clone(&self) -> Self {
@@ -30,7 +30,7 @@ pub(crate) struct PyEventJoin {
     kinds: [Py<PyString>; 3],
 }
 
-fn key_and_time<'py>(event: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyString>, f64)> {
+pub(crate) fn key_and_time<'py>(event: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyString>, f64)> {
     let tuple = event.cast::<PyTuple>().map_err(|_| {
         PyTypeError::new_err(format!("an event is a (values, key, time) tuple, got {}", type_name(event)))
     })?;

@@ -25,6 +25,7 @@ mod serving;
 mod snapshot;
 mod store;
 mod store_tables;
+mod task_join;
 mod wire16;
 
 pub(crate) fn to_py(e: StoreError) -> PyErr {
@@ -142,6 +143,7 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serving::PyServing>()?;
     m.add_class::<events::PyEventDecoder>()?;
     m.add_class::<join::PyEventJoin>()?;
+    m.add_class::<task_join::PyTaskJoin>()?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::kafka_partitions, m)?)?;

@@ -71,7 +71,7 @@ impl Hash for Key {
 
 /// Passes a `Key`'s own hash through.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -89,11 +89,11 @@ impl Hasher for KeyHasher {
     }
 }
 
-type KeyMap<V> = HashMap<Key, V, BuildHasherDefault<KeyHasher>>;
+pub(crate) type KeyMap<V> = HashMap<Key, V, BuildHasherDefault<KeyHasher>>;
 
 /// A time, ordered as Python orders floats (event times are finite; a watermark may be ±inf).
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Time(f64);
+pub(crate) struct Time(pub(crate) f64);
 
 impl Eq for Time {}
 
@@ -111,10 +111,10 @@ impl Ord for Time {
 
 /// A key due at a time; of keys due at once, the one that came first is first.
 #[derive(Debug)]
-struct Due {
-    at: Time,
-    seq: u64,
-    key: Key,
+pub(crate) struct Due {
+    pub(crate) at: Time,
+    pub(crate) seq: u64,
+    pub(crate) key: Key,
 }
 
 impl PartialEq for Due {
@@ -147,27 +147,27 @@ pub struct Sample<E> {
 }
 
 /// A decided sample waiting for the watermark, ordered by (decision time, order decided).
-struct Decision<E> {
-    time: Time,
-    seq: u64,
-    sample: Sample<E>,
+pub(crate) struct Decision<S> {
+    pub(crate) time: Time,
+    pub(crate) seq: u64,
+    pub(crate) sample: S,
 }
 
-impl<E> PartialEq for Decision<E> {
+impl<S> PartialEq for Decision<S> {
     fn eq(&self, other: &Self) -> bool {
         (self.time, self.seq) == (other.time, other.seq)
     }
 }
 
-impl<E> Eq for Decision<E> {}
+impl<S> Eq for Decision<S> {}
 
-impl<E> PartialOrd for Decision<E> {
+impl<S> PartialOrd for Decision<S> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl<E> Ord for Decision<E> {
+impl<S> Ord for Decision<S> {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.time, self.seq).cmp(&(other.time, other.seq))
     }
@@ -200,7 +200,7 @@ pub struct Join<E> {
     held_order: BinaryHeap<Reverse<Due>>,
     closed: KeyMap<Closed<E>>,
     closed_order: VecDeque<Key>, // `closed`'s keys, oldest first (only the oldest ever leaves)
-    decided: BinaryHeap<Reverse<Decision<E>>>,
+    decided: BinaryHeap<Reverse<Decision<Sample<E>>>>,
     arrivals: u64,
     decisions: u64,
     counts: [u64; COUNTS],
