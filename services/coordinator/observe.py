@@ -170,7 +170,13 @@ class StreamView(BaseModel):
     dead_letters: dict[str, int] = Field(description="messages sent to the dead-letter topic, by reason")
     joined: dict[str, int] = Field(
         description="the joiner's counts: impressions, labels, positives, negatives, "
-        "late labels, corrections, closed early, unmatched, duplicates"
+        "late labels, corrections, closed early, unmatched, duplicates (a multi-task job's join: "
+        "impressions, samples, closed early, dropped early, duplicate impressions)"
+    )
+    joined_tasks: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="a multi-task job's join, each task's counts of its labels: labels, in_sample, "
+        "corrections, late_labels, unmatched_labels, duplicate_labels",
     )
     events: dict[str, int]
 
@@ -207,6 +213,10 @@ async def stream_view(registry: WorkerRegistry, job: JobRecord) -> StreamView | 
         for field in ("dead_letters", "joined", "events"):
             for key, n in stream[field].items():
                 getattr(view, field)[key] = getattr(view, field).get(key, 0) + n
+        for task, counts in stream.get("joined_tasks", {}).items():
+            mine = view.joined_tasks.setdefault(task, {})
+            for key, n in counts.items():
+                mine[key] = mine.get(key, 0) + n
     view.inputs.sort(key=lambda i: (i.topic, i.partition))
     return view
 

@@ -45,6 +45,7 @@ from trillium.data.sources.events import (
     stream_encoder_config,
 )
 from trillium.data.sources.joiner import Decided, PartitionJoin, columns_of_rows
+from trillium.data.sources.task_joiner import PartitionTaskJoin, TaskDecided
 from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import Offsets
@@ -178,10 +179,17 @@ class StreamLoader:
         self.max_time: dict[tuple[str, int], float] = {
             (t, int(p)): v for t, parts in state.get("max_time", {}).items() for p, v in parts.items()
         }
-        self.joins: dict[int, PartitionJoin] = {}
+        self.joins: dict[int, PartitionJoin | PartitionTaskJoin] = {}
+        # A label topic's task (its index in the job's tasks; 0 for a one-label job's one topic).
+        self.label_tasks: dict[str, int] = {}
         if self.data.join is not None:
+            names = [t.name for t in self.config.tasks]
+            joined = self.data.join.labels
+            self.label_tasks = (
+                {j.topic: names.index(j.task) for j in joined} if self.data.join.per_task else {joined: 0}
+            )
             for p, s in state.get("joins", {}).items():
-                self.joins[int(p)] = PartitionJoin.from_state(self.data.join, s)
+                self.joins[int(p)] = self._join_of(s)
         self.rows = EventRows(self.config)
         if "rows" in state:
             rows = state["rows"]
@@ -226,14 +234,27 @@ class StreamLoader:
             "dead": dict(self.dead),
         }
 
+    def _join_of(self, state: dict[str, Any] | None = None) -> PartitionJoin | PartitionTaskJoin:
+        """A partition's joiner, new or of a checkpointed state."""
+        join = self.data.join
+        assert join is not None
+        if join.per_task:
+            return PartitionTaskJoin(self.config) if state is None else PartitionTaskJoin.from_state(self.config, state)
+        return PartitionJoin(join) if state is None else PartitionJoin.from_state(join, state)
+
     def health(self) -> dict[str, Any]:
         joined: Counter[str] = Counter()
+        tasks: dict[str, Counter[str]] = {}
         for join in self.joins.values():
             joined.update(join.counts)
+            if isinstance(join, PartitionTaskJoin):
+                for task, counts in join.task_counts.items():
+                    tasks.setdefault(task, Counter()).update(counts)
         return {
             "events": dict(self.counts),
             "dead_letters": dict(self.dead),
             "joined": dict(joined),
+            "joined_tasks": {task: dict(c) for task, c in tasks.items()},
             "inputs": self.lag,
             "steps": self.step,
         }
@@ -283,7 +304,8 @@ class StreamLoader:
                     consumer.seek(tp, self.positions[(tp.topic, tp.partition)])
             if self.data.join is not None:
                 for tp in tps:
-                    self.joins.setdefault(tp.partition, PartitionJoin(self.data.join))
+                    if tp.partition not in self.joins:
+                        self.joins[tp.partition] = self._join_of()
             progress = JobProgress(self.service.redis, self.job.id)
             self.service.set_job_phase("ready")
             loop = asyncio.get_running_loop()
@@ -319,6 +341,10 @@ class StreamLoader:
         join = self.data.join
         impression = join is None or tp.topic == join.impressions
         joiner = self.joins[tp.partition] if join is not None else None
+        # What the native join takes the messages as: impressions, or labels (of a task).
+        role: bool | int | None = impression
+        if isinstance(joiner, PartitionTaskJoin):
+            role = None if impression else self.label_tasks[tp.topic]
         raws = [r.value for r in records]
         latest = self.max_time.get(where, -np.inf)
         now = time.time()
@@ -330,7 +356,7 @@ class StreamLoader:
                 # this: a bad message, or an event time out of the clock's bounds.
                 i = 0
                 while i < len(raws):
-                    i, joined = joiner.take(self.reader.native, raws, i, impression, earliest, newest)
+                    i, joined = joiner.take(self.reader.native, raws, i, role, earliest, newest)
                     latest = max(latest, joined)
                     if i < len(raws):
                         [event] = self.reader.events([raws[i]], impression=impression)
@@ -359,8 +385,10 @@ class StreamLoader:
                 self.rows.add(event)
             elif tp.topic == join.impressions:
                 self.joins[tp.partition].impression(event)
+            elif isinstance(joiner := self.joins[tp.partition], PartitionTaskJoin):
+                joiner.label(self.label_tasks[tp.topic], event.key, event.time)
             else:
-                self.joins[tp.partition].label(event.key, event.time)
+                joiner.label(event.key, event.time)
         except BadEvent as err:
             await self._dead_letter(producer, tp, record.offset, record.value, str(err))
             return -np.inf
@@ -390,8 +418,11 @@ class StreamLoader:
             )
         return event._replace(time=bound)
 
-    def _add(self, decided: Decided) -> None:
-        self.rows.extend(decided.events, ["1" if p else "0" for p in decided.positive], decided.times)
+    def _add(self, decided: Decided | TaskDecided) -> None:
+        if isinstance(decided, TaskDecided):
+            self.rows.extend(decided.events, decided.labels, decided.times)
+        else:
+            self.rows.extend(decided.events, ["1" if p else "0" for p in decided.positive], decided.times)
 
     async def _dead_letter(self, producer, tp: TopicPartition, offset: int, raw: bytes | None, reason: str) -> None:
         self.dead[_kind(reason)] += 1
@@ -452,7 +483,7 @@ class StreamLoader:
         steps = list(
             due_steps(self.rows, self.rng, step=k * size, pool=pool, timeout=self.data.batch_timeout_seconds, now=now)
         )
-        window = self.data.join.window_seconds if self.data.join is not None else 0.0
+        window = self.data.join.sample_window if self.data.join is not None else 0.0
         if steps:  # the pool's oldest sample (a pass over all of it) only when a step goes out
             oldest = [min(rows.times, default=np.inf) for rows in steps]
             through = complete_through(self.watermark, oldest, min(self.rows.times, default=np.inf), window)

@@ -72,15 +72,6 @@ def _escaped(text: str) -> str:
     return re.escape(text)
 
 
-def test_a_join_of_label_topics_takes_one_label_for_now() -> None:
-    raw = job_of().model_dump(exclude_none=True)
-    join = {"impressions": "imps", "labels": "clicks", "key": "id", "window_seconds": 5}
-    raw["data"] = {"source": "kafka", "join": join, "event_time": "t"}
-    raw["training"]["epochs"] = None
-    with pytest.raises(ValidationError, match="a join of label topics .data.join. takes one `label` for now"):
-        JobConfig.model_validate(raw)
-
-
 def test_the_label_shorthand_is_one_binary_task() -> None:
     raw = job_of().model_dump(exclude_none=True)
     del raw["labels"]

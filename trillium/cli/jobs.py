@@ -132,6 +132,8 @@ def _stream_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
         for field in ("joined", "dead_letters"):
             if stream[field]:
                 rows.append((field.replace("_", " "), ", ".join(f"{k} {v:,}" for k, v in stream[field].items())))
+        for task, counts in stream.get("joined_tasks", {}).items():  # a join of a label topic per task
+            rows.append((f"joined {task}", ", ".join(f"{k} {v:,}" for k, v in counts.items())))
     return rows
 
 

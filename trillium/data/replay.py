@@ -98,6 +98,8 @@ async def replay(
     data = job.data
     if not isinstance(data, KafkaData):
         raise ValueError(f"the job's data.source is {data.source!r}: replay feeds a kafka source")
+    if job.multitask:
+        raise ValueError("replay sends a data set's one label: the job has several tasks (labels:)")
     if fmt not in LABELS:
         raise ValueError(f"--format must be one of {sorted(LABELS)}, got {fmt!r}")
     label_column, positive = LABELS[fmt]
@@ -113,7 +115,7 @@ async def replay(
     encoder = EventEncoder(
         data.event_key or "id", data.event_time, paths, {d.column for d in job.dense}, label_path, data.format
     )
-    topics = [data.join.impressions, data.join.labels] if data.join is not None else list(data.topics or [])
+    topics = data.input_topics
     await kafka.ensure_topics(conn, {t: partitions for t in topics})  # co-partitioned: the same count
     producer = kafka.producer(conn, max_batch_size=BATCH_BYTES)
     await producer.start()
@@ -122,7 +124,7 @@ async def replay(
             job,
             encoder,
             await Outbox.open(producer, topics[0]),
-            await Outbox.open(producer, data.join.labels) if data.join is not None else None,
+            await Outbox.open(producer, topics[1]) if data.join is not None else None,
             label_column,
             positive,
             np.random.default_rng(seed),
@@ -180,7 +182,7 @@ class _Sender:
         self.job, self.encoder, self.events, self.labels = job, encoder, events, labels
         self.label_column, self.positive, self.rng = label_column, positive, rng
         self.late_fraction, self.malformed_fraction = late_fraction, malformed_fraction
-        self.window = job.data.join.window_seconds if job.data.join is not None else 0.0
+        self.window = job.data.join.sample_window if job.data.join is not None else 0.0
         self.clicks: list[tuple[float, int, bytes, bytes]] = []  # heap of (event time, seq, key, message)
         self.seq = itertools.count()
         self.report = ReplayReport()

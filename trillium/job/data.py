@@ -207,33 +207,97 @@ FieldPath = Annotated[str, Field(min_length=1, pattern=r"^[^.]+(\.[^.]+)*$")]  #
 TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
-class JoinConfig(Strict):
-    """Impressions joined with their labels (clicks) by key, in event time.
+class JoinedLabels(Strict):
+    """A task's label events, on a topic of their own, joined to the impressions (an entry of a
+    multi-task job's `data.join.labels`): each event is a positive of `task` for the impression
+    with its key, taken up to `window_seconds` (event time) after the impression."""
 
-    An impression waits up to `window_seconds` (event time) for a label with its key: a label
-    inside the window makes it a positive sample; the window closing (the watermark, the least
-    event time over the loader's input partitions less `allowed_lateness_seconds`, passing its
-    end) makes it a negative. Samples leave in event-time order of these decisions, each once the
-    watermark passes it. A label later than that is counted as late and, with
-    `late_labels: correct`, sent as a positive correction sample. Open impressions per input
-    partition are capped: over the cap the oldest close early (counted). The two topics must be
-    co-partitioned by the key (same partition count, keyed producers), as Kafka Streams requires.
+    topic: TopicName
+    """The topic of this task's label events (clicks, conversions)."""
+    task: str
+    """The binary task of the job's `labels` these events are positives of."""
+    window_seconds: PositiveFloat
+    """How long (event time) after its impression a label of this task is taken."""
+
+
+class JoinConfig(Strict):
+    """Impressions joined with their labels by key, in event time.
+
+    **One label topic** (`labels: <topic>`, a `label:` job): an impression waits up to
+    `window_seconds` (event time) for a label with its key: a label inside the window makes it a
+    positive sample; the window closing (the watermark, the least event time over the loader's
+    input partitions less `allowed_lateness_seconds`, passing its end) makes it a negative.
+    Samples leave in event-time order of these decisions, each once the watermark passes it. A
+    label later than that is counted as late and, with `late_labels: correct`, sent as a positive
+    correction sample.
+
+    **A topic per task** (`labels: [{topic, task, window_seconds}, ...]`, a `labels:` job of
+    binary tasks): each task's labels come from their topic with their own window (a click within
+    10 minutes, a conversion within 24 hours). The sample leaves when the shortest window closes,
+    with every task's label known then (a task without one is 0); a later label inside its task's
+    window is sent as a correction of that task alone (the other tasks have no label in it). An
+    impression is tracked until its longest window closes; a label after its task's window is
+    counted as late and, with `late_labels: correct`, corrected up to a second window.
+
+    Open (tracked) impressions per input partition are capped, which bounds the joiner's memory:
+    over the cap the oldest close early (counted). The topics must be co-partitioned by the key
+    (same partition count, keyed producers), as Kafka Streams requires.
     """
 
     impressions: TopicName
     """The topic of impression events."""
-    labels: TopicName
-    """The topic of label events (clicks)."""
+    labels: TopicName | Annotated[list[JoinedLabels], Field(min_length=1)]
+    """The topic of label events (clicks), or a topic per task of a multi-task job."""
     key: FieldPath
-    """The field both carry, by dotted path, that joins a label to its impression."""
-    window_seconds: PositiveFloat
-    """How long (event time) an impression waits for its label."""
+    """The field every topic's events carry, by dotted path, that joins a label to its impression."""
+    window_seconds: PositiveFloat | None = None
+    """How long (event time) an impression waits for its label (one label topic; a topic per
+    task gives each its own)."""
     allowed_lateness_seconds: NonNegativeFloat = 0.0
     """How far the watermark stays behind the least event time read."""
     late_labels: Literal["count", "correct"] = "count"
-    """A label after its window closed: only counted, or also trained as a positive correction."""
+    """A label after its window: only counted, or also trained as a positive correction."""
     max_open_per_partition: PositiveInt = 1_000_000
-    """Open impressions an input partition may hold; over it the oldest close early (counted)."""
+    """Impressions an input partition may hold open (with a topic per task: until the longest
+    window closes); over it the oldest close early (counted)."""
+
+    @model_validator(mode="after")
+    def _windows(self) -> JoinConfig:
+        if isinstance(self.labels, str):
+            if self.window_seconds is None:
+                raise ValueError("data.join.window_seconds: required with one label topic")
+            if self.labels == self.impressions:
+                raise ValueError("data.join.labels: the label topic is the impressions topic")
+            return self
+        if self.window_seconds is not None:
+            raise ValueError(
+                "data.join.window_seconds: with a topic per task, each entry of data.join.labels has its own"
+            )
+        topics = [self.impressions, *(j.topic for j in self.labels)]
+        for i, joined in enumerate(self.labels):
+            if joined.topic in topics[: i + 1]:
+                raise ValueError(f"data.join.labels[{i}]: topic {joined.topic!r} is named twice")
+            if joined.task in (j.task for j in self.labels[:i]):
+                raise ValueError(f"data.join.labels[{i}]: task {joined.task!r} has two label topics")
+        return self
+
+    @property
+    def per_task(self) -> bool:
+        """Whether the labels come from a topic per task (a multi-task job's join)."""
+        return not isinstance(self.labels, str)
+
+    @property
+    def label_topics(self) -> list[str]:
+        return [self.labels] if isinstance(self.labels, str) else [j.topic for j in self.labels]
+
+    @property
+    def sample_window(self) -> float:
+        """How long after its impression a sample is decided at the latest: the window, or the
+        shortest of the tasks'."""
+        if isinstance(self.labels, str):
+            assert self.window_seconds is not None
+            return self.window_seconds
+        return min(j.window_seconds for j in self.labels)
 
 
 class EventClock(Strict):
@@ -310,7 +374,7 @@ class KafkaData(Strict):
 
     @property
     def input_topics(self) -> list[str]:
-        return [self.join.impressions, self.join.labels] if self.join is not None else list(self.topics or [])
+        return [self.join.impressions, *self.join.label_topics] if self.join is not None else list(self.topics or [])
 
     @property
     def event_key(self) -> str | None:

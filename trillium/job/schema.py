@@ -18,7 +18,7 @@ from trillium.config import GRPC_MAX_MESSAGE_BYTES, RoleCounts
 from .base import NAME_PATTERN, NonNegativeFloat, PositiveFloat, PositiveInt, Probability, Strict
 from .data import ColumnSplit, DataConfig, KafkaData
 from .tables import TableConfig
-from .tasks import LabelConfig, TaskConfig, check_tasks
+from .tasks import LabelConfig, TaskConfig, check_joined_tasks, check_tasks
 
 
 class FeatureSlot(Strict):
@@ -381,13 +381,15 @@ class JobConfig(Strict):
         if (self.label is None) == (self.labels is None):
             raise ValueError("give `label` (one task) or `labels` (several), not both or neither")
         if self.labels is None:
+            if isinstance(self.data, KafkaData) and self.data.join is not None and self.data.join.per_task:
+                raise ValueError(
+                    "data.join.labels: a topic per task is for a multi-task job (`labels:`); a "
+                    "one-label job names its label topic"
+                )
             return
         check_tasks(self.labels)
         if isinstance(self.data, KafkaData) and self.data.join is not None:
-            raise ValueError(
-                "labels: a multi-task job reads its labels from its events (data.topics) or files; "
-                "a join of label topics (data.join) takes one `label` for now"
-            )
+            check_joined_tasks(self.labels, self.data.join)
 
     @property
     def tasks(self) -> list[TaskConfig]:

@@ -122,3 +122,28 @@ def check_tasks(tasks: list[TaskConfig]) -> None:
             raise ValueError(f"labels[{i}] {task.name!r}: column {task.column!r} is another task's label")
     if not any(t.weight > 0 for t in tasks):
         raise ValueError("labels: every task has weight 0: nothing would train")
+
+
+def check_joined_tasks(tasks: list[TaskConfig], join: Any) -> None:
+    """A multi-task job's join (a `trillium.job.JoinConfig`) names a label topic for every task,
+    each a binary task whose label the joiner sets: a `ValueError` naming what is at fault."""
+    if not join.per_task:
+        raise ValueError(
+            "data.join.labels: a multi-task job's join names each task's label topic: "
+            "[{topic, task, window_seconds}, ...]"
+        )
+    names = [t.name for t in tasks]
+    for i, joined in enumerate(join.labels):
+        if joined.task not in names:
+            raise ValueError(f"data.join.labels[{i}]: task {joined.task!r} is not in labels ({', '.join(names)})")
+    for task in tasks:
+        where = f"labels: task {task.name!r}"
+        if task.name not in (j.task for j in join.labels):
+            raise ValueError(f"{where}: no label topic in data.join.labels (a joined job's tasks are each joined)")
+        if task.kind != "binary":
+            raise ValueError(f"{where}: a joined task is binary (its label events are positives)")
+        if task.positive_values != ["1"] or task.negative not in (None, ["0"]) or task.mask is not None:
+            raise ValueError(
+                f'{where}: the joiner sets a joined task\'s label to "1" or "0": use positive: "1" '
+                '(and negative: "0"), no mask'
+            )

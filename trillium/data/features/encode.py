@@ -121,7 +121,7 @@ class TextCells:
     ids: tuple[np.ndarray, ...]  # uint64 per slot, the rows' IDs in order
     dense: np.ndarray  # float64[rows, num_dense], NaN: missing, or an `odd` cell
     odd: list[tuple[int, int]]  # (row, dense column) of the cells the native parser left to Python
-    labels: Sequence[str | None]
+    labels: Sequence[str | Sequence[str] | None]  # a joined multi-task job's: a text per task
     cell: Callable[[int, str], str | None]  # (row, column) -> the cell's text
 
     @staticmethod
@@ -145,11 +145,23 @@ class TextCells:
 
     @staticmethod
     def of_rows(
-        job: JobConfig, texts: list[str], separator: str, fields: Sequence[str], labels: Sequence[str | None]
+        job: JobConfig,
+        texts: list[str],
+        separator: str,
+        fields: Sequence[str],
+        labels: Sequence[str | Sequence[str] | None],
     ) -> TextCells:
         """Cells given as one text a row, the cells of `fields` (column names) joined by
-        `separator` (a stream's events), read in one native pass; the labels apart."""
+        `separator` (a stream's events), read in one native pass; the labels apart (a joined
+        multi-task job's: a text per task, each the cell of its task's column)."""
         at = {f: i for i, f in enumerate(fields)}
+        joined = {t.column: k for k, t in enumerate(job.tasks) if t.column not in at} if job.multitask else {}
+
+        def cell(row: int, column: str) -> str:
+            if column in joined:
+                return labels[row][joined[column]]  # type: ignore[index]
+            return texts[row].split(separator)[at[column]]
+
         slots = [(s.name, at[s.column], s.separator, s.max_len) for s in job.slots]
         dense_fields = [at[d.column] for d in job.dense]
         lengths, ids, dense, odd = trillium_native.row_cells(texts, separator, len(fields), slots, dense_fields)
@@ -160,7 +172,7 @@ class TextCells:
             dense,
             [(int(i), int(j)) for i, j in odd],
             labels,
-            lambda row, column: texts[row].split(separator)[at[column]],
+            cell,
         )
 
 

@@ -255,25 +255,26 @@ class EventRows:
         self.paths = [p for p, _ in event_fields(job)]  # of each event's values, in order
         self.events: list[Event] = []
         # Each event's label (set by the joiner, or read: its last field). A multi-task job's labels
-        # are read from each event's values by `trillium.data.features.Encoder.check_cells`.
-        self.labels: list[str] = []
+        # are read from each event's values by `trillium.data.features.Encoder.check_cells`, or
+        # set by its joiner: a text per task ("1", "0", "" for none), in task order.
+        self.labels: list[str | Sequence[str]] = []
         self.times: list[float] = []  # when each became a sample (the click, else the event)
         self.arrived: list[float] = []  # when each was added here (time.monotonic()), oldest first
 
     def __len__(self) -> int:
         return len(self.events)
 
-    def add(self, event: Event, label: str | None = None, time: float | None = None) -> None:
+    def add(self, event: Event, label: str | Sequence[str] | None = None, time: float | None = None) -> None:
         self.events.append(event)
         # A label read from the event is its last field (`event_fields`).
         self.labels.append(label if label is not None else event.values.rpartition(FIELD_SEP)[2])
         self.times.append(event.time if time is None else time)
         self.arrived.append(monotonic())
 
-    def extend(self, events: list[Event], labels: list[str], times: list[float]) -> None:
+    def extend(self, events: list[Event], labels: Sequence[str | Sequence[str]], times: list[float]) -> None:
         """Events with their labels and the times they became samples (a joiner's `Decided`)."""
         self.events += events
-        self.labels += labels
+        self.labels += list(labels)
         self.times += times
         self.arrived += [monotonic()] * len(events)
 
