@@ -212,3 +212,11 @@ def test_the_encoder_reads_a_joined_samples_labels_task_by_task() -> None:
     assert not checked.bad
     got = encoder.encode_cells(cells, checked).labels
     np.testing.assert_array_equal(got, np.array([[1, 0], [np.nan, 1], [0, 0]], np.float32))
+
+
+def test_the_online_multitask_example_joins_a_topic_per_task() -> None:
+    job = load_job(DATA.parent.parent / "examples/multitask/online.yaml")
+    assert job.data.join.per_task and job.data.join.sample_window == 600
+    assert job.data.input_topics == ["feed-impressions", "feed-clicks", "feed-conversions"]
+    join = PartitionTaskJoin(job)
+    assert join.tasks == ["click", "conversion"]
