@@ -72,7 +72,7 @@ class ShardClients:
             except grpc.aio.AioRpcError as err:
                 if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise ShardUnavailable(f"serving shard {shard}: {err.code().name}: {err.details()}") from None
-                failures.append(f"{self.addresses[shard][replica]}: {err.code().name}")
+                failures.append(f"{self.addresses[shard][replica]}: {err.code().name}: {err.details()}")
         raise ShardUnavailable(f"serving shard {shard} does not answer ({'; '.join(failures)})")
 
     async def behind(self, model: str, version: int) -> dict[int, str]:
