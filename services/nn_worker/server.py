@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import socket
@@ -67,6 +68,7 @@ logger = logging.getLogger("trillium.nn_worker")
 SAMPLES = Counter("trillium_samples_trained_total", "samples trained", ["rank"])
 STALENESS = Gauge("trillium_lookup_staleness", "staleness of the last lookup", ["rank"])
 PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view, the pause tests)
+FINAL_REPORT_S = 2.0  # how long a rank cancelled (stopped) waits to report its last progress
 HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
 DELAYS_REPORTED = 1000  # the latest event-to-trained delays a rank reports
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -435,6 +437,12 @@ class NNWorker(Service):
             await run.pusher.join()  # every gradient handed over before evaluation reads the tables
             if publish is not None and s.step > 0:
                 await self._publish_cut(run, "final")
+        except asyncio.CancelledError:
+            # A stop ends a continuous job's rank here: its last steps' scores still reach the job
+            # view, within a bound (the attempt ends whatever Redis does).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._report_progress(run, trained=True), FINAL_REPORT_S)
+            raise
         finally:
             self.holding = None
             s.train_seconds += clock() - started
