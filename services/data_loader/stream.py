@@ -4,10 +4,10 @@ Loader i of N reads partitions i, i + N, ... of the input topics (the impression
 a join are co-partitioned, so a partition of each meets in the same loader), decodes each
 message (trillium.data.sources.events: a message that cannot be a sample goes to the dead-letter
 topic `trillium.<job>.dlq` with the reason and its topic, partition and offset), joins
-impressions with labels in event time (trillium.data.sources.joiner; the watermark is the least
-event time over the loader's input partitions that are not caught up, less the allowed
-lateness), normalizes the dense values with statistics computed online, and cuts the samples
-into steps: a batch per rank it feeds, `batch_size` samples each, or fewer when the stream is
+impressions with labels in event time (trillium.data.sources.joiner, or task_joiner for a
+multi-task job's label topic per task; the watermark is the least event time over the loader's
+input partitions that are not caught up, less the allowed lateness), normalizes the dense values
+with statistics computed online, and cuts the samples into steps: a batch per rank it feeds, `batch_size` samples each, or fewer when the stream is
 slow (`batch_timeout_seconds`). It stops reading while it is `max_steps_ahead` steps ahead of
 training: the input's lag grows, nothing is buffered without bound.
 

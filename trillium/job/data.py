@@ -320,7 +320,7 @@ class KafkaData(Strict):
     object or a msgpack map per message; the slots, dense columns and the label name its fields by
     dotted path (`user.recent_items`); a list value is a multi-valued slot. Events either carry
     their label (`topics`) or are impressions joined with label events (`join`; the joiner
-    sets the label field to "1" or "0"). A message that cannot be a sample goes to the dead-letter
+    sets the label field, or each task's, to "1" or "0"). A message that cannot be a sample goes to the dead-letter
     topic `trillium.<job>.dlq` with the reason and where it came from."""
 
     source: Literal["kafka"]
