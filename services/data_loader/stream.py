@@ -7,9 +7,10 @@ topic `trillium.<job>.dlq` with the reason and its topic, partition and offset),
 impressions with labels in event time (trillium.data.sources.joiner, or task_joiner for a
 multi-task job's label topic per task; the watermark is the least event time over the loader's
 input partitions that are not caught up, less the allowed lateness), normalizes the dense values
-with statistics computed online, and cuts the samples into steps: a batch per rank it feeds, `batch_size` samples each, or fewer when the stream is
-slow (`batch_timeout_seconds`). It stops reading while it is `max_steps_ahead` steps ahead of
-training: the input's lag grows, nothing is buffered without bound.
+with statistics computed online, and cuts the samples into steps: a batch per rank it feeds,
+`batch_size` samples each, or fewer when the stream is slow (`batch_timeout_seconds`). It stops
+reading while it is `max_steps_ahead` steps ahead of training: the input's lag grows, nothing is
+buffered without bound.
 
 Its state — input offsets, joiner state, statistics, samples not yet in a batch — is captured at
 a checkpoint cut with how far it has written the samples topic, so a restart neither loses nor
