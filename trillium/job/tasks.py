@@ -5,11 +5,14 @@ forward returns one output a task, in the list's order.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from .base import NonNegativeFloat, PositiveFloat, Strict
+
+if TYPE_CHECKING:
+    from .data import JoinConfig
 
 TASK_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # A mask cell that lets a task train on its row, and one that keeps it out; anything else is a
@@ -124,9 +127,9 @@ def check_tasks(tasks: list[TaskConfig]) -> None:
         raise ValueError("labels: every task has weight 0: nothing would train")
 
 
-def check_joined_tasks(tasks: list[TaskConfig], join: Any) -> None:
-    """A multi-task job's join (a `trillium.job.JoinConfig`) names a label topic for every task,
-    each a binary task whose label the joiner sets: a `ValueError` naming what is at fault."""
+def check_joined_tasks(tasks: list[TaskConfig], join: JoinConfig) -> None:
+    """A multi-task job's join names a label topic for every task, each a binary task whose label
+    the joiner sets: a `ValueError` naming what is at fault."""
     if not join.per_task:
         raise ValueError(
             "data.join.labels: a multi-task job's join names each task's label topic: "

@@ -153,9 +153,7 @@ impl<E: Clone> TaskJoin<E> {
         } else if self.held[task].contains_key(&key) {
             self.count_task(task, TaskCount::DuplicateLabels);
         } else {
-            let seq = self.arrival();
-            self.held_order[task].push(Reverse(Due { at: Time(time), seq, key: key.clone() }));
-            self.held[task].insert(key, (time, seq));
+            self.hold(task, key, time);
         }
     }
 
@@ -199,6 +197,13 @@ impl<E: Clone> TaskJoin<E> {
         }
         self.expiries.push(Reverse(Due { at: Time(time + self.horizon), seq, key: key.clone() }));
         self.tracked.insert(key, Tracked { event, time, labels, emitted, seq });
+    }
+
+    /// A label before its impression: held until the impression comes or the watermark passes it.
+    fn hold(&mut self, task: usize, key: Key, time: f64) {
+        let seq = self.arrival();
+        self.held_order[task].push(Reverse(Due { at: Time(time), seq, key: key.clone() }));
+        self.held[task].insert(key, (time, seq));
     }
 
     /// Whether a due entry is its impression's (not a stale one: gone, or tracked again since).
@@ -314,9 +319,7 @@ impl<E: Clone> TaskJoin<E> {
     }
 
     pub fn restore_held(&mut self, task: usize, key: &str, time: f64) {
-        let (key, seq) = (Key::new(key), self.arrival());
-        self.held_order[task].push(Reverse(Due { at: Time(time), seq, key: key.clone() }));
-        self.held[task].insert(key, (time, seq));
+        self.hold(task, Key::new(key), time);
     }
 
     pub fn restore_decided(&mut self, sample: TaskSample<E>) {

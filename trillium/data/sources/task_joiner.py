@@ -36,6 +36,7 @@ The join is native (`trillium_native.TaskJoin`, native/stream/src/task_join.rs).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -106,7 +107,7 @@ class PartitionTaskJoin(trillium_native.TaskJoin):
             "tracked": event_columns(event for event, _, _ in tracked)
             | {
                 # NaN (no label yet) as None: a checkpoint's msgpack keeps it, JSON views do not.
-                "labels": [[None if t != t else t for t in times] for _, times, _ in tracked],
+                "labels": [[None if math.isnan(t) else t for t in times] for _, times, _ in tracked],
                 "emitted": [emitted for _, _, emitted in tracked],
             },
             "held": [{"keys": [k for k, _ in h], "times": [t for _, t in h]} for h in held],
