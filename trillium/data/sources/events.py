@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from time import monotonic
@@ -61,6 +62,7 @@ __all__ = [
 MULTI_SEP = "\x1f"  # the ASCII unit separator: joins a list value's items into one cell
 FIELD_SEP = "\x1e"  # the ASCII record separator: joins an event's field values into one text
 MAX_VALUE_BYTES = 1 << 16  # a string value longer than this is no ID: the event is refused
+UNREADABLE = "unreadable"  # the reason of a message whose reading failed in a way no check names
 ROW_LISTS = ("events", "labels", "times", "arrived")  # an `EventRows`' lists, a row's item in each
 
 
@@ -125,6 +127,32 @@ def _at(event: Mapping[str, Any], path: str) -> Any:
     return node
 
 
+def _short_repr() -> reprlib.Repr:
+    """What a reason shows of a value: bounded, as a value from outside may be an integer of
+    thousands of digits or a list nested hundreds deep (a full repr of which recurses as deep)."""
+    short = reprlib.Repr()  # Python 3.11's takes no arguments
+    short.maxlevel = 3
+    short.maxstring = 60
+    short.maxlong = 40
+    short.maxother = 60
+    return short
+
+
+_SHORT = _short_repr()
+
+
+def _finite(value: Any) -> float | None:
+    """A number as the finite float it is, or None: not a number (a boolean is none), not finite,
+    or an integer too large for a float (JSON has no bound on an integer's digits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def scalar_text(path: str, value: Any) -> str:
     """A scalar field value as the text cell training hashes and parses (`BadEvent` if it cannot be one)."""
     if isinstance(value, bool):
@@ -183,11 +211,19 @@ class EventReader:
         else:
             out, undecided = [None] * len(raws), range(len(raws))
         for i in undecided:
-            try:  # the reference: a bad message's reason, or one the native decoder leaves to it
-                out[i] = self.event(raws[i], impression=impression)
-            except BadEvent as err:
-                out[i] = err
+            out[i] = self.checked(raws[i], impression=impression)
         return out  # type: ignore[return-value]  # every None was replaced
+
+    def checked(self, raw: bytes | None, *, impression: bool = True) -> Event | BadEvent:
+        """`event`, or the `BadEvent` saying why there is none, whatever the bytes: the loader's
+        promise is that no message stops it. An error `event` does not anticipate becomes an
+        "unreadable" reason naming it (the property test asserts none of its inputs gets one)."""
+        try:
+            return self.event(raw, impression=impression)
+        except BadEvent as err:
+            return err
+        except Exception as err:  # noqa: BLE001 (a record from outside must never stop the job)
+            return BadEvent(f"{UNREADABLE}: {type(err).__name__}: {str(err)[:200]}")
 
     def decode(self, raw: bytes | None) -> Mapping[str, Any]:
         if raw is None:
@@ -198,17 +234,20 @@ class EventReader:
             event = json.loads(raw) if self.data.format == "json" else msgpack.unpackb(raw, raw=False)
         except (ValueError, msgpack.UnpackException, UnicodeDecodeError) as err:
             raise BadEvent(f"not valid {self.data.format}: {err}") from None
+        except RecursionError:  # json's C decoder checks its depth against the interpreter's limit
+            raise BadEvent(f"not valid {self.data.format}: nested too deep") from None
         if not isinstance(event, Mapping):
             raise BadEvent(f"expected an object, got {type(event).__name__}")
         return event
 
     def time_and_key(self, event: Mapping[str, Any]) -> tuple[float, str | None]:
-        time = _at(event, self.data.event_time)
-        if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
-            raise BadEvent(f"field {self.data.event_time!r} (event time): expected seconds, got {time!r}")
+        value = _at(event, self.data.event_time)
+        time = _finite(value)
+        if time is None:
+            raise BadEvent(f"field {self.data.event_time!r} (event time): expected seconds, got {_SHORT.repr(value)}")
         path = self.data.event_key
         key = scalar_text(path, _at(event, path)) if path is not None else None
-        return float(time), key
+        return time, key
 
     def event(self, raw: bytes | None, *, impression: bool = True) -> Event:
         """An event with every mapped field (a label event of a join: its key and time only)."""
@@ -225,10 +264,8 @@ class EventReader:
                 values.append("" if value is None else scalar_text(path, value))
         for path in self.dense:
             value = _at(event, path)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            ):
-                raise BadEvent(f"field {path!r} (dense): expected a finite number, got {value!r}")
+            if value is not None and _finite(value) is None:
+                raise BadEvent(f"field {path!r} (dense): expected a finite number, got {_SHORT.repr(value)}")
             values.append("" if value is None else scalar_text(path, value))
         if not self.joined:
             for path in self.labels:
