@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 from redis.exceptions import WatchError
 
@@ -51,6 +52,7 @@ from trillium.wire import kafka, state
 logger = logging.getLogger("trillium.coordinator.jobs")
 
 KAFKA_PROBE_S = 1.0  # how long a recovery asks Kafka whether it is there
+KAFKA_RECORDS_S = 10.0  # how long it asks whether a checkpoint's records are still there
 PARSED_RECORDS = 64  # job records kept parsed (the current job's, and a listing's)
 # A job's topics are kept until trimmed behind its checkpoints or deleted with it (retention.py),
 # in segments small enough that a trim frees disk soon.
@@ -372,14 +374,34 @@ class JobStore:
         for manifest in reversed(complete):
             try:
                 await asyncio.to_thread(store.dir(manifest.step).verify, manifest)
-                return Picked(manifest, store.location(manifest.step), problems)
             except CorruptCheckpoint as err:
                 logger.error("checkpoint refused", extra={"job": job.id, "step": manifest.step, "error": str(err)})
                 problems.append(str(err))
+                continue
+            gone = await self._records_gone(job, manifest)
+            if not gone:
+                return Picked(manifest, store.location(manifest.step), problems)
+            logger.error("checkpoint refused", extra={"job": job.id, "step": manifest.step, "error": str(gone[0])})
+            problems.append(f"checkpoint at step {manifest.step}: {gone[0]}")
         raise IllegalTransition(
             f"job {job.id} has no complete checkpoint to recover from"
             + (f" (refused: {'; '.join(problems)})" if problems else "")
         )
+
+    async def _records_gone(self, job: JobRecord, manifest: Manifest) -> list[kafka.RecordsGone]:
+        """The positions of a checkpoint's readers whose records are gone (trimmed by retention):
+        a recovery from it would have a gap. A stream's input topics count unless the job skips
+        their gaps (`data.on_gap: skip`). A broker that does not answer refuses none: the readers
+        refuse a gap themselves (`kafka.fetch`)."""
+        positions = manifest.positions
+        data = job.config.data
+        if isinstance(data, KafkaData) and data.on_gap == "skip":
+            positions = {t: p for t, p in positions.items() if t not in data.input_topics}
+        try:
+            return await asyncio.wait_for(kafka.records_gone(self.kafka, positions), KAFKA_RECORDS_S)
+        except (KafkaError, TimeoutError) as err:
+            logger.warning("checkpoint's records not checked", extra={"step": manifest.step, "error": repr(err)})
+            return []
 
     async def create_topics(self, job: JobRecord) -> None:
         """The job's topics: trimmed behind its checkpoints, deleted once it finished or is

@@ -77,6 +77,10 @@ async def _advance(
             if time.time() - since < FAILURE_SETTLE_S:
                 return
         store.unexplained_since.pop((job.id, job.attempt), None)
+        final = [f"{w.name}: {w.job_error()}" for w in involved if w.job_final(job.id, job.attempt)]
+        if final:  # a new attempt would meet it again
+            await store.transition(job.id, "failed", expect=frozenset({job.state}), error=final[0])
+            return
         await recover_or_fail(store, job, failure_cause(failed, lost, workers))
         return
 

@@ -65,6 +65,11 @@ INPUT_LAG_SECONDS = Gauge(
     "trillium_job_input_lag_seconds", "event time behind now of the last message read", ["job", "topic", "partition"]
 )
 DEAD_LETTERS = Gauge("trillium_job_dead_letters", "messages sent to the dead-letter topic", ["job", "reason"])
+INPUT_SKIPPED = Gauge(
+    "trillium_job_input_skipped_records",
+    "input records gone before they were read, skipped (data.on_gap: skip)",
+    ["job", "topic", "partition"],
+)
 TRAIN_DELAY = Gauge(
     "trillium_job_train_delay_seconds", "from a click's event time to its sample trained", ["job", "quantile"]
 )
@@ -87,6 +92,7 @@ GAUGES = (
     INPUT_LAG,
     INPUT_LAG_SECONDS,
     DEAD_LETTERS,
+    INPUT_SKIPPED,
     TRAIN_DELAY,
     *TASK_PROGRESSIVE.values(),
 )
@@ -168,6 +174,10 @@ class StreamView(BaseModel):
 
     inputs: list[InputView]
     dead_letters: dict[str, int] = Field(description="messages sent to the dead-letter topic, by reason")
+    skipped: dict[str, int] = Field(
+        default_factory=dict,
+        description="input records gone before they were read and skipped (data.on_gap: skip), by topic/partition",
+    )
     joined: dict[str, int] = Field(
         description="the joiner's counts: impressions, labels, positives, negatives, "
         "late labels, corrections, closed early, unmatched, duplicates (a multi-task job's join: "
@@ -210,8 +220,8 @@ async def stream_view(registry: WorkerRegistry, job: JobRecord) -> StreamView | 
         if not stream:
             continue
         view.inputs += [InputView(**i) for i in stream["inputs"]]
-        for field in ("dead_letters", "joined", "events"):
-            for key, n in stream[field].items():
+        for field in ("dead_letters", "skipped", "joined", "events"):
+            for key, n in stream.get(field, {}).items():
                 getattr(view, field)[key] = getattr(view, field).get(key, 0) + n
         for task, counts in stream.get("joined_tasks", {}).items():
             mine = view.joined_tasks.setdefault(task, {})
@@ -393,6 +403,9 @@ class Observer:
                 INPUT_LAG_SECONDS.labels(job.id, lag.topic, str(lag.partition)).set(lag.lag_seconds)
         for reason, n in (stream.dead_letters if stream else {}).items():
             DEAD_LETTERS.labels(job.id, reason).set(n)
+        for where, n in (stream.skipped if stream else {}).items():
+            topic, _, partition = where.rpartition("/")
+            INPUT_SKIPPED.labels(job.id, topic, partition).set(n)
         if job.state == "running":  # the job's series, for its report's plot
             await progress.append_series(
                 [time.time(), training["samples"], scores.auc, training["last_loss"]], SERIES_POINTS

@@ -55,6 +55,11 @@ class Worker(WorkerRegistration):
         report = self.job_report(job_id, attempt)
         return report.get("phase") if report else None
 
+    def job_final(self, job_id: str, attempt: int) -> bool:
+        """Whether it failed this attempt in a way no recovery gets past (`JobCannotRecover`)."""
+        report = self.job_report(job_id, attempt)
+        return bool(report and report.get("final"))
+
     def job_error(self) -> str | None:
         job = self.health.get("job")
         return job.get("error") if isinstance(job, dict) else None

@@ -51,6 +51,7 @@ from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import Offsets
 from trillium.runtime.progress import JobProgress
+from trillium.runtime.service import JobCannotRecover
 from trillium.wire import codec, kafka
 
 from .placement import Share
@@ -203,6 +204,7 @@ class StreamLoader:
             self.rng.bit_generator.state = state["rng"]
         self.counts: Counter[str] = Counter(state.get("counts", {}))
         self.dead: Counter[str] = Counter(state.get("dead", {}))
+        self.skipped: Counter[str] = Counter(state.get("skipped", {}))  # input records gone, by "topic/partition"
         self.lag: list[dict[str, Any]] = []
         self.deliveries: list[asyncio.Future] = []  # sends of the current fetch, awaited after it
         self.heard: dict[tuple[str, int], float] = {}  # when each input partition last had records
@@ -233,6 +235,7 @@ class StreamLoader:
             "stats": self.stats.state(),
             "counts": dict(self.counts),
             "dead": dict(self.dead),
+            "skipped": dict(self.skipped),
         }
 
     def _join_of(self, state: dict[str, Any] | None = None) -> PartitionJoin | PartitionTaskJoin:
@@ -254,6 +257,7 @@ class StreamLoader:
         return {
             "events": dict(self.counts),
             "dead_letters": dict(self.dead),
+            "skipped": dict(self.skipped),
             "joined": dict(joined),
             "joined_tasks": {task: dict(c) for task, c in tasks.items()},
             "inputs": self.lag,
@@ -289,10 +293,9 @@ class StreamLoader:
 
     async def run(self, producer) -> None:
         group = self.data.group or f"trillium.{self.job.id}.input"
-        consumer = kafka.consumer(
+        consumer = kafka.positioned_consumer(
             self._input_connection(),
             group_id=group,
-            auto_offset_reset=self.data.start,
             fetch_min_bytes=self.data.fetch_min_bytes,
             fetch_max_wait_ms=self.data.fetch_max_wait_ms,
         )
@@ -300,9 +303,12 @@ class StreamLoader:
         try:
             tps = await self._partitions(consumer)
             consumer.assign(tps)
+            new = [tp for tp in tps if (tp.topic, tp.partition) not in self.positions]
             for tp in tps:
-                if (tp.topic, tp.partition) in self.positions:
+                if tp not in new:
                     consumer.seek(tp, self.positions[(tp.topic, tp.partition)])
+            if new:  # where a new job starts (not the group's offsets: they are for outside monitors)
+                await (consumer.seek_to_beginning if self.data.start == "earliest" else consumer.seek_to_end)(*new)
             if self.data.join is not None:
                 for tp in tps:
                     if tp.partition not in self.joins:
@@ -317,7 +323,11 @@ class StreamLoader:
                     trained = (await progress.training(self.config.topology.nn_ranks))["steps"]
                     await asyncio.sleep(0.1)  # training is behind: let the input's lag grow
                     continue
-                fetched = await consumer.getmany(timeout_ms=100, max_records=4096)
+                try:
+                    fetched = await kafka.fetch(consumer, timeout_ms=100, max_records=4096)
+                except kafka.RecordsGone as gap:
+                    self._skip(consumer, gap)
+                    continue
                 async with self.service.produce_lock:
                     for tp, records in fetched.items():
                         await self._take(producer, tp, records)
@@ -333,6 +343,18 @@ class StreamLoader:
                     next_bookkeeping = loop.time() + 1.0
         finally:
             await consumer.stop()
+
+    def _skip(self, consumer, gap: kafka.RecordsGone) -> None:
+        """Records of an input partition gone before they were read: skipped and counted where
+        the job says so (`data.on_gap: skip`); else the job fails naming them (a new attempt
+        from a checkpoint, further back still, would meet the same gap)."""
+        if self.data.on_gap == "fail" or gap.lost == 0:
+            raise JobCannotRecover(f"{gap} (data.on_gap: skip skips such a gap, counted)") from gap
+        tp = gap.partition
+        self.skipped[f"{tp.topic}/{tp.partition}"] += gap.lost
+        logger.warning("input records gone, skipped (data.on_gap: skip)", extra={"job": self.job.id, "gap": str(gap)})
+        consumer.seek(tp, gap.start)
+        self.positions[(tp.topic, tp.partition)] = gap.start
 
     async def _take(self, producer, tp: TopicPartition, records: list) -> None:
         """A fetch of one input partition's records, decoded at once, into the joiner (or the rows)."""

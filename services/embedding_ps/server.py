@@ -268,7 +268,7 @@ class EmbeddingPS(Service):
         self.store = store
         progress = JobProgress(self.redis, job.id, job.attempt)
         await progress.set_applied_all(shard, ranks, last_step, self._ledger.dumps())
-        consumer = kafka.consumer(self.settings.kafka, group_id=f"{job.id}.ps")
+        consumer = kafka.positioned_consumer(self.settings.kafka, group_id=f"{job.id}.ps")
         partition = TopicPartition(job.topics.gradients, shard)
         consumer.assign([partition])
         await consumer.start()
@@ -287,7 +287,7 @@ class EmbeddingPS(Service):
         stats = asyncio.create_task(self._refresh_stats())
         try:
             while True:
-                records = (await consumer.getmany(partition, timeout_ms=200, max_records=64)).get(partition, [])
+                records = (await kafka.fetch(consumer, partition, timeout_ms=200, max_records=64)).get(partition, [])
                 complete: list[tuple[int, dict[int, tuple[GradientUpdate, int, bool]]]] = []
                 for record in records:
                     if kafka.attempt_of(record.headers) != job.attempt:

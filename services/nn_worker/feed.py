@@ -156,7 +156,7 @@ class Feed(_Supervised):
                 item.lookup.cancel()
 
     async def _read(self) -> None:
-        consumer = kafka.consumer(self.conn, group_id=self.group_id)
+        consumer = kafka.positioned_consumer(self.conn, group_id=self.group_id)
         consumer.assign([self.partition])
         await consumer.start()
         # Offsets are committed for the lag metrics only (a restore seeks its checkpoint's).
@@ -164,7 +164,7 @@ class Feed(_Supervised):
         try:
             consumer.seek(self.partition, self.start)
             while True:
-                records = (await consumer.getmany(self.partition, timeout_ms=500)).get(self.partition, [])
+                records = (await kafka.fetch(consumer, self.partition, timeout_ms=500)).get(self.partition, [])
                 for record in records:
                     if not self.lineage.counts(record.offset, kafka.attempt_of(record.headers)):
                         continue  # written by an abandoned attempt

@@ -129,8 +129,8 @@ def _stream_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
         for i in stream["inputs"]:
             behind = "" if i["lag_seconds"] is None else f", {i['lag_seconds']:.1f} s behind"
             rows.append((f"lag {i['topic']}/{i['partition']}", f"{i['lag_messages']:,} messages{behind}"))
-        for field in ("joined", "dead_letters"):
-            if stream[field]:
+        for field in ("joined", "dead_letters", "skipped"):
+            if stream.get(field):
                 rows.append((field.replace("_", " "), ", ".join(f"{k} {v:,}" for k, v in stream[field].items())))
         for task, counts in stream.get("joined_tasks", {}).items():  # a join of a label topic per task
             rows.append((f"joined {task}", ", ".join(f"{k} {v:,}" for k, v in counts.items())))

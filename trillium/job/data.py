@@ -343,6 +343,11 @@ class KafkaData(Strict):
     """The field holding the event's time: seconds since the UNIX epoch, a number."""
     start: Literal["earliest", "latest"] = "earliest"
     """Where a new job starts reading its topics."""
+    on_gap: Literal["fail", "skip"] = "fail"
+    """What a loader does when records it was to read next are gone from an input topic (its
+    retention passed the job's position: a job stopped for long, or far behind): `fail` the job
+    with an error naming the topic, partition and offsets lost; `skip` them, counted in the job
+    view (`stream.skipped`) and `/metrics` (`trillium_job_input_skipped_records`)."""
     max_message_bytes: Annotated[int, Field(ge=64, le=1 << 26)] = 1 << 20
     """A larger message goes to the dead-letter topic."""
     batch_timeout_seconds: PositiveFloat = 1.0

@@ -177,8 +177,10 @@ class Service:
         job_id, attempt = self._job_attempt
         self._report(job_id, attempt, phase, error)
 
-    def _report(self, job_id: str, attempt: int, phase: str, error: str | None = None) -> None:
+    def _report(self, job_id: str, attempt: int, phase: str, error: str | None = None, *, final: bool = False) -> None:
         self._job_report = {"id": job_id, "attempt": attempt, "phase": phase} | ({"error": error} if error else {})
+        if final:  # no new attempt can get past it: the coordinator fails the job at once
+            self._job_report["final"] = True
         self.heartbeat_now.set()
 
     def report_cut(self, cut: CutReport | None) -> None:
@@ -261,7 +263,7 @@ class Service:
             raise
         except Exception as exc:
             logger.exception("job failed", extra={"job": job.id, "attempt": job.attempt})
-            self._report(job.id, job.attempt, "failed", describe_error(exc))
+            self._report(job.id, job.attempt, "failed", describe_error(exc), final=isinstance(exc, JobCannotRecover))
 
     async def _cancel_job_task(self) -> None:
         task, self._job_task = self._job_task, None
@@ -434,6 +436,11 @@ def _keep(reports: dict[int, dict[str, Any]], step: int, report: Any, latest: in
     reports[step] = report.model_dump(mode="json")
     for old in sorted(reports)[:-latest]:
         del reports[old]
+
+
+class JobCannotRecover(RuntimeError):
+    """A job's failure that a new attempt from a checkpoint would meet again (records gone from
+    an input topic, say): the job fails at once with it, rather than spend its recoveries."""
 
 
 def describe_error(exc: BaseException, limit: int = 1000) -> str:

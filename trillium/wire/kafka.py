@@ -10,13 +10,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.conn import AIOKafkaConnection, CloseReason
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, OffsetOutOfRangeError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
 from trillium.config import KafkaConnection
@@ -169,6 +169,80 @@ def consumer(conn: KafkaConnection, *, group_id: str | None, **overrides: object
     )
     options.update(overrides)
     return AIOKafkaConsumer(**options)
+
+
+def positioned_consumer(conn: KafkaConnection, *, group_id: str | None, **overrides: object) -> AIOKafkaConsumer:
+    """A consumer that reads on from positions it is given (`seek`), and never past a gap: a
+    position out of its partition's log (records trimmed by retention before they were read, or
+    a log shorter than the position) is not reset to the log's start or end, which would skip
+    or repeat records silently, but an error `fetch` raises as `RecordsGone`."""
+    return consumer(conn, group_id=group_id, **({"auto_offset_reset": "none"} | overrides))
+
+
+class RecordsGone(RuntimeError):
+    """A reader's position is not in its partition's log: the records from it were deleted
+    (retention) before they were read, or the log ends before it (the topic was recreated).
+    What the records were cannot be known, so a reader never skips them unless told to."""
+
+    def __init__(self, partition: TopicPartition, position: int, start: int, end: int) -> None:
+        self.partition = partition
+        self.position = position
+        self.start = start  # the partition's log start offset now
+        self.end = end  # and its end
+        where = f"{partition.topic}[{partition.partition}]"
+        if position < start:
+            what = (
+                f"offsets {position}..{start - 1} ({start - position:,} records) were deleted before they "
+                f"were read (the topic's retention); the log now starts at {start}"
+            )
+        else:
+            what = f"the position {position} is past the log's end {end} (the topic was recreated or truncated)"
+        super().__init__(f"records gone from {where}: {what}")
+
+    @property
+    def lost(self) -> int:
+        """The offsets deleted before they were read (0 for a log that ends before the position)."""
+        return max(0, self.start - self.position)
+
+
+async def out_of_log(consumer: AIOKafkaConsumer, positions: Mapping[TopicPartition, int]) -> list[RecordsGone]:
+    """Each of `positions` that is not in its partition's log now (the end included: nothing
+    is lost at the end, the next record is just not written yet)."""
+    if not positions:
+        return []
+    starts = await consumer.beginning_offsets(list(positions))
+    ends = await consumer.end_offsets(list(positions))
+    return [
+        RecordsGone(tp, position, starts[tp], ends[tp])
+        for tp, position in positions.items()
+        if not starts[tp] <= position <= ends[tp]
+    ]
+
+
+async def records_gone(conn: KafkaConnection, positions: Mapping[str, Mapping[int, int]]) -> list[RecordsGone]:
+    """`out_of_log` of positions by topic and partition (a checkpoint's), asked by a consumer of its own."""
+    reader = consumer(conn, group_id=None)
+    await reader.start()
+    try:
+        wanted = {TopicPartition(t, p): o for t, parts in positions.items() for p, o in parts.items()}
+        return await out_of_log(reader, wanted)
+    finally:
+        await reader.stop()
+
+
+async def fetch(
+    consumer: AIOKafkaConsumer, *partitions: TopicPartition, timeout_ms: int, max_records: int | None = None
+) -> dict[TopicPartition, list[Any]]:
+    """`getmany` of a `positioned_consumer`: the records fetched, or `RecordsGone` for a
+    partition whose position fell out of its log (the broker's OFFSET_OUT_OF_RANGE)."""
+    try:
+        return await consumer.getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+    except OffsetOutOfRangeError as err:
+        positions: dict[TopicPartition, int] = err.args[0]  # aiokafka's {partition: fetch offset}
+        gone = await out_of_log(consumer, positions)
+        if not gone:
+            raise  # back in range meanwhile (a log only grows at its end): not a gap
+        raise gone[0] from None
 
 
 class OffsetBookkeeping:
