@@ -27,7 +27,6 @@ import collections
 import contextlib
 import json
 import logging
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -101,7 +100,7 @@ def _bind(device: torch.device) -> None:
 
 class NNWorker(Service):
     role = "nn_worker"
-    # Each job's process group starts threads of its own (gloo's, the TCPStore's): under glibc's
+    # Each job's process group starts threads of its own (gloo's): under glibc's
     # arenas (up to 8 a core) one more arena kept its high-water mark at nearly every job, about
     # 8 MB a job on a long-lived stack. Capped, they share two; glibc keeps tuning its thresholds.
     lean_malloc, malloc_mmap_threshold = True, None
@@ -118,6 +117,7 @@ class NNWorker(Service):
         self._held: dict[int, asyncio.Future[ReleaseRequest]] = {}
         self._released: set[int] = set()
         self._group_dirty = False  # a process group this process cannot tear down cleanly
+        self._store: rendezvous.RedisStore | None = None  # the latest process group's
 
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
@@ -142,40 +142,17 @@ class NNWorker(Service):
             raise HTTPException(status.HTTP_409_CONFLICT, f"{self.name} does not hold at step {request.step}")
 
     # ---- setup ---------------------------------------------------------------------------------------
-    async def _process_group(self, job: JobRecord, progress: JobProgress, thread: ThreadPoolExecutor) -> Any:
-        """Join the attempt's process group; returns the group for the control all-reduce."""
+    async def _process_group(self, job: JobRecord, thread: ThreadPoolExecutor) -> Any:
+        """Join the attempt's process group, meeting the other ranks in Redis (rendezvous.py);
+        returns the group for the control all-reduce."""
         rank, world = self.settings.index, job.config.topology.nn_ranks
-        loop = asyncio.get_running_loop()
-        if rank == 0:
-            # TCPStore alone would listen on every interface: it serves the socket bound here instead.
-            listener = socket.create_server((self.settings.host, 0))
-            store = await loop.run_in_executor(
-                thread,
-                partial(
-                    dist.TCPStore,
-                    self.advertised_host,
-                    listener.getsockname()[1],
-                    world,
-                    True,
-                    COLLECTIVE_TIMEOUT,
-                    wait_for_workers=False,
-                    master_listen_fd=listener.detach(),
-                ),
-            )
-            secret = rendezvous.new_secret()
-            await progress.set_rendezvous(f"{self.advertised_host}:{store.port}", secret)
-        else:
-            # Polls Redis, where rank 0 publishes the address: no event here tells us when.
-            while (found := await progress.rendezvous()) is None:  # noqa: ASYNC110
-                await asyncio.sleep(0.2)
-            address, secret = found
-            host, port = address.rsplit(":", 1)
-            store = await loop.run_in_executor(thread, dist.TCPStore, host, int(port), world, False, COLLECTIVE_TIMEOUT)
-        store = rendezvous.secured(store, secret)
         placement = self.placement
         assert placement is not None
 
         def join() -> Any:
+            store = rendezvous.RedisStore.of_attempt(self.settings.redis_url, job.id, job.attempt, COLLECTIVE_TIMEOUT)
+            # The group's C++ half calls back into this Python store: it must outlive the group.
+            self._store = store
             idents = rendezvous.exchange_idents(store, rank, world, placement.ident)
             backend, why = choose_backend(idents)
             logger.info("collective backend", extra={"backend": backend, "why": why, "device": str(placement.device)})
@@ -191,14 +168,12 @@ class NNWorker(Service):
             # Control words outside steps and gathered scores stay on the CPU: no GPU synchronization.
             return dist.new_group(backend="gloo") if backend == "nccl" else None
 
-        return await loop.run_in_executor(thread, join)
+        return await asyncio.get_running_loop().run_in_executor(thread, join)
 
-    async def _setup(
-        self, job: JobRecord, progress: JobProgress, thread: ThreadPoolExecutor
-    ) -> tuple[Trainer, RankState]:
+    async def _setup(self, job: JobRecord, thread: ThreadPoolExecutor) -> tuple[Trainer, RankState]:
         config = job.config
         rank, world = self.settings.index, config.topology.nn_ranks
-        control_group = await self._process_group(job, progress, thread)
+        control_group = await self._process_group(job, thread)
         device = self.placement.device
 
         def build() -> Trainer:
@@ -250,7 +225,7 @@ class NNWorker(Service):
         streams: list[rpc.OrderedStream] = []
         clean = False
         try:
-            trainer, rank_state = await self._setup(job, progress, thread)
+            trainer, rank_state = await self._setup(job, thread)
             run = _Attempt(job, trainer, pb_grpc.EmbeddingWorkerStub(channel), progress, rank_state, streams=streams)
             world = config.topology.nn_ranks
             run.scores = progressive_validation.of_job(config, max(config.training.progressive_samples // world, 1))
@@ -298,12 +273,7 @@ class NNWorker(Service):
             run.job.config.evaluation.group_by,
             run.trainer.objective,
         )
-        return await self._gather(run, scores)
-
-    async def _gather(self, run: _Attempt, value: Any) -> list[Any]:
-        gathered: list[Any] = [None] * run.trainer.world
-        await self._torch(run, lambda: dist.all_gather_object(gathered, value, group=run.trainer.control_group))
-        return gathered
+        return await self._torch(run, evaluate.gather, scores, run.trainer.control_group)
 
     @staticmethod
     def _stream(run: _Attempt, method) -> rpc.OrderedStream:

@@ -213,7 +213,7 @@ class Trainer:
         self._samples: torch.Tensor | None = None  # the step's sample count (at least 1), on the device
         # The hook's state lives in DDP's C++ reducer, where Python's GC cannot see it: the Trainer
         # itself there would make a cycle (Trainer -> DDP -> reducer -> Trainer) never collected,
-        # and every finished job's process group would live on with its gloo and TCPStore threads.
+        # and every finished job's process group would live on with its gloo threads.
         ddp.register_comm_hook(weakref.ref(self), _reduce_hook)
 
     def control(self, paused: bool, seq: int, publish: int = 0) -> Control:

@@ -71,9 +71,9 @@ class StalenessStats:
 
 
 class JobProgress:
-    """Typed access to one job's keys. The applied watermarks and the NN ranks' rendezvous
-    belong to one attempt of the job: a recovered job starts both afresh, and nothing a worker
-    of an abandoned attempt still writes can reach the new one."""
+    """Typed access to one job's keys. The applied watermarks belong to one attempt of the job
+    (as the NN ranks' rendezvous does: services/nn_worker/rendezvous.py): a recovered job starts
+    them afresh, and nothing a worker of an abandoned attempt still writes can reach the new one."""
 
     def __init__(self, redis: state.aioredis.Redis, job_id: str, attempt: int = 0) -> None:
         self.redis = redis
@@ -88,7 +88,6 @@ class JobProgress:
         self._progressive = state.job_key(job_id, "progressive")
         self._series = state.job_key(job_id, "series")
         self._ranks = state.job_key(job_id, "ranks")
-        self._rendezvous = state.job_key(job_id, "rendezvous", attempt)
         # Not per attempt: a loader's step count of an epoch is the same in every attempt.
         self._loader_steps = state.job_key(job_id, "loader_steps")
         self._dense_stats = state.job_key(job_id, "dense_stats")
@@ -270,18 +269,6 @@ class JobProgress:
     async def dense_stats(self) -> dict[str, dict[str, float]]:
         raw = await self.redis.hget(self._dense_stats, "0")
         return json.loads(raw) if raw else {}
-
-    # ---- torch.distributed rendezvous -----------------------------------------------------
-    async def set_rendezvous(self, address: str, secret: str) -> None:
-        """Rank 0's store address, and the attempt's secret prefix of every key in it."""
-        await self.redis.set(self._rendezvous, json.dumps({"address": address, "secret": secret}))
-
-    async def rendezvous(self) -> tuple[str, str] | None:
-        raw = await self.redis.get(self._rendezvous)
-        if raw is None:
-            return None
-        found = json.loads(raw)
-        return found["address"], found["secret"]
 
     async def delete(self) -> None:
         keys = [k async for k in self.redis.scan_iter(match=state.job_keys_pattern(self.job_id))]

@@ -47,7 +47,7 @@ JOB_KEYS = {
     "progressive": "hash: rank -> its progressive validation summary (JSON)",
     "series": "list: the job's curve, (time, samples, rolling AUC, loss) points (JSON)",
     "ranks": "hash: rank -> its result once it has finished (JSON)",
-    "rendezvous": "string per attempt: host:port of rank 0's torch.distributed store",
+    "rendezvous": "hash per attempt, expiring: the NN ranks' torch.distributed store (services/nn_worker/rendezvous.py)",
     "loader_steps": "hash: 'epoch:loader' -> the steps that loader's share of the epoch takes",
     "dense_stats": "hash: loader -> the dense normalization statistics it encodes with now (JSON)",
 }
