@@ -11,7 +11,7 @@ NATIVE_SRC := $(shell find native/src native/stream/src -name '*.rs' 2>/dev/null
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster images images-offline compose-env bench up down status clean
+.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster images images-offline compose-env bench up down status clean peer
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -132,6 +132,19 @@ bench: setup
 	$(PY) bench/embedding_store.py --json
 	$(PY) bench/e2e.py --json
 	$(PY) bench/data_loader.py --json
+
+# TorchRec on CPU in an environment of its own, the anchor bench/peer.py trains beside the stack:
+# bench/peer-requirements.txt, then torchrec without its dependencies (they name the CUDA fbgemm-gpu).
+PEER_VENV := .cache/peer-venv
+peer: $(PEER_VENV)/.installed
+
+$(PEER_VENV)/.installed: bench/peer-requirements.txt
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEER_VENV)/bin/python -m pip install -q -r bench/peer-requirements.txt
+	$(PEER_VENV)/bin/python -m pip install -q --no-deps torchrec==1.9.2
+	$(PEER_VENV)/bin/python -c 'import torchrec, fbgemm_gpu'
+	touch $@
 
 up: setup
 	$(VENV)/bin/trillium up
