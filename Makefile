@@ -6,8 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 KAFKA_LIBS := .cache/kafka/libs
 KUSTOMIZE := .cache/bin/kustomize
-NATIVE_SRC := $(shell find native/src native/stream/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/stream/Cargo.toml \
-              native/Cargo.lock native/pyproject.toml
+NATIVE_SRC := $(shell find native/src native/stream/src native/transport/src -name '*.rs' 2>/dev/null) native/Cargo.toml \
+              native/stream/Cargo.toml native/transport/Cargo.toml native/transport/build.rs native/Cargo.lock \
+              native/pyproject.toml proto/embedding.proto
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 

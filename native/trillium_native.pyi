@@ -10,7 +10,7 @@ See `native/README.md` for semantics, the snapshot and the values-file formats.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, NotRequired, Self, Sequence, TypedDict
+from typing import Any, Callable, Literal, NotRequired, Self, Sequence, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -259,6 +259,44 @@ def forget_in_values(
     nothing is written. `dst` is written atomically and may be `src`. A replica that applied
     a file keeps a forgotten row until it applies a full file without it. GIL released.
     """
+
+class ShardServer:
+    """A PS shard's `EmbeddingParameterServer` (proto/embedding.proto: `Lookups`, `Stats`)
+    served natively: tonic on a thread of its own, the stack's token checked on every call
+    (UNAUTHENTICATED without it), TLS when `tls_cert` and `tls_key` (PEM) are given, a request
+    that does not parse INVALID_ARGUMENT. A stream's lookups are answered in order, its first
+    error ending it; the rows are read from the store `serve` was given into the answer's
+    frame, without Python. Binding `host:port` fails at once (OSError) if it cannot."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        *,
+        name: str,
+        shard: int,
+        on_failure: Callable[[str], object],
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
+        max_message_bytes: int,
+        keepalive_s: float,
+        keepalive_timeout_s: float,
+    ) -> None: ...
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+    def serve(self, store: EmbeddingStore | None) -> None:
+        """Serve `store`'s tables from now on (None: lookups are UNAVAILABLE)."""
+    def lookup_metrics(self) -> tuple[int, float, list[int]]:
+        """(lookups answered, their seconds in all, each latency bucket's count, +Inf last)."""
+    @staticmethod
+    def buckets() -> list[float]:
+        """The latency buckets' upper bounds in seconds (prometheus_client's default)."""
+    def ended(self) -> bool:
+        """Whether the server's thread has ended."""
+    def stop(self) -> None:
+        """Stop serving and wait for the server's thread; idempotent. GIL released."""
 
 class EmbeddingStore:
     """A set of named embedding tables (u64 id -> row of `dim` floats).

@@ -14,6 +14,7 @@ pub mod index;
 pub mod mem;
 pub mod optim;
 pub mod pooling;
+pub mod ps_shard;
 pub mod serving;
 pub mod snapshot;
 pub mod store;

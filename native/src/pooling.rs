@@ -117,7 +117,7 @@ impl Layout {
     pub fn plan(&self, keys: &[String], values: &[u64], lengths: &[i32]) -> Result<Plan> {
         let batch = match keys.len() {
             0 => return Err(StoreError::Value("keys must name at least one feature slot".into())),
-            k if lengths.len() % k != 0 => {
+            k if !lengths.len().is_multiple_of(k) => {
                 return Err(StoreError::Value(format!(
                     "len(lengths)={} is not a multiple of the {k} keys",
                     lengths.len()

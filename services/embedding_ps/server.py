@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from fastapi import HTTPException, status
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 import trillium_native
+from trillium.config import GRPC_MAX_MESSAGE_BYTES
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import (
     CaptureRequest,
@@ -51,18 +55,17 @@ from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
 from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
-from trillium.runtime.service import Service, describe_error
+from trillium.runtime.service import Service
+from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.batch import GradientUpdate
 from trillium.wire.kafka import KafkaConnection
 from trillium.wire.pb import embedding_pb2 as pb
-from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 from .export import Exporter
 
 logger = logging.getLogger("trillium.embedding_ps")
 
-LOOKUP_SECONDS = Histogram("trillium_ps_lookup_seconds", "PS lookup latency", ["shard"])
 ROWS_APPLIED = Counter("trillium_ps_gradient_rows_applied_total", "embedding rows updated", ["shard"])
 DUPLICATES = Counter(
     "trillium_ps_gradient_duplicates_total", "(step, rank) gradients applied to a state that held them", ["shard"]
@@ -82,52 +85,22 @@ TRIM_APPLIED_SECONDS = 10.0
 STATS_SECONDS = 1.0  # how often the tables' stats in health reports are read
 
 
-class _Servicer(pb_grpc.EmbeddingParameterServerServicer):
-    def __init__(self, ps: "EmbeddingPS") -> None:
+class _LookupSeconds(Collector):
+    """`trillium_ps_lookup_seconds`, the native server's lookup latency histogram, as
+    prometheus_client exports a Histogram (its buckets, `_sum`, `_count`)."""
+
+    def __init__(self, ps: EmbeddingPS) -> None:
         self.ps = ps
 
-    # An embedding worker's stream per job: its lookups answered in order, as they come on the loop
-    # (or from their threads, with a disk tier).
-    @rpc.streamed(window=16)
-    async def Lookups(
-        self, request: pb.ShardLookupRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ShardLookupResponse:
-        store = self.ps.store
-        if store is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.ps.name} holds no tables yet (no job set up)")
-        out_dtype = request.row_dtype or "float32"
-
-        def lookup() -> tuple[np.ndarray, list[int]]:
-            ids = codec.unpack_array(request.ids.data)
-            create = not request.read_only
-            return store.lookup_tables(
-                list(request.tables), list(request.counts), ids, create=create, out_dtype=out_dtype
-            )
-
-        with LOOKUP_SECONDS.labels(self.ps.settings.index).time():
-            try:
-                # On the loop: a batch's gather from RAM takes less than a hop to a worker thread and
-                # back. One that reads rows from a disk tier may wait on the disk for seconds, and
-                # the loop must go on (heartbeats, the other lookups): in a thread.
-                flat, dims = await asyncio.to_thread(lookup) if self.ps.disk_tier else lookup()
-            except (KeyError, ValueError, TypeError, codec.CodecError) as err:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            except OSError as err:  # a table's disk tier failed (a full disk): the shard's part of the job
-                # fails here, reported before its callers fail on the aborted stream, so the job's
-                # error names the disk (a caller's write racing the abort sees only grpc's own
-                # "Internal error from Core", not this status).
-                self.ps.set_job_phase("failed", describe_error(err))
-                await context.abort(grpc.StatusCode.INTERNAL, str(err))
-        return pb.ShardLookupResponse(rows=pb.Array(data=codec.pack_array(flat)), dims=dims)
-
-    async def Stats(self, request: pb.ShardStatsRequest, context: grpc.aio.ServicerContext) -> pb.ShardStatsResponse:
-        stats = await asyncio.to_thread(self.ps.table_stats)  # it waits for each internal shard's lock
-        return pb.ShardStatsResponse(
-            shard=self.ps.settings.index,
-            tables=[
-                pb.TableStats(table=name, **{k: int(s[k]) for k in TABLE_STAT_FIELDS}) for name, s in stats.items()
-            ],
-        )
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily("trillium_ps_lookup_seconds", "PS lookup latency", labels=["shard"])
+        server = self.ps.grpc_server
+        if server is not None:
+            count, seconds, counts = server.lookup_metrics()
+            bounds = [*(repr(b) for b in trillium_native.ShardServer.buckets()), "+Inf"]
+            buckets = list(zip(bounds, itertools.accumulate(counts), strict=True))
+            family.add_metric([str(self.ps.settings.index)], buckets, seconds)
+        yield family
 
 
 class EmbeddingPS(Service):
@@ -140,8 +113,10 @@ class EmbeddingPS(Service):
     fresh_per_attempt = True  # a recovery restores its tables from the checkpoint anyway
 
     def __init__(self, settings) -> None:
+        self.grpc_server: trillium_native.ShardServer | None = None
+        self._store: trillium_native.EmbeddingStore | None = None
+        self._lookup_seconds = _LookupSeconds(self)
         super().__init__(settings)
-        self.store: trillium_native.EmbeddingStore | None = None
         self.disk_tier = False  # a table of the job spills to disk
         # The tables' stats as of the last second, for health reports: reading them takes each
         # internal shard's lock, which an update reading rows back from disk holds for long.
@@ -156,17 +131,43 @@ class EmbeddingPS(Service):
         # Where the latest captures stood, by (attempt, step): a delta's starting points.
         self._marks: dict[tuple[int, int], trillium_native.CaptureMark] = {}
 
+    @property
+    def store(self) -> trillium_native.EmbeddingStore | None:
+        """The job's tables, which the native gRPC server serves lookups from while set."""
+        return self._store
+
+    @store.setter
+    def store(self, store: trillium_native.EmbeddingStore | None) -> None:
+        self._store = store
+        if self.grpc_server is not None:
+            self.grpc_server.serve(store)
+
     async def start(self) -> None:
-        self.grpc_server = await rpc.serve(
+        # Lookups are served natively (trillium_native.ShardServer): no Python on their path.
+        creds = self.settings.grpc
+        loop = asyncio.get_running_loop()
+        self.grpc_server = trillium_native.ShardServer(
             self.settings.host,
             self.settings.grpc_port,
-            self.settings.grpc,
-            lambda server: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(self), server),
+            creds.token.get_secret_value(),
+            name=self.name,
+            shard=self.settings.index,
+            # A table's disk tier failed a lookup: the shard's part of the job fails, reported
+            # before its callers fail on the aborted stream, so the job's error names the disk.
+            on_failure=lambda error: loop.call_soon_threadsafe(self.set_job_phase, "failed", f"OSError: {error}"),
+            tls_cert=rpc.read_file(creds.tls.cert_file) if creds.tls else None,
+            tls_key=rpc.read_file(creds.tls.key_file) if creds.tls else None,
+            max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
+            keepalive_s=GRPC_KEEPALIVE_S,
+            keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
         )
+        self.grpc_server.serve(self._store)
+        REGISTRY.register(self._lookup_seconds)
         self.redis = state.connect(self.settings.redis_url)
 
     async def stop(self) -> None:
-        await self.grpc_server.stop(grace=2)
+        REGISTRY.unregister(self._lookup_seconds)
+        await asyncio.to_thread(self.grpc_server.stop)
         await self.redis.aclose()
 
     async def left_attempt(self) -> None:

@@ -1,5 +1,5 @@
-"""Property-based fuzzing of a PS shard's gRPC surface (the servicer, the interceptors and the
-native store it serves, over a real server on loopback): bytes that are no protobuf, and
+"""Property-based fuzzing of a PS shard's gRPC surface (its native server, `trillium_native.ShardServer`,
+and the store it serves, on loopback): bytes that are no protobuf, and
 protobufs whose fields disagree (counts against IDs, unknown tables, wrong dtypes, huge counts),
 are answered INVALID_ARGUMENT (or UNAVAILABLE, FAILED_PRECONDITION where they say so), never
 INTERNAL or UNKNOWN, and the shard answers a good lookup exactly as before, and as fast."""
@@ -7,20 +7,17 @@ INTERNAL or UNKNOWN, and the shard answers a good lookup exactly as before, and 
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import grpc
 import numpy as np
 import pytest
-from grpc_in_thread import channel_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shard_server import shard_server
 
 import trillium_native
-from trillium.services.embedding_ps.server import _Servicer
 from trillium.wire import codec
 from trillium.wire.pb import embedding_pb2 as pb
-from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 TOKEN = "the-stack-token-0123456789"
 DIM = 8
@@ -29,27 +26,20 @@ CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 class Shard:
-    """What the servicer reads of its PS process: a real native store holding the table `t`."""
+    """A real native store holding the table `t`, and what its server reports of its own failures."""
 
     def __init__(self) -> None:
         self.store = trillium_native.EmbeddingStore(threads=1)
         self.store.create_table("t", DIM, seed=7)
-        self.disk_tier = False
-        self.settings = SimpleNamespace(index=0)
-        self.name = "embedding_ps-0"
         self.failures: list[str] = []
-
-    def set_job_phase(self, phase: str, error: str | None = None) -> None:
-        self.failures.append(f"{phase}: {error}")
 
 
 @pytest.fixture(scope="module")
 def server():
     shard = Shard()
-    with channel_to(
-        lambda s: pb_grpc.add_EmbeddingParameterServerServicer_to_server(_Servicer(shard), s), TOKEN
-    ) as channel:
-        yield shard, channel
+    with shard_server(shard.store, TOKEN, on_failure=shard.failures.append) as native:
+        with grpc.insecure_channel(f"127.0.0.1:{native.port}") as channel:
+            yield shard, channel
 
 
 METADATA = (("authorization", f"Bearer {TOKEN}"),)

@@ -7,19 +7,20 @@ lookups only."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import grpc
 import numpy as np
 import pytest
-from grpc_in_thread import channel_to, serve_in_thread
+from grpc_in_thread import channel_to
+from shard_server import shard_server
 from tiny_record import tiny_record, worker_context
 
 import trillium_native
 from trillium import pooling
 from trillium.config import GrpcCredentials
 from trillium.job.record import ForgetMask
-from trillium.services.embedding_ps.server import _Servicer as PSServicer
 from trillium.services.embedding_worker.forget import Forgotten, MaskedPlan
 from trillium.services.embedding_worker.server import EmbeddingWorker
 from trillium.services.embedding_worker.server import _Servicer as WorkerServicer
@@ -105,29 +106,22 @@ def test_a_masked_plan_routes_the_masked_ids_to_no_shard() -> None:
 
 
 class Shard:
-    """What the PS servicer reads of its process (as tests/security/test_grpc_fuzz.py has it): a
-    real native store holding the tiny job's tables."""
+    """A real native store holding the tiny job's tables, served by a PS shard's native server."""
 
     def __init__(self, index: int) -> None:
         self.store = trillium_native.EmbeddingStore(threads=1)
         for name, table in tiny_record().config.tables.items():
             self.store.create_table(name, table.dim, seed=7)
-        self.disk_tier = False
-        self.settings = SimpleNamespace(index=index)
-        self.name = f"embedding_ps-{index}"
-
-    def set_job_phase(self, phase: str, error: str | None = None) -> None:
-        raise AssertionError(f"{self.name} {phase}: {error}")
 
 
 async def test_a_replayed_lookup_asks_no_shard_for_a_forgotten_id_and_reads_zeros() -> None:
     shards = [Shard(0), Shard(1)]
-    ports = [
-        serve_in_thread(
-            lambda s, sh=sh: pb_grpc.add_EmbeddingParameterServerServicer_to_server(PSServicer(sh), s), TOKEN
-        )
-        for sh in shards
-    ]
+    with contextlib.ExitStack() as servers:
+        ports = [servers.enter_context(shard_server(sh.store, TOKEN, shard=i)).port for i, sh in enumerate(shards)]
+        await _replayed_lookups(shards, ports)
+
+
+async def _replayed_lookups(shards: list[Shard], ports: list[int]) -> None:
     channels = [rpc.channel(f"127.0.0.1:{port}", GrpcCredentials(token=TOKEN)) for port in ports]
     record = tiny_record("running", 1)
     record.forgotten = MASKS

@@ -167,7 +167,8 @@ class TokenChannel:
         await self.close()
 
 
-def _read(path) -> bytes:
+def read_file(path) -> bytes:
+    """A TLS file's bytes (a certificate, a key, a CA)."""
     with open(path, "rb") as f:
         return f.read()
 
@@ -182,7 +183,7 @@ async def serve(
     if creds.tls is None:
         server.add_insecure_port(f"{host}:{port}")
     else:
-        tls = grpc.ssl_server_credentials([(_read(creds.tls.key_file), _read(creds.tls.cert_file))])
+        tls = grpc.ssl_server_credentials([(read_file(creds.tls.key_file), read_file(creds.tls.cert_file))])
         server.add_secure_port(f"{host}:{port}", tls)
     await server.start()
     return server
@@ -193,7 +194,7 @@ def channel(address: str, creds: GrpcCredentials, extra_options: Sequence[tuple[
     options = [*OPTIONS, *extra_options]
     if creds.tls is None:
         return TokenChannel(grpc.aio.insecure_channel(address, options=options), creds)
-    tls = grpc.ssl_channel_credentials(root_certificates=_read(creds.tls.ca_file))
+    tls = grpc.ssl_channel_credentials(root_certificates=read_file(creds.tls.ca_file))
     return TokenChannel(grpc.aio.secure_channel(address, tls, options=options), creds)
 
 

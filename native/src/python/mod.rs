@@ -1,5 +1,5 @@
 //! PyO3 bindings, one module per area (store, captures, forgetting IDs in files, hashing, text
-//! cells, pooling, serving, events, the join, the wire's fp16); this one registers them and
+//! cells, pooling, serving, events, the join, the wire's fp16, a PS shard's gRPC server); this one registers them and
 //! holds the helpers they share. Every batched call releases the GIL and runs on the store's
 //! own rayon pool; every entry point catches panics and maps errors to ValueError /
 //! TypeError / KeyError / OSError.
@@ -21,6 +21,7 @@ mod hash;
 mod join;
 mod json_out;
 mod pooling;
+mod ps_server;
 mod serving;
 mod snapshot;
 mod store;
@@ -136,6 +137,7 @@ pub(crate) fn nonneg(v: i64, what: &str) -> PyResult<u64> {
 #[pymodule]
 fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
+    m.add_class::<ps_server::PyShardServer>()?;
     m.add_class::<snapshot::PyCapture>()?;
     m.add_class::<snapshot::PyCaptureMark>()?;
     m.add_class::<pooling::PyLayout>()?;

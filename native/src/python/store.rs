@@ -20,7 +20,7 @@ use crate::table::{Table, COUNTER_NAMES};
 /// Native embedding store: named tables of `dim`-float rows keyed by uint64 ids.
 #[pyclass(name = "EmbeddingStore", module = "trillium_native", frozen)]
 pub struct PyStore {
-    store: Arc<Store>,
+    pub(super) store: Arc<Store>,
 }
 
 impl PyStore {

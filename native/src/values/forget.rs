@@ -131,7 +131,7 @@ fn rewrite(src: &Path, out: &mut FileOut, drop: &HashMap<&str, Vec<u64>>) -> Res
             )));
         }
         let gone = drop.get(name.as_str()).filter(|d| !d.is_empty());
-        let keep: Vec<bool> = ids.iter().map(|id| gone.map_or(true, |d| d.binary_search(id).is_err())).collect();
+        let keep: Vec<bool> = ids.iter().map(|id| gone.is_none_or(|d| d.binary_search(id).is_err())).collect();
         let kept: Vec<u64> = ids.iter().zip(&keep).filter(|(_, &k)| k).map(|(&id, _)| id).collect();
         w.table(&name, dim, &kept)?;
         copy_kept(src, &mut r, &mut w, &keep, dim * size as usize)?;

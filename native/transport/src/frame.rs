@@ -1,0 +1,275 @@
+//! The codec's array frame (`pack_array` / `unpack_array` in `trillium/wire/codec.py`), read and
+//! written in Rust: the same bytes on the wire, whichever side wrote them.
+//!
+//! ```text
+//! b"TRLM"  u8 format version  u32 header length  msgpack header  padding  buffer
+//! ```
+//!
+//! The header is `{"kind": "array", "meta": {}, "arrays": [[dtype, shape, offset]]}`, `offset`
+//! counting from the start of the frame, on a 64-byte boundary. Reading checks what codec.py
+//! checks and yields a view of the buffer in place; writing puts the header first and hands out
+//! the buffer's bytes, 8-byte aligned, for rows to be written once, where the wire reads them.
+
+use bytes::Bytes;
+use rmpv::Value;
+
+pub const MAGIC: &[u8; 4] = b"TRLM";
+pub const FORMAT_VERSION: u8 = 1;
+const PREFIX: usize = 9; // magic, version, header length
+const ALIGN: usize = 64;
+/// The msgpack depth a header may have, as rmpv counts it (a container and each value in it count
+/// a level each): an array frame's is four containers deep.
+const MAX_DEPTH: usize = 16;
+
+/// Why bytes are no array frame (the caller's fault: INVALID_ARGUMENT on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameError(pub String);
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn bad<T>(why: impl Into<String>) -> Result<T, FrameError> {
+    Err(FrameError(why.into()))
+}
+
+const fn aligned(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// One array of a frame, in place: its dtype as numpy writes it (`"<u8"`), shape, and bytes.
+#[derive(Debug)]
+pub struct ArrayRef<'a> {
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub data: &'a [u8],
+}
+
+impl<'a> ArrayRef<'a> {
+    /// The values as `u64` if the dtype is numpy's little-endian uint64 (`<u8`, `=u8` on this
+    /// little-endian wire), copied only where the frame left them unaligned.
+    pub fn u64s(&self, what: &str) -> Result<std::borrow::Cow<'a, [u64]>, FrameError> {
+        if !matches!(self.dtype.as_str(), "<u8" | "=u8") {
+            return bad(format!("{what} must be uint64, got an array of dtype {:?}", self.dtype));
+        }
+        if self.shape.len() != 1 {
+            return bad(format!("{what} must be 1-dimensional, got shape {:?}", self.shape));
+        }
+        let data: &'a [u8] = self.data;
+        // SAFETY: u64 has no invalid bit patterns; align_to yields an aligned middle only.
+        let (head, middle, tail) = unsafe { data.align_to::<u64>() };
+        if head.is_empty() && tail.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(middle));
+        }
+        let owned = data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        Ok(std::borrow::Cow::Owned(owned))
+    }
+}
+
+fn itemsize(dtype: &str) -> Option<usize> {
+    // numpy's dtype.str: a byte order (<, >, =, |), a kind, the item size in bytes.
+    let (order, rest) = dtype.split_at_checked(1)?;
+    let (kind, size) = rest.split_at_checked(1)?;
+    if !matches!(order, "<" | ">" | "=" | "|") || !matches!(kind, "b" | "i" | "u" | "f") {
+        return None;
+    }
+    size.parse::<usize>().ok().filter(|s| matches!(s, 1 | 2 | 4 | 8 | 16))
+}
+
+/// The array of a frame `pack_array` wrote (or `ArrayWriter`), checked as codec.py checks it.
+pub fn read_array(frame: &[u8]) -> Result<ArrayRef<'_>, FrameError> {
+    if frame.len() < PREFIX {
+        return bad(format!("message too short ({} bytes) to be a Trillium message", frame.len()));
+    }
+    if &frame[..4] != MAGIC {
+        return bad(format!("not a Trillium message: bad magic {:?}", &frame[..4]));
+    }
+    if frame[4] != FORMAT_VERSION {
+        return bad(format!("unsupported codec format version {} (this build reads {FORMAT_VERSION})", frame[4]));
+    }
+    let header_len = u32::from_le_bytes(frame[5..9].try_into().expect("4 bytes")) as usize;
+    let header_end = PREFIX.checked_add(header_len).filter(|&e| e <= frame.len());
+    let Some(header_end) = header_end else {
+        return bad(format!("truncated message: header of {header_len} bytes, message of {}", frame.len()));
+    };
+    let mut reader = &frame[PREFIX..header_end];
+    let header = match rmpv::decode::read_value_with_max_depth(&mut reader, MAX_DEPTH) {
+        Ok(v) => v,
+        Err(e) => return bad(format!("corrupt message header: {e}")),
+    };
+    let Value::Map(entries) = header else { return bad("corrupt message header: expected a map") };
+    let field = |name: &str| entries.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v);
+    if entries.len() != 3 {
+        return bad("corrupt message header: expected keys kind, meta, arrays");
+    }
+    let (Some(kind), Some(meta), Some(arrays)) = (field("kind"), field("meta"), field("arrays")) else {
+        return bad("corrupt message header: expected keys kind, meta, arrays");
+    };
+    if kind.as_str() != Some("array") {
+        return bad(format!("expected a 'array' message, got {kind}"));
+    }
+    let (Value::Map(_), Value::Array(arrays)) = (meta, arrays) else {
+        return bad("corrupt message header: meta must be a map and arrays a list");
+    };
+    let [descriptor] = arrays.as_slice() else {
+        return bad(format!("corrupt array message: expected 1 array, got {}", arrays.len()));
+    };
+    let Value::Array(parts) = descriptor else { return bad(format!("corrupt array descriptor {descriptor}")) };
+    let [Value::String(dtype), Value::Array(shape), offset] = parts.as_slice() else {
+        return bad(format!("corrupt array descriptor {descriptor}"));
+    };
+    let Some(dtype) = dtype.as_str() else { return bad(format!("unsupported array dtype {descriptor}")) };
+    let Some(size) = itemsize(dtype) else { return bad(format!("unsupported array dtype {dtype:?}")) };
+    let shape: Option<Vec<u64>> = shape.iter().map(Value::as_u64).collect();
+    let offset = offset.as_u64().filter(|&o| o >= header_end as u64);
+    let (Some(shape), Some(offset)) = (shape, offset) else {
+        return bad(format!("corrupt array descriptor {descriptor}"));
+    };
+    let bytes = shape.iter().try_fold(size as u64, |n, &d| n.checked_mul(d));
+    let end = bytes.and_then(|b| b.checked_add(offset)).filter(|&e| e <= frame.len() as u64);
+    let Some(end) = end else {
+        return bad(format!(
+            "truncated message: an array of {dtype} {shape:?} at {offset}, message of {}",
+            frame.len()
+        ));
+    };
+    Ok(ArrayRef { dtype: dtype.to_owned(), shape, data: &frame[offset as usize..end as usize] })
+}
+
+/// A frame's bytes in 8-byte words: the rows written into it are aligned for any element type.
+struct Words {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Words {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` is within the words' bytes; u8 has no alignment to keep.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// An element the writer's buffer holds: the frame's dtype string for it.
+pub trait FrameElem: Copy + Default {
+    const DTYPE: &'static str;
+}
+
+impl FrameElem for f32 {
+    const DTYPE: &'static str = "<f4";
+}
+
+impl FrameElem for half::f16 {
+    const DTYPE: &'static str = "<f2";
+}
+
+/// A one-dimensional array frame of `len` values of `T`: the header first, then `values()` to
+/// write them in place, then `finish()` for the wire.
+pub struct ArrayWriter<T: FrameElem> {
+    buf: Words,
+    data_at: usize,
+    len: usize,
+    _elem: std::marker::PhantomData<T>,
+}
+
+impl<T: FrameElem> ArrayWriter<T> {
+    pub fn new(len: usize) -> Self {
+        let size = std::mem::size_of::<T>();
+        // The header names its own length's offset: to a fixed point, as codec.py does.
+        let mut start = aligned(PREFIX);
+        let header = loop {
+            let header = array_header(T::DTYPE, len, start);
+            let needed = aligned(PREFIX + header.len());
+            if needed <= start {
+                break header;
+            }
+            start = needed;
+        };
+        let total = start + len * size;
+        let mut buf = Words { words: vec![0u64; total.div_ceil(8)], len: total };
+        // SAFETY: within the words' bytes, as `as_ref`; the words are this writer's alone.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.words.as_mut_ptr().cast::<u8>(), total) };
+        bytes[..4].copy_from_slice(MAGIC);
+        bytes[4] = FORMAT_VERSION;
+        bytes[5..9].copy_from_slice(&(header.len() as u32).to_le_bytes());
+        bytes[PREFIX..PREFIX + header.len()].copy_from_slice(&header);
+        Self { buf, data_at: start, len, _elem: std::marker::PhantomData }
+    }
+
+    /// The frame's values, zeroed, to write once.
+    pub fn values(&mut self) -> &mut [T] {
+        // SAFETY: `data_at` is a multiple of 64 within the 8-byte-aligned words, `len` values of
+        // T fit after it (`new` sized them so), every bit pattern of zeros is a valid f32/f16,
+        // and `&mut self` keeps the slice unique.
+        unsafe {
+            let at = self.buf.words.as_mut_ptr().cast::<u8>().add(self.data_at).cast::<T>();
+            std::slice::from_raw_parts_mut(at, self.len)
+        }
+    }
+
+    pub fn finish(self) -> Bytes {
+        Bytes::from_owner(self.buf)
+    }
+}
+
+fn array_header(dtype: &str, len: usize, offset: usize) -> Vec<u8> {
+    let header = Value::Map(vec![
+        (Value::from("kind"), Value::from("array")),
+        (Value::from("meta"), Value::Map(vec![])),
+        (
+            Value::from("arrays"),
+            Value::Array(vec![Value::Array(vec![
+                Value::from(dtype),
+                Value::Array(vec![Value::from(len as u64)]),
+                Value::from(offset as u64),
+            ])]),
+        ),
+    ]);
+    let mut out = Vec::with_capacity(48);
+    rmpv::encode::write_value(&mut out, &header).expect("a Vec takes every write");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_frame_reads_back_with_its_values_in_place() {
+        let mut w = ArrayWriter::<f32>::new(5);
+        w.values().copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        let frame = w.finish();
+        assert_eq!(frame.len() % 4, 0);
+        let a = read_array(&frame).unwrap();
+        assert_eq!((a.dtype.as_str(), a.shape.as_slice()), ("<f4", &[5u64][..]));
+        let values: Vec<f32> = a.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(values, [1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!((a.data.as_ptr() as usize - frame.as_ptr() as usize) % ALIGN, 0);
+    }
+
+    #[test]
+    fn an_empty_array_is_a_frame_too() {
+        let frame = ArrayWriter::<half::f16>::new(0).finish();
+        let a = read_array(&frame).unwrap();
+        assert_eq!((a.dtype.as_str(), a.shape.as_slice(), a.data.len()), ("<f2", &[0u64][..], 0));
+    }
+
+    #[test]
+    fn what_is_no_frame_says_why() {
+        let good = ArrayWriter::<f32>::new(3).finish();
+        let cases: [(&[u8], &str); 4] = [
+            (b"TRL", "too short"),
+            (b"XXXX\x01\x00\x00\x00\x00", "bad magic"),
+            (b"TRLM\x02\x00\x00\x00\x00", "format version 2"),
+            (b"TRLM\x01\xff\x00\x00\x00", "truncated message: header"),
+        ];
+        for (bytes, why) in cases {
+            assert!(read_array(bytes).unwrap_err().0.contains(why), "{why}");
+        }
+        // Cut short inside the buffer: the descriptor says more bytes than there are.
+        assert!(read_array(&good[..good.len() - 1]).unwrap_err().0.contains("truncated message: an array"));
+        let ids = read_array(&good).unwrap();
+        assert!(ids.u64s("ids").unwrap_err().0.contains("must be uint64"));
+    }
+}

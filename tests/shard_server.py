@@ -1,0 +1,41 @@
+"""A PS shard's native gRPC server (`trillium_native.ShardServer`) on loopback over a store a test
+made, with the stack's limits: `shard_server(store, token)` yields it, serving, and stops it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import trillium_native
+from trillium.config import GRPC_MAX_MESSAGE_BYTES
+from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
+
+
+def _failed(error: str) -> None:
+    raise AssertionError(f"the shard failed: {error}")
+
+
+@contextlib.contextmanager
+def shard_server(
+    store: trillium_native.EmbeddingStore,
+    token: str,
+    *,
+    shard: int = 0,
+    on_failure: Callable[[str], object] = _failed,
+) -> Iterator[trillium_native.ShardServer]:
+    server = trillium_native.ShardServer(
+        "127.0.0.1",
+        0,
+        token,
+        name=f"embedding_ps-{shard}",
+        shard=shard,
+        on_failure=on_failure,
+        max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
+        keepalive_s=GRPC_KEEPALIVE_S,
+        keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
+    )
+    server.serve(store)
+    try:
+        yield server
+    finally:
+        server.stop()
