@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rank_processes import rank_processes, run_ranks
 from torch.nn.parallel import DistributedDataParallel
 
 from trillium.models import DNN
@@ -148,13 +149,9 @@ def test_bf16_autocast_trains_on_the_cpu() -> None:
     assert fp32.step(batch, copied(embeddings)).loss_sum != losses[0]  # autocast did run in bf16
 
 
-def rank_processes():
-    """The context the 2-rank tests start their ranks in. Each spawned rank would import torch
-    afresh (seconds here, per rank); the forkserver imports it once and forks every rank from
-    itself, never from this process, whose gloo group runs threads a fork would not carry."""
-    context = torch.multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch.distributed", "trillium.models", "trillium.services.nn_worker.step"])
-    return context
+def _step_ranks():
+    """The context the 2-rank tests start their ranks in, the step's modules imported once."""
+    return rank_processes("trillium.models", "trillium.services.nn_worker.step")
 
 
 def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
@@ -183,18 +180,7 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
 def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_control_words(tmp_path) -> None:
     rng = np.random.default_rng(11)
     (b0, e0), (b1, e1) = make_batch(rng, 24), make_batch(rng, 40)  # uneven: the step's count is summed
-    context = rank_processes()
-    results = context.Queue()
-    ranks = [
-        context.Process(target=_rank_step, args=(r, str(tmp_path / "store"), [b0, b1], [e0, e1], results))
-        for r in range(2)
-    ]
-    for p in ranks:
-        p.start()
-    got = dict((r, rest) for r, *rest in (results.get(timeout=120) for _ in ranks))
-    for p in ranks:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = run_ranks(_step_ranks(), _rank_step, [(r, str(tmp_path / "store"), [b0, b1], [e0, e1]) for r in range(2)])
     _, plain, optimizer = make_trainer()
     both = batch_of(np.concatenate([b0.dense, b1.dense]), np.concatenate([b0.labels, b1.labels]))
     joined = SlotEmbeddings.of([np.concatenate(p) for p in zip(e0.slots(), e1.slots(), strict=True)])
@@ -226,7 +212,7 @@ def _rank_ends(rank: int, store: str, results) -> None:
 
 def test_a_dead_peer_fails_the_end_of_a_job_within_its_timeout(tmp_path) -> None:
     """Not the collective's 10-minute timeout: the monitored barrier names the rank it misses."""
-    context = rank_processes()
+    context = _step_ranks()
     results = context.Queue()
     ranks = [context.Process(target=_rank_ends, args=(r, str(tmp_path / "store"), results)) for r in range(2)]
     for p in ranks:
@@ -272,7 +258,7 @@ def test_a_finished_job_leaves_no_trainer_nor_gloo_threads_behind(tmp_path) -> N
     """DDP keeps its communication hook's state in C++, out of the GC's sight: a Trainer there
     would never be freed, and each job's group would keep its gloo threads (4 more a job, seen
     on a long-lived stack). A fresh process: the module's own group must not count."""
-    context = rank_processes()
+    context = _step_ranks()
     results = context.Queue()
     rank = context.Process(target=_jobs_in_a_row, args=(str(tmp_path / "store"), results))
     rank.start()

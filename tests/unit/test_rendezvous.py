@@ -19,6 +19,7 @@ import pytest
 import redis
 import torch
 import torch.distributed as dist
+from rank_processes import rank_processes, run_ranks
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tiny_record import tiny_record
@@ -100,14 +101,6 @@ def _stranger(port: int, found) -> None:
     found.put((port, keys, read))
 
 
-def _processes():
-    """The forkserver imports torch once and forks every process from itself, never from this
-    process, whose gloo group runs threads a fork would not carry."""
-    context = torch.multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch.distributed", "trillium.services.nn_worker.server"])
-    return context
-
-
 def test_a_stranger_can_neither_list_read_write_nor_join_rank_0s_rendezvous(guarded, tmp_path, monkeypatch) -> None:
     url, ca_file = guarded
     monkeypatch.setenv(ENV_DEVICE, "cpu")
@@ -117,7 +110,7 @@ def test_a_stranger_can_neither_list_read_write_nor_join_rank_0s_rendezvous(guar
     asyncio.run(worker._process_group(job, thread))
     try:
         # Every port rank 0 now listens on (gloo's own, here): no store answers there.
-        context = _processes()
+        context = rank_processes("trillium.services.nn_worker.server")
         found = context.Queue()
         strangers = [context.Process(target=_stranger, args=(p, found)) for p in _listening() - before]
         for p in strangers:
@@ -243,15 +236,9 @@ def _rank(rank: int, redis_url: str, run_dir: str, results) -> None:
 
 
 def test_two_ranks_meet_in_redis_form_a_gloo_group_and_gather_scores_unpickled(guarded, tmp_path) -> None:
-    context = _processes()
-    results = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, guarded[0], str(tmp_path), results)) for r in range(2)]
-    for p in ranks:
-        p.start()
-    got = dict((r, rest) for r, *rest in (results.get(timeout=120) for _ in ranks))
-    for p in ranks:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = run_ranks(
+        rank_processes("trillium.services.nn_worker.server"), _rank, [(r, guarded[0], str(tmp_path)) for r in range(2)]
+    )
     want = [_scores(0), _scores(1)]
     for rank in (0, 1):
         total, gathered = got[rank]
