@@ -85,6 +85,14 @@ class TableConfig(TypedDict):
     memory_budget_bytes: int | None
     disk: str | None
 
+def apply_gradients(store: EmbeddingStore, steps: list[list[bytes]]) -> int:
+    """A PS shard's steps of gradient messages (`trillium.wire.codec.encode_gradients` frames),
+    each step's in rank order, applied in order: per table, one optimizer update with every
+    message's rows of it (duplicate IDs summed in that order), fp16 widened by its scale; the
+    rows updated. Every message is checked first (ValueError: none of the steps is applied),
+    and each step whole before any of its tables is; a failed disk tier is an OSError. GIL
+    released."""
+
 def shard_of(ids: npt.NDArray[np.uint64], num_shards: int) -> npt.NDArray[np.uint32]:
     """Owning parameter-server shard of each id: `splitmix64_mix(id) % num_shards`.
 
@@ -297,6 +305,72 @@ class ShardServer:
         """Whether the server's thread has ended."""
     def stop(self) -> None:
         """Stop serving and wait for the server's thread; idempotent. GIL released."""
+
+class WorkerServer:
+    """An embedding worker's `EmbeddingWorker` (proto/embedding.proto: `LookupBatches`,
+    `PushGradients`) served natively, as `ShardServer` is (token, TLS, limits, a stream's first
+    error ending it): a lookup waits for the staleness gate, is planned, masked, asked of every
+    owning PS shard at once (one bidi stream each, with `ps_token`, over TLS with `ps_tls_ca`)
+    and pooled into the answer's frames; a push is scattered and held until every rank served
+    has pushed its step, whose gradient frames (one per PS shard, `codec.encode_gradients`'
+    format) go to `on_step(attempt, step, epoch, publish, key_rank, frames)`, called from the
+    server's thread in step order; the step's pushes are answered once `step_sent` (or failed
+    with `step_failed`'s error) says so. Without Python on the path."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        *,
+        name: str,
+        on_step: Callable[[int, int, int, bool, int, list[bytes]], object],
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
+        max_message_bytes: int,
+        keepalive_s: float,
+        keepalive_timeout_s: float,
+    ) -> None: ...
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+    def start_job(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        nn_ranks: int,
+        ranks: list[int],
+        layout: PoolingLayout,
+        shards: list[str],
+        served_fp16: bool,
+        gradients_fp16: bool,
+        forgotten: list[tuple[int, dict[str, list[int]]]],
+        ps_token: str,
+        ps_tls_ca: bytes | None = None,
+        max_message_bytes: int,
+        keepalive_s: float,
+        keepalive_timeout_s: float,
+    ) -> None:
+        """Serve a job from now on (the one before ends, its waiting calls failing): `ranks` the
+        NN ranks served, `shards` the PS shards' addresses in shard order, `forgotten` the
+        forget masks as (through_batch, {table: IDs})."""
+    def end_job(self) -> None:
+        """Serve no job: lookups are UNAVAILABLE, every call waiting fails."""
+    def set_watermark(self, attempt: int, steps: int, bound: int | None, loaded: bool) -> None:
+        """The steps applied on every PS shard, the live bound (None: none), whether both are known."""
+    def step_sent(self, attempt: int, step: int, messages: int) -> None:
+        """The step's messages are durable: its pushes are answered."""
+    def step_failed(self, attempt: int, step: int, error: str) -> None:
+        """The step's messages could not be sent: its pushes fail (UNAVAILABLE) with `error`."""
+    def pending(self) -> tuple[int, int]:
+        """(plans held for gradients not pushed yet, plans dropped because none came)."""
+    def metrics(self) -> dict[str, tuple[int, float, list[int]]]:
+        """{"lookup" | "staleness_wait" | "push": (count, seconds, each of `ShardServer.buckets()`' counts, +Inf last)}."""
+    def ended(self) -> bool:
+        """Whether the server's thread has ended."""
+    def stop(self) -> None:
+        """End the job, stop serving and wait for the server's thread; idempotent. GIL released."""
 
 class EmbeddingStore:
     """A set of named embedding tables (u64 id -> row of `dim` floats).

@@ -1,8 +1,9 @@
-"""A batch's embedding work, done by the native core (`trillium_native.PoolingLayout`):
-dedup IDs per table (slots sharing a table share rows), route them to PS shards, pool the
-looked-up rows per feature slot, and (backwards) turn the gradients of the pooled
-embeddings into one summed gradient per unique ID and shard. Python does no numpy or
-torch work per slot or ID any more: per slot it only hands out views.
+"""A batch's embedding work, done by the native core (`trillium_native.PoolingLayout`, the same
+core the embedding worker's native plane runs: native/src/pooling.rs): dedup IDs per table (slots
+sharing a table share rows), route them to PS shards, pool the looked-up rows per feature slot,
+and (backwards) turn the gradients of the pooled embeddings into one summed gradient per unique
+ID and shard. Serving pools with it; the worker's plane calls the core from Rust, the Layout
+built here. Python does no numpy or torch work per slot or ID: per slot it only hands out views.
 
 Letters: B samples; slot f reads table t(f) of dim D_f; P = sum of D_f over the pooled
 (`sum`/`mean`) slots; U_t unique IDs of table t in the batch.
@@ -51,9 +52,7 @@ class Layout:
 @dataclass(frozen=True)
 class TablePlan:
     ids: np.ndarray  # uint64[U]: the batch's unique IDs of this table, grouped by owning shard
-    # Per shard: its range of `ids` (and of the rows and gradients); in a training batch replayed
-    # from before a forget, the positions it keeps (services/embedding_worker/forget.py).
-    shard_rows: list[slice] | list[np.ndarray]
+    shard_rows: list[slice]  # per shard: its range of `ids` (and of the rows and gradients)
 
     def shard_ids(self, shard: int) -> np.ndarray:
         return self.ids[self.shard_rows[shard]]
@@ -95,12 +94,6 @@ def pool(p: BatchPlan, rows: Mapping[str, np.ndarray], *, fp16: bool = False) ->
     """Pool each table's looked-up rows (float32 [U_t, D], plan order) per slot."""
     pooled, sequences = p.native.pool([rows[t] for t in p.layout.tables], out_dtype="float16" if fp16 else "float32")
     return Pooled(p.layout, pooled, sequences)
-
-
-def scatter_wire(p: BatchPlan, pooled_grad: np.ndarray, sequence_grads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """`scatter_gradients` of gradients as the wire carries them: the pooled slots' as one
-    float32 [B, P] array (`Pooled.pooled`'s shape), the sequence slots' one each."""
-    return dict(zip(p.layout.tables, p.native.scatter(pooled_grad, list(sequence_grads)), strict=True))
 
 
 def scatter_gradients(p: BatchPlan, grads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ pub mod index;
 pub mod mem;
 pub mod optim;
 pub mod pooling;
+pub mod ps_apply;
 pub mod ps_shard;
 pub mod serving;
 pub mod snapshot;
@@ -23,5 +24,6 @@ pub mod table;
 mod test_dir;
 pub mod values;
 pub mod wire16;
+pub mod worker;
 
 mod python;

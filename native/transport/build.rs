@@ -6,7 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY (of the environment): a build script is single-threaded; tonic-prost-build reads PROTOC.
     unsafe { std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?) };
     tonic_prost_build::configure()
-        .build_client(false)
+        .build_client(true)
         .bytes(".")
         .codec_path("crate::codec::LenientCodec")
         .compile_protos(&[proto], &["../../proto"])?;

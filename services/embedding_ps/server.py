@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -35,8 +33,6 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from fastapi import HTTPException, status
 from prometheus_client import REGISTRY, Counter, Gauge
-from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.registry import Collector
 
 import trillium_native
 from trillium.config import GRPC_MAX_MESSAGE_BYTES
@@ -53,16 +49,20 @@ from trillium.runtime.forget import ShardForgetRequest, ShardForgetResult
 from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.memory import PS_MMAP_THRESHOLD, PS_TRIM_THRESHOLD
 from trillium.runtime.model_store import ExportRequest, ModelStore
+from trillium.runtime.native_metrics import Counts, NativeHistograms
 from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service
 from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
 from trillium.wire import codec, kafka, rpc, state
-from trillium.wire.batch import GradientUpdate
 from trillium.wire.kafka import KafkaConnection
 from trillium.wire.pb import embedding_pb2 as pb
 
 from .export import Exporter
+
+# A gradient message as the shard holds it until its step is complete: its bytes (the arrays
+# applied in place), its offset, whether it carries a publish cut.
+_Message = tuple[bytes, int, bool]
 
 logger = logging.getLogger("trillium.embedding_ps")
 
@@ -85,24 +85,6 @@ TRIM_APPLIED_SECONDS = 10.0
 STATS_SECONDS = 1.0  # how often the tables' stats in health reports are read
 
 
-class _LookupSeconds(Collector):
-    """`trillium_ps_lookup_seconds`, the native server's lookup latency histogram, as
-    prometheus_client exports a Histogram (its buckets, `_sum`, `_count`)."""
-
-    def __init__(self, ps: EmbeddingPS) -> None:
-        self.ps = ps
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily("trillium_ps_lookup_seconds", "PS lookup latency", labels=["shard"])
-        server = self.ps.grpc_server
-        if server is not None:
-            count, seconds, counts = server.lookup_metrics()
-            bounds = [*(repr(b) for b in trillium_native.ShardServer.buckets()), "+Inf"]
-            buckets = list(zip(bounds, itertools.accumulate(counts), strict=True))
-            family.add_metric([str(self.ps.settings.index)], buckets, seconds)
-        yield family
-
-
 class EmbeddingPS(Service):
     role = "embedding_ps"
     # Fetches of gradients (MBs, of varying sizes) come and go: mapped, and given back when freed;
@@ -115,7 +97,10 @@ class EmbeddingPS(Service):
     def __init__(self, settings) -> None:
         self.grpc_server: trillium_native.ShardServer | None = None
         self._store: trillium_native.EmbeddingStore | None = None
-        self._lookup_seconds = _LookupSeconds(self)
+        self._lookup_seconds = NativeHistograms(
+            {"trillium_ps_lookup_seconds": ("PS lookup latency", self._read_lookup_seconds)},
+            {"shard": str(settings.index)},
+        )
         super().__init__(settings)
         self.disk_tier = False  # a table of the job spills to disk
         # The tables' stats as of the last second, for health reports: reading them takes each
@@ -130,6 +115,9 @@ class EmbeddingPS(Service):
         self._exporter: Exporter | None = None  # this attempt's model exports, when the job publishes
         # Where the latest captures stood, by (attempt, step): a delta's starting points.
         self._marks: dict[tuple[int, int], trillium_native.CaptureMark] = {}
+
+    def _read_lookup_seconds(self) -> Counts | None:
+        return self.grpc_server.lookup_metrics() if self.grpc_server is not None else None
 
     @property
     def store(self) -> trillium_native.EmbeddingStore | None:
@@ -278,7 +266,7 @@ class EmbeddingPS(Service):
         self._position = position
         consumer.seek(partition, position)
         # A step's updates, by rank, until every rank's has arrived (see _apply_steps).
-        pending: dict[int, dict[int, tuple[GradientUpdate, int, bool]]] = {}
+        pending: dict[int, dict[int, _Message]] = {}
         next_step = last_step + 1
         self.set_job_phase("ready")
         # Offsets and lag are bookkeeping, not on the training path: every 2 s, beside it.
@@ -289,14 +277,14 @@ class EmbeddingPS(Service):
         try:
             while True:
                 records = (await kafka.fetch(consumer, partition, timeout_ms=200, max_records=64)).get(partition, [])
-                complete: list[tuple[int, dict[int, tuple[GradientUpdate, int, bool]]]] = []
+                complete: list[tuple[int, dict[int, _Message]]] = []
                 for record in records:
                     if kafka.attempt_of(record.headers) != job.attempt:
                         continue  # in flight when an earlier attempt was abandoned
-                    update = codec.decode_gradients(record.value)
-                    entry = (update, record.offset, kafka.publishes(record.headers))
-                    for rank in update.ranks:  # an embedding worker's message holds its ranks' gradients
-                        pending.setdefault(update.step, {})[rank] = entry
+                    message_ranks, step = codec.gradients_meta(record.value)
+                    entry = (record.value, record.offset, kafka.publishes(record.headers))
+                    for rank in message_ranks:  # an embedding worker's message holds its ranks' gradients
+                        pending.setdefault(step, {})[rank] = entry
                     next_step = _take_complete(pending, next_step, ranks, complete)
                 if complete:
                     await self._apply_steps(store, complete, progress)
@@ -414,7 +402,7 @@ class EmbeddingPS(Service):
     async def _apply_steps(
         self,
         store: trillium_native.EmbeddingStore,
-        steps: list[tuple[int, dict[int, tuple[GradientUpdate, int, bool]]]],
+        steps: list[tuple[int, dict[int, _Message]]],
         progress: JobProgress,
     ) -> None:
         """Apply the steps a fetch completed, in order: each step's gradients of every rank as one
@@ -428,7 +416,7 @@ class EmbeddingPS(Service):
             group, steps = steps[: cut + 1], steps[cut + 1 :]
             last, updates = group[-1]
             messages = [_messages(u) for _, u in group]
-            ordered = [[update for update, _, _ in step] for step in messages]
+            ordered = [[message for message, _, _ in step] for step in messages]
             async with self._apply_lock:
                 # On the loop, as a lookup is: an update in RAM takes less than a hop to a worker
                 # thread and back. One that reads rows back from a disk tier may wait on the disk.
@@ -452,16 +440,10 @@ class EmbeddingPS(Service):
             await progress.set_applied_all(self.settings.index, len(updates), last, ledger)
 
     @staticmethod
-    def _apply(store: trillium_native.EmbeddingStore, steps: list[list[GradientUpdate]]) -> int:
-        rows = 0
-        for updates in steps:
-            for table in updates[0].tables:
-                parts = [u.tables[table] for u in updates if len(u.tables[table][0])]
-                if parts:
-                    ids = np.concatenate([ids for ids, _ in parts])
-                    grads = np.concatenate([grads for _, grads in parts])
-                    rows += store.update(table, ids, grads)  # duplicate IDs are summed, in this order
-        return rows
+    def _apply(store: trillium_native.EmbeddingStore, steps: list[list[bytes]]) -> int:
+        # Each step's messages in rank order, one optimizer update per table of them all: their
+        # arrays read in place and applied natively (duplicate IDs summed in this order).
+        return trillium_native.apply_gradients(store, steps)
 
 
 def _take_complete(
@@ -479,7 +461,7 @@ def _take_complete(
     return next_step
 
 
-def _messages(step: dict[int, tuple[GradientUpdate, int, bool]]) -> list[tuple[GradientUpdate, int, bool]]:
+def _messages(step: dict[int, _Message]) -> list[_Message]:
     """A step's messages by rank, each once (one holds the gradients of every rank an embedding
     worker serves), in rank order."""
     return list({id(entry): entry for _, entry in sorted(step.items())}.values())

@@ -47,7 +47,7 @@ from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, Release
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
 from trillium.runtime.process import run_service
-from trillium.runtime.progress import JobProgress, StepTiming
+from trillium.runtime.progress import JobProgress, StalenessCounts, StepTiming
 from trillium.runtime.service import Service, describe_error
 from trillium.runtime.storage import StorageDir
 from trillium.train import progressive_validation
@@ -91,6 +91,7 @@ class _Attempt:
     streams: list[rpc.OrderedStream] = field(default_factory=list)  # to the embedding worker, closed at the end
     timing: dict[str, float] = field(default_factory=lambda: {"lookup_wait": 0.0, "step": 0.0, "cut": 0.0})
     timed_steps: int = 0  # the steps `timing` covers: this attempt's
+    staleness: StalenessCounts = field(default_factory=StalenessCounts)  # training lookups' since the last report
 
 
 def _bind(device: torch.device) -> None:
@@ -293,12 +294,15 @@ class NNWorker(Service):
         else:
             topic, position, group_id = job.topics.samples, run.state.position, f"{job.id}.nn"
 
-        def lookup(raw: bytes):
+        async def lookup(raw: bytes) -> pb.BatchLookupResponse:
             if evaluation:  # the tables as every step trained left them
                 request = pb.BatchLookupRequest(batch=raw, attempt=job.attempt, training=False, applied=run.state.step)
-            else:
-                request = pb.BatchLookupRequest(batch=raw, attempt=job.attempt, training=True, fp16=wire16)
-            return lookups(request)
+                return await lookups(request)
+            request = pb.BatchLookupRequest(batch=raw, attempt=job.attempt, training=True, fp16=wire16)
+            response = await lookups(request)
+            # Counted as it is answered (prefetched or not), as the worker answered it.
+            run.staleness.add(response.staleness)
+            return response
 
         return Feed(
             self.settings.kafka,
@@ -321,6 +325,7 @@ class NNWorker(Service):
             run.next_scores = now + 1.0
             summary = run.scores.summary() | {"delays": list(run.delays)[-DELAYS_REPORTED:]}
             await run.progress.set_progressive(self.settings.index, summary)
+        await run.progress.record_staleness(self.settings.index, run.staleness)
         await run.progress.set_training(
             self.settings.index,
             samples=s.trained,
@@ -359,7 +364,10 @@ class NNWorker(Service):
                 if control.paused:
                     await self._report_progress(run)  # the job view shows where it holds
                 while control.paused:
-                    self.holding = {"step": s.step, "lookups_settled": feed.settled}
+                    settled = feed.settled
+                    if settled:  # every lookup ahead answered: its staleness recorded before the rank says so
+                        await run.progress.record_staleness(rank, run.staleness)
+                    self.holding = {"step": s.step, "lookups_settled": settled}
                     if control.seq > s.seq and s.step > 0:
                         await self._cut(run, "request", control.seq)
                     await asyncio.sleep(0.2)

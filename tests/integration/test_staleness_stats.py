@@ -1,10 +1,10 @@
-"""A rank's staleness statistics in the real Redis, as the embedding worker records them with
-each lookup and the coordinator reads them: one script call per lookup, which survives a Redis
-that lost its scripts (a restart)."""
+"""A rank's staleness statistics in the real Redis, as the NN rank records them (what its lookups
+saw since its last progress report) and the coordinator reads them: one script call a report, which
+survives a Redis that lost its scripts (a restart)."""
 
 from __future__ import annotations
 
-from trillium.runtime.progress import STALENESS_BUCKETS, JobProgress
+from trillium.runtime.progress import STALENESS_BUCKETS, JobProgress, StalenessCounts
 from trillium.wire import state
 
 
@@ -15,11 +15,16 @@ async def test_each_lookups_staleness_lands_in_its_ranks_histogram_count_mean_an
         writer, reader = JobProgress(redis, "stale-job"), JobProgress(redis, "stale-job")
         await reader.set_bound(None)
         observed = {0: [0, 3, 1, 3, 40], 1: [2]}
-        for rank, values in observed.items():
-            for n, staleness in enumerate(values):
-                if n == 2:  # as after a Redis restart: the scripts are gone, recording goes on
+        reports = {0: [[0, 3], [1, 3, 40], []], 1: [[2]]}  # rank 0's in three reports, the last with none
+        for rank, parts in reports.items():
+            counts = StalenessCounts()
+            for n, values in enumerate(parts):
+                if n == 1:  # as after a Redis restart: the scripts are gone, recording goes on
                     await redis.script_flush()
-                await writer.record_staleness(rank, staleness)
+                for staleness in values:
+                    counts.add(staleness)
+                await writer.record_staleness(rank, counts)
+                assert counts.take() is None  # recorded once
         stats = await reader.staleness(ranks=3)
         for rank, values in observed.items():
             histogram = [0] * STALENESS_BUCKETS

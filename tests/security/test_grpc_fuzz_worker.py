@@ -1,66 +1,37 @@
 """Property-based fuzzing of an embedding worker's gRPC surface, LookupBatches and PushGradients:
-the servicer and the pooling it runs, over a real server on loopback, for the tiny job's layout
-(the PS shards behind it replaced by rows of zeros, so that only what the worker does with a
-request is under test). Batches that are no batch, batches whose slots, IDs or shapes are not the
-job's, and gradients of the wrong shape, dtype or count are answered with a clear code
-(INVALID_ARGUMENT, or NOT_FOUND for gradients of embeddings never handed out), never INTERNAL or
-UNKNOWN; and a good lookup and its push answer as before."""
+its native plane (trillium_native.WorkerServer) over real PS shards on loopback, for the tiny job's
+layout, serving ranks 0 and 1 of attempt 3. Batches that are no batch, batches whose slots, IDs or
+shapes are not the job's, and gradients of the wrong shape, dtype or count are answered with a
+clear code (INVALID_ARGUMENT, or NOT_FOUND for gradients of embeddings never handed out), never
+INTERNAL or UNKNOWN; and a good lookup and its push answer as before."""
 
 from __future__ import annotations
-
-import asyncio
 
 import grpc
 import numpy as np
 import pytest
-from grpc_in_thread import channel_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_record import tiny_record, worker_context
+from tiny_record import tiny_record
+from worker_oracle import pooled_oracle
+from worker_plane import METADATA, shard_servers, tiny_shards, worker_plane
 
-from trillium.services.embedding_worker.server import _Servicer
 from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
 from trillium.wire.pb import embedding_pb2 as pb
-from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
-TOKEN = "the-stack-token-0123456789"
 ATTEMPT = 3
 SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingWorker"].full_name
 CLEAR = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
-METADATA = (("authorization", f"Bearer {TOKEN}"),)
-
-
-class Worker:
-    """What the servicer reads of its embedding worker: the tiny job's context (attempt 3, ranks 0
-    and 1), rows of zeros for every lookup, and the pushes it was handed."""
-
-    name = "embedding_worker-0"
-
-    def __init__(self) -> None:
-        job = tiny_record("running", ATTEMPT)
-        self.dims = {name: table.dim for name, table in job.config.tables.items()}
-        self.ctx = worker_context(job)
-        self.pushed: list[int] = []
-
-    async def wait_for_staleness(self, ctx, batch_id: int) -> int:
-        return 0
-
-    async def lookup_rows(self, ctx, plan, *, evaluation: bool = False, fp16: bool = False) -> dict[str, np.ndarray]:
-        return {t: np.zeros((len(p.ids), self.dims[t]), dtype=np.float32) for t, p in plan.tables.items()}
-
-    async def push_gradients(self, ctx, ref, plan, grads, publish: bool) -> asyncio.Future[int]:
-        self.pushed.append(ref.batch_id)
-        sent = asyncio.get_running_loop().create_future()
-        sent.set_result(len(grads))
-        return sent
 
 
 @pytest.fixture(scope="module")
 def server():
-    worker = Worker()
-    with channel_to(lambda s: pb_grpc.add_EmbeddingWorkerServicer_to_server(_Servicer(worker), s), TOKEN) as channel:
-        yield worker, channel
+    stores = tiny_shards()
+    # One rank served, so that each push is a step of its own, answered at once.
+    with shard_servers(stores) as ports, worker_plane(tiny_record("running", ATTEMPT), ports, ranks=[0]) as plane:
+        with grpc.insecure_channel(f"127.0.0.1:{plane.server.port}") as channel:
+            yield plane, stores, channel
 
 
 def call(channel: grpc.Channel, method: str, payload: bytes) -> tuple[grpc.StatusCode, bytes | None]:
@@ -119,7 +90,7 @@ def lookups(draw) -> bytes:
 
 
 def test_bytes_that_are_no_request_are_invalid_argument(server) -> None:
-    _, channel = server
+    *_, channel = server
     for method in ("LookupBatches", "PushGradients"):
         for garbage in (b"\xff" * 7, b"\x0a\xff\xff\xff\xff\x0f", bytes(range(256))):
             assert call(channel, method, garbage)[0] == grpc.StatusCode.INVALID_ARGUMENT, (method, garbage)
@@ -128,7 +99,7 @@ def test_bytes_that_are_no_request_are_invalid_argument(server) -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payload=lookups())
 def test_lookups_of_batches_that_are_not_the_jobs_are_refused_clearly(server, payload: bytes) -> None:
-    _, channel = server
+    *_, channel = server
     code, _ = call(channel, "LookupBatches", payload)
     assert code in CLEAR, code
 
@@ -144,8 +115,8 @@ def test_lookups_of_batches_that_are_not_the_jobs_are_refused_clearly(server, pa
 def test_gradients_of_the_wrong_shape_dtype_or_batch_are_refused_clearly(
     server, rows: int, columns: int, dtype: str, extra_slot: bool, known: bool
 ) -> None:
-    worker, channel = server
-    batch_id = 2 * len(worker.pushed) + 10_000_000
+    plane, _, channel = server
+    batch_id = 2 * len(plane.steps) + 10_000_000
     code, reply = call(channel, "LookupBatches", lookup(batch(batch_id, 0, tiny_ids(4, batch_id), 4)))
     assert code == grpc.StatusCode.OK, code
     ref = pb.BatchLookupResponse.FromString(reply).ref
@@ -162,14 +133,17 @@ def test_gradients_of_the_wrong_shape_dtype_or_batch_are_refused_clearly(
 
 
 def test_a_good_lookup_and_push_answer_as_before(server) -> None:
-    worker, channel = server
-    pushed = len(worker.pushed)
-    code, reply = call(channel, "LookupBatches", lookup(batch(42, 0, tiny_ids(4, 42), 4)))
+    plane, stores, channel = server
+    pushed = len(plane.steps)
+    ids = tiny_ids(4, 42)
+    code, reply = call(channel, "LookupBatches", lookup(batch(42, 0, ids, 4)))
     assert code == grpc.StatusCode.OK, code
     answer = pb.BatchLookupResponse.FromString(reply)
     pooled = codec.unpack_array(answer.pooled.data)
-    assert pooled.shape == (4, sum(answer.widths)) and not pooled.any()
+    assert pooled.shape == (4, sum(answer.widths))
+    np.testing.assert_allclose(pooled, pooled_oracle(stores, ids, size=4), rtol=1e-6, atol=1e-7)
     push = pb.PushGradientsRequest(ref=answer.ref, pooled=pb.Array(data=codec.pack_array(np.ones_like(pooled))))
     code, reply = call(channel, "PushGradients", push.SerializeToString())
     assert code == grpc.StatusCode.OK, code
-    assert pb.PushGradientsResponse.FromString(reply).messages == 2 and worker.pushed[pushed:] == [42]
+    assert pb.PushGradientsResponse.FromString(reply).messages == 2
+    assert [step for _, step, *_ in plane.steps[pushed:]] == [21]  # batch 42 of 2 ranks' steps

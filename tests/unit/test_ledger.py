@@ -18,6 +18,7 @@ from trillium.data import load_job
 from trillium.runtime.checkpoint import CheckpointDir, Manifest, PartFile, ledger_file
 from trillium.runtime.ledger import GradientLedger
 from trillium.services.embedding_ps.server import EmbeddingPS
+from trillium.wire import codec
 from trillium.wire.batch import GradientUpdate
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
@@ -124,7 +125,8 @@ def _step(step: int) -> list:
     ids = np.array([step % 7, 100 + step], np.uint64)
     grads = np.full((2, 4), 0.1, np.float32)
     update = GradientUpdate(ranks=(0, 1), step=step, epoch=0, shard=0, tables={"a": (ids, grads)})
-    return [(step, {0: (update, step, False), 1: (update, step, False)})]
+    message = codec.encode_gradients(update)  # as it comes off the gradients topic
+    return [(step, {0: (message, step, False), 1: (message, step, False)})]
 
 
 async def _train(ps: EmbeddingPS, store, progress: _Progress, steps: range) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,16 +31,50 @@ logger = logging.getLogger("trillium.runtime.progress")
 
 # Staleness histogram buckets: 0, 1, ..., 15, and "16+" (unbounded async can go far).
 STALENESS_BUCKETS = 17
-# KEYS[1]: a rank's staleness hash; ARGV: the bucket's field, the staleness.
+# KEYS[1]: a rank's staleness hash; ARGV: the lookups' count, sum and max, then pairs of a
+# bucket's field and its lookups.
 RECORD_STALENESS = """
-redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-redis.call('HINCRBY', KEYS[1], 'count', 1)
+redis.call('HINCRBY', KEYS[1], 'count', ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'sum', ARGV[2])
-if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') then
-    redis.call('HSET', KEYS[1], 'max', ARGV[2])
+if tonumber(ARGV[3]) > tonumber(redis.call('HGET', KEYS[1], 'max') or '-1') then
+    redis.call('HSET', KEYS[1], 'max', ARGV[3])
+end
+for i = 4, #ARGV, 2 do
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 return 0
 """
+
+
+class StalenessCounts:
+    """A rank's training lookups' staleness since it last reported them (`JobProgress.record_staleness`)."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.buckets = [0] * STALENESS_BUCKETS
+        self.count = self.total = self.max = 0
+
+    def add(self, staleness: int) -> None:
+        self.buckets[min(staleness, STALENESS_BUCKETS - 1)] += 1
+        self.count += 1
+        self.total += staleness
+        self.max = max(self.max, staleness)
+
+    def take(self) -> tuple[int, int, int, list[int]] | None:
+        """(count, sum, max, per bucket) of the lookups since the last take, and none are left; None if none."""
+        if not self.count:
+            return None
+        taken = (self.count, self.total, self.max, self.buckets)
+        self._reset()
+        return taken
+
+    def restore(self, taken: tuple[int, int, int, list[int]]) -> None:
+        """Put back what a take took (its recording failed): counted with the next ones."""
+        count, total, maximum, buckets = taken
+        self.count, self.total, self.max = self.count + count, self.total + total, max(self.max, maximum)
+        self.buckets = [a + b for a, b in zip(self.buckets, buckets, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -121,8 +156,10 @@ class JobProgress:
         found = await pipe.execute()
         return {a: {int(s): json.loads(v) for s, v in raw.items()} for a, raw in enumerate(found) if raw}
 
-    def watermark(self, shards: int, ranks: int) -> "AppliedWatermark":
-        return AppliedWatermark(self, shards, ranks)
+    def watermark(
+        self, shards: int, ranks: int, on_change: Callable[["AppliedWatermark"], None] | None = None
+    ) -> "AppliedWatermark":
+        return AppliedWatermark(self, shards, ranks, on_change=on_change)
 
     # ---- the staleness bound (live-changeable) -------------------------------------------
     async def set_bound(self, bound: int | None) -> None:
@@ -132,13 +169,22 @@ class JobProgress:
         raw = await self.redis.get(self._bound)
         return None if raw in (None, "inf") else int(raw)
 
-    async def record_staleness(self, rank: int, staleness: int) -> None:
-        """One lookup's staleness into the rank's histogram, count, sum and max: one script call
-        (EVALSHA) per lookup, not four commands."""
+    async def record_staleness(self, rank: int, counts: StalenessCounts) -> None:
+        """The lookups' staleness a rank saw since it last recorded them (`counts`, taken) into its
+        histogram, count, sum and max: one script call (EVALSHA), with each of the rank's progress
+        reports, not one per lookup."""
+        taken = counts.take()
+        if taken is None:
+            return
+        count, total, maximum, buckets = taken
         if self._record_staleness is None:
             self._record_staleness = self.redis.register_script(RECORD_STALENESS)
-        bucket = min(staleness, STALENESS_BUCKETS - 1)
-        await self._record_staleness(keys=[f"{self._staleness}:{rank}"], args=[f"b{bucket}", staleness])
+        pairs = [x for b, n in enumerate(buckets) if n for x in (f"b{b}", n)]
+        try:
+            await self._record_staleness(keys=[f"{self._staleness}:{rank}"], args=[count, total, maximum, *pairs])
+        except BaseException:
+            counts.restore(taken)
+            raise
 
     async def staleness(self, ranks: int) -> dict[int, StalenessStats]:
         bound = await self.bound()
@@ -282,15 +328,25 @@ class AppliedWatermark:
     It follows the PS shards' announcements (pub/sub, so a waiting lookup wakes as soon
     as the gradients it waits for are applied) and re-reads the hash and the bound every
     `refresh_s` — pub/sub drops messages while disconnected, and the bound changes live.
+    `on_change(watermark)` is called after each change (the embedding worker's native gate
+    follows it so).
     """
 
-    def __init__(self, progress: JobProgress, shards: int, ranks: int, refresh_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        progress: JobProgress,
+        shards: int,
+        ranks: int,
+        refresh_s: float = 0.1,
+        on_change: Callable[["AppliedWatermark"], None] | None = None,
+    ) -> None:
         self.progress = progress
         self.cells = [(s, r) for s in range(shards) for r in range(ranks)]
         self.last: dict[tuple[int, int], int] = {}
         self.bound: int | None = None
         self.loaded = False  # no lookup passes before the bound is known
         self.refresh_s = refresh_s
+        self._on_change = on_change
         self._changed = asyncio.Condition()
 
     @property
@@ -305,6 +361,8 @@ class AppliedWatermark:
             if bound is not ...:
                 self.bound, self.loaded = bound, True
             self._changed.notify_all()
+        if self._on_change is not None:
+            self._on_change(self)
 
     async def run(self) -> None:
         """Follow the announcements until cancelled, through Redis restarts (the hash is

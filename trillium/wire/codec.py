@@ -35,6 +35,7 @@ __all__ = [
     "encode_batch",
     "encode_gradients",
     "from_fp16",
+    "gradients_meta",
     "pack_array",
     "to_fp16",
     "unpack_array",
@@ -284,6 +285,21 @@ def decode_gradients(data: BytesLike) -> GradientUpdate:
         return GradientUpdate(ranks=ranks, step=step, epoch=epoch, shard=shard, tables=per_table)
     except (ValueError, TypeError) as e:  # TypeError: an unhashable table name
         raise CodecError(f"invalid gradients message: {e}") from None
+
+
+def gradients_meta(data: BytesLike) -> tuple[tuple[int, ...], int]:
+    """The ranks and the step of an `encode_gradients` message, from its header: a PS shard's
+    bookkeeping reads no more of it (its native core applies the arrays as they are:
+    `trillium_native.apply_gradients`, which checks them as `decode_gradients` does)."""
+    meta, _ = _decode(data, "gradients")
+    ranks, step = _meta_fields(
+        meta, "ranks", "step", "epoch", "shard", "tables", "counts", "dims", optional=("scale",)
+    )[:2]
+    if not (isinstance(ranks, list) and ranks and all(isinstance(r, int) and r >= 0 for r in ranks)):
+        raise CodecError(f"corrupt gradients message: ranks {ranks!r}")
+    if not (isinstance(step, int) and step >= 0):
+        raise CodecError(f"corrupt gradients message: step {step!r}")
+    return tuple(ranks), step
 
 
 def pack_array(array: np.ndarray) -> bytes:

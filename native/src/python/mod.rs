@@ -1,5 +1,5 @@
 //! PyO3 bindings, one module per area (store, captures, forgetting IDs in files, hashing, text
-//! cells, pooling, serving, events, the join, the wire's fp16, a PS shard's gRPC server); this one registers them and
+//! cells, pooling, serving, events, the join, the wire's fp16, a PS shard's and an embedding worker's gRPC servers); this one registers them and
 //! holds the helpers they share. Every batched call releases the GIL and runs on the store's
 //! own rayon pool; every entry point catches panics and maps errors to ValueError /
 //! TypeError / KeyError / OSError.
@@ -28,6 +28,7 @@ mod store;
 mod store_tables;
 mod task_join;
 mod wire16;
+mod worker_server;
 
 pub(crate) fn to_py(e: StoreError) -> PyErr {
     match e {
@@ -138,6 +139,7 @@ pub(crate) fn nonneg(v: i64, what: &str) -> PyResult<u64> {
 fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<ps_server::PyShardServer>()?;
+    m.add_class::<worker_server::PyWorkerServer>()?;
     m.add_class::<snapshot::PyCapture>()?;
     m.add_class::<snapshot::PyCaptureMark>()?;
     m.add_class::<pooling::PyLayout>()?;
@@ -146,6 +148,7 @@ fn trillium_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::PyEventDecoder>()?;
     m.add_class::<join::PyEventJoin>()?;
     m.add_class::<task_join::PyTaskJoin>()?;
+    m.add_function(wrap_pyfunction!(store_tables::apply_gradients, m)?)?;
     m.add_function(wrap_pyfunction!(hash::shard_of, m)?)?;
     m.add_function(wrap_pyfunction!(hash::hash_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hash::kafka_partitions, m)?)?;

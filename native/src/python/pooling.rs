@@ -20,7 +20,7 @@ use crate::pooling::{Layout, Plan, Pooling, Slot, SlotGrad};
 /// The job's feature slots over its tables and PS shards.
 #[pyclass(name = "PoolingLayout", module = "trillium_native", frozen)]
 pub struct PyLayout {
-    layout: Arc<Layout>,
+    pub(crate) layout: Arc<Layout>,
 }
 
 #[pymethods]
@@ -116,7 +116,7 @@ impl PyLayout {
 /// occurrence goes. Read-only; `pool` and `scatter` may run from several threads.
 #[pyclass(name = "PoolingPlan", module = "trillium_native", frozen)]
 pub struct PyPlan {
-    layout: Arc<Layout>,
+    pub(crate) layout: Arc<Layout>,
     /// Its `ids` were moved into the numpy arrays of `ids`.
     plan: Plan,
     ids: Vec<Py<PyArray1<u64>>>,

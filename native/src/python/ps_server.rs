@@ -12,6 +12,40 @@ use trillium_transport::server::{serve_ps, RunningServer, ServerConfig};
 use super::store::PyStore;
 use crate::ps_shard::ServedStore;
 
+/// A gRPC server's settings from its binding's arguments (the stack's token, TLS, limits).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn server_config(
+    host: String,
+    port: u16,
+    token: String,
+    tls_cert: Option<Vec<u8>>,
+    tls_key: Option<Vec<u8>>,
+    max_message_bytes: usize,
+    keepalive_s: f64,
+    keepalive_timeout_s: f64,
+) -> PyResult<ServerConfig> {
+    let tls = match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err(PyRuntimeError::new_err("TLS needs both a certificate and a key")),
+    };
+    Ok(ServerConfig {
+        host,
+        port,
+        token,
+        tls,
+        max_message_bytes,
+        keepalive: Duration::from_secs_f64(keepalive_s),
+        keepalive_timeout: Duration::from_secs_f64(keepalive_timeout_s),
+    })
+}
+
+/// (calls answered, their seconds, the count of each of `LATENCY_BUCKETS`' buckets and of +Inf).
+pub(super) fn histogram(m: &LookupMetrics) -> (u64, f64, Vec<u64>) {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    (load(&m.count), load(&m.nanos) as f64 / 1e9, m.buckets.iter().map(load).collect())
+}
+
 /// A PS shard's `EmbeddingParameterServer` (lookups, stats) on its own thread.
 #[pyclass(name = "ShardServer", module = "trillium_native", frozen)]
 pub struct PyShardServer {
@@ -46,11 +80,6 @@ impl PyShardServer {
         keepalive_s: f64,
         keepalive_timeout_s: f64,
     ) -> PyResult<Self> {
-        let tls = match (tls_cert, tls_key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => return Err(PyRuntimeError::new_err("TLS needs both a certificate and a key")),
-        };
         let notify = move |error: &str| {
             Python::attach(|py| {
                 if let Err(e) = on_failure.call1(py, (error,)) {
@@ -60,15 +89,8 @@ impl PyShardServer {
         };
         let served = Arc::new(ServedStore::new(name, shard, Box::new(notify)));
         let metrics = Arc::new(LookupMetrics::default());
-        let config = ServerConfig {
-            host,
-            port,
-            token,
-            tls,
-            max_message_bytes,
-            keepalive: Duration::from_secs_f64(keepalive_s),
-            keepalive_timeout: Duration::from_secs_f64(keepalive_timeout_s),
-        };
+        let config =
+            server_config(host, port, token, tls_cert, tls_key, max_message_bytes, keepalive_s, keepalive_timeout_s)?;
         let running = py.detach(|| serve_ps(config, served.clone(), metrics.clone())).map_err(PyOSError::new_err)?;
         let port = running.port;
         Ok(Self { served, metrics, running: Mutex::new(Some(running)), port })
@@ -88,9 +110,7 @@ impl PyShardServer {
 
     /// (lookups answered, their seconds, the count of each of `buckets()`'s buckets and of +Inf).
     fn lookup_metrics(&self) -> (u64, f64, Vec<u64>) {
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        let m = &self.metrics;
-        (load(&m.count), load(&m.nanos) as f64 / 1e9, m.buckets.iter().map(load).collect())
+        histogram(&self.metrics)
     }
 
     /// The latency buckets' upper bounds, in seconds.

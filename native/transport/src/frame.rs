@@ -48,22 +48,37 @@ pub struct ArrayRef<'a> {
 }
 
 impl<'a> ArrayRef<'a> {
-    /// The values as `u64` if the dtype is numpy's little-endian uint64 (`<u8`, `=u8` on this
-    /// little-endian wire), copied only where the frame left them unaligned.
+    /// The values as `u64` if the dtype is numpy's little-endian uint64, one-dimensional.
     pub fn u64s(&self, what: &str) -> Result<std::borrow::Cow<'a, [u64]>, FrameError> {
-        if !matches!(self.dtype.as_str(), "<u8" | "=u8") {
-            return bad(format!("{what} must be uint64, got an array of dtype {:?}", self.dtype));
-        }
+        self.one_dimensional(what)?;
+        self.typed::<u64>(what)
+    }
+
+    fn one_dimensional(&self, what: &str) -> Result<(), FrameError> {
         if self.shape.len() != 1 {
             return bad(format!("{what} must be 1-dimensional, got shape {:?}", self.shape));
         }
+        Ok(())
+    }
+
+    /// The values as `T` if the dtype is `T`'s (little-endian, or native on this little-endian
+    /// wire), of any shape, copied only where the frame left them unaligned.
+    pub fn typed<T: PlainElem>(&self, what: &str) -> Result<std::borrow::Cow<'a, [T]>, FrameError> {
+        let native = format!("={}", &T::DTYPE[1..]);
+        if self.dtype != T::DTYPE && self.dtype != native {
+            return bad(format!("{what} must be {}, got an array of dtype {:?}", T::NAME, self.dtype));
+        }
         let data: &'a [u8] = self.data;
-        // SAFETY: u64 has no invalid bit patterns; align_to yields an aligned middle only.
-        let (head, middle, tail) = unsafe { data.align_to::<u64>() };
+        // SAFETY: T is a plain number (PlainElem), with no invalid bit patterns; align_to
+        // yields an aligned middle only.
+        let (head, middle, tail) = unsafe { data.align_to::<T>() };
         if head.is_empty() && tail.is_empty() {
             return Ok(std::borrow::Cow::Borrowed(middle));
         }
-        let owned = data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        let size = std::mem::size_of::<T>();
+        let mut owned = vec![T::default(); data.len() / size];
+        // SAFETY: `owned` holds exactly data.len() bytes of T, which any bytes make valid.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), owned.as_mut_ptr().cast::<u8>(), data.len()) };
         Ok(std::borrow::Cow::Owned(owned))
     }
 }
@@ -78,8 +93,22 @@ fn itemsize(dtype: &str) -> Option<usize> {
     size.parse::<usize>().ok().filter(|s| matches!(s, 1 | 2 | 4 | 8 | 16))
 }
 
-/// The array of a frame `pack_array` wrote (or `ArrayWriter`), checked as codec.py checks it.
-pub fn read_array(frame: &[u8]) -> Result<ArrayRef<'_>, FrameError> {
+/// A frame's header and arrays, in place.
+pub struct Frame<'a> {
+    /// The header's `meta` map.
+    pub meta: Vec<(Value, Value)>,
+    pub arrays: Vec<ArrayRef<'a>>,
+}
+
+impl Frame<'_> {
+    /// A `meta` field, if present.
+    pub fn field(&self, name: &str) -> Option<&Value> {
+        self.meta.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v)
+    }
+}
+
+/// A frame of `kind` (`batch`, `gradients`, `array`), checked as codec.py's `_decode` checks it.
+pub fn read_frame<'a>(frame: &'a [u8], kind: &str) -> Result<Frame<'a>, FrameError> {
     if frame.len() < PREFIX {
         return bad(format!("message too short ({} bytes) to be a Trillium message", frame.len()));
     }
@@ -104,18 +133,20 @@ pub fn read_array(frame: &[u8]) -> Result<ArrayRef<'_>, FrameError> {
     if entries.len() != 3 {
         return bad("corrupt message header: expected keys kind, meta, arrays");
     }
-    let (Some(kind), Some(meta), Some(arrays)) = (field("kind"), field("meta"), field("arrays")) else {
+    let (Some(found), Some(meta), Some(arrays)) = (field("kind"), field("meta"), field("arrays")) else {
         return bad("corrupt message header: expected keys kind, meta, arrays");
     };
-    if kind.as_str() != Some("array") {
-        return bad(format!("expected a 'array' message, got {kind}"));
+    if found.as_str() != Some(kind) {
+        return bad(format!("expected a '{kind}' message, got {found}"));
     }
-    let (Value::Map(_), Value::Array(arrays)) = (meta, arrays) else {
+    let (Value::Map(meta), Value::Array(arrays)) = (meta, arrays) else {
         return bad("corrupt message header: meta must be a map and arrays a list");
     };
-    let [descriptor] = arrays.as_slice() else {
-        return bad(format!("corrupt array message: expected 1 array, got {}", arrays.len()));
-    };
+    let arrays = arrays.iter().map(|d| array_at(frame, d, header_end)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Frame { meta: meta.clone(), arrays })
+}
+
+fn array_at<'a>(frame: &'a [u8], descriptor: &Value, header_end: usize) -> Result<ArrayRef<'a>, FrameError> {
     let Value::Array(parts) = descriptor else { return bad(format!("corrupt array descriptor {descriptor}")) };
     let [Value::String(dtype), Value::Array(shape), offset] = parts.as_slice() else {
         return bad(format!("corrupt array descriptor {descriptor}"));
@@ -138,7 +169,16 @@ pub fn read_array(frame: &[u8]) -> Result<ArrayRef<'_>, FrameError> {
     Ok(ArrayRef { dtype: dtype.to_owned(), shape, data: &frame[offset as usize..end as usize] })
 }
 
-/// A frame's bytes in 8-byte words: the rows written into it are aligned for any element type.
+/// The array of a frame `pack_array` wrote (or `ArrayWriter`), checked as codec.py checks it.
+pub fn read_array(frame: &[u8]) -> Result<ArrayRef<'_>, FrameError> {
+    let mut frame = read_frame(frame, "array")?;
+    if frame.arrays.len() != 1 {
+        return bad(format!("corrupt array message: expected 1 array, got {}", frame.arrays.len()));
+    }
+    Ok(frame.arrays.remove(0))
+}
+
+/// A frame's bytes in 8-byte words: the values written into it are aligned for any element type.
 struct Words {
     words: Vec<u64>,
     len: usize,
@@ -151,42 +191,90 @@ impl AsRef<[u8]> for Words {
     }
 }
 
-/// An element the writer's buffer holds: the frame's dtype string for it.
+/// An element a frame's array holds: its dtype string as numpy writes it.
 pub trait FrameElem: Copy + Default {
     const DTYPE: &'static str;
+    /// numpy's name of it, for errors.
+    const NAME: &'static str;
 }
 
 impl FrameElem for f32 {
     const DTYPE: &'static str = "<f4";
+    const NAME: &'static str = "float32";
 }
 
 impl FrameElem for half::f16 {
     const DTYPE: &'static str = "<f2";
+    const NAME: &'static str = "float16";
 }
 
-/// A one-dimensional array frame of `len` values of `T`: the header first, then `values()` to
-/// write them in place, then `finish()` for the wire.
-pub struct ArrayWriter<T: FrameElem> {
+impl FrameElem for u64 {
+    const DTYPE: &'static str = "<u8";
+    const NAME: &'static str = "uint64";
+}
+
+impl FrameElem for i32 {
+    const DTYPE: &'static str = "<i4";
+    const NAME: &'static str = "int32";
+}
+
+/// A number every bit pattern of which is valid: read in place from a frame's bytes.
+pub trait PlainElem: FrameElem {}
+
+impl PlainElem for f32 {}
+impl PlainElem for half::f16 {}
+impl PlainElem for u64 {}
+impl PlainElem for i32 {}
+
+impl FrameElem for bool {
+    const DTYPE: &'static str = "|b1";
+    const NAME: &'static str = "bool";
+}
+
+/// One array of a frame to write: its dtype, item size and shape.
+pub struct ArraySpec {
+    pub dtype: &'static str,
+    pub itemsize: usize,
+    pub shape: Vec<u64>,
+}
+
+impl ArraySpec {
+    pub fn of<T: FrameElem>(shape: Vec<u64>) -> Self {
+        Self { dtype: T::DTYPE, itemsize: std::mem::size_of::<T>(), shape }
+    }
+
+    fn bytes(&self) -> usize {
+        self.shape.iter().product::<u64>() as usize * self.itemsize
+    }
+}
+
+/// A frame of any kind: the header first (its `meta` and the arrays' descriptors), then
+/// `values(i)` to write array `i` in place, then `finish()` for the wire.
+pub struct FrameWriter {
     buf: Words,
-    data_at: usize,
-    len: usize,
-    _elem: std::marker::PhantomData<T>,
+    /// Each array's (offset, bytes).
+    at: Vec<(usize, usize)>,
 }
 
-impl<T: FrameElem> ArrayWriter<T> {
-    pub fn new(len: usize) -> Self {
-        let size = std::mem::size_of::<T>();
-        // The header names its own length's offset: to a fixed point, as codec.py does.
+impl FrameWriter {
+    pub fn new(kind: &str, meta: Value, arrays: &[ArraySpec]) -> Self {
+        // The header names the arrays' offsets, which follow it: to a fixed point, as codec.py does.
         let mut start = aligned(PREFIX);
-        let header = loop {
-            let header = array_header(T::DTYPE, len, start);
+        let (header, at) = loop {
+            let mut at = Vec::with_capacity(arrays.len());
+            let mut offset = start;
+            for a in arrays {
+                at.push((offset, a.bytes()));
+                offset = aligned(offset + a.bytes());
+            }
+            let header = frame_header(kind, meta.clone(), arrays, &at);
             let needed = aligned(PREFIX + header.len());
             if needed <= start {
-                break header;
+                break (header, at);
             }
             start = needed;
         };
-        let total = start + len * size;
+        let total = at.last().map_or(start, |&(o, n)| o + n);
         let mut buf = Words { words: vec![0u64; total.div_ceil(8)], len: total };
         // SAFETY: within the words' bytes, as `as_ref`; the words are this writer's alone.
         let bytes = unsafe { std::slice::from_raw_parts_mut(buf.words.as_mut_ptr().cast::<u8>(), total) };
@@ -194,17 +282,19 @@ impl<T: FrameElem> ArrayWriter<T> {
         bytes[4] = FORMAT_VERSION;
         bytes[5..9].copy_from_slice(&(header.len() as u32).to_le_bytes());
         bytes[PREFIX..PREFIX + header.len()].copy_from_slice(&header);
-        Self { buf, data_at: start, len, _elem: std::marker::PhantomData }
+        Self { buf, at }
     }
 
-    /// The frame's values, zeroed, to write once.
-    pub fn values(&mut self) -> &mut [T] {
-        // SAFETY: `data_at` is a multiple of 64 within the 8-byte-aligned words, `len` values of
-        // T fit after it (`new` sized them so), every bit pattern of zeros is a valid f32/f16,
-        // and `&mut self` keeps the slice unique.
+    /// Array `i`'s values, zeroed, to write once; `T` must be the dtype its spec named.
+    pub fn values<T: FrameElem>(&mut self, i: usize) -> &mut [T] {
+        let (offset, bytes) = self.at[i];
+        assert!(bytes % std::mem::size_of::<T>() == 0, "array {i} holds no whole number of these values");
+        // SAFETY: `offset` is a multiple of 64 within the 8-byte-aligned words, the array's bytes
+        // fit after it (`new` sized them so), zeros are a valid f32/f16/u64/bool, and `&mut self`
+        // keeps the slice unique.
         unsafe {
-            let at = self.buf.words.as_mut_ptr().cast::<u8>().add(self.data_at).cast::<T>();
-            std::slice::from_raw_parts_mut(at, self.len)
+            let at = self.buf.words.as_mut_ptr().cast::<u8>().add(offset).cast::<T>();
+            std::slice::from_raw_parts_mut(at, bytes / std::mem::size_of::<T>())
         }
     }
 
@@ -213,20 +303,48 @@ impl<T: FrameElem> ArrayWriter<T> {
     }
 }
 
-fn array_header(dtype: &str, len: usize, offset: usize) -> Vec<u8> {
+/// The array frame of one array (`pack_array`'s): `FrameWriter` with no meta.
+pub struct ArrayWriter<T: FrameElem> {
+    frame: FrameWriter,
+    _elem: std::marker::PhantomData<T>,
+}
+
+impl<T: FrameElem> ArrayWriter<T> {
+    /// A one-dimensional array of `len` values.
+    pub fn new(len: usize) -> Self {
+        Self::with_shape(vec![len as u64])
+    }
+
+    pub fn with_shape(shape: Vec<u64>) -> Self {
+        let frame = FrameWriter::new("array", Value::Map(vec![]), &[ArraySpec::of::<T>(shape)]);
+        Self { frame, _elem: std::marker::PhantomData }
+    }
+
+    /// The frame's values, zeroed, to write once.
+    pub fn values(&mut self) -> &mut [T] {
+        self.frame.values(0)
+    }
+
+    pub fn finish(self) -> Bytes {
+        self.frame.finish()
+    }
+}
+
+fn frame_header(kind: &str, meta: Value, arrays: &[ArraySpec], at: &[(usize, usize)]) -> Vec<u8> {
+    let descriptors = arrays
+        .iter()
+        .zip(at)
+        .map(|(a, &(offset, _))| {
+            let shape = a.shape.iter().map(|&d| Value::from(d)).collect();
+            Value::Array(vec![Value::from(a.dtype), Value::Array(shape), Value::from(offset as u64)])
+        })
+        .collect();
     let header = Value::Map(vec![
-        (Value::from("kind"), Value::from("array")),
-        (Value::from("meta"), Value::Map(vec![])),
-        (
-            Value::from("arrays"),
-            Value::Array(vec![Value::Array(vec![
-                Value::from(dtype),
-                Value::Array(vec![Value::from(len as u64)]),
-                Value::from(offset as u64),
-            ])]),
-        ),
+        (Value::from("kind"), Value::from(kind)),
+        (Value::from("meta"), meta),
+        (Value::from("arrays"), Value::Array(descriptors)),
     ]);
-    let mut out = Vec::with_capacity(48);
+    let mut out = Vec::with_capacity(64);
     rmpv::encode::write_value(&mut out, &header).expect("a Vec takes every write");
     out
 }

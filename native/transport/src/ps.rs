@@ -85,7 +85,7 @@ pub struct LookupMetrics {
 }
 
 impl LookupMetrics {
-    fn observe(&self, seconds: f64) {
+    pub fn observe(&self, seconds: f64) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.nanos.fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
         let at = LATENCY_BUCKETS.iter().position(|&b| seconds <= b).unwrap_or(LATENCY_BUCKETS.len());

@@ -2,7 +2,7 @@
 //! short, and the machine's cores are the NN ranks'), the stack's token checked on every call,
 //! TLS when configured, the message size and keepalive limits of `trillium/wire/rpc.py`.
 //!
-//! `serve_ps` binds before it returns (a taken port is an error to its caller, not a dead
+//! `serve_ps` and `serve_worker` bind before they return (a taken port is an error to its caller, not a dead
 //! thread), and `RunningServer::stop` ends the server and waits for its thread; dropping the
 //! handle stops it too.
 
@@ -17,8 +17,12 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
 
+use tonic::service::interceptor::InterceptedService;
+
 use crate::pb::embedding_parameter_server_server::EmbeddingParameterServerServer;
+use crate::pb::embedding_worker_server::EmbeddingWorkerServer;
 use crate::ps::{LookupMetrics, PsService, Shard};
+use crate::worker::{Worker, WorkerService};
 
 /// What a server needs of the stack's settings (`trillium.config.GrpcCredentials` and rpc.py's limits).
 pub struct ServerConfig {
@@ -95,12 +99,19 @@ fn bind(host: &str, port: u16) -> Result<StdListener, String> {
     Ok(listener)
 }
 
-/// Serve a PS shard's lookups from `shard` on `config`'s address until stopped.
-pub fn serve_ps<S: Shard>(
-    config: ServerConfig,
-    shard: Arc<S>,
-    metrics: Arc<LookupMetrics>,
-) -> Result<RunningServer, String> {
+/// A server's thread: its runtime, handed out too (the worker's PS streams run on it).
+struct Spawned {
+    running: RunningServer,
+    runtime: tokio::runtime::Handle,
+}
+
+type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// Bind `config`'s address and run `serve(builder, incoming, shutdown)` on a thread of its own.
+fn spawn(
+    config: &ServerConfig,
+    serve: impl FnOnce(Server, TcpIncoming, oneshot::Receiver<()>) -> Serving + Send + 'static,
+) -> Result<Spawned, String> {
     let listener = bind(&config.host, config.port)?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let mut builder = Server::builder()
@@ -110,31 +121,70 @@ pub fn serve_ps<S: Shard>(
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
         builder = builder.tls_config(tls).map_err(|e| format!("gRPC TLS: {e}"))?;
     }
-    let service = EmbeddingParameterServerServer::new(PsService::new(shard, metrics))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
-    let token = RequireToken { expected: Arc::new(format!("Bearer {}", config.token).into_bytes()) };
-    let service = tonic::service::interceptor::InterceptedService::new(service, token);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("the gRPC server's runtime: {e}"))?;
+    let handle = runtime.handle().clone();
     let (tx, rx) = oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name(format!("grpc:{port}"))
         .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("the gRPC server's runtime: {e}"))?;
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                // One service, no router: a call of another service's method is UNIMPLEMENTED.
-                builder
-                    .serve_with_incoming_shutdown(service, incoming, async {
-                        let _ = rx.await; // a dropped sender stops the server too
-                    })
-                    .await
-                    .map_err(|e| format!("the gRPC server on port {port}: {e}"))
+                serve(builder, incoming, rx).await.map_err(|e| format!("the gRPC server on port {port}: {e}"))
             })
         })
         .map_err(|e| format!("the gRPC server's thread: {e}"))?;
-    Ok(RunningServer { port, shutdown: Some(tx), thread: Some(thread) })
+    Ok(Spawned { running: RunningServer { port, shutdown: Some(tx), thread: Some(thread) }, runtime: handle })
+}
+
+fn token_check(config: &ServerConfig) -> RequireToken {
+    RequireToken { expected: Arc::new(format!("Bearer {}", config.token).into_bytes()) }
+}
+
+/// Serve a PS shard's lookups from `shard` on `config`'s address until stopped.
+pub fn serve_ps<S: Shard>(
+    config: ServerConfig,
+    shard: Arc<S>,
+    metrics: Arc<LookupMetrics>,
+) -> Result<RunningServer, String> {
+    let service = EmbeddingParameterServerServer::new(PsService::new(shard, metrics))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let service = InterceptedService::new(service, token_check(&config));
+    // One service, no router: a call of another service's method is UNIMPLEMENTED.
+    let spawned = spawn(&config, move |builder: Server, incoming, stop| {
+        Box::pin(async move {
+            builder
+                .serve_with_incoming_shutdown(service, incoming, async {
+                    let _ = stop.await; // a dropped sender stops the server too
+                })
+                .await
+        })
+    })?;
+    Ok(spawned.running)
+}
+
+/// Serve an embedding worker's lookups and pushes from `worker` on `config`'s address until
+/// stopped; with the runtime it runs on, where the worker's own calls (to the PS shards) run too.
+pub fn serve_worker<W: Worker>(
+    config: ServerConfig,
+    worker: Arc<W>,
+) -> Result<(RunningServer, tokio::runtime::Handle), String> {
+    let service = EmbeddingWorkerServer::new(WorkerService::new(worker))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let service = InterceptedService::new(service, token_check(&config));
+    let spawned = spawn(&config, move |builder: Server, incoming, stop| {
+        Box::pin(async move {
+            builder
+                .serve_with_incoming_shutdown(service, incoming, async {
+                    let _ = stop.await;
+                })
+                .await
+        })
+    })?;
+    Ok((spawned.running, spawned.runtime))
 }
