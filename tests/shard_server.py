@@ -22,7 +22,9 @@ def shard_server(
     *,
     shard: int = 0,
     on_failure: Callable[[str], object] = _failed,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> Iterator[trillium_native.ShardServer]:
+    """`tls`: its certificate and key (PEM), to serve over TLS."""
     server = trillium_native.ShardServer(
         "127.0.0.1",
         0,
@@ -30,6 +32,8 @@ def shard_server(
         name=f"embedding_ps-{shard}",
         shard=shard,
         on_failure=on_failure,
+        tls_cert=tls[0] if tls else None,
+        tls_key=tls[1] if tls else None,
         max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
         keepalive_s=GRPC_KEEPALIVE_S,
         keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,

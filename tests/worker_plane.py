@@ -55,11 +55,14 @@ def tiny_shards(seed: int = 7) -> list[trillium_native.EmbeddingStore]:
 
 
 @contextlib.contextmanager
-def shard_servers(stores: list[trillium_native.EmbeddingStore]) -> Iterator[list[int]]:
+def shard_servers(
+    stores: list[trillium_native.EmbeddingStore], tls: tuple[bytes, bytes] | None = None
+) -> Iterator[list[int]]:
+    """A native PS server for each store (over TLS with `tls`, a certificate and key): their ports."""
     from shard_server import shard_server
 
     with contextlib.ExitStack() as servers:
-        yield [servers.enter_context(shard_server(s, TOKEN, shard=i)).port for i, s in enumerate(stores)]
+        yield [servers.enter_context(shard_server(s, TOKEN, shard=i, tls=tls)).port for i, s in enumerate(stores)]
 
 
 def start_job(
@@ -69,8 +72,10 @@ def start_job(
     *,
     ranks: list[int] | None = None,
     gate: tuple[int, int | None] | None = (0, None),
+    ps_tls_ca: bytes | None = None,
 ) -> None:
-    """Serve `record` over the shards at `ports`; `gate`: (steps applied, bound) told at once (None: not yet)."""
+    """Serve `record` over the shards at `ports` (over TLS by `ps_tls_ca`, their certificates'
+    CA); `gate`: (steps applied, bound) told at once (None: not yet)."""
     config, topology = record.config, record.config.topology
     server.start_job(
         job_id=record.id,
@@ -83,6 +88,7 @@ def start_job(
         gradients_fp16=config.training.wire_dtype == "fp16",
         forgotten=[(m.through_batch, dict(m.tables)) for m in record.forgotten],
         ps_token=TOKEN,
+        ps_tls_ca=ps_tls_ca,
         max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
         keepalive_s=GRPC_KEEPALIVE_S,
         keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
@@ -93,9 +99,15 @@ def start_job(
 
 @contextlib.contextmanager
 def worker_plane(
-    record: JobRecord | None = None, ports: list[int] | None = None, *, durable: bool = True, **job
+    record: JobRecord | None = None,
+    ports: list[int] | None = None,
+    *,
+    durable: bool = True,
+    tls: tuple[bytes, bytes] | None = None,
+    **job,
 ) -> Iterator[Plane]:
-    """The plane, serving `record` over the shards at `ports` when given (else no job yet)."""
+    """The plane, serving `record` over the shards at `ports` when given (else no job yet); over
+    TLS with `tls`, its certificate and key."""
     holder: list[Plane] = []
     server = trillium_native.WorkerServer(
         "127.0.0.1",
@@ -103,6 +115,8 @@ def worker_plane(
         TOKEN,
         name="embedding_worker-0",
         on_step=lambda *step: holder[0].on_step(*step),
+        tls_cert=tls[0] if tls else None,
+        tls_key=tls[1] if tls else None,
         max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
         keepalive_s=GRPC_KEEPALIVE_S,
         keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
