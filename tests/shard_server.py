@@ -7,8 +7,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import trillium_native
-from trillium.config import GRPC_MAX_MESSAGE_BYTES
-from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
+from trillium.wire import rpc
 
 
 def _failed(error: str) -> None:
@@ -32,11 +31,7 @@ def shard_server(
         name=f"embedding_ps-{shard}",
         shard=shard,
         on_failure=on_failure,
-        tls_cert=tls[0] if tls else None,
-        tls_key=tls[1] if tls else None,
-        max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
-        keepalive_s=GRPC_KEEPALIVE_S,
-        keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
+        **(rpc.native_server_options() | ({"tls_cert": tls[0], "tls_key": tls[1]} if tls else {})),
     )
     server.serve(store)
     try:

@@ -15,6 +15,7 @@ from trillium import pooling
 from trillium.config import GRPC_MAX_MESSAGE_BYTES
 from trillium.job.record import JobRecord
 from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
+from trillium.wire import rpc
 
 TOKEN = "the-stack-token-0123456789"
 METADATA = (("authorization", f"Bearer {TOKEN}"),)
@@ -115,11 +116,7 @@ def worker_plane(
         TOKEN,
         name="embedding_worker-0",
         on_step=lambda *step: holder[0].on_step(*step),
-        tls_cert=tls[0] if tls else None,
-        tls_key=tls[1] if tls else None,
-        max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
-        keepalive_s=GRPC_KEEPALIVE_S,
-        keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
+        **(rpc.native_server_options() | ({"tls_cert": tls[0], "tls_key": tls[1]} if tls else {})),
     )
     plane = Plane(server, durable)
     holder.append(plane)

@@ -35,7 +35,6 @@ from fastapi import HTTPException, status
 from prometheus_client import REGISTRY, Counter, Gauge
 
 import trillium_native
-from trillium.config import GRPC_MAX_MESSAGE_BYTES
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import (
     CaptureRequest,
@@ -53,7 +52,6 @@ from trillium.runtime.native_metrics import Counts, NativeHistograms
 from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service
-from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.kafka import KafkaConnection
 from trillium.wire.pb import embedding_pb2 as pb
@@ -143,11 +141,7 @@ class EmbeddingPS(Service):
             # A table's disk tier failed a lookup: the shard's part of the job fails, reported
             # before its callers fail on the aborted stream, so the job's error names the disk.
             on_failure=lambda error: loop.call_soon_threadsafe(self.set_job_phase, "failed", f"OSError: {error}"),
-            tls_cert=rpc.read_file(creds.tls.cert_file) if creds.tls else None,
-            tls_key=rpc.read_file(creds.tls.key_file) if creds.tls else None,
-            max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
-            keepalive_s=GRPC_KEEPALIVE_S,
-            keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
+            **rpc.native_server_options(creds),
         )
         self.grpc_server.serve(self._store)
         REGISTRY.register(self._lookup_seconds)

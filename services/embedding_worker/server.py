@@ -39,6 +39,7 @@ from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S
 from trillium.wire import kafka, rpc, state
 
 logger = logging.getLogger("trillium.embedding_worker")
+DROPPED_REPORT_S = 1.0  # how often dropped plans are looked for (they are an error: none should be)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class EmbeddingWorker(Service):
         super().__init__(settings)
         self.plane: trillium_native.WorkerServer | None = None
         self._steps: asyncio.Queue[_Step] = asyncio.Queue()
-        self._dropped = 0  # plans dropped (gradients never pushed) already logged
+        self._dropped = 0  # plans dropped (gradients never pushed) already logged, this job
         self._histograms = NativeHistograms(
             {
                 "trillium_lookup_seconds": ("batch lookup latency (staleness wait included)", self._reader("lookup")),
@@ -96,11 +97,7 @@ class EmbeddingWorker(Service):
             name=self.name,
             # From the plane's thread, in step order: the queue keeps that order to the producer.
             on_step=lambda *step: loop.call_soon_threadsafe(steps.put_nowait, _Step(*step)),
-            tls_cert=rpc.read_file(creds.tls.cert_file) if creds.tls else None,
-            tls_key=rpc.read_file(creds.tls.key_file) if creds.tls else None,
-            max_message_bytes=GRPC_MAX_MESSAGE_BYTES,
-            keepalive_s=GRPC_KEEPALIVE_S,
-            keepalive_timeout_s=GRPC_KEEPALIVE_TIMEOUT_S,
+            **rpc.native_server_options(creds),
         )
         REGISTRY.register(self._histograms)
         self.redis = state.connect(self.settings.redis_url)
@@ -111,11 +108,17 @@ class EmbeddingWorker(Service):
         await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
-        held, dropped = self.plane.pending() if self.plane is not None else (0, 0)
-        if dropped > self._dropped:
-            logger.error("gradients never pushed; plans dropped", extra={"plans": dropped - self._dropped})
-            self._dropped = dropped
+        held, _ = self.plane.pending() if self.plane is not None else (0, 0)
         return {"pending_gradients": held}
+
+    async def _report_dropped(self) -> None:
+        """Log, once a second at most, the plans the plane dropped because their gradients never came."""
+        while True:
+            await asyncio.sleep(DROPPED_REPORT_S)
+            _, dropped = self.plane.pending()
+            if dropped > self._dropped:
+                logger.error("gradients never pushed; plans dropped", extra={"plans": dropped - self._dropped})
+                self._dropped = dropped
 
     async def run_job(self, job: JobRecord) -> None:
         config, topology = job.config, job.config.topology
@@ -147,7 +150,12 @@ class EmbeddingWorker(Service):
         watermark = JobProgress(self.redis, job.id, job.attempt).watermark(
             topology.ps_shards, topology.nn_ranks, on_change=functools.partial(self._gate, job.attempt)
         )
-        tasks = [asyncio.create_task(watermark.run()), asyncio.create_task(self._produce(job, producer))]
+        self._dropped = 0  # counted per job by the plane
+        tasks = [
+            asyncio.create_task(watermark.run()),
+            asyncio.create_task(self._produce(job, producer)),
+            asyncio.create_task(self._report_dropped()),
+        ]
         try:
             self.set_job_phase("ready")
             await asyncio.gather(*tasks)  # serve until the job ends (this task is cancelled)

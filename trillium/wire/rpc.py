@@ -173,6 +173,20 @@ def read_file(path) -> bytes:
         return f.read()
 
 
+def native_server_options(creds: GrpcCredentials | None = None) -> dict[str, Any]:
+    """What a native server (`trillium_native.ShardServer`, `WorkerServer`) takes of the stack's
+    gRPC settings beside its address and token: TLS from `creds` when it has any, and the limits
+    the Python servers here keep."""
+    tls = creds.tls if creds is not None else None
+    return {
+        "tls_cert": read_file(tls.cert_file) if tls else None,
+        "tls_key": read_file(tls.key_file) if tls else None,
+        "max_message_bytes": GRPC_MAX_MESSAGE_BYTES,
+        "keepalive_s": GRPC_KEEPALIVE_S,
+        "keepalive_timeout_s": GRPC_KEEPALIVE_TIMEOUT_S,
+    }
+
+
 async def serve(
     host: str, port: int, creds: GrpcCredentials, register: Callable[[grpc.aio.Server], None]
 ) -> grpc.aio.Server:

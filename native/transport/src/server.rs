@@ -144,27 +144,35 @@ fn token_check(config: &ServerConfig) -> RequireToken {
     RequireToken { expected: Arc::new(format!("Bearer {}", config.token).into_bytes()) }
 }
 
+/// What `spawn` runs for one generated service: it with the stack's message limits and token,
+/// served until the stop signal. One service, no router: a call of another service's method is
+/// UNIMPLEMENTED.
+macro_rules! served {
+    ($server:expr, $config:expr) => {{
+        let service = $server
+            .max_decoding_message_size($config.max_message_bytes)
+            .max_encoding_message_size($config.max_message_bytes);
+        let service = InterceptedService::new(service, token_check($config));
+        move |builder: Server, incoming, stop: oneshot::Receiver<()>| -> Serving {
+            Box::pin(async move {
+                builder
+                    .serve_with_incoming_shutdown(service, incoming, async {
+                        let _ = stop.await; // a dropped sender stops the server too
+                    })
+                    .await
+            })
+        }
+    }};
+}
+
 /// Serve a PS shard's lookups from `shard` on `config`'s address until stopped.
 pub fn serve_ps<S: Shard>(
     config: ServerConfig,
     shard: Arc<S>,
     metrics: Arc<LookupMetrics>,
 ) -> Result<RunningServer, String> {
-    let service = EmbeddingParameterServerServer::new(PsService::new(shard, metrics))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
-    let service = InterceptedService::new(service, token_check(&config));
-    // One service, no router: a call of another service's method is UNIMPLEMENTED.
-    let spawned = spawn(&config, move |builder: Server, incoming, stop| {
-        Box::pin(async move {
-            builder
-                .serve_with_incoming_shutdown(service, incoming, async {
-                    let _ = stop.await; // a dropped sender stops the server too
-                })
-                .await
-        })
-    })?;
-    Ok(spawned.running)
+    let serve = served!(EmbeddingParameterServerServer::new(PsService::new(shard, metrics)), &config);
+    Ok(spawn(&config, serve)?.running)
 }
 
 /// Serve an embedding worker's lookups and pushes from `worker` on `config`'s address until
@@ -173,18 +181,6 @@ pub fn serve_worker<W: Worker>(
     config: ServerConfig,
     worker: Arc<W>,
 ) -> Result<(RunningServer, tokio::runtime::Handle), String> {
-    let service = EmbeddingWorkerServer::new(WorkerService::new(worker))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
-    let service = InterceptedService::new(service, token_check(&config));
-    let spawned = spawn(&config, move |builder: Server, incoming, stop| {
-        Box::pin(async move {
-            builder
-                .serve_with_incoming_shutdown(service, incoming, async {
-                    let _ = stop.await;
-                })
-                .await
-        })
-    })?;
+    let spawned = spawn(&config, served!(EmbeddingWorkerServer::new(WorkerService::new(worker)), &config))?;
     Ok((spawned.running, spawned.runtime))
 }
