@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 
 from trillium.config import GrpcCredentials, KafkaConnection
 from trillium.job.record import JobRecord
-from trillium.runtime.autobound import choose_bound, refine_bound
 from trillium.runtime.progress import JobProgress
 from trillium.train import progressive_validation
 from trillium.wire import kafka, rpc
@@ -377,8 +376,6 @@ class Observer:
             self._samples.popleft()
         rate = self.samples_per_sec(job.id)
         SAMPLES_PER_SEC.labels(job.id).set(rate or 0.0)
-        if job.state == "running" and job.config.training.staleness_bound == "auto":
-            await _choose_bound(progress, ranks)
         bound = await progress.bound()
         STALENESS_BOUND.labels(job.id).set(-1 if bound is None else bound)
         for rank, stats in (await progress.staleness(ranks)).items():
@@ -433,29 +430,3 @@ class Observer:
 
     async def close(self) -> None:
         await self.kafka.close()
-
-
-async def _choose_bound(progress: JobProgress, ranks: int) -> None:
-    """`staleness_bound: auto`: once the ranks have calibrated at k = 0, set the bound their
-    timings call for; then check it hides the wait, raising it while it does not (an operator's
-    live change of the bound stands: the automatic one stops there)."""
-    chosen, timings = await progress.auto_bound(), await progress.timings(ranks)
-    if chosen is None:
-        choice = choose_bound(timings)
-        if choice is not None:
-            await progress.set_auto_bound(choice.as_dict())
-            logger.info(
-                "staleness bound chosen", extra={"job": progress.job_id, "bound": choice.bound, "reason": choice.reason}
-            )
-        return
-    if chosen.get("settled") or await progress.bound() != chosen["bound"]:
-        return
-    refined = refine_bound(chosen, timings)
-    if refined is None:
-        return
-    await progress.set_auto_bound(refined)
-    if refined["bound"] != chosen["bound"]:
-        logger.info(
-            "staleness bound raised",
-            extra={"job": progress.job_id, "bound": refined["bound"], "reason": refined["reason"]},
-        )

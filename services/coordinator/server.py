@@ -19,6 +19,7 @@ from trillium.runtime.service import Service
 from trillium.wire import state
 
 from .api import add_api
+from .bound import choose_live_bound
 from .checkpoints import Checkpointer
 from .forget import Forgetter
 from .jobs import JobStore
@@ -92,6 +93,7 @@ class Coordinator(Service):
         # One read for both: the checkpointer acts on a running or paused job, retention on a
         # finished one, so neither's change can alter what the other does with it.
         job = await self.jobs.current()
+        await choose_live_bound(self.redis, job)
         await self.checkpointer.tick(job)
         await self.retention.tick(self.jobs, self.registry, job)
 

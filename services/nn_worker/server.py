@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trillium.job.record import CheckpointRef, JobRecord, PartitionLineage
 from trillium.models import Objective, build_dense_optimizer, build_model
+from trillium.runtime.autobound import CALIBRATION_STEPS
 from trillium.runtime.checkpoint import DENSE, CheckpointDir, CutReport, ReleaseRequest, rank_file
 from trillium.runtime.model_store import DENSE as MODEL_DENSE
 from trillium.runtime.model_store import EVAL, ModelPart, ModelStore, PublishCut, VersionFile, parts_name
@@ -342,6 +343,7 @@ class NNWorker(Service):
         rank = self.settings.index
         checkpoint, publish = job.config.checkpoint, job.config.publish
         wire16 = job.config.training.wire_dtype == "fp16"
+        auto_bound = job.config.training.staleness_bound == "auto"
         feed = self._feed(run, evaluation=False)
         run.pusher = GradientPusher(
             self._stream(run, run.stub.PushGradients).send, window=push_window(run.job.config)
@@ -402,7 +404,10 @@ class NNWorker(Service):
                 s.stepped(batch, item.offset + 1, result, run.trainer.objective.multitask)
                 self.trained = s.trained
                 SAMPLES.labels(str(rank)).inc(batch.batch_size)
-                if loop.time() >= next_report:
+                # An automatic bound is chosen (and checked) from whole calibration windows: the
+                # coordinator hears of one as it ends, not up to a report period later.
+                calibrated = auto_bound and run.timed_steps % CALIBRATION_STEPS == 0
+                if calibrated or loop.time() >= next_report:
                     await self._report_progress(run)
                     next_report = loop.time() + PROGRESS_EVERY_S
                 if cuts.publish is not None:
