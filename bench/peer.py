@@ -103,7 +103,7 @@ def on_stack(tmp: Path, name: str, topology: StackTopology, job: JobConfig) -> d
     """The job on a stack of `topology` on loopback, stopped whatever happens."""
     run_dir = tmp / f"stack-{name}"
     try:
-        stack.up(run_dir, topology)
+        stack.up(run_dir, topology, allow_paths=[tmp])  # the data beside the run directory
         roles = {p["name"]: p["role"] for p in stack.read_state(run_dir)["processes"]}
         report = run_mode(run_dir, job, job.training.staleness_bound, name)
     finally:

@@ -45,9 +45,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def allowed_paths(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every stack of the tests lets jobs keep state under pytest's temporary directories (their
-    run directories, spill directories) and read the checkpoint fixtures of tests/data; a test
-    of the limit itself names a path outside them."""
+    run directories, spill directories) and read data there, the checkpoint fixtures of
+    tests/data and the examples' data; a test of the limit itself names a path outside them."""
     roots = [str(tmp_path_factory.getbasetemp()), str(stack.REPO_ROOT / "tests" / "data"), "s3://trillium"]
+    roots.append(str(stack.REPO_ROOT / "examples"))
     os.environ.setdefault(ENV_ALLOWED_PATHS, ",".join(roots))
 
 

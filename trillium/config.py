@@ -46,6 +46,10 @@ ENV_GRPC_TLS_CA = "TRILLIUM_GRPC_TLS_CA"
 # The address peers reach this service at, when its host name is not it (a Kubernetes pod: its IP).
 ENV_ADVERTISE_HOST = "TRILLIUM_ADVERTISE_HOST"
 ENV_THREADS = "TRILLIUM_THREADS"
+# What a job may make the stack do (trillium.job.trust): the model code it may import, and
+# where it may read data and keep state.
+ENV_MODEL_MODULES = "TRILLIUM_MODEL_MODULES"
+ENV_ALLOWED_PATHS = "TRILLIUM_ALLOWED_PATHS"
 # The largest gRPC message a service sends or takes: a batch's embeddings or a shard's rows can
 # be tens of MiB (a job whose batch could exceed it is refused at submit, trillium.job.schema).
 GRPC_MAX_MESSAGE_BYTES = 64 << 20

@@ -32,8 +32,10 @@ from aiokafka import TopicPartition
 from fastapi import HTTPException, status
 
 from trillium.data.features import DenseStats, Quarantine, dense_stats, epoch_batches, stats_from_data
-from trillium.job import KafkaData
+from trillium.data.sources.files import expand
+from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
+from trillium.job.trust import PathRoots
 from trillium.runtime.checkpoint import FORMAT_VERSION, CaptureRequest, CaptureResult, CheckpointDir, loader_file
 from trillium.runtime.memory import LOADER_MMAP_THRESHOLD, release_free_memory
 from trillium.runtime.process import run_service
@@ -46,6 +48,17 @@ from .placement import Record, Share
 from .stream import StreamLoader, upgrade_state
 
 AHEAD = 64  # encoded batches a reader thread may hold before the producer takes them
+
+
+def _confine(config: JobConfig, roots: PathRoots) -> None:
+    """The job's locations and every file its data globs match here under the operator's roots
+    (trillium.job.trust), checked before a byte is read: the coordinator checked the record when
+    it took the job, this checks what the record says now and where its links lead."""
+    roots.check(config)
+    for split in ("train", "test"):
+        paths = getattr(config.data, split, None)
+        if paths is not None:
+            roots.check_files(expand(paths, f"data.{split}", missing_ok=True), f"data.{split}")
 
 
 @dataclass
@@ -113,6 +126,7 @@ class DataLoader(Service):
 
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
+        await asyncio.to_thread(_confine, config, PathRoots.from_env(self.settings.run_dir))
         share = Share(config, self.settings.index)
         # The last attempt's stream (its joiner's events) goes before the saved one is parsed:
         # both alive at once made every recovery a new high-water mark of the heap.

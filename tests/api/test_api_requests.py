@@ -139,15 +139,19 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
     )
 
 
-def test_a_job_may_keep_state_and_import_code_only_where_the_operator_allows(api_stack, tiny_job) -> None:
-    """TRILLIUM_ALLOWED_PATHS (here: pytest's temporary directories) and TRILLIUM_MODEL_MODULES
-    (the default: trillium.models, examples); a name that becomes a path is one component."""
+def test_a_job_may_read_data_keep_state_and_import_code_only_where_the_operator_allows(api_stack, tiny_job) -> None:
+    """TRILLIUM_ALLOWED_PATHS (here: pytest's temporary directories, tests/data and the examples)
+    and TRILLIUM_MODEL_MODULES (the default: trillium.models, examples); a name that becomes a
+    path is one component. A data file outside the roots is refused before any process reads it:
+    no job error can then quote its first line."""
     good = _job_json(tiny_job)
     stored = len(api_stack.http.get("/jobs").json())
     outside = {
         ("checkpoint", "dir"): "/etc/trillium",
         ("publish", "dir"): "s3://someone-elses-bucket/models",
         ("init_from", "dir"): "/root",
+        ("data", "train"): "/proc/self/environ",
+        ("data", "test"): good["data"]["train"] + "/../../../../../../etc/*",
     }
     for (section, field), location in outside.items():
         job = json.loads(json.dumps(good))
@@ -157,6 +161,10 @@ def test_a_job_may_keep_state_and_import_code_only_where_the_operator_allows(api
         r = api_stack.http.post("/jobs", json=job)
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", section, field] and "TRILLIUM_ALLOWED_PATHS" in r.text
+    listed = json.loads(json.dumps(good))
+    listed["data"]["train"] = [good["data"]["train"], "/etc/passwd"]
+    r = api_stack.http.post("/jobs", json=listed)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "data", "train", 1], r.text
     spill = json.loads(json.dumps(good))
     table = next(iter(spill["tables"]))
     spill["tables"][table] |= {"memory_budget_gb": 0.5, "disk": "/var/lib/../../etc"}

@@ -1,16 +1,22 @@
 """The limits an operator sets on what a job file may make the stack do: which model code it may
-import, and where it may keep its state."""
+import, where it may read its data and where it may keep its state."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
-from trillium.job import ModelSpec
+from services.data_loader.server import _confine
+from trillium.data import load_job
+from trillium.data.sources.files import COLUMN_SHOWN, COLUMNS_SHOWN, column_list
+from trillium.job import JobConfig, ModelSpec
 from trillium.job.trust import ENV_ALLOWED_PATHS, ENV_MODEL_MODULES, PathRoots, check_model_module
 from trillium.models import load_model
+
+DATA = Path(__file__).parents[1] / "data"
 
 
 def test_only_the_allowed_modules_are_imported(monkeypatch) -> None:
@@ -60,3 +66,55 @@ def test_an_object_store_root_is_a_url_prefix(tmp_path, monkeypatch) -> None:
     assert not roots.allows("s3://trillium/jobs/../other")
     assert not roots.allows("gs://trillium/jobs/models")
     assert roots.allows(str(tmp_path / "spill"))
+
+
+def _file_job(train, test=None) -> JobConfig:
+    raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    raw["data"] |= {"train": train, "test": test}
+    raw["checkpoint"] = None
+    return JobConfig.model_validate(raw)
+
+
+def test_data_files_are_read_only_under_the_allowed_roots(tmp_path) -> None:
+    """`data.train` and `data.test` are locations like the state's: a path, each entry of a list,
+    and a glob whose `..` climbs out, are refused naming where the job sets them."""
+    root = tmp_path / "data"
+    root.mkdir()
+    roots = PathRoots((str(root),))
+    inside = str(root / "day_*.tsv")
+    assert list(roots.refusals(_file_job(inside))) == []
+    refused = {
+        where: location
+        for where, location, _ in roots.refusals(
+            _file_job([inside, "/proc/self/environ"], str(root / "*" / ".." / ".." / "etc" / "*"))
+        )
+    }
+    assert refused == {("data", "train", 1): "/proc/self/environ", ("data", "test"): str(root / "*/../../etc/*")}
+    with pytest.raises(ValueError, match=r"data\.train\.1: '/proc/self/environ' is outside the roots"):
+        roots.check(_file_job([inside, "/proc/self/environ"]))
+
+
+def test_the_loader_refuses_a_match_that_links_out_of_the_roots(tmp_path) -> None:
+    """The coordinator checks a glob as written; the loader checks every file it matches where it
+    reads them: a link under the root leading out is refused, naming it, before a byte is read."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "day_1.tsv").write_text("label\tI1\n")
+    secret = tmp_path / "secret.tsv"
+    secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n")
+    roots = PathRoots((str(root),))
+    job = _file_job(str(root / "day_*.tsv"))
+    _confine(job, roots)  # one real file: nothing to refuse
+    os.symlink(secret, root / "day_2.tsv")
+    with pytest.raises(ValueError, match=r"data\.train: '.*day_2\.tsv' is outside the roots") as refused:
+        _confine(job, roots)
+    assert "hunter2" not in str(refused.value)
+
+
+def test_an_error_shows_a_bounded_part_of_a_header() -> None:
+    """A header the job may read is named in an error, cut short: the first COLUMNS_SHOWN names,
+    each at most COLUMN_SHOWN characters."""
+    names = [f"c{i}" for i in range(COLUMNS_SHOWN + 5)]
+    assert column_list(names) == ", ".join(names[:COLUMNS_SHOWN]) + ", … (5 more)"
+    long = "x" * (COLUMN_SHOWN + 100)
+    assert column_list(["a", long]) == f"a, {'x' * COLUMN_SHOWN}…"

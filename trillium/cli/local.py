@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -57,6 +57,15 @@ def up(
             "TLS with a password, Kafka with SCRAM over TLS: for a stack whose hosts talk across a network"
         ),
     ] = False,
+    allow_path: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            metavar="PATH",
+            help="a directory or URL prefix (s3://bucket/prefix) jobs may also read data from and keep state "
+            "under, beside the run directory and the shipped examples (repeatable; TRILLIUM_ALLOWED_PATHS, "
+            "when set, replaces them all)",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka, Redis and the services in the background; returns once all are healthy.
 
@@ -74,7 +83,9 @@ def up(
     )
     with console.status("starting the stack…"):
         try:
-            st = stack.up(rd, topology, cluster=cluster, object_store=object_store, tls=tls)
+            st = stack.up(
+                rd, topology, cluster=cluster, object_store=object_store, tls=tls, allow_paths=allow_path or ()
+            )
         except stack.LauncherError as err:
             fail(str(err))
     console.print(Text.assemble(("stack running", "green"), f" in {rd}"))

@@ -87,7 +87,8 @@ class _FileData(Strict):
     source: str  # each kind narrows it to its Literal
     train: Paths
     """The train split's files: a path, a glob (`data/day_*.csv.gz`, expanded in sorted order) or
-    a list of them; relative to the job file."""
+    a list of them; relative to the job file, and under `TRILLIUM_ALLOWED_PATHS` (every match of a
+    glob too, where the loader reads it)."""
     test: Paths | None = None
     """The test split's files, as `train`; or give a `split`, or neither (no test split)."""
     split: SplitPolicy | None = None

@@ -8,23 +8,28 @@ model), not from the job:
 - `TRILLIUM_MODEL_MODULES`: the module prefixes `model.cls` may import from, comma-separated
   (default `trillium.models,examples`). A module is allowed when it is one of them or inside one.
   The check comes before the import: importing a module runs it.
-- `TRILLIUM_ALLOWED_PATHS`: the roots, comma-separated, under which a job may keep its state:
-  `checkpoint.dir`, `publish.dir`, `init_from.dir` and each table's `disk` (default: the run
-  directory). A root is a directory or a URL prefix (`s3://bucket/prefix`); a path is inside one
-  after `..` and symbolic links are resolved.
+- `TRILLIUM_ALLOWED_PATHS`: the roots, comma-separated, under which a job may read its data
+  (`data.train`, `data.test`) and keep its state (`checkpoint.dir`, `publish.dir`,
+  `init_from.dir` and each table's `disk`); default: the run directory (the local launcher adds
+  the shipped examples and what `trillium up --allow-path` names). A root is a directory or a URL
+  prefix (`s3://bucket/prefix`); a path is inside one after `..` and symbolic links are resolved,
+  and a data glob's every match is checked again where it is read (`check_files`): a link under a
+  root that leads out of it is refused there.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from trillium.config import ENV_ALLOWED_PATHS, ENV_MODEL_MODULES
+
 from .schema import JobConfig
 
-ENV_MODEL_MODULES = "TRILLIUM_MODEL_MODULES"
-ENV_ALLOWED_PATHS = "TRILLIUM_ALLOWED_PATHS"
+__all__ = ["ENV_ALLOWED_PATHS", "ENV_MODEL_MODULES", "PathRoots", "check_model_module", "model_modules"]
+
 DEFAULT_MODEL_MODULES = ("trillium.models", "examples")
 
 
@@ -76,6 +81,21 @@ class PathRoots:
                     f"outside the roots this stack allows ({ENV_ALLOWED_PATHS}={','.join(self.roots)})",
                 )
 
+    def check(self, config: JobConfig) -> None:
+        """ValueError naming the first of the job's locations outside every root: a worker's own
+        check of what the job record says, whoever wrote it."""
+        for where, location, why in self.refusals(config):
+            raise ValueError(f"{'.'.join(str(w) for w in where)}: {location!r} is {why}")
+
+    def check_files(self, files: Iterable[Path], where: str) -> None:
+        """ValueError naming the first of `files` (a data glob's matches) outside every root."""
+        for path in files:
+            if not self.allows(str(path)):
+                raise ValueError(
+                    f"{where}: {str(path)!r} is outside the roots this stack allows "
+                    f"({ENV_ALLOWED_PATHS}={','.join(self.roots)})"
+                )
+
 
 def _inside_url(location: str, root: str) -> bool:
     root = root.rstrip("/")
@@ -83,6 +103,10 @@ def _inside_url(location: str, root: str) -> bool:
 
 
 def _locations(config: JobConfig) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    for split in ("train", "test"):
+        paths = getattr(config.data, split, None)
+        for i, path in enumerate(paths if isinstance(paths, list) else [paths] if paths else []):
+            yield ("data", split, *((i,) if isinstance(paths, list) else ())), str(path)
     if config.checkpoint is not None and config.checkpoint.dir:
         yield ("checkpoint", "dir"), config.checkpoint.dir
     if config.publish is not None and config.publish.dir:

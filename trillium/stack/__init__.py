@@ -26,6 +26,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,16 @@ def up(
     link_delay: bool = False,
     object_store: bool = False,
     tls: bool = False,
+    allow_paths: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
     tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do.
     With `cluster`, every process runs on a host of its own (`hosts.py`; needs root), and with
     `link_delay` too, latency can be added to each host's links (`links.Network.delay`). With
     `object_store`, an S3 store (`object_store.py`) serves `s3://trillium/...` to every process.
-    With `tls`, every listener speaks TLS, and Redis and Kafka take passwords (`tls.py`)."""
+    With `tls`, every listener speaks TLS, and Redis and Kafka take passwords (`tls.py`). Jobs
+    may read data and keep state under `allow_paths` too, beside the run directory and the
+    shipped examples (unless TRILLIUM_ALLOWED_PATHS says where: trillium.job.trust)."""
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(run_dir)
@@ -101,6 +105,8 @@ def up(
         argv.append("--object-store")
     if tls:
         argv.append("--tls")
+    for path in allow_paths:
+        argv += ["--allow-path", str(path)]
     env = dict(os.environ)
     env.pop(ENV_KAFKA_BOOTSTRAP, None)
     env.pop(ENV_REDIS_URL, None)

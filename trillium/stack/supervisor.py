@@ -50,7 +50,7 @@ from trillium.wire.state import wait_for_redis
 from . import object_store, tls
 from .broker import java_argv, kafka_config, kafka_connection, scram_user
 from .hosts import Cluster, Loopback
-from .procs import STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json, write_private
+from .procs import REPO_ROOT, STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json, write_private
 
 logger = logging.getLogger("trillium.stack.supervisor")
 
@@ -77,8 +77,10 @@ class Supervisor:
         link_delay: bool = False,
         with_object_store: bool = False,
         with_tls: bool = False,
+        allow_paths: tuple[str, ...] = (),
     ) -> None:
         self.run_dir = run_dir
+        self.allow_paths = allow_paths
         self.with_tls = with_tls
         self.tls: tls.StackTls | None = None  # made at start, when the hosts have addresses
         self.with_object_store = with_object_store
@@ -246,6 +248,15 @@ class Supervisor:
         write_private(conf, f"requirepass {self.tls.redis_password}\n")
         return [str(conf)]
 
+    def allowed_roots(self) -> list[str]:
+        """Where this stack's jobs may read data and keep state, unless TRILLIUM_ALLOWED_PATHS
+        says: the run directory, the shipped examples' data, what `--allow-path` named and the
+        object store's bucket (trillium.job.trust)."""
+        roots = [str(self.run_dir), str(REPO_ROOT / "examples"), *self.allow_paths]
+        if store := self.object_store_public:
+            roots.append(store["url"])
+        return roots
+
     @property
     def object_store_public(self) -> dict[str, Any] | None:
         if not self.with_object_store:
@@ -332,10 +343,10 @@ class Supervisor:
             ENV_RUN_DIR: str(self.run_dir),
             "PYTHONUNBUFFERED": "1",
         }
+        if ENV_ALLOWED_PATHS not in os.environ:  # the operator's roots stand as given
+            env[ENV_ALLOWED_PATHS] = ",".join(self.allowed_roots())
         if store := self.object_store_public:
             env |= object_store.client_env(self.run_dir, store["endpoint"])
-            if ENV_ALLOWED_PATHS not in os.environ:  # jobs may keep their state in it, as in the run directory
-                env[ENV_ALLOWED_PATHS] = f"{self.run_dir},{store['url']}"
         if self.tls is not None:
             env |= self.tls.service_env(name)
         if role in COMPUTE_ROLES and ENV_THREADS not in os.environ:
@@ -530,6 +541,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tls", action="store_true", help="TLS on every listener, Redis and Kafka with passwords (stack/tls.py)"
     )
+    parser.add_argument(
+        "--allow-path",
+        action="append",
+        default=[],
+        help="a directory or URL prefix jobs may also read data from and keep state under (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.link_delay and not args.cluster:
         parser.error("--link-delay needs --cluster")
@@ -545,6 +562,7 @@ def main(argv: list[str] | None = None) -> None:
         link_delay=args.link_delay,
         with_object_store=args.object_store,
         with_tls=args.tls,
+        allow_paths=tuple(str(Path(p).absolute()) if "://" not in p else p for p in args.allow_path),
     )
     raise SystemExit(asyncio.run(sup.main()))
 

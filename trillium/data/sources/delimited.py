@@ -33,6 +33,7 @@ from trillium.data.sources.files import (
     LineCounter,
     SplitFiles,
     Unit,
+    column_list,
     compression,
     count_lines,
     cut,
@@ -281,7 +282,7 @@ class DelimitedSource:
         header = self._header(unit.path)
         missing = [c for c in wanted if c not in header.names]
         if missing:
-            raise ValueError(f"{unit.path}: no column {missing[0]!r}; its columns: {', '.join(header.names)}")
+            raise ValueError(f"{unit.path}: no column {missing[0]!r}; its columns: {column_list(header.names)}")
         spec = Spec(str(unit.path), header.names, wanted, self._dialect, self._policy, split, unit.index)
         if self._whole(unit.path):  # read here, in order: a stream, or quotes to pair up
             quote = self._dialect.quote.encode() if self._dialect.quoted_newlines and self._dialect.quote else None

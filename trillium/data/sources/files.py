@@ -37,6 +37,7 @@ __all__ = [
     "LineCounter",
     "SplitFiles",
     "Unit",
+    "column_list",
     "compression",
     "count_lines",
     "cut",
@@ -53,6 +54,10 @@ GRID = 1 << 22  # 4 MiB: about 18k Criteo rows per block
 _READ = 1 << 22  # bytes per read while counting lines
 _LOOKAHEAD = 1 << 16  # read past a grid line to find the row end there
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# An error names at most this many of a file's columns, each cut to COLUMN_SHOWN characters: the
+# header of a file that was never meant as data (a key file's line) goes no further than this.
+COLUMNS_SHOWN = 40
+COLUMN_SHOWN = 64
 
 
 def expand(paths: Path | Sequence[Path], what: str, *, missing_ok: bool = False) -> list[Path]:
@@ -96,9 +101,16 @@ class SplitFiles:
             names = list(names_of(path))
             for where, column in uses:
                 if column not in names:
-                    raise ValueError(f"{where}: unknown column {column!r} in {path}; its columns: {', '.join(names)}")
+                    raise ValueError(f"{where}: unknown column {column!r} in {path}; its columns: {column_list(names)}")
                 if names.count(column) > 1:
                     raise ValueError(f"{where}: column {column!r} appears {names.count(column)} times in {path}")
+
+
+def column_list(names: Sequence[str]) -> str:
+    """A file's column names as an error shows them: the first COLUMNS_SHOWN, each cut short."""
+    shown = [n if len(n) <= COLUMN_SHOWN else n[:COLUMN_SHOWN] + "…" for n in names[:COLUMNS_SHOWN]]
+    more = f", … ({len(names) - COLUMNS_SHOWN} more)" if len(names) > COLUMNS_SHOWN else ""
+    return ", ".join(shown) + more
 
 
 def compression(path: Path) -> str | None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from trillium.data.sources.files import SplitFiles, Unit, share
+from trillium.data.sources.files import SplitFiles, Unit, column_list, share
 from trillium.data.sources.rows import SPLIT_VALUE, BlockTask, Malformed, RowBlock, Split
 from trillium.data.sources.split import FILE_SHIFT, policy_column, split_rows
 
@@ -85,7 +85,7 @@ class ParquetSource:
         names = parquet.schema_arrow.names
         missing = [c for c in wanted if c not in names]
         if missing:
-            raise ValueError(f"{unit.path}: no column {missing[0]!r}; its columns: {', '.join(names)}")
+            raise ValueError(f"{unit.path}: no column {missing[0]!r}; its columns: {column_list(names)}")
         row = sum(group_rows[: unit.first])
         with parquet:
             for batch in parquet.iter_batches(_BATCH_ROWS, row_groups=range(unit.first, unit.last), columns=wanted):
