@@ -48,9 +48,11 @@ from trillium.runtime.checkpoint import (
     PartReport,
     ReleaseRequest,
     ledger_file,
+    live_head,
     loader_file,
     ps_file,
     rank_file,
+    timeline,
 )
 from trillium.runtime.progress import JobProgress
 from trillium.wire.state import aioredis
@@ -147,9 +149,11 @@ class Checkpointer:
         return [CheckpointInfo.of(m, store.location(m.step)) for m in manifests]
 
     async def latest(self, job: JobRecord) -> CheckpointInfo | None:
+        """The newest checkpoint a recovery would restore (its live timeline's)."""
         if job.id not in self._latest:
-            listing = await self.list(job)
-            self._latest[job.id] = listing[-1] if listing else None
+            store = self.jobs.checkpoints(job)
+            live = await asyncio.to_thread(store.live, job) if store is not None else []
+            self._latest[job.id] = CheckpointInfo.of(live[-1], store.location(live[-1].step)) if live else None
         return self._latest[job.id]
 
     async def delete(self, job: JobRecord, step: int) -> bool:
@@ -268,6 +272,7 @@ class Checkpointer:
                     f"parts written: {sorted(f.name for f in files)}, expected {sorted(expected)}"
                 )
             cut = next(iter(cuts.values()))
+            before = [m.step for m in await asyncio.to_thread(store.live, job) if m.step < step]
             manifest = Manifest(
                 job_id=job.id,
                 attempt=job.attempt,
@@ -283,11 +288,12 @@ class Checkpointer:
                 lineage=job.lineage,
                 files=files,
                 eval=next((r.eval for r in reports if r.eval is not None), None),
+                parent=before[-1] if before else None,
             )
             await asyncio.to_thread(ckdir.write_manifest, manifest)
             self._latest[job.id] = CheckpointInfo.of(manifest, store.location(step))
-            deleted = await asyncio.to_thread(store.retain, job.config.checkpoint.keep_last)
-            kept = await asyncio.to_thread(store.complete)
+            deleted = await asyncio.to_thread(store.retain, job.config.checkpoint.keep_last, job)
+            kept = await asyncio.to_thread(store.live, job)
             trimmed = await self.retention.trim(job, kept[-job.config.checkpoint.keep_last :][0])
             if job.config.checkpoint.every_seconds is not None:
                 self._due[(job.id, job.attempt)] = time.monotonic() + job.config.checkpoint.every_seconds
@@ -400,14 +406,15 @@ class Checkpointer:
 
 
 def _delta_base(job: JobRecord, store: JobCheckpoints) -> tuple[int, int] | None:
-    """(attempt, step) of the checkpoint the PS shards may write deltas on: the newest complete one,
-    if it is this attempt's (a shard holds the marks of its own captures only) and its chain is
-    shorter than `full_every`; None for a full checkpoint."""
+    """(attempt, step) of the checkpoint the PS shards may write deltas on: the newest of the live
+    timeline, if it is this attempt's (a shard holds the marks of its own captures only) and its
+    chain is shorter than `full_every`; None for a full checkpoint."""
     assert job.config.checkpoint is not None
     manifests = store.complete()
-    if not manifests or manifests[-1].attempt != job.attempt:
+    live = timeline(manifests, live_head(manifests, job))
+    if not live or live[-1].attempt != job.attempt:
         return None
-    newest = manifests[-1]
+    newest = live[-1]
     chain = store.needed([newest], {m.step: m for m in manifests})
     return (newest.attempt, newest.step) if len(chain) < job.config.checkpoint.full_every else None
 

@@ -44,7 +44,7 @@ from trillium.job.record import (
     Topics,
     extend_lineage,
 )
-from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest
+from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest, live_head, timeline
 from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.runtime.progress import JobProgress
 from trillium.wire import kafka, state
@@ -353,6 +353,8 @@ class JobStore:
         if store is None:
             raise IllegalTransition(f"job {job.id} takes no checkpoints (checkpoint: null)")
         complete, refused = await asyncio.to_thread(store.scan)
+        if step is None and (head := live_head(complete, job)) is not None:
+            complete = timeline(complete, head)  # not what a resume from an older checkpoint rolled back from
         if step is not None:
             # Retention trims the topics behind the oldest of the newest keep_last: an older one is
             # kept only as the base of their deltas, its records gone (retention.py).

@@ -51,10 +51,9 @@ AHEAD = 64  # encoded batches a reader thread may hold before the producer takes
 
 
 def _confine(config: JobConfig, roots: PathRoots) -> None:
-    """The job's locations and every file its data globs match here under the operator's roots
-    (trillium.job.trust), checked before a byte is read: the coordinator checked the record when
-    it took the job, this checks what the record says now and where its links lead."""
-    roots.check(config)
+    """Every file the job's data globs match here under the operator's roots (trillium.job.trust),
+    checked before a byte is read: the record's paths were checked as written (by the coordinator,
+    and by every worker as it takes the job), not where their matches and links lead."""
     for split in ("train", "test"):
         paths = getattr(config.data, split, None)
         if paths is not None:
@@ -126,7 +125,7 @@ class DataLoader(Service):
 
     async def run_job(self, job: JobRecord) -> None:
         config = job.config
-        await asyncio.to_thread(_confine, config, PathRoots.from_env(self.settings.run_dir))
+        await asyncio.to_thread(_confine, config, self.roots)
         share = Share(config, self.settings.index)
         # The last attempt's stream (its joiner's events) goes before the saved one is parsed:
         # both alive at once made every recovery a new high-water mark of the heap.

@@ -35,7 +35,7 @@ from fastapi import HTTPException, status
 from prometheus_client import REGISTRY, Counter, Gauge
 
 import trillium_native
-from trillium.job.record import JobRecord
+from trillium.job.record import TERMINAL, JobRecord
 from trillium.runtime.checkpoint import (
     CaptureRequest,
     CaptureResult,
@@ -325,6 +325,12 @@ class EmbeddingPS(Service):
         job, store = self.job, self.store
         if job is None or store is None or job.id != request.job_id:
             return ShardForgetResult(held=False)
+        # The record itself, not the heartbeat's copy: rows forgotten under a running attempt
+        # would come back with its next gradients and break its ledger.
+        raw = await self.redis.get(state.job_key(job.id, "record"))
+        live = JobRecord.model_validate_json(raw).state if raw is not None else None
+        if live is not None and live not in TERMINAL:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {live}: a forget waits until it has ended")
         if request.table not in store:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"job {job.id} has no table {request.table!r}")
         ids = np.asarray(request.ids, dtype=np.uint64)

@@ -143,6 +143,25 @@ def _refused_while_running(api_stack, job_id: str, config: JobConfig) -> None:
     )
     same = http.post(f"/jobs/{job_id}/reshard", json={"ps_shards": 2})
     assert same.status_code == 409 and "already runs on 2 PS shards" in same.json()["detail"]
+    _workers_refuse_while_running(api_stack, job_id)
+
+
+def _workers_refuse_while_running(api_stack, job_id: str) -> None:
+    """A worker does not take the coordinator's word for it: a caller with the token (the
+    coordinator or not) cannot have a PS shard forget rows of the running job, nor a worker write
+    its part to a location outside the stack's roots or of a scheme no object store has."""
+    workers = {w["name"]: w["http_url"] for w in api_stack.http.get("/workers").json()}
+    auth = {"Authorization": f"Bearer {api_stack.token}"}
+    job = api_stack.http.get(f"/jobs/{job_id}").json()["job"]
+    table = next(iter(job["config"]["tables"]))
+    ps, rank = workers["embedding_ps-0"], workers["nn_worker-0"]
+    forget = httpx.post(f"{ps}/job/forget", json={"job_id": job_id, "table": table, "ids": [1, 2, 3]}, headers=auth)
+    assert forget.status_code == 409 and f"job {job_id} is running" in forget.json()["detail"], forget.text
+    cut = {"job_id": job_id, "attempt": job["attempt"], "step": 1}
+    for url, route in ((ps, "/job/capture"), (rank, "/job/release")):
+        for location in ("ftp://attacker.example/drop", "https://attacker.example/upload", "/etc/trillium"):
+            r = httpx.post(url + route, json=cut | {"location": location}, headers=auth)
+            assert r.status_code == 422 and "outside the roots this stack allows" in r.json()["detail"], (route, r.text)
 
 
 def _paused_mid_job(api_stack, job_id: str, total: int) -> int:

@@ -75,8 +75,11 @@ async def test_a_position_past_the_log_end_is_an_error_and_the_end_itself_is_not
     assert await _read_from(infra.kafka, tp, 4) == []  # caught up: the next record is not written yet
 
 
-def _checkpoint(jobs: JobStore, job, step: int, positions: dict[str, dict[int, int]]) -> None:
-    """A complete checkpoint of `job` at `step` whose readers resume at `positions`."""
+def _checkpoint(
+    jobs: JobStore, job, step: int, positions: dict[str, dict[int, int]], parent: int | None = None
+) -> None:
+    """A complete checkpoint of `job` at `step` whose readers resume at `positions`, after
+    `parent` on its timeline."""
     store = jobs.checkpoints(job)
     assert store is not None
     ckdir = store.dir(step)
@@ -96,6 +99,7 @@ def _checkpoint(jobs: JobStore, job, step: int, positions: dict[str, dict[int, i
             written={},
             lineage={},
             files=[PartFile(name=DENSE, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0)],
+            parent=parent,
         )
     )
 
@@ -112,7 +116,7 @@ async def test_a_recovery_never_picks_a_checkpoint_whose_records_are_gone(infra,
         await kafka.ensure_topics(infra.kafka, {samples.topic: 1})
         await _fill(infra.kafka, samples, 10, deleted_before=5)  # the samples before offset 5 trimmed
         _checkpoint(jobs, job, 3, {samples.topic: {0: 3}})  # its rank resumes at offset 3: gone
-        _checkpoint(jobs, job, 8, {samples.topic: {0: 8}})
+        _checkpoint(jobs, job, 8, {samples.topic: {0: 8}}, parent=3)
         assert (await jobs.pick_checkpoint(job)).manifest.step == 8
         with pytest.raises(
             IllegalTransition, match=rf"{samples.topic}\[0\]: offsets 3\.\.4 \(2 records\) were deleted"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trillium.data import load_job
+from trillium.job.record import CheckpointRef, JobRecord
 from trillium.runtime.checkpoint import (
     DENSE,
     FORMAT_VERSION,
@@ -18,15 +19,31 @@ from trillium.runtime.checkpoint import (
     JobCheckpoints,
     Manifest,
     PartFile,
+    live_head,
     ps_file,
     rank_file,
+    timeline,
 )
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
+# What the timeline follows of a job's record: its attempt, and the checkpoint it was restored from.
+FIRST_ATTEMPT = JobRecord.model_construct(attempt=0, restore=None)
 
 
-def _write(store: JobCheckpoints, step: int, *, manifest: bool = True, delta_of: int | None = None) -> Manifest:
-    """A checkpoint at `step`; its PS file a delta of the one at `delta_of`, if given."""
+UNSAID = -1  # a manifest with no `parent`, as builds before timelines wrote them
+
+
+def _write(
+    store: JobCheckpoints,
+    step: int,
+    *,
+    manifest: bool = True,
+    delta_of: int | None = None,
+    parent: int | None = UNSAID,
+    attempt: int = 0,
+) -> Manifest:
+    """A checkpoint at `step`; its PS file a delta of the one at `delta_of`, if given; after
+    `parent` on its timeline, unless UNSAID."""
     ckdir = store.dir(step)
     files = []
     for name, data in [(DENSE, b"dense-" * 1000), (rank_file(0), b'{"step": %d}' % step)]:
@@ -38,7 +55,7 @@ def _write(store: JobCheckpoints, step: int, *, manifest: bool = True, delta_of:
     )
     m = Manifest(
         job_id=store.job_id,
-        attempt=0,
+        attempt=attempt,
         step=step,
         epoch=0,
         reason="schedule",
@@ -50,8 +67,11 @@ def _write(store: JobCheckpoints, step: int, *, manifest: bool = True, delta_of:
         written={"s": {0: step}},
         lineage={},
         files=files,
+        **({} if parent == UNSAID else {"parent": parent}),
     )
-    if manifest:
+    if manifest and parent == UNSAID:
+        ckdir.write_bytes(MANIFEST, m.model_dump_json(exclude={"parent"}).encode())
+    elif manifest:
         ckdir.write_manifest(m)
     return m
 
@@ -111,7 +131,7 @@ def test_a_manifest_of_a_newer_format_is_refused_naming_both_formats(store) -> N
 def test_retention_keeps_the_newest(store) -> None:
     for step in (5, 10, 15, 20):
         _write(store, step)
-    assert store.retain(2) == [5, 10]
+    assert store.retain(2, FIRST_ATTEMPT) == [5, 10]
     assert [m.step for m in store.complete()] == [15, 20]
 
 
@@ -125,7 +145,7 @@ def test_deltas_chain_to_their_full_checkpoint_which_retention_and_delete_keep(s
     assert [d.location for d, _ in chain] == [store.location(s) for s in (10, 15, 20)]
     assert store.dir(10).chain(store.dir(10).manifest(), ps_file(0))[0][1].step == 10
     assert store.dependents(10) == [15, 20] and store.dependents(20) == []
-    assert store.retain(1) == [5]  # 20 needs 15 and 10
+    assert store.retain(1, FIRST_ATTEMPT) == [5]  # 20 needs 15 and 10
     assert [m.step for m in store.complete()] == [10, 15, 20]
     store.dir(10).verify(store.dir(10).manifest())
     store.dir(20).verify(last)
@@ -145,3 +165,25 @@ def test_the_manifest_is_written_atomically(tmp_path) -> None:
     _write(store, 7)
     leftovers = [p.name for p in (tmp_path / "job-1" / "7").iterdir() if p.name.startswith(".")]
     assert leftovers == []  # no temp file left behind: written, fsynced and renamed
+
+
+def test_a_timeline_is_its_head_and_its_parents_and_older_manifests_are_one_line(tmp_path) -> None:
+    """Manifests that name their parent chain to it; one written before they did (no `parent`)
+    has every older checkpoint before it, as retention and recovery read them then."""
+    store = JobCheckpoints(str(tmp_path), "job-1")
+    for step in (10, 20):
+        _write(store, step)  # no parent: an earlier build's
+    for step, parent, attempt in ((30, 20, 0), (40, 30, 0), (50, 30, 1), (60, 50, 1)):
+        _write(store, step, parent=parent, attempt=attempt)
+    manifests = store.complete()
+    assert [m.step for m in timeline(manifests, 60)] == [10, 20, 30, 50, 60]
+    assert [m.step for m in timeline(manifests, 40)] == [10, 20, 30, 40]
+    assert [m.step for m in timeline(manifests, 20)] == [10, 20]
+    assert timeline(manifests, None) == [] and timeline(manifests, 45) == []
+    resumed = JobRecord.model_construct(attempt=2, restore=CheckpointRef(location=store.location(40), step=40))
+    assert live_head(manifests, resumed) == 40  # before attempt 2 has written one
+    assert live_head(manifests, JobRecord.model_construct(attempt=1, restore=None)) == 60
+    assert store.retain(2, resumed) == [10, 20, 50, 60]  # 50 and 60: the timeline rolled back from
+    assert [m.step for m in store.complete()] == [30, 40]
+    _write(store, 70, parent=None, attempt=3)  # a timeline's first: nothing before it
+    assert [m.step for m in timeline(store.complete(), 70)] == [70]

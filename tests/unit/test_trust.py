@@ -118,3 +118,14 @@ def test_an_error_shows_a_bounded_part_of_a_header() -> None:
     assert column_list(names) == ", ".join(names[:COLUMNS_SHOWN]) + ", … (5 more)"
     long = "x" * (COLUMN_SHOWN + 100)
     assert column_list(["a", long]) == f"a, {'x' * COLUMN_SHOWN}…"
+
+
+def test_a_url_is_allowed_only_at_an_object_store() -> None:
+    """A root naming a web, FTP or in-process filesystem allows nothing: a checkpoint uploaded to
+    someone's server, or kept in no durable place, is never a location."""
+    roots = PathRoots(("s3://trillium", "ftp://files.example", "https://files.example", "memory://", "file:///tmp"))
+    assert roots.allows("s3://trillium/checkpoints/job-1/9")
+    for location in ("ftp://files.example/x", "https://files.example/x", "memory://x", "file:///tmp/x"):
+        assert not roots.allows(location), location
+        assert "outside the roots this stack allows" in roots.refusal(location)
+    assert roots.refusal("s3://trillium/models") is None

@@ -14,7 +14,9 @@ model), not from the job:
   the shipped examples and what `trillium up --allow-path` names). A root is a directory or a URL
   prefix (`s3://bucket/prefix`); a path is inside one after `..` and symbolic links are resolved,
   and a data glob's every match is checked again where it is read (`check_files`): a link under a
-  root that leads out of it is refused there.
+  root that leads out of it is refused there. A URL's scheme must be an object store's
+  (STORAGE_SCHEMES). Each worker checks what the job record and the coordinator's calls name
+  again: the coordinator's check is not the only one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from .schema import JobConfig
 __all__ = ["ENV_ALLOWED_PATHS", "ENV_MODEL_MODULES", "PathRoots", "check_model_module", "model_modules"]
 
 DEFAULT_MODEL_MODULES = ("trillium.models", "examples")
+# The object stores a job may keep state in (fsspec's names); a plain path is the local disk.
+# Not ftp, http(s), memory or file: a checkpoint written to another's server, or nowhere durable.
+STORAGE_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "az"})
 
 
 def _listed(value: str | None) -> tuple[str, ...]:
@@ -64,6 +69,8 @@ class PathRoots:
 
     def allows(self, location: str) -> bool:
         if "://" in location:
+            if location.partition("://")[0].lower() not in STORAGE_SCHEMES:
+                return False  # whatever the roots say: no upload to a web or FTP server
             return any("://" in root and _inside_url(location, root) for root in self.roots)
         path = os.path.realpath(location)
         return any(
@@ -80,6 +87,12 @@ class PathRoots:
                     location,
                     f"outside the roots this stack allows ({ENV_ALLOWED_PATHS}={','.join(self.roots)})",
                 )
+
+    def refusal(self, location: str) -> str | None:
+        """Why `location` may not be used (None: it may)."""
+        if self.allows(location):
+            return None
+        return f"{location!r} is outside the roots this stack allows ({ENV_ALLOWED_PATHS}={','.join(self.roots)})"
 
     def check(self, config: JobConfig) -> None:
         """ValueError naming the first of the job's locations outside every root: a worker's own

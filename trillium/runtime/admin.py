@@ -27,6 +27,7 @@ class Administered(Protocol):
     def health_report(self) -> dict[str, Any]: ...
     async def require_token(self, creds: Any) -> None: ...
     def require_attempt(self, job_id: str, attempt: int) -> None: ...
+    def require_location(self, location: str | None) -> None: ...
     async def capture(self, request: CaptureRequest) -> CaptureResult: ...
     async def export(self, request: ExportRequest) -> None: ...
     async def release(self, request: ReleaseRequest) -> None: ...
@@ -71,6 +72,7 @@ def add_admin_routes(service: Administered) -> None:
     @app.post("/job/capture", tags=["checkpoints"], dependencies=authorized)
     async def capture(request: CaptureRequest) -> CaptureResult:
         """Capture this worker's state at a checkpoint cut; the part is written in the background."""
+        service.require_location(request.location)
         service.require_attempt(request.job_id, request.attempt)
         return await service.capture(request)
 
@@ -84,6 +86,7 @@ def add_admin_routes(service: Administered) -> None:
     @app.post("/job/release", tags=["checkpoints"], dependencies=authorized)
     async def release(request: ReleaseRequest) -> dict[str, bool]:
         """Release this NN rank from a checkpoint cut."""
+        service.require_location(request.location)
         service.require_attempt(request.job_id, request.attempt)
         await service.release(request)
         return {"released": True}

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from trillium.config import Role
 from trillium.job import JobConfig
-from trillium.job.record import Lineage
+from trillium.job.record import JobRecord, Lineage
 from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.storage import StorageDir, filesystem
 
@@ -111,6 +111,11 @@ class Manifest(BaseModel):
     lineage: Lineage
     files: list[PartFile]
     eval: dict[str, Any] | None = Field(None, description="test metrics at the cut, when asked for")
+    parent: int | None = Field(
+        None,
+        description="the step of the checkpoint before this one on its timeline: its attempt's previous one, "
+        "or the one its attempt was restored from; null for a timeline's first (`timeline`)",
+    )
 
     @property
     def bytes(self) -> int:
@@ -315,11 +320,20 @@ class JobCheckpoints:
                 removed.append(step)
         return removed
 
-    def retain(self, keep_last: int) -> list[int]:
-        """Delete all but the newest `keep_last` complete checkpoints and the ones their deltas are
-        loaded on top of; returns the deleted steps."""
+    def live(self, job: JobRecord) -> list[Manifest]:
+        """The complete checkpoints of the job's live timeline, oldest first (`timeline`)."""
         manifests = self.complete()
-        keep = self.needed(manifests[-keep_last:], {m.step: m for m in manifests})
+        return timeline(manifests, live_head(manifests, job))
+
+    def retain(self, keep_last: int, job: JobRecord) -> list[int]:
+        """Delete all but the newest `keep_last` checkpoints of the job's live timeline and the
+        ones their deltas are loaded on top of; returns the deleted steps. What a resume from an
+        older checkpoint left behind is off that timeline: no recovery restores it, so it goes."""
+        manifests = self.complete()
+        live = timeline(manifests, live_head(manifests, job))
+        if not live:
+            return []  # nothing written on it yet: nothing to measure the rest against
+        keep = self.needed(live[-keep_last:], {m.step: m for m in manifests})
         old = [m.step for m in manifests if m.step not in keep]
         for step in old:
             self.dir(step).remove()
@@ -343,3 +357,30 @@ class JobCheckpoints:
         manifests = self.complete()
         by_step = {m.step: m for m in manifests}
         return [m.step for m in manifests if m.step != step and step in self.needed([m], by_step)]
+
+
+def live_head(manifests: list[Manifest], job: JobRecord) -> int | None:
+    """The step of the newest checkpoint on the job's live timeline: its current attempt's newest,
+    or, before that attempt has written one, the checkpoint it was restored from."""
+    own = [m.step for m in manifests if m.attempt == job.attempt]
+    if own:
+        return max(own)
+    return job.restore.step if job.restore is not None else None
+
+
+def timeline(manifests: list[Manifest], head: int | None) -> list[Manifest]:
+    """The checkpoints of the timeline that ends at step `head`, oldest first: `head` and its
+    parents, as far back as each is complete. A resume from an older checkpoint starts a timeline
+    of its own there: the newer ones it rolled back from are on none that leads to its head. A
+    manifest written before manifests named their parent has every older checkpoint before it."""
+    by_step = {m.step: m for m in manifests}
+    chain: list[Manifest] = []
+    step = head
+    while step is not None and step in by_step:
+        manifest = by_step[step]
+        chain.append(manifest)
+        if "parent" not in manifest.model_fields_set:
+            chain += [m for m in reversed(manifests) if m.step < manifest.step]
+            break
+        step = manifest.parent if manifest.parent is not None and manifest.parent < step else None
+    return chain[::-1]

@@ -44,6 +44,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trillium.config import EXIT_REPLACED, EXIT_RESTART, Role, ServiceSettings
 from trillium.job.record import TERMINAL, JobRecord
+from trillium.job.trust import PathRoots
 from trillium.runtime.admin import add_admin_routes
 from trillium.runtime.checkpoint import (
     CaptureRequest,
@@ -257,6 +258,11 @@ class Service:
 
     async def _run_job_task(self, job: JobRecord) -> None:
         try:
+            # The record's locations as this process's own limits allow them, whoever wrote it.
+            try:
+                self.roots.check(job.config)
+            except ValueError as err:
+                raise JobCannotRecover(str(err)) from None
             await self.run_job(job)
         except asyncio.CancelledError:
             self._report(job.id, job.attempt, "stopped")
@@ -357,6 +363,16 @@ class Service:
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
             )
+
+    @property
+    def roots(self) -> PathRoots:
+        """Where this process lets a job read and write (trillium.job.trust)."""
+        return PathRoots.from_env(self.settings.run_dir)
+
+    def require_location(self, location: str | None) -> None:
+        """422 for a location outside this process's roots, or of a scheme no store has."""
+        if location is not None and (why := self.roots.refusal(location)) is not None:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, why)
 
     def require_attempt(self, job_id: str, attempt: int) -> None:
         if self._job_attempt != (job_id, attempt) or self._job_task is None or self._job_task.done():

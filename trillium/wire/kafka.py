@@ -221,6 +221,10 @@ async def out_of_log(consumer: AIOKafkaConsumer, positions: Mapping[TopicPartiti
 
 async def records_gone(conn: KafkaConnection, positions: Mapping[str, Mapping[int, int]]) -> list[RecordsGone]:
     """`out_of_log` of positions by topic and partition (a checkpoint's), asked by a consumer of its own."""
+    if not any(positions.values()):
+        # Nothing to ask, and no consumer to stop at once: aiokafka's stop then awaits a task it
+        # cancelled before it ever ran, and raises CancelledError into the caller.
+        return []
     reader = consumer(conn, group_id=None)
     await reader.start()
     try:
