@@ -216,8 +216,8 @@ async def stream_view(registry: WorkerRegistry, job: JobRecord) -> StreamView | 
     for w in await registry.workers():
         report = w.job_report(job.id, job.attempt) if w.role == "data_loader" else None
         stream = w.health.get("stream") if report is not None else None
-        if not stream:
-            continue
+        if not stream or stream.get("job") != [job.id, job.attempt]:
+            continue  # none, or the counts of the attempt before (reported beside this one's first word)
         view.inputs += [InputView(**i) for i in stream["inputs"]]
         for field in ("dead_letters", "skipped", "joined", "events"):
             for key, n in stream.get(field, {}).items():

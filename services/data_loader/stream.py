@@ -255,6 +255,8 @@ class StreamLoader:
                 for task, counts in join.task_counts.items():
                     tasks.setdefault(task, Counter()).update(counts)
         return {
+            # Whose counts these are: a heartbeat may pair the next job's first report with them.
+            "job": [self.job.id, self.job.attempt],
             "events": dict(self.counts),
             "dead_letters": dict(self.dead),
             "skipped": dict(self.skipped),
