@@ -5,44 +5,16 @@ were newer)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+from written_checkpoints import write_checkpoint
 
 from trillium.data import load_job
 from trillium.job.record import CheckpointRef, JobRecord
-from trillium.runtime.checkpoint import DENSE, Manifest, PartFile
 from trillium.services.coordinator.jobs import JobStore
 from trillium.wire import state
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
-
-
-def _checkpoint(jobs: JobStore, job: JobRecord, step: int, parent: int | None) -> None:
-    """A complete checkpoint of `job`'s current attempt at `step`, after `parent` on its timeline;
-    one an abandoned attempt left at the same step goes first, as the checkpointer removes it."""
-    store = jobs.checkpoints(job)
-    assert store is not None
-    ckdir = store.dir(step)
-    ckdir.remove()
-    size, sha = ckdir.write_bytes(DENSE, b"dense of step %d, attempt %d" % (step, job.attempt))
-    ckdir.write_manifest(
-        Manifest(
-            job_id=job.id,
-            attempt=job.attempt,
-            step=step,
-            epoch=0,
-            reason="schedule",
-            created_at=time.time(),
-            pause_seconds=0.0,
-            seconds_to_write=0.0,
-            config=job.config,
-            positions={},
-            written={},
-            lineage={},
-            files=[PartFile(name=DENSE, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0)],
-            parent=parent,
-        )
-    )
 
 
 async def test_recovery_and_retention_follow_the_timeline_a_resume_started(infra, tmp_path) -> None:
@@ -54,7 +26,7 @@ async def test_recovery_and_retention_follow_the_timeline_a_resume_started(infra
         raw["checkpoint"] = (raw.get("checkpoint") or {}) | {"dir": str(tmp_path / "checkpoints"), "keep_last": 1}
         job = await jobs.create(type(load_job(TINY_JOB)).model_validate(raw))
         for step, parent in ((100, None), (200, 100), (300, 200)):
-            _checkpoint(jobs, job, step, parent)
+            write_checkpoint(jobs, job, step, {}, parent)
         assert (await jobs.pick_checkpoint(job)).manifest.step == 300
 
         # `trillium resume --checkpoint 100`: attempt 1 starts there; it crashes before its first checkpoint.
@@ -66,7 +38,7 @@ async def test_recovery_and_retention_follow_the_timeline_a_resume_started(infra
         assert (await jobs.pick_checkpoint(job)).manifest.step == 100, "recovered onto the timeline rolled back from"
         assert (await jobs.pick_checkpoint(job, step=300)).manifest.step == 300  # an operator may still name it
 
-        _checkpoint(jobs, job, 200, 100)  # the resumed timeline's own step 200
+        write_checkpoint(jobs, job, 200, {}, 100)  # the resumed timeline's own step 200
         store = jobs.checkpoints(job)
         assert [(m.step, m.attempt) for m in store.live(job)] == [(100, 0), (200, 1)]
         picked = await jobs.pick_checkpoint(job)

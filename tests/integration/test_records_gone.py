@@ -4,17 +4,17 @@ offsets lost, and a recovery never picks a checkpoint whose records are gone."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import RecordsToDelete
+from written_checkpoints import write_checkpoint
 
 from trillium.data import load_job
 from trillium.job.record import IllegalTransition
-from trillium.runtime.checkpoint import DENSE, Manifest, PartFile
+from trillium.runtime.checkpoint import DENSE
 from trillium.services.coordinator.jobs import JobStore
 from trillium.wire import kafka, state
 
@@ -75,35 +75,6 @@ async def test_a_position_past_the_log_end_is_an_error_and_the_end_itself_is_not
     assert await _read_from(infra.kafka, tp, 4) == []  # caught up: the next record is not written yet
 
 
-def _checkpoint(
-    jobs: JobStore, job, step: int, positions: dict[str, dict[int, int]], parent: int | None = None
-) -> None:
-    """A complete checkpoint of `job` at `step` whose readers resume at `positions`, after
-    `parent` on its timeline."""
-    store = jobs.checkpoints(job)
-    assert store is not None
-    ckdir = store.dir(step)
-    size, sha = ckdir.write_bytes(DENSE, b"dense of step %d" % step)
-    ckdir.write_manifest(
-        Manifest(
-            job_id=job.id,
-            attempt=job.attempt,
-            step=step,
-            epoch=0,
-            reason="schedule",
-            created_at=time.time(),
-            pause_seconds=0.0,
-            seconds_to_write=0.0,
-            config=job.config,
-            positions=positions,
-            written={},
-            lineage={},
-            files=[PartFile(name=DENSE, role="nn_worker", index=0, bytes=size, sha256=sha, seconds=0.0)],
-            parent=parent,
-        )
-    )
-
-
 async def test_a_recovery_never_picks_a_checkpoint_whose_records_are_gone(infra, tmp_path) -> None:
     redis = state.connect(infra.redis_database(13))
     await redis.flushdb()
@@ -115,8 +86,8 @@ async def test_a_recovery_never_picks_a_checkpoint_whose_records_are_gone(infra,
         samples = TopicPartition(job.topics.samples, 0)
         await kafka.ensure_topics(infra.kafka, {samples.topic: 1})
         await _fill(infra.kafka, samples, 10, deleted_before=5)  # the samples before offset 5 trimmed
-        _checkpoint(jobs, job, 3, {samples.topic: {0: 3}})  # its rank resumes at offset 3: gone
-        _checkpoint(jobs, job, 8, {samples.topic: {0: 8}}, parent=3)
+        write_checkpoint(jobs, job, 3, {samples.topic: {0: 3}}, None)  # its rank resumes at offset 3: gone
+        write_checkpoint(jobs, job, 8, {samples.topic: {0: 8}}, 3)
         assert (await jobs.pick_checkpoint(job)).manifest.step == 8
         with pytest.raises(
             IllegalTransition, match=rf"{samples.topic}\[0\]: offsets 3\.\.4 \(2 records\) were deleted"
