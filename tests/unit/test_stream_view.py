@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.coordinator.observe import stream_view
-from services.coordinator.registry import Worker
 from trillium.data import load_job
 from trillium.job.record import JobRecord, Topics
+from trillium.services.coordinator.observe import stream_view
+from trillium.services.coordinator.registry import Worker
 
 TINY_JOB = Path(__file__).resolve().parents[1] / "data" / "tiny_job.yaml"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from services.data_loader.server import _confine
 from trillium.data import load_job
 from trillium.data.sources.files import COLUMN_SHOWN, COLUMNS_SHOWN, column_list
 from trillium.job import JobConfig, ModelSpec
 from trillium.job.trust import ENV_ALLOWED_PATHS, ENV_MODEL_MODULES, PathRoots, check_model_module
 from trillium.models import load_model
+from trillium.services.data_loader.server import _confine
 
 DATA = Path(__file__).parents[1] / "data"
 
