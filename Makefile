@@ -120,9 +120,7 @@ images-offline: $(WHEELS)/.complete $(KAFKA_LIBS)/.complete
 
 # .env for docker-compose.yml with fresh secrets; an existing .env is kept.
 compose-env:
-	@test -e .env && echo ".env exists: kept" || { umask 077; for v in TRILLIUM_TOKEN TRILLIUM_REDIS_PASSWORD \
-	  TRILLIUM_KAFKA_PASSWORD GRAFANA_ADMIN_PASSWORD; do echo "$$v=$$(openssl rand -hex 24)"; done > .env; \
-	  echo ".env written (mode 600)"; }
+	@scripts/compose-env .env
 
 # docker compose for real: engine, offline images, the Adult job through the published API, a crashed
 # PS shard restarted, and nothing left behind (scripts/test-compose.sh).

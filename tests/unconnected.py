@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trillium.config import ServiceSettings
+from trillium.scopes import token_digest
 
 
 def unconnected_settings(role: str) -> ServiceSettings:
@@ -13,5 +14,7 @@ def unconnected_settings(role: str) -> ServiceSettings:
         redis_url="redis://unused",
         coordinator_url="http://unused",
         token="unused-token-unused",
+        operate_token_sha256=token_digest("unused-operator-token"),
+        predict_token_sha256=token_digest("unused-predict-token"),
         run_dir="/nonexistent",
     )

@@ -26,12 +26,16 @@ from pydantic import (
     model_validator,
 )
 
+from trillium.scopes import DIGEST_PATTERN, ScopeKeys, token_digest
 from trillium.timeouts import HEARTBEAT_S
 
 ENV_KAFKA_BOOTSTRAP = "TRILLIUM_KAFKA_BOOTSTRAP"
 ENV_REDIS_URL = "TRILLIUM_REDIS_URL"
 ENV_COORDINATOR_URL = "TRILLIUM_COORDINATOR_URL"
-ENV_TOKEN = "TRILLIUM_TOKEN"
+ENV_TOKEN = "TRILLIUM_TOKEN"  # the services' own token (trillium.scopes); the others' digests below
+ENV_OPERATE_DIGEST = "TRILLIUM_OPERATE_TOKEN_SHA256"
+ENV_PREDICT_DIGEST = "TRILLIUM_PREDICT_TOKEN_SHA256"
+ENV_OBSERVE_DIGEST = "TRILLIUM_OBSERVE_TOKEN_SHA256"
 ENV_RUN_DIR = "TRILLIUM_RUN_DIR"
 # Security once services leave loopback (see docs/operations.md).
 ENV_REDIS_PASSWORD = "TRILLIUM_REDIS_PASSWORD"
@@ -289,7 +293,19 @@ class ServiceSettings(BaseModel):
     redis_url: str = Field(min_length=1, repr=False)
     redis_password: SecretStr | None = Field(None, description="for the URL's user, when the URL carries none")
     coordinator_url: str = Field(min_length=1)
-    token: str = Field(min_length=16, repr=False)
+    token: str = Field(min_length=16, repr=False, description="the services' token, sent on every call among them")
+    operate_token_sha256: str = Field(
+        pattern=DIGEST_PATTERN, repr=False, description="the SHA-256 (hex) of the operators' token, checked here"
+    )
+    predict_token_sha256: str | None = Field(
+        None, pattern=DIGEST_PATTERN, repr=False, description="the prediction clients' token's, on a serving replica"
+    )
+    observe_token_sha256: str | None = Field(
+        None,
+        pattern=DIGEST_PATTERN,
+        repr=False,
+        description="a metrics scraper's token's (default: none; an operator's token reads /metrics too)",
+    )
     grpc_tls: GrpcTls | None = None
     run_dir: Path
     heartbeat_s: float = Field(
@@ -350,6 +366,24 @@ class ServiceSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _predict_scope(self) -> "ServiceSettings":
+        if self.role == "serving" and self.predict_token_sha256 is None:
+            raise ValueError("predict_token_sha256: a serving replica checks its clients' token (its SHA-256)")
+        return self
+
+    @property
+    def keys(self) -> ScopeKeys:
+        """The scopes this process accepts a token of (trillium.scopes)."""
+        return ScopeKeys(
+            {
+                "services": token_digest(self.token),
+                "operate": self.operate_token_sha256,
+                "predict": self.predict_token_sha256,
+                "observe": self.observe_token_sha256,
+            }
+        )
+
+    @model_validator(mode="after")
     def _serving_shard_in_range(self) -> "ServiceSettings":
         if self.role == "serving_shard" and self.serving_shard is None:
             raise ValueError("serving_shard: a serving shard needs its place, INDEX/COUNT")
@@ -407,6 +441,9 @@ class ServiceSettings(BaseModel):
         "redis_password": ENV_REDIS_PASSWORD,
         "coordinator_url": ENV_COORDINATOR_URL,
         "token": ENV_TOKEN,
+        "operate_token_sha256": ENV_OPERATE_DIGEST,
+        "predict_token_sha256": ENV_PREDICT_DIGEST,
+        "observe_token_sha256": ENV_OBSERVE_DIGEST,
         "run_dir": ENV_RUN_DIR,
         "advertise_host": ENV_ADVERTISE_HOST,
         "threads": ENV_THREADS,

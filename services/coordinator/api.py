@@ -1,9 +1,9 @@
-"""The coordinator's REST admin API under /v1: workers, jobs and their control (resharding
-included), live staleness, embedding tables and checkpoints. Every route needs the bearer token."""
+"""The coordinator's REST admin API under /v1: jobs and their control (resharding included), live
+staleness, embedding tables and checkpoints, models and forgets, behind an operator's token
+(trillium.scopes). The workers' own routes are registry_api.py's."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Annotated, Any
@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, BeforeValidator, Field
 
 from trillium.job import JobConfig
 from trillium.job.record import ACTIVE, IllegalTransition, JobRecord
@@ -21,6 +21,7 @@ from trillium.runtime.forget import ForgetReceipt
 from trillium.runtime.progress import JobProgress
 from trillium.wire import state
 
+from .bodies import bounded, errors
 from .checkpoints import CheckpointInfo
 from .forget import ForgetRequest
 from .jobs import CheckpointRequested, JobNotFound
@@ -35,31 +36,13 @@ from .observe import (
     stream_view,
 )
 from .parts import CoordinatorParts as Coordinator
-from .registry import Replaced, Worker, WorkerRegistration, unreachable
+from .registry import unreachable
 from .reshard import request_reshard
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
-# Bodies are kept as JSON records in Redis and read back all the time: they must stay within
-# what pydantic reads back (nesting) and what validation walks quickly (YAML aliases can make
-# a small body expand to a huge value).
-MAX_DEPTH = 32
-MAX_VALUES = 100_000
 
 
 # ---- models ------------------------------------------------------------------------------------
-
-
-class ErrorResponse(BaseModel):
-    detail: str
-
-
-class HeartbeatResponse(BaseModel):
-    worker: Worker
-    job: JobRecord | None = Field(
-        description="the current job, how the coordinator hands out work; null when there is "
-        "none, and when it is the record the heartbeat's job_digest names (unchanged)"
-    )
-    job_digest: str | None = Field(description="names the current job's record as it stands; null: no job")
 
 
 class JobProgressView(BaseModel):
@@ -184,21 +167,6 @@ class StalenessUpdate(BaseModel):
     )
 
 
-def _bounded(doc: Any) -> Any:
-    """`doc` itself, unless it is too large or too deeply nested to keep (ValueError)."""
-    stack, seen = [(doc, 1)], 0
-    while stack:
-        node, depth = stack.pop()
-        seen += 1
-        if seen > MAX_VALUES:
-            raise ValueError(f"the document expands to more than {MAX_VALUES} values")
-        if depth > MAX_DEPTH:
-            raise ValueError(f"the document nests deeper than {MAX_DEPTH} levels")
-        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node if isinstance(node, list) else []
-        stack.extend((child, depth + 1) for child in children)
-    return doc
-
-
 def _parsed(value: Any) -> Any:
     """FastAPI decodes only JSON bodies: a YAML one reaches the model as bytes."""
     if isinstance(value, bytes):
@@ -206,24 +174,10 @@ def _parsed(value: Any) -> Any:
             value = yaml.safe_load(value)
         except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as err:
             raise ValueError(f"invalid YAML: {err}") from None
-    return _bounded(value)
+    return bounded(value)
 
 
 JobConfigBody = Annotated[JobConfig, BeforeValidator(_parsed)]
-
-
-class HeartbeatRequest(BaseModel):
-    health: Annotated[dict[str, Any], AfterValidator(_bounded)] = {}
-    job_digest: str | None = Field(
-        None, max_length=64, description="the job_digest of the last answer whose job the worker holds"
-    )
-
-
-def record_digest(record: str) -> str:
-    """Names a job record's JSON: a worker that holds this record is not sent it again (every
-    worker would otherwise parse the record it holds, 18 KB for a 26-table job, at every
-    heartbeat, and the coordinator serialize it)."""
-    return hashlib.blake2b(record.encode(), digest_size=16).hexdigest()
 
 
 def _absolute_data_paths(config: JobConfig) -> None:
@@ -273,48 +227,8 @@ async def _job_media_type(request: Request) -> None:
 # ---- routes ------------------------------------------------------------------------------------
 
 
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": ErrorResponse} for code in codes}
-
-
 def add_api(app: FastAPI, coord: Coordinator) -> None:
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(coord.require_token)], responses=_errors(401, 413))
-
-    # ---- workers
-    @v1.post("/workers", response_model=Worker, tags=["workers"], responses=_errors(409))
-    async def register_worker(reg: WorkerRegistration) -> Worker:
-        """Register a service instance (services do this themselves at start). 409: the name is held
-        by a process on another host that is still heard from (this one was replaced: it exits)."""
-        try:
-            return await coord.registry.register(reg)
-        except Replaced as err:
-            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
-
-    @v1.post("/workers/{name}/heartbeat", response_model=HeartbeatResponse, tags=["workers"], responses=_errors(404))
-    async def heartbeat(name: str, body: HeartbeatRequest) -> Response:
-        """A worker's heartbeat with its health; the answer carries the current job."""
-        worker = await coord.registry.heartbeat(name, body.health)
-        if worker is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered by this process")
-        # Built from the record as stored, neither parsed nor validated on the way out: every
-        # worker, every second.
-        record = await coord.jobs.current_json()
-        digest = record_digest(record) if record is not None else None
-        job = record if record is not None and digest != body.job_digest else "null"
-        answer = f'{{"worker":{worker.model_dump_json()},"job":{job},"job_digest":{json.dumps(digest)}}}'
-        return Response(answer, media_type="application/json")
-
-    @v1.get("/workers", response_model=list[Worker], tags=["workers"])
-    async def list_workers() -> list[Worker]:
-        """Every registered instance: role, index (NN rank or PS shard), addresses, last
-        heartbeat, health, and status (`lost` after 5 missed heartbeats: 10 s by default)."""
-        return await coord.registry.workers()
-
-    @v1.delete("/workers/{name}", status_code=status.HTTP_204_NO_CONTENT, tags=["workers"], responses=_errors(404))
-    async def deregister(name: str) -> None:
-        """Forget a worker (it registers again with its next heartbeat if it still runs)."""
-        if not await coord.registry.deregister(name):
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"worker {name!r} is not registered")
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(coord.requires("operate"))], responses=errors(401, 413))
 
     # ---- models
     @v1.get("/models", response_model=list[ModelEntry], tags=["models"])
@@ -331,7 +245,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         status_code=status.HTTP_201_CREATED,
         tags=["jobs"],
         dependencies=[Depends(_job_media_type)],
-        responses=_errors(409, 415),
+        responses=errors(409, 415),
     )
     async def submit_job(config: JobConfigBody) -> JobRecord:
         """Submit a job: the job file's schema, as JSON or YAML (`Content-Type:
@@ -345,24 +259,24 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         """Every job not deleted, oldest first."""
         return await coord.jobs.all()
 
-    @v1.get("/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_errors(404))
+    @v1.get("/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=errors(404))
     async def get_job(job_id: str) -> JobView:
         """A job's state and progress: samples, steps, epoch, samples/s, loss, staleness per
         rank, per-rank results and evaluation metrics once done, lost workers."""
         return await job_view(coord, await coord.jobs.require(job_id))
 
-    @v1.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"], responses=_errors(404, 409))
+    @v1.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"], responses=errors(404, 409))
     async def delete_job(job_id: str) -> None:
         """Forget a finished, failed or stopped job and all its state in Redis."""
         coord.forgetter.require_idle(job_id)
         await coord.jobs.delete(job_id)
 
-    @v1.post("/jobs/{job_id}/pause", response_model=JobRecord, tags=["job control"], responses=_errors(404, 409))
+    @v1.post("/jobs/{job_id}/pause", response_model=JobRecord, tags=["job control"], responses=errors(404, 409))
     async def pause_job(job_id: str) -> JobRecord:
         """Pause a running job: the NN ranks stop before their next step (within a heartbeat)."""
         return await coord.jobs.transition(job_id, "paused", expect=frozenset({"running"}))
 
-    @v1.post("/jobs/{job_id}/resume", response_model=JobRecord, tags=["job control"], responses=_errors(404, 409))
+    @v1.post("/jobs/{job_id}/resume", response_model=JobRecord, tags=["job control"], responses=errors(404, 409))
     async def resume_job(job_id: str, body: ResumeRequest | None = None) -> JobRecord:
         """Resume a paused job; or a stopped or failed one from a checkpoint (the newest, or the
         one at `checkpoint`): a new attempt restores it and goes on (`recovering`, then `running`)."""
@@ -381,7 +295,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         response_model=JobRecord,
         status_code=status.HTTP_202_ACCEPTED,
         tags=["job control"],
-        responses=_errors(404, 409),
+        responses=errors(404, 409),
     )
     async def stop_job(job_id: str, body: StopRequest | None = None) -> JobRecord:
         """Stop an active job: it is `stopping` until every worker has ended its part, then `stopped`.
@@ -395,7 +309,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         response_model=JobRecord,
         status_code=status.HTTP_202_ACCEPTED,
         tags=["job control"],
-        responses=_errors(404, 409),
+        responses=errors(404, 409),
     )
     async def reshard_job(job_id: str, body: ReshardRequest) -> JobRecord:
         """Move a running job onto `ps_shards` PS shards, live: the ranks stop at a cut, a checkpoint is
@@ -406,7 +320,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         return await request_reshard(coord.jobs, coord.registry, job_id, body.ps_shards)
 
     # ---- forgetting
-    @v1.post("/jobs/{job_id}/forget", response_model=ForgetReceipt, tags=["forget"], responses=_errors(404, 409, 422))
+    @v1.post("/jobs/{job_id}/forget", response_model=ForgetReceipt, tags=["forget"], responses=errors(404, 409, 422))
     async def forget(job_id: str, body: ForgetRequest) -> ForgetReceipt:
         """Remove IDs (a user's, under the GDPR's Art. 17) from everything of the job that holds them:
         the live PS shards, every checkpoint, every version of its model and the replicas serving it,
@@ -422,14 +336,14 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         return await coord.forgetter.receipts(job_id)
 
     # ---- staleness
-    @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404))
+    @v1.get("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=errors(404))
     async def get_staleness(job_id: str) -> StalenessReport:
         """The live staleness bound and the staleness observed per NN rank (max, mean, histogram)."""
         return await staleness_report(coord, await coord.jobs.require(job_id))
 
-    @v1.put("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404, 409))
+    @v1.put("/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=errors(404, 409))
     @v1.patch(
-        "/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=_errors(404, 409)
+        "/jobs/{job_id}/staleness", response_model=StalenessReport, tags=["staleness"], responses=errors(404, 409)
     )
     async def set_staleness(job_id: str, update: StalenessUpdate) -> StalenessReport:
         """Change the bound of an active job, live: the embedding workers apply it to their next lookup."""
@@ -440,7 +354,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         return await staleness_report(coord, job)
 
     # ---- tables and checkpoints
-    @v1.get("/jobs/{job_id}/tables", response_model=TablesView, tags=["tables"], responses=_errors(404, 409, 503))
+    @v1.get("/jobs/{job_id}/tables", response_model=TablesView, tags=["tables"], responses=errors(404, 409, 503))
     async def get_tables(job_id: str) -> TablesView:
         """Per embedding table: rows, memory, admitted/evicted/expired rows, summed over the
         PS shards (and per shard), asked of each shard now. Only the current job's tables are held."""
@@ -449,7 +363,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         )
 
     @v1.get(
-        "/jobs/{job_id}/checkpoints", response_model=list[CheckpointInfo], tags=["checkpoints"], responses=_errors(404)
+        "/jobs/{job_id}/checkpoints", response_model=list[CheckpointInfo], tags=["checkpoints"], responses=errors(404)
     )
     async def list_checkpoints(job_id: str) -> list[CheckpointInfo]:
         """A job's complete checkpoints, oldest first: step, epoch, size, seconds to write, how
@@ -461,14 +375,14 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         response_model=CheckpointRequested,
         status_code=status.HTTP_202_ACCEPTED,
         tags=["checkpoints"],
-        responses=_errors(404, 409),
+        responses=errors(404, 409),
     )
     async def request_checkpoint(job_id: str) -> CheckpointRequested:
         """Ask for a checkpoint of a running or paused job: the NN ranks cut after the step on
         which they agree on it (within about a heartbeat); it is listed once its manifest is written."""
         return await coord.jobs.request_checkpoint(job_id)
 
-    @v1.get("/jobs/{job_id}/series", response_model=list[SeriesPoint], tags=["jobs"], responses=_errors(404))
+    @v1.get("/jobs/{job_id}/series", response_model=list[SeriesPoint], tags=["jobs"], responses=errors(404))
     async def get_series(job_id: str) -> list[SeriesPoint]:
         """The job's series for plots: samples, rolling AUC, loss; a point a second while it trains,
         the older ones thinned to span the whole job in a bounded number of points."""
@@ -482,7 +396,7 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         "/jobs/{job_id}/checkpoints/{step}",
         status_code=status.HTTP_204_NO_CONTENT,
         tags=["checkpoints"],
-        responses=_errors(404, 409),
+        responses=errors(404, 409),
     )
     async def delete_checkpoint(job_id: str, step: int) -> None:
         """Delete one checkpoint of a job (complete or not); 409 while another checkpoint's delta

@@ -3,10 +3,10 @@ never imports server.py (which wires the API in)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from fastapi.security import HTTPAuthorizationCredentials
-
+from trillium.scopes import Scope
 from trillium.wire.state import aioredis
 
 from .checkpoints import Checkpointer
@@ -26,4 +26,4 @@ class CoordinatorParts(Protocol):
     publisher: Publisher
     forgetter: Forgetter
 
-    async def require_token(self, creds: HTTPAuthorizationCredentials | None) -> None: ...
+    def requires(self, *scopes: Scope) -> Callable[..., Awaitable[None]]: ...

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import logging
+import socket
 import time
 from collections.abc import Awaitable
 from typing import Any, Literal
@@ -71,6 +73,45 @@ class Replaced(Exception):
 
 def _host(url: str) -> str | None:
     return urlsplit(url).hostname
+
+
+class ElsewhereRegistered(ValueError):
+    """A registration names an address the caller does not call from."""
+
+
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])  # a link-local address's zone is no part of it
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+async def check_caller(reg: WorkerRegistration, caller: str | None) -> None:
+    """A process registers only at its own host: each host the registration names (its HTTP URL's
+    and its gRPC address's) must resolve to the address the call came from, or the holder of the
+    services' token could register as `embedding_ps-0` at another machine and be sent that shard's
+    lookups and gradients. Loopback addresses are one host: this machine's (a process bound to
+    every address advertises its host name, which Debian resolves to 127.0.1.1)."""
+    if caller is None:
+        raise ElsewhereRegistered(f"{reg.name}: the call's address is unknown, so its registration is refused")
+    source = _ip(caller)
+    hosts = {_host(reg.http_url)}
+    if reg.grpc_address is not None:
+        hosts.add(reg.grpc_address.rpartition(":")[0].strip("[]"))
+    loop = asyncio.get_running_loop()
+    for host in hosts:
+        if not host:
+            raise ElsewhereRegistered(f"{reg.name}: {reg.http_url!r} names no host")
+        try:
+            infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError as err:
+            raise ElsewhereRegistered(f"{reg.name}: its host {host!r} does not resolve here ({err})") from None
+        addresses = {_ip(info[4][0]) for info in infos}
+        if source not in addresses and not (source.is_loopback and any(a.is_loopback for a in addresses)):
+            shown = ", ".join(sorted(map(str, addresses)))
+            raise ElsewhereRegistered(
+                f"{reg.name} registers at {host} ({shown}) but calls from {source}: a process registers only itself"
+            )
 
 
 class WorkerRegistry:

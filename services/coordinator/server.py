@@ -27,6 +27,7 @@ from .lifecycle import advance
 from .observe import Observer
 from .publish import Publisher
 from .registry import WorkerRegistry
+from .registry_api import add_registry_routes
 from .retention import TopicRetention
 
 logger = logging.getLogger("trillium.coordinator")
@@ -46,6 +47,7 @@ class Coordinator(Service):
         )
         app.add_middleware(BodyLimit)
         add_api(app, self)
+        add_registry_routes(app, self)
 
     async def _every(self, period_s: float, what: str, tick: Callable[[], Awaitable[None]]) -> None:
         while True:

@@ -6,7 +6,8 @@
     POST /v1/models/{model}/rollback   {"version": N}: serve version N, restored from the model store
     POST /v1/models/{model}/unpin      follow the newest version again
 
-Every route needs the stack's token (the app adds the dependency). An instance that cannot be a
+Predictions and the models' views need a prediction client's token (or an operator's), rollback
+and unpin an operator's (trillium.scopes; the app adds the dependencies to `router` and `control`). An instance that cannot be a
 sample answers 422 in FastAPI's own error shape, its `loc` naming the instance and the field:
 `["body", "instances", 3, "age"]`; more instances than `max_batch` answer 413.
 """
@@ -164,6 +165,7 @@ def get_follower(model: str, parts: Parts) -> ModelFollower:
 
 Follower = Annotated[ModelFollower, Depends(get_follower)]
 router = APIRouter(prefix="/v1", tags=["serving"])
+control = APIRouter(prefix="/v1", tags=["serving"])
 
 
 @router.post("/models/{model}:predict", response_model=PredictResponse)
@@ -182,7 +184,7 @@ async def get_model(found: Follower) -> ModelView:
     return model_view(found)
 
 
-@router.post("/models/{model}/rollback", response_model=ModelView)
+@control.post("/models/{model}/rollback", response_model=ModelView)
 async def rollback(found: Follower, body: RollbackRequest) -> ModelView:
     """Serve version N (restored from the model store) until unpinned; 404 no such version, 409 it
     does not load, 503 the store does not answer (the version served stays)."""
@@ -201,7 +203,7 @@ async def rollback(found: Follower, body: RollbackRequest) -> ModelView:
     return model_view(found)
 
 
-@router.post("/models/{model}/unpin", response_model=ModelView)
+@control.post("/models/{model}/unpin", response_model=ModelView)
 async def unpin(found: Follower) -> ModelView:
     """Follow the newest version again (it loads within seconds)."""
     await found.unpin()

@@ -41,7 +41,7 @@ from trillium.wire import rpc, state
 from trillium.wire.pb import serving_pb2 as pb
 from trillium.wire.pb import serving_pb2_grpc as pb_grpc
 
-from .api import PredictResponse, bad_instance, router
+from .api import PredictResponse, bad_instance, control, router
 from .follower import ModelFollower
 from .served import WHOLE, Prediction, ServedModel, Slice, VersionChurn
 from .sharded import FrontendModel, ShardClients, ShardUnavailable
@@ -130,18 +130,20 @@ class ServingReplica(Service):
     def add_routes(self, app: FastAPI) -> None:
         app.description = (
             "Predictions from the models a Trillium stack trains. Every /v1 route needs "
-            "`Authorization: Bearer <token>`; /healthz and /readyz (up, ready: nothing more) do not."
+            "`Authorization: Bearer <token>`: a prediction client's or an operator's, and an operator's "
+            "to roll back or unpin; /healthz and /readyz (up, ready: nothing more) need none."
         )
         app.add_middleware(BodyLimit, limit=self.settings.serving_max_body_bytes)
         app.state.replica = self
-        app.include_router(router, dependencies=[Depends(self.require_token)])
+        app.include_router(router, dependencies=[Depends(self.requires("predict"))])
+        app.include_router(control, dependencies=[Depends(self.requires("operate"))])
 
     async def start(self) -> None:
         self.redis = state.connect(self.settings.redis_url)
         if self.settings.serving_shard_addresses:
             self.clients = ShardClients(self.settings.serving_shard_addresses, self.settings.grpc)
         self.grpc_server = await rpc.serve(
-            self.settings.host, self.settings.grpc_port, self.settings.grpc, self.register
+            self.settings.host, self.settings.grpc_port, self.settings.grpc, self.register, self.settings.keys
         )
         self._discovery = asyncio.create_task(self._discover(), name="model discovery")
         if self.clients is not None:

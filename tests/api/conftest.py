@@ -15,6 +15,7 @@ from trillium import stack
 from trillium.config import StackTopology
 from trillium.data import load_job
 from trillium.job import JobConfig
+from trillium.scopes import Scope
 from trillium.stack.client import TERMINAL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -24,9 +25,13 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 class ApiStack:
     run_dir: Path
     url: str
-    token: str
+    token: str  # an operator's
     redis_url: str
-    http: httpx.Client  # /v1 with the token
+    http: httpx.Client  # /v1 with an operator's token
+    services: httpx.Client  # /v1 as a service of the stack calls it (registration, heartbeats)
+
+    def scope_token(self, scope: Scope) -> str:
+        return stack.read_token(self.run_dir, scope)
 
     def wait_for(self, job_id: str, states: set[str], timeout_s: float = 120.0) -> dict[str, Any]:
         """Poll the job's view until its state is one of `states`."""
@@ -54,10 +59,16 @@ def api_stack(infra, tmp_path_factory) -> ApiStack:
     http = httpx.Client(
         base_url=st["coordinator_url"] + "/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30.0
     )
+    services = httpx.Client(
+        base_url=st["coordinator_url"] + "/v1",
+        headers={"Authorization": f"Bearer {stack.read_token(run_dir, 'services')}"},
+        timeout=30.0,
+    )
     try:
-        yield ApiStack(run_dir, st["coordinator_url"], token, redis_url, http)
+        yield ApiStack(run_dir, st["coordinator_url"], token, redis_url, http, services)
     finally:
         http.close()
+        services.close()
         stack.down(run_dir)
 
 

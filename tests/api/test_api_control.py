@@ -147,11 +147,11 @@ def _refused_while_running(api_stack, job_id: str, config: JobConfig) -> None:
 
 
 def _workers_refuse_while_running(api_stack, job_id: str) -> None:
-    """A worker does not take the coordinator's word for it: a caller with the token (the
+    """A worker does not take the coordinator's word for it: a caller with the services' token (the
     coordinator or not) cannot have a PS shard forget rows of the running job, nor a worker write
     its part to a location outside the stack's roots or of a scheme no object store has."""
     workers = {w["name"]: w["http_url"] for w in api_stack.http.get("/workers").json()}
-    auth = {"Authorization": f"Bearer {api_stack.token}"}
+    auth = {"Authorization": f"Bearer {api_stack.scope_token('services')}"}
     job = api_stack.http.get(f"/jobs/{job_id}").json()["job"]
     table = next(iter(job["config"]["tables"]))
     ps, rank = workers["embedding_ps-0"], workers["nn_worker-0"]

@@ -71,7 +71,7 @@ def test_unknown_job_is_404_on_every_job_route(api_stack) -> None:
         path = path.removeprefix("/v1").replace("{job_id}", "no-such-job").replace("{step}", "0")
         r = http.request(method, path, json=body)
         assert r.status_code == 404 and r.json() == {"detail": "no job 'no-such-job'"}, (method, path, r.text)
-    assert http.post("/workers/nn_worker-99/heartbeat", json={"health": {}}).status_code == 404
+    assert api_stack.services.post("/workers/nn_worker-99/heartbeat", json={"health": {}}).status_code == 404
 
 
 def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
@@ -116,7 +116,9 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
     deep["model"]["kwargs"]["hidden"] = json.loads("[" * 200 + "]" * 200)
     r = http.post("/jobs", json=deep)
     assert r.status_code == 422 and "nests deeper than 32 levels" in r.text
-    r = http.post("/workers/coordinator-0/heartbeat", json={"health": {"x": json.loads("[" * 200 + "]" * 200)}})
+    r = api_stack.services.post(
+        "/workers/coordinator-0/heartbeat", json={"health": {"x": json.loads("[" * 200 + "]" * 200)}}
+    )
     assert r.status_code == 422 and "nests deeper than 32 levels" in r.text
 
     r = http.post("/jobs", content=json.dumps(good), headers={"Content-Type": "text/plain"})
@@ -131,7 +133,7 @@ def test_invalid_configs_are_422_naming_the_field(api_stack, tiny_job) -> None:
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ps_shards"], r.text
     assert http.post("/jobs/x/reshard", json={}).status_code == 422  # ps_shards is required
     assert (
-        http.post(
+        api_stack.services.post(
             "/workers",
             json={"name": "nn_worker-0", "role": "embedding_ps", "index": 0, "http_url": "http://x", "pid": 1},
         ).status_code

@@ -23,16 +23,17 @@ def test_a_heartbeat_carries_the_job_only_when_it_changed(api_stack, tiny_job) -
     while not http.get(f"/jobs/{job_id}").json()["job"]["topics_deleted"]:
         assert time.monotonic() < deadline, "the finished job's topics were not deleted"
         time.sleep(0.1)
-    http.post("/workers", json=WORKER).raise_for_status()
+    worker = api_stack.services  # registration and heartbeats take the services' token alone
+    worker.post("/workers", json=WORKER).raise_for_status()
     beat = f"/workers/{WORKER['name']}/heartbeat"
     announcements = redis.Redis.from_url(api_stack.redis_url, decode_responses=True).pubsub()
     try:
-        first = http.post(beat, json={"health": {}}).raise_for_status().json()
+        first = worker.post(beat, json={"health": {}}).raise_for_status().json()
         assert first["job"]["id"] == job_id and first["job"]["state"] == "finished"
         digest = first["job_digest"]
-        again = http.post(beat, json={"health": {}, "job_digest": digest}).json()
+        again = worker.post(beat, json={"health": {}, "job_digest": digest}).json()
         assert again["job"] is None and again["job_digest"] == digest
-        stale = http.post(beat, json={"health": {}, "job_digest": "0" * 32}).json()
+        stale = worker.post(beat, json={"health": {}, "job_digest": "0" * 32}).json()
         assert stale["job"] == first["job"] and stale["job_digest"] == digest
 
         announcements.subscribe(state.JOB_CHANGED)
@@ -45,8 +46,8 @@ def test_a_heartbeat_carries_the_job_only_when_it_changed(api_stack, tiny_job) -
             heard += [message["data"]] if message else []
         assert job_id in heard
         # No current job any more: the worker holding the old record is told so.
-        gone = http.post(beat, json={"health": {}, "job_digest": digest}).json()
+        gone = worker.post(beat, json={"health": {}, "job_digest": digest}).json()
         assert gone["job"] is None and gone["job_digest"] is None
     finally:
         announcements.close()
-        http.delete(f"/workers/{WORKER['name']}")
+        worker.delete(f"/workers/{WORKER['name']}")

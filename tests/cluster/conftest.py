@@ -17,6 +17,7 @@ from timeline import FAULT_EPOCHS, FAULTS, cluster_job
 from trillium import stack
 from trillium.config import StackTopology
 from trillium.job.record import ACTIVE
+from trillium.scopes import SCOPES
 from trillium.stack import object_store, tls
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.links import Network
@@ -59,7 +60,9 @@ def cluster(tmp_path_factory) -> Path:
     keys = object_store.stack_env(state)
     stack.down(run_dir)
     passwords = tls.load(state).secrets()
-    assert_no_secret_in_logs(run_dir, [stack.read_token(run_dir), keys["AWS_SECRET_ACCESS_KEY"], *passwords])
+    assert_no_secret_in_logs(
+        run_dir, [*(stack.read_token(run_dir, scope) for scope in SCOPES), keys["AWS_SECRET_ACCESS_KEY"], *passwords]
+    )
 
 
 @pytest.fixture(scope="session")

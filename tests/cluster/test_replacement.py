@@ -26,13 +26,13 @@ from trillium.config import (
     ENV_REDIS_URL,
     ENV_RUN_DIR,
     ENV_THREADS,
-    ENV_TOKEN,
     EXIT_RESTART,
 )
 from trillium.stack import object_store, tls
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.hosts import GRPC_PORT, HOST_IFNAME, HTTP_PORT
 from trillium.stack.links import Network
+from trillium.stack.procs import scope_env
 
 pytestmark = pytest.mark.cluster
 
@@ -45,7 +45,7 @@ def _start(cluster, host, role: str, index: int) -> subprocess.Popen[bytes]:
         ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"],
         ENV_REDIS_URL: st["redis"]["url"],
         ENV_COORDINATOR_URL: st["coordinator_url"],
-        ENV_TOKEN: stack.read_token(cluster),
+        **scope_env(cluster),
         ENV_RUN_DIR: str(cluster),
         ENV_THREADS: "1",
         "GLOO_SOCKET_IFNAME": HOST_IFNAME,

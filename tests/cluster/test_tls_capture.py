@@ -19,6 +19,7 @@ from waiting import wait_until
 
 from trillium import stack
 from trillium.config import ENV_KAFKA_BOOTSTRAP
+from trillium.scopes import SCOPES
 from trillium.stack import tls
 from trillium.stack.client import CoordinatorClient
 from trillium.stack.hosts import GRPC_PORT, HTTP_PORT, KAFKA_PORT, REDIS_PORT
@@ -76,7 +77,7 @@ def test_no_secret_crosses_the_network_in_clear(cluster, network: Network, tmp_p
     stack_tls = tls.load(state)
     assert stack_tls is not None, "the cluster runs with TLS"
     hidden = {
-        "the token": stack.read_token(cluster),
+        **{f"the {scope} token": stack.read_token(cluster, scope) for scope in SCOPES},
         "Redis's password": stack_tls.redis_password,
         "Kafka's password": stack_tls.kafka_password,
     }

@@ -6,7 +6,6 @@ the project comes up healthy with its security on, trains Adult through the API 
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -100,21 +99,16 @@ def stack(tmp_path_factory) -> Compose:
     project = os.environ.get("COMPOSE_PROJECT_NAME")
     assert project, "run by `make test-compose`, which names the compose project (COMPOSE_PROJECT_NAME)"
     env_file = tmp_path_factory.mktemp("compose") / ".env"
-    token, port, serving_port, serving_grpc = secrets.token_hex(24), free_port(), free_port(), free_port()
-    env_file.write_text(
-        "".join(
-            f"{k}={v}\n"
-            for k, v in {
-                "TRILLIUM_TOKEN": token,
-                "TRILLIUM_REDIS_PASSWORD": secrets.token_hex(24),
-                "TRILLIUM_KAFKA_PASSWORD": secrets.token_hex(24),
-                "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(24),
-                "TRILLIUM_API_PORT": port,
-                "TRILLIUM_SERVING_PORT": serving_port,
-                "TRILLIUM_SERVING_GRPC_PORT": serving_grpc,
-            }.items()
+    port, serving_port, serving_grpc = free_port(), free_port(), free_port()
+    subprocess.run(
+        [str(REPO / "scripts" / "compose-env"), str(env_file)], check=True
+    )  # the secrets, as users make them
+    with env_file.open("a") as f:
+        f.write(
+            f"TRILLIUM_API_PORT={port}\nTRILLIUM_SERVING_PORT={serving_port}\nTRILLIUM_SERVING_GRPC_PORT={serving_grpc}\n"
         )
-    )
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    token = values["TRILLIUM_OPERATE_TOKEN"]
     stack = Compose(
         project,
         env_file,

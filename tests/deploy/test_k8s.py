@@ -94,7 +94,7 @@ def test_the_topology_and_its_kinds(rendered) -> None:
     assert services["kafka"]["type"] == services["redis"]["type"] == "ExternalName"
 
 
-def test_every_container_is_probed_limited_and_given_the_token_by_a_secret(objects) -> None:
+def test_every_container_is_probed_limited_and_given_its_tokens_by_a_secret(objects) -> None:
     for name, workload in _workloads(objects).items():
         template = workload["spec"]["template"]
         assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true", name
@@ -105,7 +105,11 @@ def test_every_container_is_probed_limited_and_given_the_token_by_a_secret(objec
             assert set(c["resources"]["requests"]) >= {"cpu", "memory"}, name
             assert set(c["resources"]["limits"]) >= {"cpu", "memory"}, name
             env = {e["name"]: e for e in c["env"]}
-            for var in (config.ENV_TOKEN, config.ENV_REDIS_PASSWORD, config.ENV_KAFKA_PASSWORD):
+            # Every container needs the services' token and the digest of an operator's; a serving
+            # replica, of a prediction client's too (trillium.config refuses to start without them).
+            needed = [config.ENV_TOKEN, config.ENV_OPERATE_DIGEST, config.ENV_REDIS_PASSWORD, config.ENV_KAFKA_PASSWORD]
+            needed += [config.ENV_PREDICT_DIGEST] if "trillium.services.serving" in c["args"] else []
+            for var in needed:
                 assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "trillium-secrets", (name, var)
             # Only names trillium/config.py reads (POD_INDEX feeds --index, not a service).
             assert set(env) - {"POD_INDEX"} <= CONFIG_NAMES, (name, set(env) - CONFIG_NAMES)

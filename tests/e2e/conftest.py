@@ -15,6 +15,7 @@ from trillium.config import StackTopology
 from trillium.data import load_job
 from trillium.job import JobConfig
 from trillium.job.record import ACTIVE
+from trillium.scopes import SCOPES
 from trillium.stack.client import CoordinatorClient
 
 
@@ -29,7 +30,7 @@ def training_stack(infra, tmp_path_factory) -> Path:
     )
     yield run_dir
     stack.down(run_dir)
-    assert_no_secret_in_logs(run_dir, [stack.read_token(run_dir)])
+    assert_no_secret_in_logs(run_dir, [*(stack.read_token(run_dir, scope) for scope in SCOPES)])
 
 
 @pytest.fixture(autouse=True)

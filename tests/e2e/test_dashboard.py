@@ -44,8 +44,8 @@ def test_the_dashboard_queries_only_exported_metrics(training_stack, tiny_job) -
     queries = _queries()
     wanted = {m for expr, _ in queries for m in METRIC.findall(expr)}
     assert len(wanted) >= 10, wanted  # the dashboard's panels: throughput, loss, staleness, latency, lag, PS
-    token = stack.read_token(training_stack)
-    # /metrics needs the token, like everything but health.
+    token = stack.read_token(training_stack, "observe")
+    # /metrics needs a token, like everything but health: the scrapers' (Prometheus's) reads it.
     coordinator = stack.read_state(training_stack)["coordinator_url"]
     assert httpx.get(f"{coordinator}/metrics").status_code == 401
     # Long enough for the coordinator's slower samples (Kafka lag, tables: every 5 s) to run mid-job.

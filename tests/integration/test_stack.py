@@ -15,7 +15,7 @@ import pytest
 
 from trillium.config import ENV_KAFKA_BOOTSTRAP, ENV_REDIS_URL, ROLES, StackTopology
 from trillium.stack import LauncherError, down, read_state, read_token, status, up
-from trillium.stack.procs import pid_alive
+from trillium.stack.procs import TOKEN_FILES, pid_alive
 
 TOPOLOGY = StackTopology()  # the default: 1 coordinator, 2 PS shards, 1 embedding worker, 2 NN ranks, 1 loader
 
@@ -53,7 +53,8 @@ def test_services_registered_with_coordinator_behind_token(stack) -> None:
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong-token-wrong-token"}).status_code == 401
     token = read_token(run_dir)
-    assert oct((run_dir / "token").stat().st_mode & 0o777) == "0o600"
+    for name in TOKEN_FILES.values():  # every scope's token is the stack user's alone
+        assert oct((run_dir / name).stat().st_mode & 0o777) == "0o600", name
     deadline = time.monotonic() + 20
     while True:
         workers = httpx.get(url, headers={"Authorization": f"Bearer {token}"}).json()

@@ -20,12 +20,14 @@ from trillium.config import (
     ENV_GRPC_TLS_CERT,
     ENV_GRPC_TLS_KEY,
     ENV_KAFKA_BOOTSTRAP,
+    ENV_OPERATE_DIGEST,
     ENV_REDIS_URL,
     ENV_RUN_DIR,
     ENV_TOKEN,
     GrpcCredentials,
     GrpcTls,
 )
+from trillium.scopes import token_digest
 from trillium.stack.procs import free_port
 from trillium.wire import rpc
 from trillium.wire.pb import embedding_pb2 as pb
@@ -96,6 +98,7 @@ def _start_ps(infra, run_dir: Path, tls: GrpcTls | None) -> tuple[subprocess.Pop
         ENV_REDIS_URL: infra.redis_database(5),
         ENV_COORDINATOR_URL: f"http://127.0.0.1:{free_port()}",
         ENV_TOKEN: TOKEN,
+        ENV_OPERATE_DIGEST: token_digest("an-operators-token-0123456789"),
         ENV_RUN_DIR: str(run_dir),
     }
     if tls is not None:

@@ -25,14 +25,19 @@ from trillium.config import (
     ENV_GRPC_TLS_CERT,
     ENV_GRPC_TLS_KEY,
     ENV_KAFKA_BOOTSTRAP,
+    ENV_OPERATE_DIGEST,
     ENV_REDIS_URL,
     ENV_RUN_DIR,
     ENV_TOKEN,
 )
+from trillium.scopes import token_digest
 from trillium.services.embedding_ps.server import EmbeddingPS
 from trillium.stack.procs import free_port
 
 ETH_P_ALL = 0x0003
+
+
+OPERATOR = "an-operators-token-0123456789"  # /status takes a reader's token: an operator's
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +51,7 @@ def tls_ps(infra, tmp_path_factory):
         ENV_REDIS_URL: infra.redis_database(5),
         ENV_COORDINATOR_URL: f"https://127.0.0.1:{free_port()}",
         ENV_TOKEN: TOKEN,
+        ENV_OPERATE_DIGEST: token_digest(OPERATOR),
         ENV_RUN_DIR: str(run_dir),
         ENV_GRPC_TLS_CERT: str(tls.cert_file),
         ENV_GRPC_TLS_KEY: str(tls.key_file),
@@ -72,7 +78,7 @@ def tls_ps(infra, tmp_path_factory):
 
 def test_the_http_port_speaks_only_tls_with_a_certificate_the_ca_signed(tls_ps) -> None:
     port, ca = tls_ps
-    status = httpx.get(f"https://127.0.0.1:{port}/status", verify=ca, headers={"Authorization": f"Bearer {TOKEN}"})
+    status = httpx.get(f"https://127.0.0.1:{port}/status", verify=ca, headers={"Authorization": f"Bearer {OPERATOR}"})
     assert status.status_code == 200 and status.json()["role"] == "embedding_ps"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/readyz")  # plaintext: no answer a client could read
@@ -131,15 +137,15 @@ def test_the_token_crosses_the_link_in_no_readable_byte(tls_ps) -> None:
     port, ca = tls_ps
     capture = Capture()
     for _ in range(3):
-        r = httpx.get(f"https://127.0.0.1:{port}/status", verify=ca, headers={"Authorization": f"Bearer {TOKEN}"})
+        r = httpx.get(f"https://127.0.0.1:{port}/status", verify=ca, headers={"Authorization": f"Bearer {OPERATOR}"})
         assert r.status_code == 200
     over_tls = capture.stop()
     assert len(over_tls) > 3000, "the capture saw no traffic"
-    assert TOKEN.encode() not in over_tls
+    assert OPERATOR.encode() not in over_tls
 
     control = Capture()
-    _plaintext_call(TOKEN)
-    assert TOKEN.encode() in control.stop(), "the capture does not see payloads: it proves nothing"
+    _plaintext_call(OPERATOR)
+    assert OPERATOR.encode() in control.stop(), "the capture does not see payloads: it proves nothing"
 
 
 async def test_a_service_registers_an_https_url_when_tls_is_on(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ BASE = {
     config.ENV_REDIS_URL: "redis://trillium@redis:6379/0",
     config.ENV_COORDINATOR_URL: "http://coordinator:8080",
     config.ENV_TOKEN: "t" * 24,
+    config.ENV_OPERATE_DIGEST: "0" * 64,
+    config.ENV_PREDICT_DIGEST: "1" * 64,
     config.ENV_RUN_DIR: "/tmp",
 }
 
@@ -120,6 +122,22 @@ def test_a_serving_shards_place_and_a_frontends_shards_are_checked_at_start(env)
     env.setenv(config.ENV_SERVING_SHARDS, "a:7000,c")
     with pytest.raises(ConfigError, match=r"serving_shards: .*shard 1: 'c' is not HOST:PORT.*TRILLIUM_SERVING_SHARDS"):
         ServiceSettings.from_env(**frontend)
+
+
+def test_each_scope_is_checked_by_its_digest(env) -> None:
+    """A service is given the operators' and prediction clients' tokens as digests only; a bad
+    or missing one fails at start naming the field and its variable."""
+    env.setenv(config.ENV_OPERATE_DIGEST, "not-a-digest")
+    with pytest.raises(ConfigError, match=r"operate_token_sha256: .*TRILLIUM_OPERATE_TOKEN_SHA256"):
+        _settings()
+    env.delenv(config.ENV_OPERATE_DIGEST)
+    with pytest.raises(ConfigError, match=r"operate_token_sha256: .*set TRILLIUM_OPERATE_TOKEN_SHA256"):
+        _settings()
+    env.setenv(config.ENV_OPERATE_DIGEST, "0" * 64)
+    env.delenv(config.ENV_PREDICT_DIGEST)
+    _settings()  # only serving replicas check a prediction client's token
+    with pytest.raises(ConfigError, match=r"predict_token_sha256: a serving replica"):
+        ServiceSettings.from_env(role="serving", http_port=8080)
 
 
 def test_no_error_echoes_a_secret(env) -> None:

@@ -13,17 +13,25 @@ MAX_LINES = 600
 # Each package of trillium/ may import only those below it (timeouts, log and metrics are leaves).
 LAYERS = {
     "trillium.timeouts": set(),
-    "trillium.config": {"trillium.timeouts"},
+    "trillium.scopes": set(),
+    "trillium.config": {"trillium.timeouts", "trillium.scopes"},
     "trillium.log": set(),
     "trillium.metrics": set(),
     "trillium.job": {"trillium.config"},
-    "trillium.wire": {"trillium.config", "trillium.timeouts"},
+    "trillium.wire": {"trillium.config", "trillium.timeouts", "trillium.scopes"},
     "trillium.models": {"trillium.job"},
     "trillium.pooling": {"trillium.job", "trillium.wire"},
     "trillium.data": {"trillium.config", "trillium.job", "trillium.wire", "trillium.metrics"},
     "trillium.train": {"trillium.job", "trillium.wire", "trillium.data", "trillium.models", "trillium.metrics"},
-    "trillium.runtime": {"trillium.config", "trillium.log", "trillium.job", "trillium.wire", "trillium.timeouts"},
-    "trillium.stack": {"trillium.config", "trillium.log", "trillium.job", "trillium.wire"},
+    "trillium.runtime": {
+        "trillium.config",
+        "trillium.log",
+        "trillium.job",
+        "trillium.wire",
+        "trillium.timeouts",
+        "trillium.scopes",
+    },
+    "trillium.stack": {"trillium.config", "trillium.log", "trillium.job", "trillium.wire", "trillium.scopes"},
 }
 
 

@@ -26,6 +26,7 @@ from tiny_record import tiny_record
 
 from trillium.config import KafkaConnection, ServiceSettings, StackTopology
 from trillium.job.record import JobRecord
+from trillium.scopes import token_digest
 from trillium.services.nn_worker import evaluate, rendezvous
 from trillium.services.nn_worker.server import COLLECTIVE_TIMEOUT, NNWorker
 from trillium.services.nn_worker.step import ENV_DEVICE, local_placement
@@ -59,6 +60,7 @@ def _worker(rank: int, redis_url: str, run_dir: Path) -> NNWorker:
         redis_url=redis_url,
         coordinator_url="http://127.0.0.1:9",
         token="t" * 16,
+        operate_token_sha256=token_digest("o" * 16),
         run_dir=run_dir,
     )
     worker = NNWorker(settings)

@@ -100,7 +100,9 @@ def up(
     for replica in stack.status(rd).get("serving", []):
         console.print(f"  serving   {replica['url']}  grpc {replica['grpc']}")
     if new_token:
-        console.print(f"  API token (written to {st['token_file']}, mode 600): {stack.read_token(rd)}")
+        files = st["token_files"]
+        console.print(f"  API token (an operator's; written to {files['operate']}, mode 600): {stack.read_token(rd)}")
+        console.print(f"  prediction clients' token in {files['predict']}, metrics scrapers' in {files['observe']}")
 
 
 @app.command()

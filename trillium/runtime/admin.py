@@ -1,11 +1,13 @@
 """Every service's admin HTTP routes: health and readiness (open: up, ready, nothing more), and
-behind the stack's token its status, Prometheus metrics, the OpenAPI spec with an interactive
-docs page, and the calls the coordinator makes at checkpoint and publish cuts."""
+behind an observer's token (trillium.scopes) its status, Prometheus metrics, the OpenAPI spec with
+an interactive docs page, and behind the services' token the calls the coordinator makes at
+checkpoint and publish cuts."""
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import prometheus_client
@@ -15,6 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from trillium.runtime.checkpoint import CaptureRequest, CaptureResult, ReleaseRequest
 from trillium.runtime.forget import ShardForgetRequest, ShardForgetResult
 from trillium.runtime.model_store import ExportRequest
+from trillium.scopes import Scope
 
 
 class Administered(Protocol):
@@ -25,7 +28,7 @@ class Administered(Protocol):
 
     def accepts_traffic(self) -> bool: ...
     def health_report(self) -> dict[str, Any]: ...
-    async def require_token(self, creds: Any) -> None: ...
+    def requires(self, *scopes: Scope) -> Callable[..., Awaitable[None]]: ...
     def require_attempt(self, job_id: str, attempt: int) -> None: ...
     def require_location(self, location: str | None) -> None: ...
     async def capture(self, request: CaptureRequest) -> CaptureResult: ...
@@ -42,17 +45,19 @@ _SWAGGER_PAGE = """<!doctype html><html><head><title>{title}</title>
 
 
 def add_admin_routes(service: Administered) -> None:
-    """Health and readiness (open); status, metrics, the OpenAPI spec and its docs page, and the
-    coordinator's checkpoint, publishing and forget calls (behind the token)."""
+    """Health and readiness (open); status, metrics, the OpenAPI spec and its docs page (an
+    observer's or operator's token), and the coordinator's checkpoint, publishing and forget calls
+    (the services' token: nobody else may make a worker write or drop its state)."""
     app = service.app
-    authorized = [Depends(service.require_token)]
+    observer = [Depends(service.requires("observe"))]
+    authorized = [Depends(service.requires("services"))]
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
         """Up (`ok`) or still starting; nothing more without the token (`/status`)."""
         return {"status": service.health_report()["status"]}
 
-    @app.get("/status", tags=["health"], dependencies=authorized)
+    @app.get("/status", tags=["health"], dependencies=observer)
     async def status_report() -> dict[str, Any]:
         """What this process is and does: its job, attempt, parts written, tables."""
         return service.health_report()
@@ -64,7 +69,7 @@ def add_admin_routes(service: Administered) -> None:
             response.status_code = 503
         return {"ready": ready}
 
-    @app.get("/metrics", tags=["health"], dependencies=authorized)
+    @app.get("/metrics", tags=["health"], dependencies=observer)
     async def metrics() -> Response:
         """Prometheus metrics (scrape with the token: `authorization: {credentials_file: ...}`)."""
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
@@ -96,11 +101,11 @@ def add_admin_routes(service: Administered) -> None:
         """Remove rows of a job's table from this PS shard's live store (a forget)."""
         return await service.forget(request)
 
-    @app.get("/openapi.json", include_in_schema=False, dependencies=authorized)
+    @app.get("/openapi.json", include_in_schema=False, dependencies=observer)
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
-    @app.get("/docs", include_in_schema=False, dependencies=authorized)
+    @app.get("/docs", include_in_schema=False, dependencies=observer)
     async def docs() -> HTMLResponse:
         # The spec is inlined: the page's own fetch of /openapi.json would carry no token.
         return HTMLResponse(

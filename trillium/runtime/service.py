@@ -29,7 +29,6 @@ import contextlib
 import io
 import logging
 import os
-import secrets
 import signal
 import socket
 import time
@@ -62,6 +61,7 @@ from trillium.runtime.memory import (
     release_free_memory,
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
+from trillium.scopes import Scope
 from trillium.timeouts import COORDINATOR_CALL_S, JOB_CANCEL_S
 
 logger = logging.getLogger("trillium.runtime.service")
@@ -101,6 +101,7 @@ class Service:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.name = settings.name
+        self._keys = settings.keys
         self.started_at = time.time()
         self.ready = False
         self.stopping = asyncio.Event()
@@ -355,14 +356,21 @@ class Service:
         return f"{self.advertised_host}:{port}" if port else None
 
     # ---- admin HTTP ------------------------------------------------------------------
-    async def require_token(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-        """FastAPI dependency: the stack's bearer token, compared in constant time so that
-        response timing leaks nothing about it. A coroutine: FastAPI runs a plain function
-        dependency on a worker thread, a thread hand-off on every request (every heartbeat)."""
-        if creds is None or not secrets.compare_digest(creds.credentials.encode(), self.settings.token.encode()):
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
-            )
+    def requires(self, *scopes: Scope) -> Callable[..., Awaitable[None]]:
+        """A FastAPI dependency: a bearer token of one of `scopes` (trillium.scopes), checked in
+        time that tells nothing about it. A coroutine: FastAPI runs a plain function dependency on
+        a worker thread, a thread hand-off on every request (every heartbeat)."""
+        keys = self._keys
+
+        async def require(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+            if not keys.granted(creds.credentials if creds is not None else None, scopes):
+                raise HTTPException(
+                    status.HTTP_401_UNAUTHORIZED,
+                    f"missing or invalid bearer token (this needs the {' or '.join(scopes)} scope's)",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+
+        return require
 
     @property
     def roots(self) -> PathRoots:

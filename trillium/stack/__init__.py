@@ -38,7 +38,6 @@ from trillium.config import (
     ENV_REDIS_URL,
     ENV_RUN_DIR,
     ENV_SERVING_MODEL,
-    ENV_TOKEN,
     StackTopology,
 )
 from trillium.job.record import ACTIVE
@@ -47,7 +46,7 @@ from trillium.wire.state import wait_for_redis
 
 from .broker import kafka_connection
 from .client import CoordinatorClient
-from .procs import REPO_ROOT, STATE_FILE, LauncherError, pid_alive, read_state, read_token
+from .procs import REPO_ROOT, STATE_FILE, LauncherError, pid_alive, read_state, read_token, scope_env
 from .tls import load as stack_tls_of
 from .warmup import warm_up
 
@@ -211,7 +210,7 @@ def serving_env(run_dir: Path, model: str) -> dict[str, str]:
         ENV_KAFKA_BOOTSTRAP: st["kafka"]["bootstrap"],
         ENV_REDIS_URL: st["redis"]["url"],
         ENV_COORDINATOR_URL: st["coordinator_url"],
-        ENV_TOKEN: read_token(run_dir),
+        **scope_env(run_dir),
         ENV_RUN_DIR: st["run_dir"],
         ENV_SERVING_MODEL: model,
     }

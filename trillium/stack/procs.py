@@ -3,14 +3,19 @@ pids, and the run directory's state file (`stack.json`) and token that clients r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+import secrets
 import signal
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trillium.config import ENV_OBSERVE_DIGEST, ENV_OPERATE_DIGEST, ENV_PREDICT_DIGEST, ENV_TOKEN
+from trillium.scopes import Scope, token_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_FILE = "stack.json"
@@ -80,8 +85,38 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def read_token(run_dir: Path) -> str:
-    return (run_dir / "token").read_text().strip()
+# Each scope's token (trillium.scopes), mode 600 in the run directory: `token` is the operator's,
+# the one the CLI and a user of the API need.
+TOKEN_FILES: dict[Scope, str] = {
+    "operate": "token",
+    "services": "services.token",
+    "predict": "predict.token",
+    "observe": "observe.token",
+}
+
+
+def read_token(run_dir: Path, scope: Scope = "operate") -> str:
+    return (run_dir / TOKEN_FILES[scope]).read_text().strip()
+
+
+def make_tokens(run_dir: Path) -> None:
+    """A fresh random token for each scope that has none yet (a stack restarted keeps its own)."""
+    for name in TOKEN_FILES.values():
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+
+
+def scope_env(run_dir: Path) -> dict[str, str]:
+    """What a service of this stack is given to call and be called: the services' token itself,
+    and of the others only their digests."""
+    return {
+        ENV_TOKEN: read_token(run_dir, "services"),
+        ENV_OPERATE_DIGEST: token_digest(read_token(run_dir, "operate")),
+        ENV_PREDICT_DIGEST: token_digest(read_token(run_dir, "predict")),
+        ENV_OBSERVE_DIGEST: token_digest(read_token(run_dir, "observe")),
+    }
 
 
 @dataclass

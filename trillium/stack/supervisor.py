@@ -11,7 +11,6 @@ import base64
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import ssl
@@ -35,7 +34,6 @@ from trillium.config import (
     ENV_SERVING_SHARD,
     ENV_SERVING_SHARDS,
     ENV_THREADS,
-    ENV_TOKEN,
     EXIT_REPLACED,
     EXIT_RESTART,
     ROLES,
@@ -50,7 +48,18 @@ from trillium.wire.state import wait_for_redis
 from . import object_store, tls
 from .broker import java_argv, kafka_config, kafka_connection, scram_user
 from .hosts import Cluster, Loopback
-from .procs import REPO_ROOT, STATE_FILE, LauncherError, Proc, die_with_parent, read_token, write_json, write_private
+from .procs import (
+    REPO_ROOT,
+    STATE_FILE,
+    TOKEN_FILES,
+    LauncherError,
+    Proc,
+    die_with_parent,
+    make_tokens,
+    scope_env,
+    write_json,
+    write_private,
+)
 
 logger = logging.getLogger("trillium.stack.supervisor")
 
@@ -97,6 +106,7 @@ class Supervisor:
         self.stopping = False
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        make_tokens(run_dir)
         self.place: Loopback | Cluster = (
             Cluster(run_dir, self._host_names(), link_delay=link_delay)
             if cluster
@@ -136,7 +146,7 @@ class Supervisor:
                 "redis": {"url": self.public_redis_url, "external": self.redis_external},
                 "object_store": self.object_store_public,
                 "coordinator_url": self.coordinator_url if self.with_services else None,
-                "token_file": str(self.run_dir / "token"),
+                "token_files": {scope: str(self.run_dir / name) for scope, name in TOKEN_FILES.items()},
                 "processes": [p.public() for p in self.procs],
                 "hosts": self.place.public(),
                 "tls": {"ca_file": str(self.tls.ca_file)} if self.tls else None,
@@ -313,14 +323,6 @@ class Supervisor:
         conn = kafka_connection(self.kafka_bootstrap, external=False, tls=self.tls)
         await self.wait_ready(proc, lambda: wait_for_kafka(conn, timeout_s=2), 90)
 
-    def token(self) -> str:
-        path = self.run_dir / "token"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32))
-        return read_token(self.run_dir)
-
     @property
     def coordinator_url(self) -> str:
         scheme = "https" if self.with_tls else "http"
@@ -339,7 +341,7 @@ class Supervisor:
             ENV_KAFKA_BOOTSTRAP: self.kafka_bootstrap,
             ENV_REDIS_URL: self.redis_url,
             ENV_COORDINATOR_URL: self.coordinator_url,
-            ENV_TOKEN: self.token(),
+            **scope_env(self.run_dir),
             ENV_RUN_DIR: str(self.run_dir),
             "PYTHONUNBUFFERED": "1",
         }

@@ -1,8 +1,9 @@
 """gRPC helpers: every server and channel of the project, with the same limits and security.
 
-Every call carries the stack's token (`authorization: Bearer <token>` metadata, attached by the
-channel `channel` makes) and every server refuses a call without it as UNAUTHENTICATED — in the
-local stack too, so one code path is tested everywhere. TLS is optional (GrpcTls): without
+Every call carries a token (`authorization: Bearer <token>` metadata, attached by the channel
+`channel` makes): the services' own among the stack's processes, a prediction client's on
+`Predict` (METHOD_SCOPES). Every server refuses a call without its method's as UNAUTHENTICATED —
+in the local stack too, so one code path is tested everywhere. TLS is optional (GrpcTls): without
 it the token crosses the network in clear, which suits loopback and a private network only.
 
 The calls every training step makes (a batch's lookup and its gradients between an NN rank and
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from trillium.config import GRPC_MAX_MESSAGE_BYTES, GrpcCredentials
+from trillium.scopes import Scope, ScopeKeys, token_digest
 from trillium.timeouts import GRPC_KEEPALIVE_S, GRPC_KEEPALIVE_TIMEOUT_S, GRPC_MIN_PING_INTERVAL_S
 
 # Both ends of every connection ping it (trillium.timeouts): a peer cut off fails its calls in seconds.
@@ -64,17 +65,23 @@ async def _deny_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerC
     await _deny(None, context)
 
 
+# The scopes (trillium.scopes) whose token a method takes; every other method takes only the
+# services' own: a client of the stack may ask for predictions, and nothing else by gRPC.
+METHOD_SCOPES: dict[str, tuple[Scope, ...]] = {"/trillium.v1.Serving/Predict": ("predict",)}
+SERVICES_ONLY: tuple[Scope, ...] = ("services",)
+
+
 class _RequireToken(grpc.aio.ServerInterceptor):
-    def __init__(self, creds: GrpcCredentials) -> None:
-        self._expected = _bearer(creds).encode()
+    def __init__(self, keys: ScopeKeys) -> None:
+        self._keys = keys
         self._deny_unary = grpc.unary_unary_rpc_method_handler(_deny)
         self._deny_stream = grpc.stream_stream_rpc_method_handler(_deny_stream)
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         given = next((value for key, value in details.invocation_metadata or () if key == AUTH_METADATA), "")
-        # Constant time: how long a refusal takes tells nothing about the token.
+        token = given[len("Bearer ") :] if given.startswith("Bearer ") else None
         handler = await continuation(details)
-        if handler is None or secrets.compare_digest(given.encode(), self._expected):
+        if handler is None or self._keys.granted(token, METHOD_SCOPES.get(details.method, SERVICES_ONLY)):
             return handler
         return self._deny_stream if handler.request_streaming else self._deny_unary
 
@@ -188,11 +195,17 @@ def native_server_options(creds: GrpcCredentials | None = None) -> dict[str, Any
 
 
 async def serve(
-    host: str, port: int, creds: GrpcCredentials, register: Callable[[grpc.aio.Server], None]
+    host: str,
+    port: int,
+    creds: GrpcCredentials,
+    register: Callable[[grpc.aio.Server], None],
+    keys: ScopeKeys | None = None,
 ) -> grpc.aio.Server:
-    """Start a server on host:port with the servicers `register` adds; calls need the token, and
-    a request that does not parse is refused INVALID_ARGUMENT."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[_RequireToken(creds), _RefuseMalformed()])
+    """Start a server on host:port with the servicers `register` adds; a call needs a token of
+    its method's scopes (METHOD_SCOPES; `keys`, by default the services' token of `creds` alone),
+    and a request that does not parse is refused INVALID_ARGUMENT."""
+    keys = keys if keys is not None else ScopeKeys({"services": token_digest(creds.token.get_secret_value())})
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[_RequireToken(keys), _RefuseMalformed()])
     register(server)
     if creds.tls is None:
         server.add_insecure_port(f"{host}:{port}")
