@@ -3,8 +3,11 @@
 //
 // It runs in the host's network namespace. An nftables rule there redirects every TCP
 // connection that arrives on the host's interface to -listen; linkdelay reads the connection's
-// original destination (SO_ORIGINAL_DST), dials it from inside the host, and copies both ways,
-// holding each chunk until `delay` after it was read. Chunks keep their order and overlap in
+// original destination (SO_ORIGINAL_DST), dials it from inside the host with the client's own
+// address as its source (IP_TRANSPARENT; the host's routing sends the replies back to it, see
+// trillium/stack/hosts.py), and copies both ways, holding each chunk until `delay` after it was
+// read. The server so sees the client's address, as it would across a wire: a check of a
+// caller's address (the coordinator's of a registration) holds under the harness too. Chunks keep their order and overlap in
 // flight, so a stream's throughput is not cut by the delay, only its round trips lengthened:
 // what a longer wire does, at the byte stream rather than the packet (TCP's own ACKs and windows
 // stay those of the bridge).
@@ -17,9 +20,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -36,6 +41,17 @@ var delayMicros atomic.Int64
 const (
 	chunkBytes = 64 << 10
 	inFlight   = 256
+)
+
+// The source ports linkdelay's upstream connections take, above Linux's ephemeral range
+// (32768-60999, which hosts.py checks): a client's own port never equals one, so an upstream
+// connection's tuple cannot be that of a connection still being redirected here.
+const (
+	upstreamPortLow  = 61000
+	upstreamPortHigh = 65535
+	// Marks the upstream connections; accepted with tcp_fwmark_accept, the server's replies carry
+	// it too and are routed back to this host's loopback rather than out to the client's host.
+	upstreamMark = 1
 )
 
 type chunk struct {
@@ -113,7 +129,7 @@ func relay(client *net.TCPConn) {
 		client.Close()
 		return
 	}
-	upstream, err := net.DialTimeout("tcp4", dst, 10*time.Second)
+	upstream, err := dialAs(client.RemoteAddr().(*net.TCPAddr).IP, dst)
 	if err != nil {
 		// The client sees a reset, as it would from the host itself.
 		client.SetLinger(0)
@@ -128,6 +144,37 @@ func relay(client *net.TCPConn) {
 	<-done
 	client.Close()
 	server.Close()
+}
+
+// dialAs connects to dst from source (not an address of this host), at a free port of the
+// upstream range.
+func dialAs(source net.IP, dst string) (net.Conn, error) {
+	var addr [4]byte
+	copy(addr[:], source.To4())
+	for tries := 0; ; tries++ {
+		port := upstreamPortLow + rand.IntN(upstreamPortHigh-upstreamPortLow+1)
+		dialer := net.Dialer{
+			Timeout: 10 * time.Second,
+			Control: func(network, address string, raw syscall.RawConn) error {
+				var sockErr error
+				err := raw.Control(func(fd uintptr) {
+					sockErr = errors.Join(
+						syscall.SetsockoptInt(int(fd), syscall.SOL_IP, syscall.IP_TRANSPARENT, 1),
+						syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, upstreamMark),
+					)
+					if sockErr == nil {
+						sockErr = syscall.Bind(int(fd), &syscall.SockaddrInet4{Port: port, Addr: addr})
+					}
+				})
+				return errors.Join(err, sockErr)
+			},
+		}
+		conn, err := dialer.Dial("tcp4", dst)
+		if errors.Is(err, syscall.EADDRINUSE) && tries < 64 {
+			continue // another upstream connection of this client holds the port
+		}
+		return conn, err
+	}
 }
 
 // sleepUntil blocks this goroutine's thread in nanosleep: Go's own timers overshoot by up to a

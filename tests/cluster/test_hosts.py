@@ -59,9 +59,12 @@ def test_every_process_runs_on_a_host_of_its_own_and_nothing_crosses_loopback(cl
         job_id = client.submit(job)["id"]
         # While it trains, every connection of every host is between two hosts' addresses.
         seen: set[tuple[str, str]] = set()
+        served: set[tuple[str, str]] = set()  # (a gRPC server's host, the address its callers come from)
         while client.job(job_id)["job"]["state"] not in ("finished", "failed", "stopped"):
             for host in network.hosts.values():
                 seen.update((host.name, peer) for local, peer in _connections(host.netns) if local == host.address)
+                grpc_served = _sockets(host.netns, "state", "established", "sport", "=", ":50051")
+                served.update((host.name, _address(peer)) for _, peer in grpc_served)
                 for local, peer in _connections(host.netns):
                     assert ipaddress.ip_address(local) in subnet and ipaddress.ip_address(peer) in subnet, (
                         host.name,
@@ -78,6 +81,10 @@ def test_every_process_runs_on_a_host_of_its_own_and_nothing_crosses_loopback(cl
     # The data plane crossed the bridge: lookups (worker -> PS), gradients (Kafka), the feed.
     assert ("embedding_worker-0", "embedding_ps-1") in peers or ("embedding_ps-1", "embedding_worker-0") in peers
     assert ("nn_worker-1", "kafka") in peers and ("data_loader-0", "kafka") in peers
+    # A server sees its callers' own addresses, linkdelay between them or not (as across a wire,
+    # and as the coordinator's check of a registration's host needs).
+    worker = network.host("embedding_worker-0").address
+    assert ("embedding_ps-1", worker) in served, served
 
 
 def test_each_link_reports_the_rtt_and_bandwidth_measured_on_it(network: Network) -> None:

@@ -53,6 +53,10 @@ HOST_IFNAME = "eth0"
 # scripts/linkdelay on each host (`link_delay`): where redirected connections arrive, its control.
 LINKDELAY_PORT = 15000
 LINKDELAY_CONTROL_PORT = 15001
+# The mark (and routing table) of linkdelay's upstream connections, whose source ports lie above
+# Linux's ephemeral range: every client's must end below them (EPHEMERAL_PORTS_BELOW).
+LINKDELAY_MARK = 1
+EPHEMERAL_PORTS_BELOW = 61000
 ENV_LINKDELAY = "TRILLIUM_LINKDELAY"
 DEFAULT_LINKDELAY = Path(__file__).resolve().parents[2] / ".cache" / "bin" / "linkdelay"
 
@@ -113,6 +117,19 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
     return done
 
 
+def _check_ephemeral_ports() -> None:
+    """This machine's clients (the supervisor, the CLI, tests) reach the hosts through linkdelay
+    too: their source ports must stay below the ones its upstream connections take. A namespace
+    the cluster creates starts with Linux's default range, which does."""
+    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    high = int(path.read_text().split()[1])
+    if high >= EPHEMERAL_PORTS_BELOW:
+        raise LauncherError(
+            f"link_delay needs this machine's ephemeral ports below {EPHEMERAL_PORTS_BELOW} "
+            f"(net.ipv4.ip_local_port_range ends at {high}), where linkdelay's own connections start"
+        )
+
+
 class Cluster:
     """Each process on a host of its own (see the module's docstring)."""
 
@@ -125,6 +142,8 @@ class Cluster:
                 f"link_delay needs scripts/linkdelay built at {self.linkdelay} "
                 f"(`make .cache/bin/linkdelay`, or set {ENV_LINKDELAY})"
             )
+        if link_delay:
+            _check_ephemeral_ports()
         subnet = subnet or os.environ.get(ENV_CLUSTER_SUBNET, DEFAULT_SUBNET)
         try:
             self.subnet = ipaddress.ip_network(subnet)
@@ -221,6 +240,15 @@ class Cluster:
         )
         if done.returncode != 0:
             raise LauncherError(f"nftables in {host.netns}: {done.stderr.strip()}")
+        # linkdelay dials from the client's address (a server sees its callers' addresses, as
+        # across a wire) and marks its connections: the server's sockets take the mark of the
+        # SYN they accept, and marked packets route to this host's loopback, where linkdelay's
+        # socket holds the client's address, instead of out to the client's host.
+        sysctl = ["ip", "netns", "exec", host.netns, "sysctl", "-q", "-w", "net.ipv4.tcp_fwmark_accept=1"]
+        subprocess.run(sysctl, check=True, capture_output=True)
+        mark = str(LINKDELAY_MARK)
+        _ip("rule", "add", "fwmark", mark, "lookup", mark, "priority", "100", netns=host.netns)
+        _ip("route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", mark, netns=host.netns)
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"linkdelay-{host.name}.log", "ab") as logfile:
             subprocess.Popen(
