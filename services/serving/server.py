@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-import msgpack
 import torch
 from fastapi import Depends, FastAPI, HTTPException, status
 from prometheus_client import Counter, Gauge, Histogram
 
 from trillium.data.instances import BadInstance
+from trillium.data.requests import TooManyInstances, decode_instances
 from trillium.runtime.limits import BodyLimit
 from trillium.runtime.model_store import ModelStore, VersionManifest
 from trillium.runtime.process import run_service
@@ -48,6 +48,7 @@ from .sharded import FrontendModel, ShardClients, ShardUnavailable
 
 logger = logging.getLogger("trillium.serving")
 
+PREDICT_ENVELOPE_BYTES = 64 << 10  # a gRPC PredictRequest's model name and format beside its instances
 INLINE_INSTANCES = 8  # requests up to this many instances are answered on the event loop
 DISCOVER_S = 1.0  # how often the model registry is read for models new to the replica
 SHARDS_WATCH_S = 1.0  # how often a frontend asks its serving shards their versions (its readiness)
@@ -77,16 +78,11 @@ class _Servicer(pb_grpc.ServingServicer):
 
     async def Predict(self, request: pb.PredictRequest, context: grpc.aio.ServicerContext) -> pb.PredictResponse:
         try:
-            if request.format in ("", "json"):
-                instances = json.loads(request.instances)
-            elif request.format == "msgpack":
-                instances = msgpack.unpackb(request.instances, raw=False)
-            else:
-                raise ValueError(f"format {request.format!r}: expected 'json' or 'msgpack'")
-            if not isinstance(instances, list):
-                raise ValueError(f"instances: expected an array, got {type(instances).__name__}")
-        except (ValueError, msgpack.UnpackException) as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"instances: {err}")
+            instances = decode_instances(request.instances, request.format, self.replica.max_batch)
+        except TooManyInstances as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         try:
             answer = await self.replica.predict_async(request.model, instances, "grpc")
         except HTTPException as err:
@@ -143,7 +139,13 @@ class ServingReplica(Service):
         if self.settings.serving_shard_addresses:
             self.clients = ShardClients(self.settings.serving_shard_addresses, self.settings.grpc)
         self.grpc_server = await rpc.serve(
-            self.settings.host, self.settings.grpc_port, self.settings.grpc, self.register, self.settings.keys
+            self.settings.host,
+            self.settings.grpc_port,
+            self.settings.grpc,
+            self.register,
+            self.settings.keys,
+            # A prediction's message is its body: what REST takes, and room for the envelope.
+            max_receive_bytes=self.settings.serving_max_body_bytes + PREDICT_ENVELOPE_BYTES,
         )
         self._discovery = asyncio.create_task(self._discover(), name="model discovery")
         if self.clients is not None:

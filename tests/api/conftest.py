@@ -87,6 +87,7 @@ class Served:
     token: str
     model: str
     probe: dict
+    pid: int
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +102,7 @@ def served(api_stack, tiny_job) -> Served:
     while http.post(f"/v1/models/{tiny_job.name}:predict", json={"instances": [probe]}).status_code != 200:
         assert time.monotonic() < deadline, "the replica serves no version of the tiny job"
         time.sleep(0.2)
-    yield Served(replica["http_url"], replica["grpc_address"], api_stack.token, tiny_job.name, probe)
+    yield Served(replica["http_url"], replica["grpc_address"], api_stack.token, tiny_job.name, probe, replica["pid"])
     # Every fuzzed request is over: the replica answers as it did.
     r = http.post(f"/v1/models/{tiny_job.name}:predict", json={"instances": [probe]})
     assert r.status_code == 200, r.text

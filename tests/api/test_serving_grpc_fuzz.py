@@ -135,3 +135,30 @@ def test_the_replica_answers_as_before_and_as_fast_after_the_fuzzing(predict, se
         assert probe_answer(predict, served) == before
     per_call = (time.perf_counter() - started) / 50
     assert per_call < 0.05, f"a probe prediction took {per_call * 1e3:.1f} ms after the fuzzing"
+
+
+def _peak_rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) >> 10
+
+
+def test_the_worst_requests_are_refused_before_they_are_built(predict, served, before) -> None:
+    """The requests that make the most memory of their bytes, each answered with a clear code,
+    and the replica's peak memory barely moves: a 64 MiB message, with the token and without
+    (refused from its length, past the body cap); 8 MiB of empty msgpack maps in arrays each
+    within bounds (8 million dicts, were they built: 500 MB); 8 MB of JSON arrays (2.7 million
+    lists: 150 MB); an array header declaring 4 billion instances."""
+    peak = _peak_rss_mib(served.pid)
+    huge = request(served.model, b"\x90" * (64 << 20), "msgpack")
+    assert predict(huge)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with grpc.insecure_channel(served.grpc_address) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            channel.unary_unary(f"/{SERVICE}/Predict")(huge, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    maps = b"\xdc\x04\x00" + (b"\x92" + (b"\xdc\x10\x00" + b"\x80" * 4096) * 2) * 1024
+    arrays = b"[" + b",".join([b"[" + b"[]," * 2600 + b"[]]"] * 1024) + b"]"
+    for instances, format in ((maps, "msgpack"), (arrays, "json"), (b"\xdd\xff\xff\xff\xff", "msgpack")):
+        assert predict(request(served.model, instances, format))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    grown = _peak_rss_mib(served.pid) - peak
+    assert grown < 100, f"the replica's peak memory grew {grown} MiB"
+    assert probe_answer(predict, served) == before

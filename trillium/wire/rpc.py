@@ -40,8 +40,14 @@ OPTIONS = [
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
     *KEEPALIVE,
 ]
+# A server's bounds on what callers may hold open, token or not: streams on one connection (the
+# stack opens a handful per peer) and calls in all (past it a call is RESOURCE_EXHAUSTED at once).
+MAX_STREAMS_PER_CONNECTION = 128
+MAX_CONCURRENT_RPCS = 1024
 SERVER_OPTIONS = [
-    *OPTIONS,
+    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+    *KEEPALIVE,
+    ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", int(GRPC_MIN_PING_INTERVAL_S * 1000)),
     ("grpc.http2.min_ping_interval_without_data_ms", int(GRPC_MIN_PING_INTERVAL_S * 1000)),
 ]
@@ -200,12 +206,20 @@ async def serve(
     creds: GrpcCredentials,
     register: Callable[[grpc.aio.Server], None],
     keys: ScopeKeys | None = None,
+    max_receive_bytes: int = GRPC_MAX_MESSAGE_BYTES,
 ) -> grpc.aio.Server:
     """Start a server on host:port with the servicers `register` adds; a call needs a token of
     its method's scopes (METHOD_SCOPES; `keys`, by default the services' token of `creds` alone),
-    and a request that does not parse is refused INVALID_ARGUMENT."""
+    and a request that does not parse is refused INVALID_ARGUMENT. A message over
+    `max_receive_bytes` is refused RESOURCE_EXHAUSTED from its length prefix, before it is read:
+    grpc.aio reads a call's message before the token's check can refuse it, so this cap is also
+    what a caller without a token can make the server hold."""
     keys = keys if keys is not None else ScopeKeys({"services": token_digest(creds.token.get_secret_value())})
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[_RequireToken(keys), _RefuseMalformed()])
+    server = grpc.aio.server(
+        options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)],
+        interceptors=[_RequireToken(keys), _RefuseMalformed()],
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+    )
     register(server)
     if creds.tls is None:
         server.add_insecure_port(f"{host}:{port}")

@@ -99,6 +99,8 @@ fn bind(host: &str, port: u16) -> Result<StdListener, String> {
     Ok(listener)
 }
 
+const MAX_STREAMS_PER_CONNECTION: u32 = 128;
+
 /// A server's thread: its runtime, handed out too (the worker's PS streams run on it).
 struct Spawned {
     running: RunningServer,
@@ -114,7 +116,11 @@ fn spawn(
 ) -> Result<Spawned, String> {
     let listener = bind(&config.host, config.port)?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    // What any caller may hold open, token or not, as the Python servers bound it (trillium.wire.rpc):
+    // streams on one connection, and requests in flight on it.
     let mut builder = Server::builder()
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        .concurrency_limit_per_connection(MAX_STREAMS_PER_CONNECTION as usize)
         .http2_keepalive_interval(Some(config.keepalive))
         .http2_keepalive_timeout(Some(config.keepalive_timeout));
     if let Some((cert, key)) = &config.tls {
