@@ -57,6 +57,11 @@ ENV_ALLOWED_PATHS = "TRILLIUM_ALLOWED_PATHS"
 # The largest gRPC message a service sends or takes: a batch's embeddings or a shard's rows can
 # be tens of MiB (a job whose batch could exceed it is refused at submit, trillium.job.schema).
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
+# The largest body the coordinator's API takes (trillium.runtime.limits.BodyLimit).
+API_MAX_BODY_BYTES = 1 << 20
+# The most values one forget takes: its IDs travel in one request to every PS shard and stay in
+# the job record (a `ForgetMask`) for the job's later attempts; `trillium forget` splits a longer list.
+MAX_FORGET_VALUES = 100_000
 # A serving replica: the one model it serves (default: every model the stack publishes), the
 # version it is pinned to at start, and what one request may ask.
 ENV_SERVING_MODEL = "TRILLIUM_SERVING_MODEL"

@@ -268,7 +268,6 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
     @v1.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"], responses=errors(404, 409))
     async def delete_job(job_id: str) -> None:
         """Forget a finished, failed or stopped job and all its state in Redis."""
-        coord.forgetter.require_idle(job_id)
         await coord.jobs.delete(job_id)
 
     @v1.post("/jobs/{job_id}/pause", response_model=JobRecord, tags=["job control"], responses=errors(404, 409))
@@ -282,7 +281,6 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
         one at `checkpoint`): a new attempt restores it and goes on (`recovering`, then `running`)."""
         job = await coord.jobs.require(job_id)
         if job.state in ("stopped", "failed"):
-            coord.forgetter.require_idle(job_id)  # a recovery would restore files being rewritten
             return await coord.jobs.resume(job_id, body.checkpoint if body else None)
         if body is not None and body.checkpoint is not None:
             raise IllegalTransition(

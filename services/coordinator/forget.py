@@ -20,11 +20,17 @@ uses the table hashes its values, and those IDs are removed
 
 It runs only while the job runs nothing (stopped, failed or finished): no capture, export or
 gradient is in flight to bring a row back. Dense weights are not per ID: they keep what they learnt.
+
+It is crash-safe: the forget is written down (a `ForgetIntent`, with the IDs) before anything is
+touched, then the job record is marked `forgetting` in one compare-and-set with its state, so no
+resume or delete starts until the receipt is written; a coordinator that starts runs each intent
+left again (every step above is idempotent) until its receipt is complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import secrets
@@ -42,6 +48,7 @@ from trillium.job.record import TERMINAL, ForgetMask, IllegalTransition, JobReco
 from trillium.runtime.checkpoint import JobCheckpoints
 from trillium.runtime.forget import (
     MAX_FORGET_VALUES,
+    ForgetIntent,
     ForgetReceipt,
     Place,
     ShardForgetRequest,
@@ -52,10 +59,15 @@ from trillium.runtime.storage import StorageDir
 from trillium.wire import codec, kafka, state
 from trillium.wire.kafka import KafkaConnection
 
-from .jobs import JobStore
+from .jobs import JobNotFound, JobStore
 from .registry import WorkerRegistry
 
 logger = logging.getLogger("trillium.coordinator.forget")
+
+# A forget left undone by a coordinator before this one runs until its receipt is complete, this
+# many times at most, this far apart: its PS shards may be registering again meanwhile.
+RESUMED_RUNS = 6
+RESUMED_RETRY_S = 5.0
 
 
 class ForgetRequest(BaseModel):
@@ -82,73 +94,154 @@ class Forgetter:
         self.run_dir = run_dir
         self.http = http
         self._lock = asyncio.Lock()  # one forget at a time: each rewrites the same files
-        self._running: str | None = None  # the job a forget runs on now
-
-    def require_idle(self, job_id: str) -> None:
-        """IllegalTransition while a forget runs on the job (a resume would restore its files
-        half rewritten, a delete remove them under it)."""
-        if self._running == job_id:
-            raise IllegalTransition(f"job {job_id}: a forget is running on it; try again once it is done")
+        self._retry: asyncio.Task[None] | None = None
 
     async def forget(self, job_id: str, request: ForgetRequest) -> ForgetReceipt:
         job = await self.jobs.require(job_id)
-        if job.state not in TERMINAL:
-            raise IllegalTransition(
-                f"job {job_id} is {job.state}: stop it first (its final checkpoint keeps its progress), "
-                "forget, then resume it"
-            )
+        _require_ended(job)
         if request.table not in job.config.tables:
             raise HTTPException(
                 status.HTTP_422_UNPROCESSABLE_ENTITY,
                 f"job {job_id} has no table {request.table!r}; tables: {', '.join(job.config.tables)}",
             )
         ids = table_ids(job, request.table, request.values)
-        async with self._lock:
-            job = await self.jobs.require(job_id)  # as it stands now, after any forget before this one
-            if job.state not in TERMINAL:
-                raise IllegalTransition(f"job {job_id} is {job.state}: resumed while the forget waited")
-            self._running = job_id
-            try:
-                receipt = await self._run(job, request, ids)
-            finally:
-                self._running = None
-        await self.jobs.redis.hset(state.FORGETS, receipt.id, receipt.model_dump_json())
-        logger.info(
-            "forgot",
-            extra={"job": job.id, "receipt": receipt.id, "ids": len(ids), "rows_removed": receipt.rows_removed},
+        started = time.time()
+        intent = ForgetIntent(
+            receipt=f"forget-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(started))}-{secrets.token_hex(3)}",
+            job_id=job_id,
+            table=request.table,
+            values=len(request.values),
+            ids=ids.tolist(),
+            started_at=started,
         )
-        return receipt
+        # Durable before anything is touched: a coordinator killed from here on runs it at start.
+        await self._save(intent)
+        async with self._lock:
+            try:
+                await self._claim(intent)
+            except BaseException:
+                await self.jobs.redis.hdel(state.FORGET_INTENTS, intent.receipt)
+                raise
+            try:
+                return await self._carry_out(intent, runs=1)
+            except Exception:
+                # The job stays marked and the intent kept: run again soon, as at a start.
+                self._retry = asyncio.create_task(self._resume_later(), name="forget retry")
+                raise
+
+    async def _resume_later(self) -> None:
+        await asyncio.sleep(RESUMED_RETRY_S)
+        await self.resume_interrupted()
+
+    async def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retry
+        await self.http.aclose()
+
+    async def resume_interrupted(self) -> None:
+        """Run every forget a coordinator before this one left undone (killed mid-forget), oldest
+                first, until each receipt is complete (its PS shards re-registering meanwhile) or
+                RESUMED_RUNS have run. One the job never took (resumed or deleted before the forget could
+                mark it; its caller was answered with an error) is dropped, logged. One that fails again
+        stays, the job marked, for the next start."""
+        raw = await self.jobs.redis.hvals(state.FORGET_INTENTS)
+        for intent in sorted((ForgetIntent.model_validate_json(r) for r in raw), key=lambda i: i.started_at):
+            async with self._lock:
+                try:
+                    await self._claim(intent)
+                except (IllegalTransition, JobNotFound) as err:
+                    logger.warning("forget dropped", extra={"receipt": intent.receipt, "why": str(err)})
+                    await self.jobs.redis.hdel(state.FORGET_INTENTS, intent.receipt)
+                    continue
+                logger.warning("forget resumed", extra={"receipt": intent.receipt, "job": intent.job_id})
+                try:
+                    await self._carry_out(intent, runs=RESUMED_RUNS)
+                except Exception:  # the job stays marked: the next start runs it again
+                    logger.exception("forget failed again", extra={"receipt": intent.receipt})
 
     async def receipts(self, job_id: str | None) -> list[ForgetReceipt]:
         raw = await self.jobs.redis.hvals(state.FORGETS)
         found = [ForgetReceipt.model_validate_json(r) for r in raw]
         return sorted((r for r in found if job_id in (None, r.job_id)), key=lambda r: r.started_at)
 
-    async def _run(self, job: JobRecord, request: ForgetRequest, ids: np.ndarray) -> ForgetReceipt:
-        started = time.time()
-        receipt_id = f"forget-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(started))}-{secrets.token_hex(3)}"
+    async def _save(self, intent: ForgetIntent) -> None:
+        await self.jobs.redis.hset(state.FORGET_INTENTS, intent.receipt, intent.model_dump_json())
+
+    async def _claim(self, intent: ForgetIntent) -> None:
+        """Mark the job as forgetting, in one compare-and-set with its state: from then on no
+        resume or delete of it starts (jobs.py refuses both while `forgetting` is set), and one
+        that started first has already moved it out of the states a forget takes."""
+
+        def claim(record: JobRecord) -> None:
+            _require_ended(record)
+            if record.forgetting not in (None, intent.receipt):
+                raise IllegalTransition(f"job {record.id}: forget {record.forgetting} is running on it")
+            record.forgetting = intent.receipt
+
+        await self.jobs.update(intent.job_id, claim)
+
+    async def _carry_out(self, intent: ForgetIntent, runs: int) -> ForgetReceipt:
+        """Run the claimed forget (again, while places are unreached, up to `runs` runs), keep its
+        receipt, and release the job."""
+        while True:
+            intent.runs += 1
+            await self._save(intent)
+            job = await self.jobs.require(intent.job_id)
+            receipt = await self._run(job, intent)
+            runs -= 1
+            if receipt.complete or runs <= 0:
+                break
+            await asyncio.sleep(RESUMED_RETRY_S)
+        await self.jobs.redis.hset(state.FORGETS, receipt.id, receipt.model_dump_json())
+
+        def release(record: JobRecord) -> None:
+            record.forgetting = None
+
+        await self.jobs.update(intent.job_id, release)
+        await self.jobs.redis.hdel(state.FORGET_INTENTS, intent.receipt)
+        logger.info(
+            "forgot",
+            extra={
+                "job": intent.job_id,
+                "receipt": receipt.id,
+                "ids": receipt.ids,
+                "rows_removed": receipt.rows_removed,
+                "runs": receipt.runs,
+            },
+        )
+        return receipt
+
+    async def _run(self, job: JobRecord, intent: ForgetIntent) -> ForgetReceipt:
+        ids = np.asarray(intent.ids, dtype=np.uint64)
         through = await self._through_batch(job)
         if through is not None:  # before the rows go: a recovery started meanwhile masks them already
-            mask = ForgetMask(receipt=receipt_id, tables={request.table: ids.tolist()}, through_batch=through)
-            await self.jobs.update(job.id, lambda record: record.forgotten.append(mask))
-        places = await self._ps_shards(job, request.table, ids)
-        drop = {request.table: ids}
+            mask = ForgetMask(receipt=intent.receipt, tables={intent.table: intent.ids}, through_batch=through)
+
+            def add_mask(record: JobRecord) -> None:  # in place of a run's before this one
+                record.forgotten = [m for m in record.forgotten if m.receipt != mask.receipt] + [mask]
+
+            await self.jobs.update(job.id, add_mask)
+        places = await self._ps_shards(job, intent.table, ids)
+        drop = {intent.table: ids}
         places += await asyncio.to_thread(_checkpoints, job, self.run_dir, drop)
         places += await self._model_versions(job, drop)
         places += self._topics(job, through)
         return ForgetReceipt(
-            id=receipt_id,
+            id=intent.receipt,
             job_id=job.id,
-            table=request.table,
-            values=len(request.values),
+            table=intent.table,
+            values=intent.values,
             ids=len(ids),
             ids_sha256=hashlib.sha256(ids.astype("<u8").tobytes()).hexdigest(),
-            started_at=started,
+            started_at=intent.started_at,
             finished_at=time.time(),
             through_batch=through,
             rows_removed=sum(p.rows_removed for p in places if p.kind == "ps_shard"),
             complete=not any(p.note and p.note.startswith("not reached") for p in places),
             places=places,
+            runs=intent.runs,
         )
 
     async def _ps_shards(self, job: JobRecord, table: str, ids: np.ndarray) -> list[Place]:
@@ -227,6 +320,14 @@ class Forgetter:
         )
         topics = [job.topics.samples, job.topics.eval, job.topics.gradients]
         return [Place(kind="topic", name=t, note=note) for t in topics]
+
+
+def _require_ended(job: JobRecord) -> None:
+    if job.state not in TERMINAL:
+        raise IllegalTransition(
+            f"job {job.id} is {job.state}: stop it first (its final checkpoint keeps its progress), "
+            "forget, then resume it"
+        )
 
 
 def table_ids(job: JobRecord, table: str, values: list[str]) -> np.ndarray:

@@ -81,6 +81,16 @@ class CheckpointRequested(BaseModel):
     state: str = "requested"
 
 
+def _refuse_while_forgetting(job: JobRecord, what: str) -> None:
+    """A forget rewrites the job's checkpoints and versions: a recovery would restore them half
+    rewritten, a delete remove the record the forget marks."""
+    if job.forgetting is not None:
+        raise IllegalTransition(
+            f"job {job.id}: forget {job.forgetting} is running on it; it can be {what} once that is done "
+            "(GET /v1/forgets lists the receipts)"
+        )
+
+
 def _either(states: frozenset[str]) -> str:
     ordered = [s for s in TRANSITIONS if s in states]  # in the state machine's order
     return ", ".join(ordered[:-1]) + " or " + ordered[-1] if len(ordered) > 1 else ordered[0]
@@ -291,6 +301,7 @@ class JobStore:
         manifest = pick.manifest
 
         def roll_back(record: JobRecord) -> None:
+            _refuse_while_forgetting(record, "resumed")
             record.attempt = attempt
             record.restore = CheckpointRef(location=pick.location, step=manifest.step)
             record.lineage = extend_lineage(manifest.lineage, manifest.written, attempt)
@@ -327,6 +338,7 @@ class JobStore:
                 f"job {job_id} is {job.state}; only a stopped or failed job resumes "
                 "from a checkpoint (a paused one resumes as it is)"
             )
+        _refuse_while_forgetting(job, "resumed")  # and again in the attempt's compare-and-set
         pick = await self.pick_checkpoint(job, step)
         async with self.redis.pipeline() as pipe:
             while True:
@@ -438,6 +450,7 @@ class JobStore:
                             f"job {job_id} is {job.state}; only a finished, failed or "
                             "stopped job can be deleted (stop it first)"
                         )
+                    _refuse_while_forgetting(job, "deleted")
                     is_current = await pipe.get(self._current) == job_id
                     pipe.multi()
                     pipe.delete(key)

@@ -86,6 +86,7 @@ class Coordinator(Service):
             asyncio.create_task(self.registry.listen(), name="registry listening"),
             asyncio.create_task(self._every(JOB_TICK_S, "job state machine", self._advance)),
             asyncio.create_task(self._every(OBSERVE_TICK_S, "observer", self._observe)),
+            asyncio.create_task(self.forgetter.resume_interrupted(), name="forgets left undone"),
         ]
 
     async def _advance(self) -> None:
@@ -115,7 +116,7 @@ class Coordinator(Service):
             await self.observer.close()
             await self.checkpointer.close()
             await self.publisher.close()
-            await self.forgetter.http.aclose()
+            await self.forgetter.close()
             await self.retention.close()
         if hasattr(self, "redis"):
             await self.redis.aclose()

@@ -6,8 +6,11 @@ a forgotten user as it does for a user it never saw."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ from trillium.data.sources.datagen import generate_criteo
 from trillium.job import CRITEO_COLUMNS, JobConfig
 from trillium.runtime.checkpoint import JobCheckpoints, Manifest
 from trillium.runtime.model_store import ModelStore
+from trillium.stack import read_state
 from trillium.stack.client import ApiError, CoordinatorClient
 
 ROWS, BATCH, EPOCHS = 6000, 100, 2
@@ -113,7 +117,7 @@ def _served_rows(job: JobConfig, store: ModelStore, ids: np.ndarray) -> dict[int
     return out
 
 
-def _cli(run_dir: Path, *args: str) -> dict:
+def _cli(run_dir: Path, *args: str) -> list:
     done = subprocess.run(
         [sys.executable, "-m", "trillium.cli", *args, "--run-dir", str(run_dir), "--json"],
         capture_output=True,
@@ -161,7 +165,11 @@ def test_forgotten_users_leave_every_place_and_stay_gone_after_a_recovery(traini
     assert np.abs(got - replica.predict(job.name, unseen)[0]).max() > 1e-4  # they were learnt
 
     (tmp_path / "ids.txt").write_text("\n".join(forgotten) + "\n")
-    receipt = _cli(training_stack, "forget", "--model", job.name, "--table", "user", "--ids", str(tmp_path / "ids.txt"))
+    receipts = _cli(
+        training_stack, "forget", "--model", job.name, "--table", "user", "--ids", str(tmp_path / "ids.txt")
+    )
+    assert len(receipts) == 1, receipts  # 1,000 values: one request
+    receipt = receipts[0]
 
     # The receipt: the live shards held what the newest (the stop's) checkpoint holds.
     assert receipt["complete"] and receipt["values"] == FORGOTTEN and receipt["ids"] == len(ids)
@@ -201,4 +209,85 @@ def test_forgotten_users_leave_every_place_and_stay_gone_after_a_recovery(traini
     assert max(final) > newest and all(found == 0 for found, _ in final.values()), final
     for served, _ in _served_rows(job, store, ids).values():
         assert served == 0
+    client.close()
+
+
+def _pid(run_dir: Path, name: str) -> int:
+    return next(p["pid"] for p in read_state(run_dir)["processes"] if p["name"] == name)
+
+
+def _answers(client: CoordinatorClient) -> bool:
+    try:
+        client.jobs()
+    except Exception:  # noqa: BLE001 (not up yet: refused, or cut off)
+        return False
+    return True
+
+
+def test_a_forget_cut_off_by_a_coordinator_killed_is_run_again_at_its_start(training_stack, tmp_path) -> None:
+    """The coordinator killed -9 while a forget waits on a PS shard (stopped, as a host cut off):
+    the job stays marked, a resume is refused by the coordinator that starts next, which runs the
+    forget again to a complete receipt; then no checkpoint holds the IDs and the job resumes."""
+    job = _job(tmp_path)
+    client = CoordinatorClient.for_stack(training_stack)
+    job_id = client.submit(job)["id"]
+    # Stopped at the second of its 12 checkpoints: 100 steps short of its end.
+    wait_until(lambda: len(client.checkpoints(job_id)) >= 2, "two checkpoints", 240)
+    client.stop(job_id)
+    wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 240)
+    checkpoints = JobCheckpoints.of(job, job_id, training_stack)
+    assert checkpoints is not None
+    users = sorted({row["C1"] for row in _delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
+    forgotten = users[:300]
+    ids = _ids(forgotten)
+    own = _own_rows(checkpoints, ids)
+    assert sum(own.values()) > 0, own
+
+    shard = _pid(training_stack, "embedding_ps-0")
+    coordinator = _pid(training_stack, "coordinator-0")
+    answered: list[object] = []
+
+    def ask() -> None:
+        try:
+            answered.append(client.forget(job_id, "user", forgotten))
+        except Exception as err:  # noqa: BLE001 (the coordinator dies under it)
+            answered.append(err)
+
+    os.kill(shard, signal.SIGSTOP)
+    try:
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        marked = wait_until(lambda: client.job(job_id)["job"]["forgetting"], "the job marked forgetting", 60)
+        os.kill(coordinator, signal.SIGKILL)
+        asking.join(60)
+        assert answered and not isinstance(answered[0], dict), answered  # no receipt: it was cut off
+        again = CoordinatorClient.for_stack(training_stack)
+        wait_until(lambda: _pid(training_stack, "coordinator-0") != coordinator, "the coordinator restarted", 60)
+        wait_until(lambda: _answers(again), "the restarted coordinator to answer", 120)
+        assert again.job(job_id)["job"]["forgetting"] == marked
+        with pytest.raises(ApiError, match=f"forget {marked} is running") as refused:
+            again.resume(job_id)
+        assert refused.value.status == 409
+        with pytest.raises(ApiError, match=f"forget {marked} is running"):
+            again.delete(job_id)
+    finally:
+        os.kill(shard, signal.SIGCONT)
+
+    def receipt() -> dict | None:
+        found = again._call("GET", "/forgets", params={"job_id": job_id})
+        return found[0] if found else None
+
+    done = wait_until(receipt, "the forget run again to its receipt", 120)
+    assert done["id"] == marked and done["complete"] and done["runs"] >= 2, done
+    assert done["ids"] == len(ids) and done["values"] == len(forgotten)
+    assert {p["name"] for p in done["places"] if p["kind"] == "ps_shard"} == {"embedding_ps-0", "embedding_ps-1"}
+    assert _own_rows(checkpoints, ids) == {step: 0 for step in own}
+    record = again.job(job_id)["job"]
+    assert record["forgetting"] is None
+    assert [m["receipt"] for m in record["forgotten"]] == [marked]  # the run again replaced its mask
+    again.resume(job_id)
+    view = again.follow(job_id, timeout_s=300)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    assert all(found == 0 for found, _ in _checkpoint_rows(checkpoints, ids).values())
+    again.close()
     client.close()

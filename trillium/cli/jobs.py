@@ -268,7 +268,8 @@ def forget(
 ) -> None:
     """Remove IDs (a user's, under the GDPR's Art. 17) from a stopped, failed or finished job: its PS
     shards, checkpoints, model versions and serving replicas; its later attempts mask them in the
-    batches it had written. Prints the receipt, also kept as an audit record."""
+    batches it had written. Prints the receipt, also kept as an audit record: one for each request
+    the IDs take (a request carries what fits the API's 1 MiB body, at most 100,000 values)."""
     if (model is None) == (job is None):
         fail("name the job to forget from: --model M or --job ID")
     try:
@@ -283,16 +284,17 @@ def forget(
             if entry is None:
                 fail(f"no model {model!r} is published on this stack")
             job = entry["job_id"]
-        receipt = client.forget(job, table, values)
+        receipts = client.forget_all(job, table, values)
     if as_json:
-        print(json.dumps(receipt, indent=2))
+        print(json.dumps(receipts, indent=2))
         return
-    listing = Table("place", "name", "rows removed", "note")
-    for place in receipt["places"]:
-        listing.add_row(place["kind"], place["name"], str(place["rows_removed"]), place.get("note") or "")
-    console.print(listing)
-    complete = "complete" if receipt["complete"] else "INCOMPLETE (see the notes)"
-    console.print(
-        f"receipt {receipt['id']}: job {receipt['job_id']}, table {receipt['table']}: {receipt['values']} values, "
-        f"{receipt['ids']} IDs, {receipt['rows_removed']} rows removed from the PS shards; {complete}"
-    )
+    for receipt in receipts:
+        listing = Table("place", "name", "rows removed", "note")
+        for place in receipt["places"]:
+            listing.add_row(place["kind"], place["name"], str(place["rows_removed"]), place.get("note") or "")
+        console.print(listing)
+        complete = "complete" if receipt["complete"] else "INCOMPLETE (see the notes)"
+        console.print(
+            f"receipt {receipt['id']}: job {receipt['job_id']}, table {receipt['table']}: {receipt['values']} values, "
+            f"{receipt['ids']} IDs, {receipt['rows_removed']} rows removed from the PS shards; {complete}"
+        )

@@ -160,6 +160,9 @@ class JobRecord(BaseModel):
     )
     reshards: list[Reshard] = Field(default_factory=list, description="live changes of ps_shards, oldest first")
     forgotten: list[ForgetMask] = Field(default_factory=list, description="forgets run on the job, oldest first")
+    forgetting: str | None = Field(
+        None, description="the receipt id of the forget running on the job: no resume or delete until it is done"
+    )
 
     @property
     def pending_reshard(self) -> Reshard | None:

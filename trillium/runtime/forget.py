@@ -7,9 +7,17 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-# The most values one forget takes: its IDs travel in one request to every PS shard and stay in
-# the job record (a `ForgetMask`) for the job's later attempts.
-MAX_FORGET_VALUES = 100_000
+from trillium.config import MAX_FORGET_VALUES
+
+__all__ = [
+    "MAX_FORGET_VALUES",
+    "ForgetIntent",
+    "ForgetReceipt",
+    "Place",
+    "PlaceKind",
+    "ShardForgetRequest",
+    "ShardForgetResult",
+]
 
 
 class ShardForgetRequest(BaseModel):
@@ -54,3 +62,20 @@ class ForgetReceipt(BaseModel):
     rows_removed: int = Field(description="rows removed from the live PS shards")
     complete: bool = Field(description="every place that holds the job's rows answered")
     places: list[Place]
+    runs: int = Field(
+        1, description="how often it ran: more than once after a coordinator restart or a place unreached"
+    )
+
+
+class ForgetIntent(BaseModel):
+    """A forget asked for and not yet done, kept in Redis (`state.FORGET_INTENTS`) from before it
+    touches anything until its receipt is written: a coordinator that starts runs it again (each
+    step of a forget is idempotent). It holds the IDs, as the job's `ForgetMask` does, not the values."""
+
+    receipt: str = Field(description="the id its receipt will have")
+    job_id: str
+    table: str
+    values: int
+    ids: list[int]
+    started_at: float
+    runs: int = Field(0, description="the runs started so far")

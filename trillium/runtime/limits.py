@@ -6,7 +6,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-MAX_BODY_BYTES = 1 << 20
+from trillium.config import API_MAX_BODY_BYTES as MAX_BODY_BYTES
 
 
 class BodyLimit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 from collections.abc import Callable
@@ -11,11 +12,29 @@ from urllib.parse import quote
 
 import httpx
 
+from trillium.config import API_MAX_BODY_BYTES, MAX_FORGET_VALUES
 from trillium.job import JobConfig
 
 from .procs import LauncherError, read_state, read_token
 
 TERMINAL = ("finished", "failed", "stopped")
+# A forget's body stays this far inside the coordinator's body limit (its table name and keys).
+FORGET_BODY_SLACK = 4096
+
+
+def forget_batches(values: list[str], max_body: int = API_MAX_BODY_BYTES) -> list[list[str]]:
+    """`values` in order, cut into the fewest runs whose forget body each fits `max_body` bytes
+    and MAX_FORGET_VALUES values."""
+    batches: list[list[str]] = [[]]
+    size = 0
+    for value in values:
+        cost = len(json.dumps(value)) + 2  # its JSON and the ", " between values
+        if batches[-1] and (size + cost > max_body - FORGET_BODY_SLACK or len(batches[-1]) == MAX_FORGET_VALUES):
+            batches.append([])
+            size = 0
+        batches[-1].append(value)
+        size += cost
+    return batches
 
 
 def _describe(detail: Any) -> str:
@@ -123,6 +142,11 @@ class CoordinatorClient:
     def forget(self, job_id: str, table: str, values: list[str]) -> dict[str, Any]:
         """Remove IDs from everything of a stopped, failed or finished job; returns the receipt."""
         return self._call("POST", self._job(job_id, "forget"), json={"table": table, "values": values})
+
+    def forget_all(self, job_id: str, table: str, values: list[str]) -> list[dict[str, Any]]:
+        """`forget` of any number of values, in as many requests as their bodies need (one each
+        within the body limit): the receipts, one a request, in order."""
+        return [self.forget(job_id, table, batch) for batch in forget_batches(values)]
 
     def delete(self, job_id: str) -> None:
         self._call("DELETE", self._job(job_id))

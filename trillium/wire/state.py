@@ -33,6 +33,7 @@ CURRENT_JOB = key("current_job")  # string: the id of the stack's current (or la
 # heartbeat at once instead of hearing of it with their next periodic heartbeat (coordinator).
 JOB_CHANGED = key("job_changed")
 FORGETS = key("forgets")  # hash: receipt id -> a forget's receipt (JSON), kept after its job is deleted
+FORGET_INTENTS = key("forget_intents")  # hash: receipt id -> a forget not yet done (ForgetIntent JSON)
 MODELS = key("models")  # hash: model -> where its versions are (dir, topic), the newest, its job (JSON)
 
 # A job's keys: JOB_KEYS[name] says what each holds; `applied`, `ledger` and `rendezvous` are per attempt.
