@@ -42,3 +42,38 @@ def configure(service: str, level: str = "INFO") -> None:
     # Kafka and HTTP client libraries are chatty at INFO.
     for noisy in ("aiokafka", "kafka", "httpx", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Throttle:
+    """A log line that can come in floods (a bad event a message, from whoever writes the input
+    topic) at a bounded rate: `burst` lines at once, then one every `every_s`; the next line let
+    through says how many were held back (`held_back`). What is counted elsewhere (the dead
+    letters in the job view and /metrics) stays exact: only the lines are thinned."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every_s: float = 10.0,
+        burst: int = 10,
+        clock=time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.every_s = every_s
+        self.burst = burst
+        self.clock = clock
+        self.allowance = float(burst)
+        self.last = clock()
+        self.held_back = 0
+
+    def warning(self, msg: str, **fields: object) -> None:
+        now = self.clock()
+        self.allowance = min(float(self.burst), self.allowance + (now - self.last) / self.every_s)
+        self.last = now
+        if self.allowance < 1.0:
+            self.held_back += 1
+            return
+        self.allowance -= 1.0
+        if self.held_back:
+            fields["held_back"] = self.held_back
+            self.held_back = 0
+        self.logger.warning(msg, extra=fields)

@@ -49,6 +49,7 @@ from trillium.data.sources.joiner import Decided, PartitionJoin, columns_of_rows
 from trillium.data.sources.task_joiner import PartitionTaskJoin, TaskDecided
 from trillium.job import JobConfig, KafkaData
 from trillium.job.record import JobRecord
+from trillium.log import Throttle
 from trillium.runtime.checkpoint import Offsets
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import JobCannotRecover
@@ -61,6 +62,7 @@ logger = logging.getLogger("trillium.data_loader")
 DLQ_HEADERS = ("trillium-dlq-reason", "trillium-source-topic", "trillium-source-partition", "trillium-source-offset")
 SAMPLE_NAMESPACE = "trillium.sample"  # sample ids: hash_ids of the event key in this namespace
 POOL_STEPS = 4  # the samples a stream mixes before drawing steps: at least this many steps' worth
+BAD_REASON_CHARS = 200  # of a bad event's reason in a log line (the dead letter keeps it whole)
 IDLE_SECONDS = 2.0  # an input partition silent this long (and caught up) no longer holds the watermark
 # An input partition further ahead than this in event time of the slowest one is paused (see `ahead`).
 ALIGN_SECONDS = 2.0
@@ -204,6 +206,7 @@ class StreamLoader:
             self.rng.bit_generator.state = state["rng"]
         self.counts: Counter[str] = Counter(state.get("counts", {}))
         self.dead: Counter[str] = Counter(state.get("dead", {}))
+        self.bad_lines = Throttle(logger)  # anyone who writes the input can send a bad event a message
         self.skipped: Counter[str] = Counter(state.get("skipped", {}))  # input records gone, by "topic/partition"
         self.lag: list[dict[str, Any]] = []
         self.deliveries: list[asyncio.Future] = []  # sends of the current fetch, awaited after it
@@ -451,6 +454,8 @@ class StreamLoader:
 
     async def _dead_letter(self, producer, tp: TopicPartition, offset: int, raw: bytes | None, reason: str) -> None:
         self.dead[_kind(reason)] += 1
+        where = {"topic": tp.topic, "partition": tp.partition, "offset": offset}
+        self.bad_lines.warning("event to the dead letters", reason=reason[:BAD_REASON_CHARS], **where)
         values = [reason, tp.topic, str(tp.partition), str(offset)]
         headers = [*zip(DLQ_HEADERS, (v.encode() for v in values), strict=True), *kafka.headers(self.job.attempt)]
         self.deliveries.append(await producer.send(self.job.topics.dlq, raw or b"", headers=headers))
@@ -535,7 +540,7 @@ class StreamLoader:
         keep = np.flatnonzero(checked.keep)
         for bad in checked.bad:  # a label the job does not know, say
             self.dead["bad_value"] += 1
-            logger.warning("event refused at encoding", extra={"reason": bad.reason})
+            self.bad_lines.warning("event refused at encoding", reason=bad.reason[:BAD_REASON_CHARS])
         # A keyed stream's batches always say their samples' ids, an empty tick's too (as none).
         keyed = self.data.event_key is not None
         ids = trillium_native.hash_ids(SAMPLE_NAMESPACE, [rows.events[i].key for i in keep]) if keyed else None
