@@ -8,9 +8,10 @@ from __future__ import annotations
 import ssl
 import stat
 import subprocess
+from pathlib import Path
 
 from trillium.stack import tls
-from trillium.stack.broker import kafka_config
+from trillium.stack.broker import format_argv, java_arg, kafka_config
 
 
 def _verify(ca: str, cert: str, address: str) -> subprocess.CompletedProcess[str]:
@@ -69,3 +70,24 @@ def test_kafka_takes_scram_over_tls_only_and_its_configuration_is_private(tmp_pa
     assert made.kafka_password in props.read_text() and stat.S_IMODE(props.stat().st_mode) == 0o600
     plain = kafka_config(tmp_path, "10.250.0.10", 9092, 9093)
     assert "SASL" not in plain.read_text() and made.kafka_password not in plain.read_text()
+
+
+def test_the_scram_password_is_on_no_command_line(tmp_path) -> None:
+    """The storage format's arguments, the SCRAM user's password among them, reach the java
+    launcher in a private @-file: its command line (readable by every user) holds only the file's
+    name, and the launcher reads each argument back as it was."""
+    made = tls.ensure(tmp_path, {"kafka": "10.250.0.10"})
+    props = kafka_config(tmp_path, "10.250.0.10", 9092, 9093, made)
+    argv = format_argv(tmp_path, "-starts-with-a-dash", props, made)
+    assert not any(made.kafka_password in arg for arg in argv), argv
+    argfile = Path(argv[-1].removeprefix("@"))
+    assert argv[-1].startswith("@") and stat.S_IMODE(argfile.stat().st_mode) == 0o600
+    assert made.kafka_password in argfile.read_text()
+    # What the launcher makes of such a file: a java program that prints its arguments.
+    echo = tmp_path / "Echo.java"
+    echo.write_text("class Echo { public static void main(String[] a) { for (String s : a) System.out.println(s); } }")
+    tricky = ["--cluster-id=-x", 'a "quoted" word', "back\\slash\\", "[name=u,password=p]", "new\tline's"]
+    (tmp_path / "echo.args").write_text("".join(java_arg(a) + "\n" for a in [str(echo), *tricky]))
+    ran = subprocess.run(["java", f"@{tmp_path / 'echo.args'}"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == tricky

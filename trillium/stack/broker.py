@@ -74,6 +74,23 @@ def scram_user(tls: StackTls) -> list[str]:
     return ["--add-scram", f"{KAFKA_MECHANISM}=[name={KAFKA_USER},password={tls.kafka_password}]"]
 
 
+def format_argv(run_dir: Path, cluster_id: str, props: Path, tls: StackTls | None) -> list[str]:
+    """The command that formats the broker's storage. Its arguments (the SCRAM password among
+    them, with TLS) go in a file only the owner reads, which the java launcher expands (`@file`):
+    a command line is readable by every user of the host (/proc/<pid>/cmdline)."""
+    # "--cluster-id=" binds the value: an id starting with "-" (1 in 64) is no option.
+    args = ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)]
+    args += scram_user(tls) if tls else []
+    argfile = run_dir / "kafka" / "format.args"
+    write_private(argfile, "".join(java_arg(a) + "\n" for a in args))
+    return java_argv(run_dir, [f"@{argfile}"])
+
+
+def java_arg(arg: str) -> str:
+    """One argument as a java @-file holds it: quoted, a backslash and a quote escaped."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def kafka_config(run_dir: Path, address: str, port: int, controller_port: int, tls: StackTls | None = None) -> Path:
     kdir = run_dir / "kafka"
     kdir.mkdir(parents=True, exist_ok=True)

@@ -46,10 +46,11 @@ from trillium.wire.kafka import wait_for_kafka
 from trillium.wire.state import wait_for_redis
 
 from . import object_store, tls
-from .broker import java_argv, kafka_config, kafka_connection, scram_user
+from .broker import format_argv, java_argv, kafka_config, kafka_connection
 from .hosts import Cluster, Loopback
 from .procs import (
     REPO_ROOT,
+    SAFE_IMPORTS,
     STATE_FILE,
     TOKEN_FILES,
     LauncherError,
@@ -157,7 +158,7 @@ class Supervisor:
     # ---- processes
     def spawn(self, proc: Proc) -> None:
         logfile = open(proc.log, "ab")
-        env = os.environ | self.place.env(proc.name) | proc.env
+        env = os.environ | SAFE_IMPORTS | self.place.env(proc.name) | proc.env
         self.popen[proc.name] = subprocess.Popen(
             self.place.exec_prefix(proc.name) + proc.argv,
             stdout=logfile,
@@ -298,17 +299,11 @@ class Supervisor:
         self.kafka_bootstrap = f"{address}:{port}"
         if not (self.run_dir / "kafka" / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            # "--cluster-id=" binds the value: an id starting with "-" (1 in 64) is no option.
-            fmt = await asyncio.to_thread(
-                subprocess.run,
-                java_argv(
-                    self.run_dir,
-                    ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props)]
-                    + (scram_user(self.tls) if self.tls else []),
-                ),
-                capture_output=True,
-                text=True,
-            )
+            argv = format_argv(self.run_dir, cluster_id, props, self.tls)
+            try:
+                fmt = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+            finally:
+                (self.run_dir / "kafka" / "format.args").unlink(missing_ok=True)
             if fmt.returncode != 0:
                 raise LauncherError(f"formatting Kafka storage failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
         proc = Proc(
