@@ -12,7 +12,10 @@ FROM ${BASE} AS deps
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/trillium --create-home trillium
 RUN --mount=type=bind,source=.cache/wheels/deps,target=/wheels \
     python3 -m venv /opt/trillium && /opt/trillium/bin/pip install -q --no-cache-dir --no-index /wheels/*.whl
-ENV PATH=/opt/trillium/bin:$PATH PYTHONUNBUFFERED=1 TRILLIUM_RUN_DIR=/var/lib/trillium
+# PYTHONSAFEPATH: the working directory (the run directory, where jobs write) is not on sys.path,
+# so nothing a job leaves there shadows a module; a model is imported from trillium.models alone.
+ENV PATH=/opt/trillium/bin:$PATH PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 TRILLIUM_RUN_DIR=/var/lib/trillium \
+    TRILLIUM_MODEL_MODULES=trillium.models
 LABEL org.opencontainers.image.vendor=trillium
 # The run directory (checkpoints, quarantine): a volume the stack's containers share.
 WORKDIR /var/lib/trillium

@@ -4,6 +4,7 @@ import, where it may read its data and where it may keep its state."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from trillium.job import JobConfig, ModelSpec
 from trillium.job.trust import ENV_ALLOWED_PATHS, ENV_MODEL_MODULES, PathRoots, check_model_module
 from trillium.models import load_model
 from trillium.services.data_loader.server import _confine
+from trillium.stack.procs import SAFE_IMPORTS
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -22,8 +24,13 @@ DATA = Path(__file__).parents[1] / "data"
 def test_only_the_allowed_modules_are_imported(monkeypatch) -> None:
     monkeypatch.delenv(ENV_MODEL_MODULES, raising=False)
     check_model_module("trillium.models:DNN")
-    check_model_module("examples.criteo.model:Net")
-    for cls in ("subprocess:Popen", "trillium.modelsx:DNN", "trillium:models", "os.path:join"):
+    for cls in (
+        "examples.criteo.model:Net",
+        "subprocess:Popen",
+        "trillium.modelsx:DNN",
+        "trillium:models",
+        "os.path:join",
+    ):
         with pytest.raises(ValueError, match="is not one this stack may import"):
             check_model_module(cls)
     monkeypatch.setenv(ENV_MODEL_MODULES, "acme.rankers")
@@ -129,3 +136,19 @@ def test_a_url_is_allowed_only_at_an_object_store() -> None:
         assert not roots.allows(location), location
         assert "outside the roots this stack allows" in roots.refusal(location)
     assert roots.refusal("s3://trillium/models") is None
+
+
+def test_a_module_a_job_leaves_in_the_working_directory_shadows_nothing(tmp_path) -> None:
+    """The stack's processes run in the run directory, where jobs write: a package there named as
+    one the allowlist names is not what they import (SAFE_IMPORTS, which the launcher and the
+    images set); without it, it would be (the check can fail)."""
+    shadow = tmp_path / "trillium" / "models"
+    shadow.mkdir(parents=True)
+    (tmp_path / "trillium" / "__init__.py").write_text("")
+    (shadow / "__init__.py").write_text("raise SystemExit('the shadow ran')")
+    probe = [sys.executable, "-c", "import trillium.models"]
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    safe = subprocess.run(probe, cwd=tmp_path, env=base | SAFE_IMPORTS, capture_output=True, text=True)
+    assert safe.returncode == 0 and "the shadow ran" not in safe.stderr, safe.stderr
+    unsafe = subprocess.run(probe, cwd=tmp_path, env=base, capture_output=True, text=True)
+    assert "the shadow ran" in unsafe.stderr

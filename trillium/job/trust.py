@@ -6,8 +6,10 @@ process that acts on them (the coordinator when it accepts a job, every process 
 model), not from the job:
 
 - `TRILLIUM_MODEL_MODULES`: the module prefixes `model.cls` may import from, comma-separated
-  (default `trillium.models,examples`). A module is allowed when it is one of them or inside one.
-  The check comes before the import: importing a module runs it.
+  (default `trillium.models`). A module is allowed when it is one of them or inside one.
+  The check comes before the import: importing a module runs it. What a name resolves to is the
+  interpreter's sys.path, so the stack's processes run with `PYTHONSAFEPATH` (the launcher's
+  SAFE_IMPORTS, the images' environment): their working directory, where jobs write, is not on it.
 - `TRILLIUM_ALLOWED_PATHS`: the roots, comma-separated, under which a job may read its data
   (`data.train`, `data.test`) and keep its state (`checkpoint.dir`, `publish.dir`,
   `init_from.dir` and each table's `disk`); default: the run directory (the local launcher adds
@@ -32,7 +34,7 @@ from .schema import JobConfig
 
 __all__ = ["ENV_ALLOWED_PATHS", "ENV_MODEL_MODULES", "PathRoots", "check_model_module", "model_modules"]
 
-DEFAULT_MODEL_MODULES = ("trillium.models", "examples")
+DEFAULT_MODEL_MODULES = ("trillium.models",)
 # The object stores a job may keep state in (fsspec's names); a plain path is the local disk.
 # Not ftp, http(s), memory or file: a checkpoint written to another's server, or nowhere durable.
 STORAGE_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "az"})

@@ -19,6 +19,10 @@ from trillium.scopes import Scope, token_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_FILE = "stack.json"
+# Every process the stack starts runs in its run directory, where jobs write: with Python's safe
+# path, neither it nor any other working directory is on sys.path, so no file a job leaves there
+# can shadow a module the allowlist names (TRILLIUM_MODEL_MODULES) or any other.
+SAFE_IMPORTS = {"PYTHONSAFEPATH": "1"}
 
 
 class LauncherError(RuntimeError):
