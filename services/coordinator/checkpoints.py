@@ -128,6 +128,7 @@ class Checkpointer:
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._due: dict[tuple[str, int], float] = {}  # (job, attempt) -> when every_seconds asks next
         self._latest: dict[str, CheckpointInfo | None] = {}  # job -> newest complete checkpoint, once read
+        self._writing_on: dict[str, int] = {}  # job -> the step the checkpoint being written takes deltas on
 
     def busy(self, job_id: str) -> bool:
         task = self._drivers.get(job_id)
@@ -158,19 +159,43 @@ class Checkpointer:
 
     async def delete(self, job: JobRecord, step: int) -> bool:
         """Delete the checkpoint at `step` (False if there is none); IllegalTransition while a kept
-        checkpoint's delta is loaded on top of it."""
+        checkpoint's delta is loaded on top of it, while an attempt restores it (or a delta of
+        it), or while the checkpoint being written takes deltas on it."""
         store = self.jobs.checkpoints(job)
-        if store is None or step not in await asyncio.to_thread(store.steps):
+        if store is None:
             return False
-        dependents = await asyncio.to_thread(store.dependents, step)
-        if dependents:
-            raise IllegalTransition(
-                f"checkpoint {step} of job {job.id} is the base of the deltas of checkpoints "
-                f"{dependents}: delete those first"
-            )
-        await asyncio.to_thread(store.dir(step).remove)
+        async with self.jobs.checkpoint_files:
+            job = await self.jobs.require(job.id)  # as it stands now, under the lock
+            if step not in await asyncio.to_thread(store.steps):
+                return False
+            in_use = await asyncio.to_thread(self._in_use, job, store)
+            if step in in_use:
+                raise IllegalTransition(
+                    f"checkpoint {step} of job {job.id} is {in_use[step]}: delete it once that is done"
+                )
+            dependents = await asyncio.to_thread(store.dependents, step)
+            if dependents:
+                raise IllegalTransition(
+                    f"checkpoint {step} of job {job.id} is the base of the deltas of checkpoints "
+                    f"{dependents}: delete those first"
+                )
+            await asyncio.to_thread(store.dir(step).remove)
         self._latest.pop(job.id, None)
         return True
+
+    def _in_use(self, job: JobRecord, store: JobCheckpoints) -> dict[int, str]:
+        """The steps a delete must leave, with why: those an attempt is restoring, and those the
+        checkpoint being written takes deltas on."""
+        by_step = {m.step: m for m in store.complete()}
+        in_use: dict[int, str] = {}
+        base = self._writing_on.get(job.id)
+        if base is not None and base in by_step:
+            for s in store.needed([by_step[base]], by_step):
+                in_use[s] = "what the checkpoint being written takes its deltas on"
+        if job.state == "recovering" and job.restore is not None and job.restore.step in by_step:
+            for s in store.needed([by_step[job.restore.step]], by_step):
+                in_use[s] = f"being restored by attempt {job.attempt}"
+        return in_use
 
     # ---- the loop ------------------------------------------------------------------------------------
     async def tick(self, job: JobRecord | None) -> None:
@@ -239,7 +264,7 @@ class Checkpointer:
                 attempt=job.attempt,
                 step=step,
                 location=store.location(step),
-                base=await asyncio.to_thread(_delta_base, job, store),
+                base=await self._pin_base(job, store),
             )
             captures = await asyncio.gather(
                 *(
@@ -340,6 +365,17 @@ class Checkpointer:
                         )
             if cancelled:
                 raise
+        finally:
+            self._writing_on.pop(job.id, None)
+
+    async def _pin_base(self, job: JobRecord, store: JobCheckpoints) -> tuple[int, int] | None:
+        """The checkpoint this one's deltas go on (`_delta_base`), kept from deletion until the
+        write ends: chosen under the same lock a delete takes."""
+        async with self.jobs.checkpoint_files:
+            base = await asyncio.to_thread(_delta_base, job, store)
+            if base is not None:
+                self._writing_on[job.id] = base[1]
+        return base
 
     async def _wait_applied(self, job: JobRecord, step: int) -> None:
         """Until every PS shard has applied every rank's gradients up to `step`."""

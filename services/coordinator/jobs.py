@@ -108,6 +108,9 @@ class JobStore:
         # read here is never changed in place (`update` parses its own).
         self._parsed: collections.OrderedDict[str, tuple[str, JobRecord]] = collections.OrderedDict()
         self.waiting_for_kafka: dict[str, float] = {}  # job -> since when its recovery waits for Kafka
+        # Held while a checkpoint is deleted and while an attempt starts from one: a delete sees
+        # the attempt restoring it (the record says `recovering`), or the attempt sees it gone.
+        self.checkpoint_files = asyncio.Lock()
         self.unexplained_since: dict[tuple[str, int], float] = {}  # (job, attempt) -> a failure first seen
 
     @staticmethod
@@ -323,7 +326,11 @@ class JobStore:
             if also is not None:
                 also(record)
 
-        updated = await self.transition(job.id, "recovering", expect=expect, also=roll_back)
+        async with self.checkpoint_files:
+            store = self.checkpoints(job)
+            if store is not None and await asyncio.to_thread(store.dir(manifest.step).manifest) is None:
+                raise IllegalTransition(f"job {job.id}: checkpoint {manifest.step} was deleted before it was restored")
+            updated = await self.transition(job.id, "recovering", expect=expect, also=roll_back)
         await JobProgress(self.redis, job.id).clear_rank_results()
         logger.warning(
             "job recovering", extra={"job": job.id, "attempt": attempt, "step": manifest.step, "cause": cause}
