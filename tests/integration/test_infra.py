@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import uvloop
 from aiokafka import AIOKafkaClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.protocol.metadata import MetadataRequest
@@ -82,6 +83,27 @@ async def test_ensure_topics_is_idempotent(infra) -> None:
     finally:
         await admin.close()
     assert sorted(p["partition"] for p in described["partitions"]) == [0, 1, 2]
+
+
+async def test_a_new_topic_is_replicated_as_the_brokers_allow_with_min_insync_one_less(infra) -> None:
+    """The broker's own description of the topics created: one broker here, so one replica and
+    min.insync.replicas 1 (the rule for more brokers: tests/unit/test_kafka_replication.py);
+    a topic config given explicitly is what the broker keeps."""
+    chosen, pinned = f"insync-{uuid.uuid4().hex[:8]}", f"pinned-{uuid.uuid4().hex[:8]}"
+    await kafka.ensure_topics(infra.kafka, {chosen: 1})
+    await kafka.ensure_topics(infra.kafka, {pinned: 1}, {"min.insync.replicas": "2"})
+    admin = kafka.admin(infra.kafka)
+    await admin.start()
+    try:
+        described = {t["topic"]: t for t in await admin.describe_topics([chosen, pinned])}
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in described])
+    finally:
+        await admin.close()
+    insync = {
+        resource[3]: dict(entry[:2] for entry in resource[4])["min.insync.replicas"] for resource in response.resources
+    }
+    assert insync == {chosen: "1", pinned: "2"}
+    assert {t: len(d["partitions"][0]["replicas"]) for t, d in described.items()} == {chosen: 1, pinned: 1}
 
 
 async def test_ensure_partitions_grows_a_topic_and_never_shrinks_it(infra) -> None:

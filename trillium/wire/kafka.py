@@ -93,20 +93,30 @@ def admin(conn: KafkaConnection, **overrides: object) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**(_connection(conn) | {"request_timeout_ms": KAFKA_REQUEST_MS} | overrides))
 
 
+def replication(brokers: int, configs: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    """A new topic's replication factor (3, or as many brokers as there are) and its configs with
+    `min.insync.replicas` one less (at least 1) unless `configs` sets it: our producers wait for
+    every in-sync replica (acks=all), so a write is then on two brokers before it is acknowledged,
+    and a topic keeps taking writes with one of three brokers down. Kafka's default of 1 would
+    acknowledge a write only the leader holds, lost with it."""
+    replicas = min(3, brokers)
+    return replicas, {"min.insync.replicas": str(max(1, replicas - 1))} | (configs or {})
+
+
 async def ensure_topics(
     conn: KafkaConnection,
     partitions: dict[str, int],
     configs: dict[str, str] | None = None,
 ) -> None:
-    """Create the topics that do not exist yet (single-node friendly replication factor 1
-    unless the cluster has more brokers), with the topic `configs` given."""
+    """Create the topics that do not exist yet, with the topic `configs` given and the
+    replication `replication` chooses for the cluster's brokers."""
     admin_client = admin(conn)
     await admin_client.start()
     try:
         existing = set(await admin_client.list_topics())
-        brokers = len((await admin_client.describe_cluster())["brokers"])
+        replicas, settings = replication(len((await admin_client.describe_cluster())["brokers"]), configs)
         new = [
-            NewTopic(name, n, min(3, brokers), topic_configs=configs or {})
+            NewTopic(name, n, replicas, topic_configs=settings)
             for name, n in partitions.items()
             if name not in existing
         ]
