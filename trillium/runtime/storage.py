@@ -13,19 +13,26 @@ import posixpath
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 
 from trillium import timeouts
 
+# What a digest reads at once, from a local file or an object store's ranged GETs.
+DIGEST_CHUNK_BYTES = 4 << 20
+
+
+def sha256_stream(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(DIGEST_CHUNK_BYTES):
+        digest.update(chunk)
+    return digest.hexdigest()
+
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_stream(f)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -150,8 +157,10 @@ class StorageDir:
             raise error(f"{where} is missing") from None
         if found != size:
             raise error(f"{where} has {found} bytes, the manifest says {size}")
-        with self.reading(name) as path:
-            if sha256_file(path) != sha256:
+        # Read where it lies, a chunk at a time: an object store's file is not downloaded first
+        # (a PS snapshot of many GB would need as much room in /tmp).
+        with self.fs.open(self._join(name), "rb", block_size=DIGEST_CHUNK_BYTES, cache_type="none") as f:
+            if sha256_stream(f) != sha256:
                 raise error(f"{where}: sha256 differs from the manifest (corrupt)")
 
     def remove(self) -> None:
