@@ -294,8 +294,11 @@ class ShardServer:
     @property
     def port(self) -> int:
         """The port it listens on."""
-    def serve(self, store: EmbeddingStore | None) -> None:
-        """Serve `store`'s tables from now on (None: lookups are UNAVAILABLE)."""
+    def serve(self, store: EmbeddingStore, *, job_id: str, attempt: int) -> None:
+        """Serve `store`'s tables to the lookups of attempt `attempt` of job `job_id` from now on:
+        an earlier attempt's are FAILED_PRECONDITION, a later one's or another job's UNAVAILABLE."""
+    def clear(self) -> None:
+        """Serve no tables from now on: lookups are UNAVAILABLE."""
     def lookup_metrics(self) -> tuple[int, float, list[int]]:
         """(lookups answered, their seconds in all, each latency bucket's count, +Inf last)."""
     @staticmethod

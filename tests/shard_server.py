@@ -1,5 +1,6 @@
 """A PS shard's native gRPC server (`trillium_native.ShardServer`) on loopback over a store a test
-made, with the stack's limits: `shard_server(store, token)` yields it, serving, and stops it."""
+made, with the stack's limits: `shard_server(store, token, job)` yields it, serving `job` (its id
+and attempt), and stops it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def _failed(error: str) -> None:
 def shard_server(
     store: trillium_native.EmbeddingStore,
     token: str,
+    job: tuple[str, int],
     *,
     shard: int = 0,
     on_failure: Callable[[str], object] = _failed,
@@ -33,7 +35,7 @@ def shard_server(
         on_failure=on_failure,
         **(rpc.native_server_options() | ({"tls_cert": tls[0], "tls_key": tls[1]} if tls else {})),
     )
-    server.serve(store)
+    server.serve(store, job_id=job[0], attempt=job[1])
     try:
         yield server
     finally:

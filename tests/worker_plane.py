@@ -57,13 +57,15 @@ def tiny_shards(seed: int = 7) -> list[trillium_native.EmbeddingStore]:
 
 @contextlib.contextmanager
 def shard_servers(
-    stores: list[trillium_native.EmbeddingStore], tls: tuple[bytes, bytes] | None = None
+    stores: list[trillium_native.EmbeddingStore], record: JobRecord, tls: tuple[bytes, bytes] | None = None
 ) -> Iterator[list[int]]:
-    """A native PS server for each store (over TLS with `tls`, a certificate and key): their ports."""
+    """A native PS server for each store, serving `record`'s attempt (over TLS with `tls`, a
+    certificate and key): their ports."""
     from shard_server import shard_server
 
+    job = (record.id, record.attempt)
     with contextlib.ExitStack() as servers:
-        yield [servers.enter_context(shard_server(s, TOKEN, shard=i, tls=tls)).port for i, s in enumerate(stores)]
+        yield [servers.enter_context(shard_server(s, TOKEN, job, shard=i, tls=tls)).port for i, s in enumerate(stores)]
 
 
 def start_job(

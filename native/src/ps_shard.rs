@@ -18,29 +18,51 @@ use crate::table::Table;
 /// Told of a shard's own failure (a disk tier that failed a lookup), before the caller is.
 pub type OnFailure = Box<dyn Fn(&str) + Send + Sync>;
 
+/// The tables of one attempt of a job, as the service set them up.
+pub struct Served {
+    pub store: Arc<Store>,
+    pub job_id: String,
+    pub attempt: i32,
+}
+
 pub struct ServedStore {
     /// The PS's name, for what a caller is told (`embedding_ps-0`).
     name: String,
     shard: i32,
-    store: RwLock<Option<Arc<Store>>>,
+    served: RwLock<Option<Arc<Served>>>,
     on_failure: OnFailure,
 }
 
 impl ServedStore {
     pub fn new(name: String, shard: i32, on_failure: OnFailure) -> Self {
-        Self { name, shard, store: RwLock::new(None), on_failure }
+        Self { name, shard, served: RwLock::new(None), on_failure }
     }
 
-    /// Serve `store` from now on (None: no job's tables; lookups are UNAVAILABLE).
+    /// Serve `served` from now on (None: no job's tables; lookups are UNAVAILABLE).
     ///
     /// **Locking behaviour:** takes the slot's write lock, which each lookup holds only to clone the Arc.
-    pub fn serve(&self, store: Option<Arc<Store>>) {
-        *self.store.write().unwrap_or_else(|e| e.into_inner()) = store;
+    pub fn serve(&self, served: Option<Served>) {
+        *self.served.write().unwrap_or_else(|e| e.into_inner()) = served.map(Arc::new);
     }
 
-    fn current(&self) -> Result<Arc<Store>, ShardError> {
-        let store = self.store.read().unwrap_or_else(|e| e.into_inner()).clone();
-        store.ok_or_else(|| ShardError::Unavailable(format!("{} holds no tables yet (no job set up)", self.name)))
+    fn current(&self) -> Result<Arc<Served>, ShardError> {
+        let served = self.served.read().unwrap_or_else(|e| e.into_inner()).clone();
+        served.ok_or_else(|| ShardError::Unavailable(format!("{} holds no tables yet (no job set up)", self.name)))
+    }
+
+    /// The tables a lookup for attempt `attempt` of `job_id` may read: those served, when they
+    /// are that attempt's. An earlier attempt is fenced out; a later one, or another job, is not
+    /// set up here yet (the caller may try again).
+    fn for_attempt(&self, job_id: &str, attempt: i32) -> Result<Arc<Store>, ShardError> {
+        let served = self.current()?;
+        let serving = || format!("{} serves attempt {} of job {}", self.name, served.attempt, served.job_id);
+        if served.job_id != job_id || attempt > served.attempt {
+            return Err(ShardError::Unavailable(format!("{}, not attempt {attempt} of job {job_id:?} yet", serving())));
+        }
+        if attempt < served.attempt {
+            return Err(ShardError::Fenced(format!("{}: attempt {attempt} is fenced out", serving())));
+        }
+        Ok(served.store.clone())
     }
 }
 
@@ -91,7 +113,7 @@ fn rows<O: OutElem + FrameElem>(
 
 impl Shard for ServedStore {
     fn lookup(&self, lookup: Lookup<'_>) -> Result<Rows, ShardError> {
-        let store = self.current()?;
+        let store = self.for_attempt(lookup.job_id, lookup.attempt)?;
         let (tables, counts) = planned(&store, &lookup)?;
         let frame = if lookup.fp16 {
             rows::<f16>(&store, &tables, &counts, lookup.ids, lookup.create)
@@ -106,12 +128,12 @@ impl Shard for ServedStore {
     }
 
     fn may_block(&self) -> bool {
-        self.current().is_ok_and(|s| s.tables_ordered().iter().any(|t| t.cfg.has_disk_tier()))
+        self.current().is_ok_and(|s| s.store.tables_ordered().iter().any(|t| t.cfg.has_disk_tier()))
     }
 
     fn stats(&self) -> Result<pb::ShardStatsResponse, ShardError> {
         let tables = match self.current() {
-            Ok(store) => store.tables_ordered().iter().map(|t| table_stats(t)).collect(),
+            Ok(served) => served.store.tables_ordered().iter().map(|t| table_stats(t)).collect(),
             Err(_) => vec![], // no job's tables: none to tell of
         };
         Ok(pb::ShardStatsResponse { shard: self.shard, tables })

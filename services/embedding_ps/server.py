@@ -122,11 +122,16 @@ class EmbeddingPS(Service):
         """The job's tables, which the native gRPC server serves lookups from while set."""
         return self._store
 
-    @store.setter
-    def store(self, store: trillium_native.EmbeddingStore | None) -> None:
+    def serve(self, store: trillium_native.EmbeddingStore | None, job: JobRecord | None = None) -> None:
+        """Serve `store`'s tables to the lookups of `job`'s attempt (None: none); the native server
+        refuses an earlier attempt's, so a worker fenced out makes no row here."""
         self._store = store
-        if self.grpc_server is not None:
-            self.grpc_server.serve(store)
+        if self.grpc_server is None:
+            return
+        if store is None or job is None:
+            self.grpc_server.clear()
+        else:
+            self.grpc_server.serve(store, job_id=job.id, attempt=job.attempt)
 
     async def start(self) -> None:
         # Lookups are served natively (trillium_native.ShardServer): no Python on their path.
@@ -143,7 +148,6 @@ class EmbeddingPS(Service):
             on_failure=lambda error: loop.call_soon_threadsafe(self.set_job_phase, "failed", f"OSError: {error}"),
             **rpc.native_server_options(creds),
         )
-        self.grpc_server.serve(self._store)
         REGISTRY.register(self._lookup_seconds)
         self.redis = state.connect(self.settings.redis_url)
 
@@ -155,7 +159,8 @@ class EmbeddingPS(Service):
     async def left_attempt(self) -> None:
         job = self.job
         if job is not None and self.settings.index >= job.config.topology.ps_shards:
-            self.store, self._stats = None, {}  # resharded away: the job's rows are on the other shards now
+            self.serve(None)  # resharded away: the job's rows are on the other shards now
+            self._stats = {}
 
     def table_stats(self) -> dict[str, dict[str, Any]]:
         store = self.store
@@ -237,7 +242,8 @@ class EmbeddingPS(Service):
         config = job.config
         shard = self.settings.index
         ranks = config.topology.nn_ranks
-        self.store, self._stats = None, {}
+        self.serve(None)
+        self._stats = {}
         self.disk_tier = any(table.disk is not None for table in config.tables.values())
         store = trillium_native.EmbeddingStore(threads=self.settings.threads)
         for name, table in config.tables.items():
@@ -248,7 +254,7 @@ class EmbeddingPS(Service):
         self._marks = {}
         models = ModelStore.of(config, self.settings.run_dir)
         self._exporter = Exporter(shard, models, self.report_model_part) if models is not None else None
-        self.store = store
+        self.serve(store, job)
         progress = JobProgress(self.redis, job.id, job.attempt)
         await progress.set_applied_all(shard, ranks, last_step, self._ledger.dumps())
         consumer = kafka.positioned_consumer(self.settings.kafka, group_id=f"{job.id}.ps")

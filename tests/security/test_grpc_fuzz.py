@@ -2,7 +2,8 @@
 and the store it serves, on loopback): bytes that are no protobuf, and
 protobufs whose fields disagree (counts against IDs, unknown tables, wrong dtypes, huge counts),
 are answered INVALID_ARGUMENT (or UNAVAILABLE, FAILED_PRECONDITION where they say so), never
-INTERNAL or UNKNOWN, and the shard answers a good lookup exactly as before, and as fast."""
+INTERNAL or UNKNOWN; one for an attempt the shard does not serve is refused and makes no row; and
+the shard answers a good lookup exactly as before, and as fast."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ TOKEN = "the-stack-token-0123456789"
 DIM = 8
 SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingParameterServer"].full_name
 CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+JOB = ("fuzz-0123abcd", 3)  # the job and attempt the shard serves
 
 
 class Shard:
@@ -37,7 +39,7 @@ class Shard:
 @pytest.fixture(scope="module")
 def server():
     shard = Shard()
-    with shard_server(shard.store, TOKEN, on_failure=shard.failures.append) as native:
+    with shard_server(shard.store, TOKEN, JOB, on_failure=shard.failures.append) as native:
         with grpc.insecure_channel(f"127.0.0.1:{native.port}") as channel:
             yield shard, channel
 
@@ -52,7 +54,11 @@ def lookup_raw(channel: grpc.Channel, payload: bytes) -> bytes:
 
 def good_lookup(channel: grpc.Channel) -> np.ndarray:
     request = pb.ShardLookupRequest(
-        tables=["t"], counts=[3], ids=pb.Array(data=codec.pack_array(np.arange(3, dtype=np.uint64)))
+        tables=["t"],
+        counts=[3],
+        ids=pb.Array(data=codec.pack_array(np.arange(3, dtype=np.uint64))),
+        job_id=JOB[0],
+        attempt=JOB[1],
     )
     reply = pb.ShardLookupResponse.FromString(lookup_raw(channel, request.SerializeToString()))
     return codec.unpack_array(reply.rows.data).reshape(3, DIM)
@@ -89,11 +95,17 @@ ARRAYS = st.one_of(
 @st.composite
 def nearly_good(draw) -> bytes:
     """A lookup of the table `t` as an embedding worker sends one, one thing at a time changed
-    (or none): duplicate or extreme IDs, counts off by some, the table named twice."""
+    (or none): duplicate or extreme IDs, counts off by some, the table named twice, another attempt
+    or job."""
     ids = draw(st.lists(st.integers(0, (1 << 64) - 1), max_size=50, unique=draw(st.booleans())))
     tables, counts = ["t"], [len(ids)]
-    change = draw(st.sampled_from(["none", "count", "twice", "dtype"]))
-    if change == "count":
+    job_id, attempt = JOB
+    change = draw(st.sampled_from(["none", "count", "twice", "dtype", "attempt", "job"]))
+    if change == "attempt":
+        attempt = draw(st.sampled_from([-1, 0, JOB[1] - 1, JOB[1] + 1, (1 << 31) - 1]))
+    elif change == "job":
+        job_id = draw(st.sampled_from(["", "other-0123abcd", JOB[0] + "\x00"]))
+    elif change == "count":
         counts = [len(ids) + draw(st.sampled_from([-1, 1, 1 << 31]))]
     elif change == "twice":
         tables, counts = ["t", "t"], [len(ids) // 2, len(ids) - len(ids) // 2]
@@ -106,18 +118,27 @@ def nearly_good(draw) -> bytes:
         ids=pb.Array(data=codec.pack_array(array)),
         row_dtype=draw(st.sampled_from(["", "float32", "float16"])),
         read_only=draw(st.booleans()),
+        job_id=job_id,
+        attempt=attempt,
     ).SerializeToString()
 
 
 RANDOM = st.builds(
-    lambda tables, counts, data, row_dtype, read_only: pb.ShardLookupRequest(
-        tables=tables, counts=counts, ids=pb.Array(data=data), row_dtype=row_dtype, read_only=read_only
+    lambda tables, counts, data, row_dtype, read_only, attempt: pb.ShardLookupRequest(
+        tables=tables,
+        counts=counts,
+        ids=pb.Array(data=data),
+        row_dtype=row_dtype,
+        read_only=read_only,
+        job_id=JOB[0],
+        attempt=attempt,
     ).SerializeToString(),
     st.lists(st.sampled_from(["t", "u", "", "t\x00", "é"]), max_size=4),
     st.lists(st.one_of(st.integers(-3, 50), st.sampled_from([-(1 << 63), (1 << 63) - 1, 1 << 40])), max_size=4),
     ARRAYS,
     st.sampled_from(["", "float32", "float16", "int8", "float64", "x" * 100]),
     st.booleans(),
+    st.sampled_from([JOB[1], JOB[1], JOB[1] - 1, JOB[1] + 1]),
 )
 REQUESTS = st.one_of(nearly_good(), RANDOM)
 
@@ -125,9 +146,18 @@ REQUESTS = st.one_of(nearly_good(), RANDOM)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payload=REQUESTS)
 def test_requests_whose_fields_disagree_are_refused_clearly(server, payload: bytes) -> None:
-    _, channel = server
+    shard, channel = server
+    request = pb.ShardLookupRequest.FromString(payload)
+    rows = shard.store.num_rows("t")
     code = status_of(channel, payload)
-    assert code == grpc.StatusCode.OK or code in CLEAR, code
+    if (request.job_id, request.attempt) == JOB:
+        assert code == grpc.StatusCode.OK or code in CLEAR, code
+        return
+    # Another attempt or job: refused, and no row made (an earlier attempt is fenced out).
+    fenced = request.job_id == JOB[0] and request.attempt < JOB[1]
+    refused = grpc.StatusCode.FAILED_PRECONDITION if fenced else grpc.StatusCode.UNAVAILABLE
+    assert code in CLEAR | {refused}, code
+    assert shard.store.num_rows("t") == rows
 
 
 def test_the_shard_answers_as_before_and_as_fast_after_the_fuzzing(server) -> None:

@@ -29,7 +29,8 @@ CLEAR = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.N
 def server():
     stores = tiny_shards()
     # One rank served, so that each push is a step of its own, answered at once.
-    with shard_servers(stores) as ports, worker_plane(tiny_record("running", ATTEMPT), ports, ranks=[0]) as plane:
+    record = tiny_record("running", ATTEMPT)
+    with shard_servers(stores, record) as ports, worker_plane(record, ports, ranks=[0]) as plane:
         with grpc.insecure_channel(f"127.0.0.1:{plane.server.port}") as channel:
             yield plane, stores, channel
 

@@ -34,12 +34,12 @@ def test_the_plane_serves_and_calls_its_shards_over_tls_by_the_stacks_ca(tmp_pat
     stores, record = tiny_shards(), tiny_record("running", 1)
     ids = random_ids(0)
     request = pb.BatchLookupRequest(batch=encoded(0, ids), training=True, attempt=1)
-    with shard_servers(stores, tls=ours) as ports, worker_plane(record, ports, tls=ours, ps_tls_ca=ca) as plane:
+    with shard_servers(stores, record, tls=ours) as ports, worker_plane(record, ports, tls=ours, ps_tls_ca=ca) as plane:
         answer = _lookup(plane.server.port, ca, request)
         pooled = codec.unpack_array(answer.pooled.data)
         np.testing.assert_allclose(pooled, pooled_oracle(stores, ids), rtol=1e-6, atol=1e-7)
     with (
-        shard_servers(tiny_shards(), tls=theirs) as ports,
+        shard_servers(tiny_shards(), record, tls=theirs) as ports,
         worker_plane(record, ports, tls=ours, ps_tls_ca=ca) as plane,
     ):
         with pytest.raises(grpc.RpcError) as refused:

@@ -46,7 +46,7 @@ async def test_a_replayed_training_lookup_asks_no_shard_for_a_forgotten_id_and_s
     record.forgotten = MASKS
     ids = tiny_ids(0)
     used = {t: {int(i) for s in record.config.slots if s.table == t for i in ids.slot(s.name)[0]} for t in "ab"}
-    with shard_servers(stores) as ports, worker_plane(record, ports, ranks=[0, 1]) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports, ranks=[0, 1]) as plane:
         ranks = Ranks(plane.server.port)
         try:
             # Batch 10 (rank 0): masked by r1 and r2, not r3.

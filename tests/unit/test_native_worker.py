@@ -25,7 +25,7 @@ from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 
 async def test_a_step_pools_the_shards_rows_and_sends_each_shard_its_ids_gradients() -> None:
     stores, record = tiny_shards(), tiny_job("fp32")
-    with shard_servers(stores) as ports, worker_plane(record, ports) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports) as plane:
         ranks = Ranks(plane.server.port)
         try:
             ids = {rank: random_ids(rank) for rank in (0, 1)}
@@ -72,7 +72,7 @@ async def test_a_step_pools_the_shards_rows_and_sends_each_shard_its_ids_gradien
 
 async def test_fp16_embeddings_and_gradients_keep_their_values_within_fp16() -> None:
     stores, record = tiny_shards(), tiny_job("fp16")
-    with shard_servers(stores) as ports, worker_plane(record, ports, ranks=[0]) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports, ranks=[0]) as plane:
         ranks = Ranks(plane.server.port)
         try:
             ids = random_ids(3)
@@ -102,7 +102,7 @@ async def test_fp16_embeddings_and_gradients_keep_their_values_within_fp16() -> 
 
 async def test_a_lookup_waits_for_its_staleness_bound_and_an_evaluation_for_the_steps_it_follows() -> None:
     stores, record = tiny_shards(), tiny_record("running", 1)
-    with shard_servers(stores) as ports, worker_plane(record, ports, gate=(0, 1)) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports, gate=(0, 1)) as plane:
         ranks = Ranks(plane.server.port)
         try:
             ahead = pb.BatchLookupRequest(batch=encoded(4, random_ids(4)), training=True, attempt=1)  # step 2
@@ -124,7 +124,7 @@ async def test_a_lookup_waits_for_its_staleness_bound_and_an_evaluation_for_the_
 
 async def test_a_failed_send_fails_every_ranks_push_of_the_step_with_its_error() -> None:
     stores, record = tiny_shards(), tiny_record("running", 1)
-    with shard_servers(stores) as ports, worker_plane(record, ports, durable=False) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports, durable=False) as plane:
         ranks = Ranks(plane.server.port)
         try:
             answers = [
@@ -150,7 +150,7 @@ async def test_a_failed_send_fails_every_ranks_push_of_the_step_with_its_error()
 
 async def test_a_push_whose_stream_ends_leaves_the_others_waiting_for_the_step() -> None:
     stores, record = tiny_shards(), tiny_record("running", 1)
-    with shard_servers(stores) as ports, worker_plane(record, ports) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports) as plane:
         ranks = Ranks(plane.server.port)
         try:
             answers = [
@@ -175,7 +175,7 @@ async def test_a_push_is_taken_at_once_and_answered_once_its_step_is_durable_in_
     # The next steps are queued while the one before is unacknowledged: a rank's round trips to
     # Kafka overlap, in step order.
     stores, record = tiny_shards(), tiny_job("fp32")
-    with shard_servers(stores) as ports, worker_plane(record, ports, ranks=[0], durable=False) as plane:
+    with shard_servers(stores, record) as ports, worker_plane(record, ports, ranks=[0], durable=False) as plane:
         ranks = Ranks(plane.server.port)
         try:
             answers = []
@@ -211,7 +211,7 @@ def _code(port: int, method: str, request) -> tuple[grpc.StatusCode, str]:
 def test_what_the_plane_cannot_serve_has_the_code_a_rank_acts_on() -> None:
     stores, record = tiny_shards(), tiny_record("running", 1)
     lookup = pb.BatchLookupRequest(batch=encoded(0, random_ids(0)), training=True, attempt=1)
-    with shard_servers(stores) as ports, worker_plane() as plane:
+    with shard_servers(stores, record) as ports, worker_plane() as plane:
         port = plane.server.port
         code, details = _code(port, "LookupBatches", lookup)
         assert code == grpc.StatusCode.UNAVAILABLE and "embedding_worker-0 has no job set up" in details
@@ -233,3 +233,15 @@ def test_what_the_plane_cannot_serve_has_the_code_a_rank_acts_on() -> None:
     with worker_plane(record, ports, ranks=[0]) as plane:
         code, details = _code(plane.server.port, "LookupBatches", lookup)
         assert code == grpc.StatusCode.UNAVAILABLE and "embedding_ps-0 at 127.0.0.1:" in details, details
+
+
+def test_a_worker_of_an_attempt_fenced_out_makes_no_row_on_the_shards() -> None:
+    """The shards moved on to attempt 2; a worker still serving attempt 1 (cut off when the
+    coordinator started the next) is refused by every shard, and no ID it asks for becomes a row."""
+    stores, stale = tiny_shards(), tiny_record("running", 1)
+    lookup = pb.BatchLookupRequest(batch=encoded(0, random_ids(0)), training=True, attempt=1)
+    with shard_servers(stores, tiny_record("running", 2)) as ports, worker_plane(stale, ports, ranks=[0]) as plane:
+        code, details = _code(plane.server.port, "LookupBatches", lookup)
+    assert code == grpc.StatusCode.UNAVAILABLE, (code, details)
+    assert "FAILED_PRECONDITION" in details and "attempt 1 is fenced out" in details, details
+    assert all(store.num_rows(table) == 0 for store in stores for table in store.tables())

@@ -10,7 +10,7 @@ use trillium_transport::ps::{LookupMetrics, LATENCY_BUCKETS};
 use trillium_transport::server::{serve_ps, RunningServer, ServerConfig};
 
 use super::store::PyStore;
-use crate::ps_shard::ServedStore;
+use crate::ps_shard::{Served, ServedStore};
 
 /// A gRPC server's settings from its binding's arguments (the stack's token, TLS, limits).
 #[allow(clippy::too_many_arguments)]
@@ -102,10 +102,16 @@ impl PyShardServer {
         self.port
     }
 
-    /// Serve this store's tables from now on (None: none, lookups are UNAVAILABLE).
-    #[pyo3(signature = (store))]
-    fn serve(&self, store: Option<PyRef<'_, PyStore>>) {
-        self.served.serve(store.map(|s| s.store.clone()));
+    /// Serve this store's tables to the lookups of attempt `attempt` of job `job_id` from now on:
+    /// an earlier attempt's are FAILED_PRECONDITION, a later one's or another job's UNAVAILABLE.
+    #[pyo3(signature = (store, *, job_id, attempt))]
+    fn serve(&self, store: PyRef<'_, PyStore>, job_id: String, attempt: i32) {
+        self.served.serve(Some(Served { store: store.store.clone(), job_id, attempt }));
+    }
+
+    /// Serve no tables from now on: lookups are UNAVAILABLE.
+    fn clear(&self) {
+        self.served.serve(None);
     }
 
     /// (lookups answered, their seconds, the count of each of `buckets()`'s buckets and of +Inf).

@@ -137,6 +137,8 @@ async fn rows(job: &Job, held: &Held, evaluation: bool, fp16: bool) -> Result<Ve
             ids: Some(array(ids.finish())),
             row_dtype: if fp16 { "float16" } else { "float32" }.to_owned(),
             read_only: evaluation,
+            job_id: job.spec.job_id.clone(),
+            attempt: job.spec.attempt,
         };
         calls.push(shard.stream.call(request));
         asked.push((s, these));

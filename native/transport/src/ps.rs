@@ -18,8 +18,11 @@ use crate::frame::{read_array, FrameError};
 use crate::pb;
 use crate::pb::embedding_parameter_server_server::EmbeddingParameterServer;
 
-/// One lookup of a request: `ids` holds `counts[i]` IDs of `tables[i]` in turn.
+/// One lookup of a request: `ids` holds `counts[i]` IDs of `tables[i]` in turn, for attempt
+/// `attempt` of job `job_id`.
 pub struct Lookup<'a> {
+    pub job_id: &'a str,
+    pub attempt: i32,
     pub tables: &'a [String],
     pub counts: &'a [i64],
     pub ids: &'a [u64],
@@ -44,6 +47,8 @@ pub enum ShardError {
     Invalid(String),
     /// The shard itself failed (a table's disk tier): its part of the job fails.
     Failed(String),
+    /// The request's attempt was fenced out: the shard serves a later one. Never retried.
+    Fenced(String),
 }
 
 impl From<ShardError> for Status {
@@ -52,6 +57,7 @@ impl From<ShardError> for Status {
             ShardError::Unavailable(m) => Status::unavailable(m),
             ShardError::Invalid(m) => Status::invalid_argument(m),
             ShardError::Failed(m) => Status::internal(m),
+            ShardError::Fenced(m) => Status::failed_precondition(m),
         }
     }
 }
@@ -118,8 +124,15 @@ fn answer<S: Shard>(shard: &S, request: &pb::ShardLookupRequest) -> Result<pb::S
     let Some(ids) = request.ids.as_ref() else { return Err(ShardError::Invalid("the request has no ids".into())) };
     let ids = read_array(&ids.data)?;
     let ids = ids.u64s("ids")?;
-    let lookup =
-        Lookup { tables: &request.tables, counts: &request.counts, ids: &ids, create: !request.read_only, fp16 };
+    let lookup = Lookup {
+        job_id: &request.job_id,
+        attempt: request.attempt,
+        tables: &request.tables,
+        counts: &request.counts,
+        ids: &ids,
+        create: !request.read_only,
+        fp16,
+    };
     let rows = shard.lookup(lookup)?;
     Ok(pb::ShardLookupResponse {
         rows: Some(pb::Array { dtype: String::new(), shape: vec![], data: rows.frame }),
