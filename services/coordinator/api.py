@@ -322,9 +322,11 @@ def add_api(app: FastAPI, coord: Coordinator) -> None:
     async def forget(job_id: str, body: ForgetRequest) -> ForgetReceipt:
         """Remove IDs (a user's, under the GDPR's Art. 17) from everything of the job that holds them:
         the live PS shards, every checkpoint, every version of its model and the replicas serving it,
-        and, masked, the batches its later attempts replay. Returns the receipt (every place checked,
-        the rows removed there), also kept as an audit record. 409 unless the job is stopped, failed
-        or finished; 422 for a table the job lacks."""
+        and, masked, the batches its later attempts replay; and from every job linked to it (warm-started
+        from it, or publishing its model), each a forget of its own whose receipt this one names in
+        `linked`. Returns the receipt (every place checked, the rows removed there), also kept as an
+        audit record. 409 unless the job and those linked are stopped, failed or finished; 422 for a
+        table the job lacks."""
         return await coord.forgetter.forget(job_id, body)
 
     @v1.get("/forgets", response_model=list[ForgetReceipt], tags=["forget"])

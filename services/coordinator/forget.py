@@ -21,6 +21,10 @@ uses the table hashes its values, and those IDs are removed
 It runs only while the job runs nothing (stopped, failed or finished): no capture, export or
 gradient is in flight to bring a row back. Dense weights are not per ID: they keep what they learnt.
 
+It reaches every job linked to the job (`linked_jobs`): those warm-started from it (`init_from`),
+and those publishing its model, each in turn; all must have ended (409 naming those that run).
+Each is a forget of its own, with its receipt, which the job's receipt names (`linked`).
+
 It is crash-safe: the forget is written down (a `ForgetIntent`, with the IDs) before anything is
 touched, then the job record is marked `forgetting` in one compare-and-set with its state, so no
 resume or delete starts until the receipt is written; a coordinator that starts runs each intent
@@ -97,6 +101,8 @@ class Forgetter:
         self._retry: asyncio.Task[None] | None = None
 
     async def forget(self, job_id: str, request: ForgetRequest) -> ForgetReceipt:
+        """Forget on the job and on every job linked to it (`linked_jobs`), each a forget of its
+        own with its receipt; the job's receipt names theirs. All of them must have ended."""
         job = await self.jobs.require(job_id)
         _require_ended(job)
         if request.table not in job.config.tables:
@@ -104,30 +110,67 @@ class Forgetter:
                 status.HTTP_422_UNPROCESSABLE_ENTITY,
                 f"job {job_id} has no table {request.table!r}; tables: {', '.join(job.config.tables)}",
             )
-        ids = table_ids(job, request.table, request.values)
+        records = {r.id: r for r in await self.jobs.all()}
+        linked = linked_jobs(list(records.values()), job, self.run_dir)
+        if running := [f"{other} ({why})" for other, why in linked.items() if records[other].state not in TERMINAL]:
+            raise IllegalTransition(
+                f"job {job_id}'s rows are also in jobs still running: {'; '.join(running)}; stop them first, "
+                "forget, then resume them"
+            )
+        reached = [
+            (records[other], why) for other, why in linked.items() if request.table in records[other].config.tables
+        ]
         started = time.time()
-        intent = ForgetIntent(
-            receipt=f"forget-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(started))}-{secrets.token_hex(3)}",
-            job_id=job_id,
-            table=request.table,
-            values=len(request.values),
-            ids=ids.tolist(),
-            started_at=started,
-        )
-        # Durable before anything is touched: a coordinator killed from here on runs it at start.
-        await self._save(intent)
+        receipt = f"forget-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(started))}-{secrets.token_hex(3)}"
+
+        def intent_on(target: JobRecord, number: int, reason: str | None) -> ForgetIntent:
+            return ForgetIntent(
+                receipt=f"{receipt}-{number}" if number else receipt,
+                job_id=target.id,
+                table=request.table,
+                values=len(request.values),
+                ids=table_ids(target, request.table, request.values).tolist(),
+                started_at=started,
+                linked_from=receipt if number else None,
+                reason=reason,
+            )
+
+        intents = [intent_on(job, 0, None), *(intent_on(r, n, why) for n, (r, why) in enumerate(reached, 1))]
+        intents[0].linked = [i.receipt for i in intents[1:]]
+        # Durable before anything is touched: a coordinator killed from here on runs them at start.
+        for intent in intents:
+            await self._save(intent)
         async with self._lock:
+            await self._claim_all(intents)
             try:
-                await self._claim(intent)
-            except BaseException:
-                await self.jobs.redis.hdel(state.FORGET_INTENTS, intent.receipt)
-                raise
-            try:
-                return await self._carry_out(intent, runs=1)
+                receipts = [await self._carry_out(intent, runs=1) for intent in intents]
             except Exception:
-                # The job stays marked and the intent kept: run again soon, as at a start.
+                # The jobs left stay marked and their intents kept: run again soon, as at a start.
                 self._retry = asyncio.create_task(self._resume_later(), name="forget retry")
                 raise
+        return receipts[0]
+
+    async def _claim_all(self, intents: list[ForgetIntent]) -> None:
+        """Mark every job of a forget, or none: a job that cannot be claimed (resumed meanwhile)
+        releases those claimed before it and drops every intent."""
+        claimed: list[ForgetIntent] = []
+        try:
+            for intent in intents:
+                await self._claim(intent)
+                claimed.append(intent)
+        except BaseException:
+            for intent in claimed:
+                await self._release(intent)
+            for intent in intents:
+                await self.jobs.redis.hdel(state.FORGET_INTENTS, intent.receipt)
+            raise
+
+    async def _release(self, intent: ForgetIntent) -> None:
+        def release(record: JobRecord) -> None:
+            if record.forgetting == intent.receipt:
+                record.forgetting = None
+
+        await self.jobs.update(intent.job_id, release)
 
     async def _resume_later(self) -> None:
         await asyncio.sleep(RESUMED_RETRY_S)
@@ -195,11 +238,7 @@ class Forgetter:
                 break
             await asyncio.sleep(RESUMED_RETRY_S)
         await self.jobs.redis.hset(state.FORGETS, receipt.id, receipt.model_dump_json())
-
-        def release(record: JobRecord) -> None:
-            record.forgetting = None
-
-        await self.jobs.update(intent.job_id, release)
+        await self._release(intent)
         await self.jobs.redis.hdel(state.FORGET_INTENTS, intent.receipt)
         logger.info(
             "forgot",
@@ -242,6 +281,9 @@ class Forgetter:
             complete=not any(p.note and p.note.startswith("not reached") for p in places),
             places=places,
             runs=intent.runs,
+            linked=intent.linked,
+            linked_from=intent.linked_from,
+            reason=intent.reason,
         )
 
     async def _ps_shards(self, job: JobRecord, table: str, ids: np.ndarray) -> list[Place]:
@@ -328,6 +370,35 @@ def _require_ended(job: JobRecord) -> None:
             f"job {job.id} is {job.state}: stop it first (its final checkpoint keeps its progress), "
             "forget, then resume it"
         )
+
+
+def _model_of(job: JobRecord, run_dir: Path) -> tuple[str, str] | None:
+    store = ModelStore.of(job.config, run_dir)
+    return None if store is None else (store.base, store.model)
+
+
+def linked_jobs(records: list[JobRecord], origin: JobRecord, run_dir: Path) -> dict[str, str]:
+    """The jobs a forget of `origin` must reach too, by id, each with why: those warm-started from
+    it (`init_from`, and from those in turn: their tables began as its rows), and those publishing
+    the model it publishes (one's versions hold the other's rows, and a running one would publish
+    them again), and so on from each job reached."""
+    why: dict[str, str] = {}
+    reached, queue = {origin.id}, [origin]
+    while queue:
+        job = queue.pop(0)
+        model = _model_of(job, run_dir)
+        for other in records:
+            if other.id in reached:
+                continue
+            if other.config.init_from is not None and other.config.init_from.job == job.id:
+                why[other.id] = f"warm-started from {job.id}"
+            elif model is not None and _model_of(other, run_dir) == model:
+                why[other.id] = f"publishes model {model[1]}, as {job.id} does"
+            else:
+                continue
+            reached.add(other.id)
+            queue.append(other)
+    return why
 
 
 def table_ids(job: JobRecord, table: str, values: list[str]) -> np.ndarray:

@@ -23,6 +23,7 @@ import trillium_native
 from trillium.data import load_job
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import CRITEO_COLUMNS, JobConfig
+from trillium.job.schema import InitFrom
 from trillium.runtime.checkpoint import JobCheckpoints, Manifest
 from trillium.runtime.model_store import ModelStore
 from trillium.stack import read_state
@@ -34,13 +35,14 @@ UNSEEN = "never-seen-user"
 KEEP = 2  # checkpoints whose positions stay readable (retention trims the topics behind them)
 
 
-def _job(tmp_path: Path) -> JobConfig:
+def _job(tmp_path: Path, name: str = "forget") -> JobConfig:
     """tests/data/tiny_job.yaml on more rows, its C1 a user column of ~1,900 users (table `user`),
-    checkpointed and published every 10 steps."""
+    checkpointed and published every 10 steps, as model `name`: a job of each test's own, so that
+    no forget reaches another test's job as publishing its model."""
     generate_criteo(tmp_path / "train.tsv", ROWS, seed=11, vocab_sizes=[2000] + [10] * 25, zipf_exponent=0.3)
     generate_criteo(tmp_path / "test.tsv", 300, seed=11, split="test", vocab_sizes=[2000] + [10] * 25)
     raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
-    raw["name"] = "forget"
+    raw["name"] = name
     raw["data"] = {"source": "criteo", "train": str(tmp_path / "train.tsv"), "test": str(tmp_path / "test.tsv")}
     raw["slots"][0]["table"] = "user"
     raw["tables"]["user"] = {"dim": 4, "optimizer": {"name": "adagrad", "lr": 0.2}}
@@ -228,7 +230,7 @@ def test_a_forget_cut_off_by_a_coordinator_killed_is_run_again_at_its_start(trai
     """The coordinator killed -9 while a forget waits on a PS shard (stopped, as a host cut off):
     the job stays marked, a resume is refused by the coordinator that starts next, which runs the
     forget again to a complete receipt; then no checkpoint holds the IDs and the job resumes."""
-    job = _job(tmp_path)
+    job = _job(tmp_path, "forget-cut")
     client = CoordinatorClient.for_stack(training_stack)
     job_id = client.submit(job)["id"]
     # Stopped at the second of its 12 checkpoints: 100 steps short of its end.
@@ -290,4 +292,41 @@ def test_a_forget_cut_off_by_a_coordinator_killed_is_run_again_at_its_start(trai
     assert view["job"]["state"] == "finished", view["job"]["error"]
     assert all(found == 0 for found, _ in _checkpoint_rows(checkpoints, ids).values())
     again.close()
+    client.close()
+
+
+def test_a_forget_reaches_a_job_warm_started_from_its_job(training_stack, tmp_path) -> None:
+    """A job warm-started from the one a forget names began with its rows: the forget waits for it
+    to stop (409 naming it while it runs), then removes the IDs from its checkpoints too, by a
+    forget of its own whose receipt the first one names."""
+    origin = _job(tmp_path, "forget-origin")
+    client = CoordinatorClient.for_stack(training_stack)
+    origin_id = client.submit(origin)["id"]
+    assert client.follow(origin_id, timeout_s=300)["job"]["state"] == "finished"
+    warm = origin.model_copy(update={"name": "forget-warm", "init_from": InitFrom(job=origin_id)})
+    warm_id = client.submit(warm)["id"]
+    wait_until(lambda: len(client.checkpoints(warm_id)) >= 1, "a checkpoint of the warm start", 240)
+    users = sorted({row["C1"] for row in _delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
+    forgotten = users[:300]
+    with pytest.raises(ApiError, match=f"also in jobs still running: {warm_id} \\(warm-started from {origin_id}\\)"):
+        client.forget(origin_id, "user", forgotten)
+    client.stop(warm_id)
+    wait_until(lambda: client.job(warm_id)["job"]["state"] == "stopped", "the warm start to stop", 240)
+    checkpoints = JobCheckpoints.of(warm, warm_id, training_stack)
+    assert checkpoints is not None
+    ids = _ids(forgotten)
+    held = _checkpoint_rows(checkpoints, ids)
+    assert all(found > 0 for found, _ in held.values()), held
+
+    receipt = client.forget(origin_id, "user", forgotten)
+    assert receipt["complete"] and receipt["linked"] and receipt["linked_from"] is None, receipt
+    (linked,) = client._call("GET", "/forgets", params={"job_id": warm_id})
+    assert [linked["id"]] == receipt["linked"]
+    assert linked["linked_from"] == receipt["id"] and linked["reason"] == f"warm-started from {origin_id}"
+    assert linked["complete"] and linked["ids"] == receipt["ids"] == len(ids), linked
+    assert {step: found for step, (found, _) in _checkpoint_rows(checkpoints, ids).items()} == dict.fromkeys(held, 0)
+    assert client.job(warm_id)["job"]["forgetting"] is None
+    client.resume(warm_id)
+    view = client.follow(warm_id, timeout_s=300)
+    assert view["job"]["state"] == "finished", view["job"]["error"]
     client.close()

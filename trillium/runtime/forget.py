@@ -65,6 +65,14 @@ class ForgetReceipt(BaseModel):
     runs: int = Field(
         1, description="how often it ran: more than once after a coordinator restart or a place unreached"
     )
+    linked: list[str] = Field(
+        default_factory=list,
+        description="the receipts of the forgets this one ran on the jobs linked to its job (GET /v1/forgets)",
+    )
+    linked_from: str | None = Field(
+        None, description="the receipt of the forget asked for, when this job was reached as linked to that one's"
+    )
+    reason: str | None = Field(None, description="why a linked job was reached: warm-started from it, or its model")
 
 
 class ForgetIntent(BaseModel):
@@ -79,3 +87,6 @@ class ForgetIntent(BaseModel):
     ids: list[int]
     started_at: float
     runs: int = Field(0, description="the runs started so far")
+    linked: list[str] = Field(default_factory=list, description="the receipts of the linked jobs' forgets")
+    linked_from: str | None = Field(None, description="the receipt of the forget that reached this job")
+    reason: str | None = None
