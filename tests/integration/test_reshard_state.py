@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from written_checkpoints import write_checkpoint
 
 from trillium.data import load_job
 from trillium.job.record import IllegalTransition
@@ -91,14 +92,21 @@ async def test_the_reshards_checkpoint_starts_an_attempt_on_the_new_shards(infra
         await jobs.create_topics(job)
         await request_reshard(jobs, registry, job_id, 3)
         job = await jobs.require(job_id)
-        moved = await end_at_final_cut(jobs, job_id, _manifest(job, 41), "/checkpoints/41")
+        # The final cut's checkpoint, written: the attempt checks it is there as it starts from it.
+        write_checkpoint(jobs, job, 41, {}, None)
+        store = jobs.checkpoints(job)
+        assert store is not None
+        location = store.location(41)
+        manifest = store.dir(41).manifest()
+        assert manifest is not None
+        moved = await end_at_final_cut(jobs, job_id, manifest, location)
         assert (moved.state, moved.attempt, moved.config.topology.ps_shards, moved.stop_after) == (
             "recovering",
             1,
             3,
             None,
         )
-        assert moved.restore is not None and (moved.restore.location, moved.restore.step) == ("/checkpoints/41", 41)
+        assert moved.restore is not None and (moved.restore.location, moved.restore.step) == (location, 41)
         (reshard,) = moved.reshards
         assert (reshard.state, reshard.attempt, reshard.checkpoint_step, reshard.to_shards) == ("done", 1, 41, 3)
         assert [(r.kind, r.checkpoint_step) for r in moved.recoveries] == [("reshard", 41)]
