@@ -158,6 +158,12 @@ class NNWorker(Service):
             idents = rendezvous.exchange_idents(store, rank, world, placement.ident)
             backend, why = choose_backend(idents)
             logger.info("collective backend", extra={"backend": backend, "why": why, "device": str(placement.device)})
+            # torch names a group by how many this process began to form since its last world
+            # group was torn down, and its keys in the store by that name: a rank kept after an
+            # attempt whose group never formed (a peer cut off) would wait for keys its restarted
+            # peer writes under another name, the store's whole timeout (bench/nemesis.py found
+            # it). No group is left here, so every rank's first is "0".
+            dist.distributed_c10d._world.group_count = 0
             dist.init_process_group(
                 backend,
                 store=store,
