@@ -12,7 +12,7 @@ NATIVE_SRC := $(shell find native/src native/stream/src native/transport/src -na
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster images images-offline compose-env bench up down status clean peer
+.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster test-nemesis images images-offline compose-env bench up down status clean peer
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -101,6 +101,10 @@ $(VERSITYGW):
 # Every process on a network namespace of its own; partitions, a slow link, a lossy one (tests/cluster).
 test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY) $(VERSITYGW)
 	$(PY) -m pytest -q -m cluster tests/cluster
+
+# A seeded random fault schedule on a cluster while jobs train, and its checker (bench/nemesis.py).
+test-nemesis: setup .cache/cluster-tools.ok $(LINKDELAY)
+	$(PY) bench/nemesis.py --minutes 4 --seed 1
 
 # ---- containers (docker-compose.yml, docs/operations.md) ----
 WHEELS := .cache/wheels

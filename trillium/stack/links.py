@@ -70,39 +70,51 @@ class Network:
     def _in_switch(self, *argv: str, **kwargs: Any) -> str:
         return sh("ip", "netns", "exec", self.switch, *argv, **kwargs)
 
-    def _rules(self, rules: list[str]) -> None:
+    def _rules(self, rules: list[str], tag: str | None = None) -> None:
         """Add rules to the fault table's chain of frames crossing the bridge (the table made on
-        first use). The operator is on a port of the bridge too, so its frames pass there."""
+        first use), each marked `tag` when given, for `lift`. The operator is on a port of the
+        bridge too, so its frames pass there."""
+        mark = f' comment "{tag}"' if tag else ""
         lines = [
             f"table bridge {self.table} {{",
             "  chain forward { type filter hook forward priority 0; policy accept; }",
             "}",
-            *(f"add rule bridge {self.table} forward {rule}" for rule in rules),
+            *(f"add rule bridge {self.table} forward {rule}{mark}" for rule in rules),
         ]
         subprocess.run(
             ["ip", "netns", "exec", self.switch, "nft", "-f", "-"], input="\n".join(lines) + "\n", text=True, check=True
         )
 
-    def partition(self, name: str) -> float:
+    def partition(self, name: str, tag: str | None = None) -> float:
         """Cut `name` off from every host and the operator, both ways; returns when it began."""
         veth = self.hosts[name].veth
-        self._rules([f'iifname "{veth}" drop', f'oifname "{veth}" drop'])
+        self._rules([f'iifname "{veth}" drop', f'oifname "{veth}" drop'], tag)
         return time.monotonic()
 
-    def cut(self, a: str, b: str) -> float:
+    def cut(self, a: str, b: str, tag: str | None = None) -> float:
         """Cut `a` off from `b`, both ways; each still reaches every other host."""
         va, vb = self.hosts[a].veth, self.hosts[b].veth
-        self._rules([f'iifname "{va}" oifname "{vb}" drop', f'iifname "{vb}" oifname "{va}" drop'])
+        self._rules([f'iifname "{va}" oifname "{vb}" drop', f'iifname "{vb}" oifname "{va}" drop'], tag)
         return time.monotonic()
 
-    def one_way(self, src: str, dst: str) -> float:
+    def one_way(self, src: str, dst: str, tag: str | None = None) -> float:
         """Drop what `src` sends to `dst`; what `dst` sends to `src` still arrives."""
-        self._rules([f'iifname "{self.hosts[src].veth}" oifname "{self.hosts[dst].veth}" drop'])
+        self._rules([f'iifname "{self.hosts[src].veth}" oifname "{self.hosts[dst].veth}" drop'], tag)
         return time.monotonic()
 
-    def loss(self, per_mille: int) -> None:
+    def loss(self, per_mille: int, tag: str | None = None) -> None:
         """Drop `per_mille`/1000 of the frames between any two hosts, at random."""
-        self._rules([f"numgen random mod 1000 < {per_mille} drop"])
+        self._rules([f"numgen random mod 1000 < {per_mille} drop"], tag)
+
+    def lift(self, tag: str) -> float:
+        """Remove the rules added with `tag`, the others kept (faults that overlap end one by
+        one); returns when."""
+        listed = self._in_switch("nft", "-a", "list", "chain", "bridge", self.table, "forward", check=False)
+        for line in listed.splitlines():
+            if f'comment "{tag}"' in line and "# handle " in line:
+                handle = line.rsplit("# handle ", 1)[1].strip()
+                self._in_switch("nft", "delete", "rule", "bridge", self.table, "forward", "handle", handle)
+        return time.monotonic()
 
     def cap(self, name: str, mbit: float) -> None:
         """A token bucket of `mbit` Mbit/s each way on `name`'s link."""
@@ -113,6 +125,13 @@ class Network:
             qdisc = ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms"]
             sh(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", *qdisc)
         self.capped.add(name)
+
+    def uncap(self, name: str) -> None:
+        """`name`'s link at its full rate again."""
+        host = self.hosts[name]
+        self._in_switch("tc", "qdisc", "del", "dev", host.veth, "root", check=False)
+        sh("ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        self.capped.discard(name)
 
     def delay(self, name: str, one_way_ms: float) -> None:
         """Hold every byte into and out of `name`'s TCP connections `one_way_ms` longer: a round
@@ -137,11 +156,8 @@ class Network:
         for name in list(self.delayed):
             self.delay(name, 0)
         self._in_switch("nft", "delete", "table", "bridge", self.table, check=False)
-        for name in self.capped:
-            host = self.hosts[name]
-            self._in_switch("tc", "qdisc", "del", "dev", host.veth, "root", check=False)
-            sh("ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
-        self.capped.clear()
+        for name in list(self.capped):
+            self.uncap(name)
         return time.monotonic()
 
     # ---- what crosses the links ----
