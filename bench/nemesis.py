@@ -25,7 +25,7 @@ recover seconds (to the coordinator's new attempt; from its end to the job train
 recoveries, each check and the verdict; the exit code is 1 unless every check holds. Needs root.
 
     .venv/bin/python bench/nemesis.py --minutes 60 --seed 7 --json
-    make test-nemesis        # CI's: 6 minutes, seed 1
+    make test-nemesis        # CI's: 4 minutes of faults, seed 1
 """
 
 from __future__ import annotations

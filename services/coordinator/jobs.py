@@ -43,6 +43,7 @@ from trillium.job.record import (
     Recovery,
     Topics,
     extend_lineage,
+    fresh_lineage,
 )
 from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest, live_head, timeline
 from trillium.runtime.model_store import ModelStore, model_topic
@@ -63,6 +64,10 @@ DLQ_TOPIC_CONFIGS = JOB_TOPIC_CONFIGS | {"retention.bytes": str(1 << 30)}
 
 class JobNotFound(LookupError):
     pass
+
+
+class NoCheckpoint(IllegalTransition):
+    """The job has no checkpoint at all, none refused: a recovery starts it from the beginning."""
 
 
 @dataclass(frozen=True)
@@ -293,29 +298,36 @@ class JobStore:
     async def start_attempt(
         self,
         job: JobRecord,
-        pick: Picked,
+        pick: Picked | None,
         cause: str,
         expect: frozenset[str],
         kind: str = "recovery",
         also: Callable[[JobRecord], None] | None = None,
     ) -> JobRecord:
-        """Move `job` to `recovering`: a new attempt every worker starts from the checkpoint (`also`: a reshard's)."""
+        """Move `job` to `recovering`: a new attempt every worker starts from the checkpoint (`also`:
+        a reshard's), or from the beginning when `pick` is None (the job had written none)."""
         attempt = job.attempt + 1
-        manifest = pick.manifest
+        manifest = pick.manifest if pick is not None else None
 
         def roll_back(record: JobRecord) -> None:
             _refuse_while_forgetting(record, "resumed")
             record.attempt = attempt
-            record.restore = CheckpointRef(location=pick.location, step=manifest.step)
-            record.lineage = extend_lineage(manifest.lineage, manifest.written, attempt)
+            if manifest is None:
+                # Restored from nothing, as attempt 0 was (its init_from kept): every record the
+                # loaders wrote before is an earlier attempt's, and they write the whole job again.
+                record.restore = None
+                record.lineage = fresh_lineage(record, attempt)
+            else:
+                record.restore = CheckpointRef(location=pick.location, step=manifest.step)
+                record.lineage = extend_lineage(manifest.lineage, manifest.written, attempt)
             record.recoveries.append(
                 Recovery(
                     at=time.time(),
                     attempt=attempt,
                     kind=kind,
                     cause=cause,
-                    checkpoint_step=manifest.step,
-                    refused=pick.refused,
+                    checkpoint_step=manifest.step if manifest is not None else None,
+                    refused=pick.refused if pick is not None else [],
                 )
             )
             record.error = None
@@ -328,13 +340,16 @@ class JobStore:
 
         async with self.checkpoint_files:
             store = self.checkpoints(job)
-            if store is not None and await asyncio.to_thread(store.dir(manifest.step).manifest) is None:
+            if (
+                manifest is not None
+                and store is not None
+                and await asyncio.to_thread(store.dir(manifest.step).manifest) is None
+            ):
                 raise IllegalTransition(f"job {job.id}: checkpoint {manifest.step} was deleted before it was restored")
             updated = await self.transition(job.id, "recovering", expect=expect, also=roll_back)
         await JobProgress(self.redis, job.id).clear_rank_results()
-        logger.warning(
-            "job recovering", extra={"job": job.id, "attempt": attempt, "step": manifest.step, "cause": cause}
-        )
+        step = manifest.step if manifest is not None else None
+        logger.warning("job recovering", extra={"job": job.id, "attempt": attempt, "step": step, "cause": cause})
         return updated
 
     async def resume(self, job_id: str, step: int | None) -> JobRecord:
@@ -404,6 +419,8 @@ class JobStore:
                 return Picked(manifest, store.location(manifest.step), problems)
             logger.error("checkpoint refused", extra={"job": job.id, "step": manifest.step, "error": str(gone[0])})
             problems.append(f"checkpoint at step {manifest.step}: {gone[0]}")
+        if not problems and step is None:
+            raise NoCheckpoint(f"job {job.id} has no complete checkpoint to recover from")
         raise IllegalTransition(
             f"job {job.id} has no complete checkpoint to recover from"
             + (f" (refused: {'; '.join(problems)})" if problems else "")

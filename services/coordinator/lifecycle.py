@@ -13,7 +13,7 @@ from trillium.job import JobConfig
 from trillium.job.record import ACTIVE, IllegalTransition, JobRecord
 from trillium.runtime.progress import JobProgress
 
-from .jobs import JobStore
+from .jobs import JobStore, NoCheckpoint
 from .registry import WorkerRegistry, failure_cause, failure_explained
 
 logger = logging.getLogger("trillium.coordinator.lifecycle")
@@ -114,11 +114,9 @@ async def _advance(
 
 async def recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
     """A process of the job failed: start a new attempt from the last checkpoint if the job
-    can recover, else fail it with a one-line reason."""
+    can recover (from the beginning if it has written none yet), else fail it with a one-line
+    reason."""
     expect = frozenset({job.state})
-    if job.state == "starting":
-        await store.transition(job.id, "failed", expect=expect, error=cause)
-        return
     if job.config.checkpoint is None:
         await store.transition(
             job.id, "failed", expect=expect, error=f"{cause} (the job takes no checkpoints: checkpoint: null)"
@@ -144,6 +142,10 @@ async def recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
         return
     try:
         pick = await store.pick_checkpoint(job)
+    except NoCheckpoint:
+        # As TorchElastic restarts a job's workers: what a failed attempt wrote is skipped
+        # (its attempt), never lost, so starting over repeats nothing.
+        pick = None
     except IllegalTransition as err:
         await store.transition(job.id, "failed", expect=expect, error=f"{cause} ({err})")
         return

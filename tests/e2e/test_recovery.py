@@ -123,6 +123,29 @@ def test_a_job_survives_any_process_killed_mid_job(stack, sync_job, baseline, vi
         assert all(_pid(stack, name) != pid for name, pid in fresh_per_attempt.items())
 
 
+def test_a_process_lost_before_the_first_checkpoint_starts_the_job_over(stack, sync_job, baseline) -> None:
+    """With nothing to restore, the job starts again from the beginning, as TorchElastic restarts a
+    job's workers: the new attempt skips every record the lost one wrote, so each step lands once
+    and the model is the undisturbed run's. (It used to fail the job.)"""
+    job = _durable(sync_job, every_steps=100_000)  # no checkpoint before the job's last step
+    client = CoordinatorClient.for_stack(stack)
+    try:
+        job_id = client.submit(job)["id"]
+        wait(lambda: client.job(job_id)["progress"]["samples"] >= 2000, "the job getting going")
+        os.kill(_pid(stack, "embedding_ps-1"), signal.SIGKILL)
+        killed_at = client.job(job_id)
+        view = client.follow(job_id, timeout_s=300)
+    finally:
+        client.close()
+    assert killed_at["last_checkpoint"] is None and killed_at["progress"]["samples"] < 0.7 * EPOCHS * 1000
+    assert view["job"]["state"] == "finished", view["job"]["error"]
+    (recovery,) = view["job"]["recoveries"]
+    assert (recovery["kind"], recovery["checkpoint_step"], recovery["attempt"]) == ("recovery", None, 1)
+    assert "embedding_ps-1" in recovery["cause"] and "\n" not in recovery["cause"]
+    _assert_exactly_once(view, job)
+    assert abs(view["job"]["metrics"]["auc"] - baseline["auc"]) <= 0.002
+
+
 def test_a_job_whose_tables_are_mostly_on_disk_survives_a_ps_shard_killed(stack, sync_job, baseline, tmp_path) -> None:
     """The disk tier under recovery: a RAM budget of a few rows a table (about 1 KiB a shard), the
     rest spilled; the killed shard's replacement restores its checkpoint onto a tier again."""

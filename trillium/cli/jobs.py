@@ -93,7 +93,9 @@ def show_job(job_id: JobId, run_dir: RunDir = None, as_json: JsonOut = False) ->
             ("reshard", f"{_when(r['requested_at'])} {r['from_shards']} → {r['to_shards']}, {r['state']}{at}{why}")
         )
     for r in job.get("recoveries", []):
-        rows.append((r["kind"], f"{_when(r['at'])} from step {r['checkpoint_step']}: {r['cause']}"))
+        step = r["checkpoint_step"]
+        origin = f"from step {step}" if step is not None else "from the beginning"
+        rows.append((r["kind"], f"{_when(r['at'])} {origin}: {r['cause']}"))
     if view.get("last_checkpoint"):
         c = view["last_checkpoint"]
         rows.append(

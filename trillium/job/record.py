@@ -2,7 +2,8 @@
 
 The record carries the job's state machine, its **attempt** and its **lineage**:
 
-- Every recovery (and every resume) starts a new attempt from a complete checkpoint. Workers tag
+- Every recovery (and every resume) starts a new attempt from a complete checkpoint (a recovery
+  of a job that has written none, from the beginning). Workers tag
   what they report and what they write to Kafka with the attempt, so nothing of an abandoned
   attempt — a late report, a zombie producer — is ever taken for the current one.
 - The lineage says which records of the loader-written topics (samples, eval) belong to the
@@ -10,11 +11,13 @@ The record carries the job's state machine, its **attempt** and its **lineage**:
   a record at offset `o` counts iff its attempt header equals the attempt of the last segment
   starting at or before `o`. A new attempt restored from a checkpoint whose data loaders had
   written up to offset `E` appends `(E, new attempt)`: what the old attempt wrote after `E`
-  is skipped, and the restored loaders write it again.
+  is skipped, and the restored loaders write it again. A job that fails before its first
+  checkpoint starts over: its new attempt's lineage is `(0, new attempt)` on every partition.
 
     submitted → starting → running ⇄ paused → stopping → finished | failed | stopped
-                              ↓  ↑      ↓
-                            recovering (a new attempt from the last checkpoint)
+                   ↓          ↓  ↑      ↓
+                   ╰──────→ recovering (a new attempt from the last checkpoint, or from the
+                                        beginning when the job has written none)
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ JobState = Literal[
 ACTIVE: frozenset[str] = frozenset({"submitted", "starting", "running", "paused", "recovering", "stopping"})
 TRANSITIONS: dict[str, frozenset[str]] = {
     "submitted": frozenset({"starting", "stopping", "failed"}),
-    "starting": frozenset({"running", "stopping", "failed"}),
+    "starting": frozenset({"running", "recovering", "stopping", "failed"}),
     "running": frozenset({"paused", "recovering", "stopping", "finished", "failed"}),
     "paused": frozenset({"running", "recovering", "stopping", "failed"}),
     "recovering": frozenset({"running", "recovering", "stopping", "failed"}),
@@ -78,7 +81,7 @@ class Recovery(BaseModel):
     attempt: int = Field(description="the attempt this recovery started")
     kind: Literal["recovery", "resume", "reshard"] = "recovery"
     cause: str
-    checkpoint_step: int
+    checkpoint_step: int | None = Field(description="the checkpoint it restored (None: it started from the beginning)")
     refused: list[str] = Field(default_factory=list, description="newer checkpoints passed over, and why")
 
 
@@ -185,6 +188,13 @@ class PartitionLineage:
     def counts(self, offset: int, attempt: int) -> bool:
         i = bisect.bisect_right(self._starts, offset) - 1
         return i >= 0 and self._attempts[i] == attempt
+
+
+def fresh_lineage(job: JobRecord, attempt: int) -> Lineage:
+    """The lineage of `attempt` started from the beginning: of every loader-written partition, only
+    its own records count, wherever they land."""
+    ranks = range(job.config.topology.nn_ranks)
+    return {topic: {rank: [(0, attempt)] for rank in ranks} for topic in (job.topics.samples, job.topics.eval)}
 
 
 def extend_lineage(lineage: Lineage, ends: dict[str, dict[int, int]], attempt: int) -> Lineage:
