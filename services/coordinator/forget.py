@@ -372,27 +372,23 @@ def _require_ended(job: JobRecord) -> None:
         )
 
 
-def _model_of(job: JobRecord, run_dir: Path) -> tuple[str, str] | None:
-    store = ModelStore.of(job.config, run_dir)
-    return None if store is None else (store.base, store.model)
-
-
 def linked_jobs(records: list[JobRecord], origin: JobRecord, run_dir: Path) -> dict[str, str]:
     """The jobs a forget of `origin` must reach too, by id, each with why: those warm-started from
     it (`init_from`, and from those in turn: their tables began as its rows), and those publishing
     the model it publishes (one's versions hold the other's rows, and a running one would publish
     them again), and so on from each job reached."""
     why: dict[str, str] = {}
+    models = {r.id: ModelStore.key(r.config, run_dir) for r in [origin, *records]}
     reached, queue = {origin.id}, [origin]
     while queue:
         job = queue.pop(0)
-        model = _model_of(job, run_dir)
+        model = models[job.id]
         for other in records:
             if other.id in reached:
                 continue
             if other.config.init_from is not None and other.config.init_from.job == job.id:
                 why[other.id] = f"warm-started from {job.id}"
-            elif model is not None and _model_of(other, run_dir) == model:
+            elif model is not None and models[other.id] == model:
                 why[other.id] = f"publishes model {model[1]}, as {job.id} does"
             else:
                 continue

@@ -133,11 +133,17 @@ class ModelStore:
 
     @classmethod
     def of(cls, config: JobConfig, run_dir: Path) -> ModelStore | None:
-        """The store a job publishes to (None when it publishes nothing): `publish.dir`, else
-        `<run-dir>/models`; the model named `publish.model`, else the job's name."""
+        """The store a job publishes to (None when it publishes nothing)."""
+        key = cls.key(config, run_dir)
+        return None if key is None else cls(*key)
+
+    @staticmethod
+    def key(config: JobConfig, run_dir: Path) -> tuple[str, str] | None:
+        """(base, model) of the store a job publishes to, with no filesystem opened: `publish.dir`,
+        else `<run-dir>/models`; the model named `publish.model`, else the job's name."""
         if config.publish is None:
             return None
-        return cls(config.publish.dir or str(run_dir / "models"), config.publish.model or config.name)
+        return (config.publish.dir or str(run_dir / "models")).rstrip("/"), config.publish.model or config.name
 
     def __init__(self, base: str, model: str) -> None:
         self.base = base.rstrip("/")
