@@ -102,8 +102,15 @@ $(VERSITYGW):
 test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY) $(VERSITYGW)
 	$(PY) -m pytest -q -m cluster tests/cluster
 
+# Clock jumps on a cluster's hosts, where time namespaces move only the monotonic clocks (trillium/stack/clocks.py).
+CLOCKJUMP := .cache/lib/clockjump.so
+$(CLOCKJUMP): scripts/clockjump/clockjump.c
+	@mkdir -p $(dir $@)
+	cc -shared -fPIC -O2 -Wall -Wextra -Werror -o $@ $< -ldl
+test-python: $(CLOCKJUMP)  # tests/unit/test_clocks.py
+
 # A seeded random fault schedule on a cluster while jobs train, and its checker (bench/nemesis.py).
-test-nemesis: setup .cache/cluster-tools.ok $(LINKDELAY)
+test-nemesis: setup .cache/cluster-tools.ok $(LINKDELAY) $(CLOCKJUMP)
 	$(PY) bench/nemesis.py --minutes 4 --seed 1
 
 # ---- containers (docker-compose.yml, docs/operations.md) ----

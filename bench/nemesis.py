@@ -7,8 +7,9 @@ cluster tests' synchronous job (tests/cluster/timeline.py: 600 steps, a checkpoi
 many recoveries as it needs) once undisturbed, for the model every later run must make, then
 again and again, back to back, for `--minutes` while a schedule drawn from `--seed` injects
 faults, overlapping (bench/nemesis_faults.py: kill -9 and SIGSTOP of any process, partitions both
-ways and one way, loss, slow and capped links, broker and Redis restarts). Then every fault is
-healed, the job running finishes, and the checker asserts, for every job:
+ways and one way, loss, slow and capped links, broker and Redis restarts, a service's clock
+jumping, the checkpoints' disk full). Then every fault is healed, the job running finishes, and
+the checker asserts, for every job:
 
 - it finished, every step of every NN rank's gradients exactly once in the final model by the PS
   shards' ledgers, none applied twice by any attempt, each epoch's rows trained once
@@ -22,7 +23,8 @@ and, of every process, that memory and descriptors stayed flat: one that ran the
 undisturbed run, a coarse alarm (bench/soak.py measures leaks over an hour). Printed: the seed and
 the schedule (a failure replays with the same seed), faults by kind, each fault's detect and
 recover seconds (to the coordinator's new attempt; from its end to the job training again), the
-recoveries, each check and the verdict; the exit code is 1 unless every check holds. Needs root.
+recoveries, each check and the verdict; the exit code is 1 unless every check holds. Needs root
+(its stack's checkpoints go on a tmpfs of their own, the disk a `disk` fault fills).
 
     .venv/bin/python bench/nemesis.py --minutes 60 --seed 7 --json
     make test-nemesis        # CI's: 4 minutes of faults, seed 1
@@ -34,7 +36,7 @@ import argparse
 import contextlib
 import heapq
 import json
-import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,7 +46,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / d) for d in ("cluster", "")]
 
-from nemesis_faults import Fault, Injector, kinds_of, schedule  # noqa: E402 (bench/: the script's own folder)
+from nemesis_faults import KINDS, Fault, Injector, kinds_of, schedule  # noqa: E402 (bench/: the script's own folder)
 from timeline import AUC_TOLERANCE, FAULT_EPOCHS, Timeline, assert_exactly_once, cluster_job  # noqa: E402
 
 from trillium import stack  # noqa: E402
@@ -52,11 +54,13 @@ from trillium.config import StackTopology  # noqa: E402
 from trillium.job import JobConfig  # noqa: E402
 from trillium.stack.client import CoordinatorClient, CoordinatorUnavailable  # noqa: E402
 from trillium.stack.links import Network  # noqa: E402
+from trillium.stack.procs import usage  # noqa: E402
 
 TOPOLOGY = StackTopology(nn_ranks=2, ps_shards=2, embedding_workers=1, data_loaders=1, serving_replicas=0)
 JOB_TIMEOUT_S = 900.0  # a job under faults, and the last one after the heal
 RSS_GROWTH = 1.5
 FD_GROWTH = 32
+CHECKPOINT_DISK = "256m"  # every job's checkpoints of an hour's run fit (1.5-4 MB a job)
 
 
 def nemesis_job(number: int) -> JobConfig:
@@ -65,19 +69,6 @@ def nemesis_job(number: int) -> JobConfig:
     job = cluster_job(FAULT_EPOCHS, name=f"nemesis-{number}")
     checkpoint = job.checkpoint.model_copy(update={"max_recoveries": 10_000})
     return job.model_copy(update={"checkpoint": checkpoint})
-
-
-def _snapshot(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Each process: its pid, RSS and open descriptors (None between a kill and its restart)."""
-    out = {}
-    for proc in stack.read_state(run_dir)["processes"]:
-        pid, rss, fds = proc.get("pid"), None, None
-        with contextlib.suppress(OSError, StopIteration):
-            status = Path(f"/proc/{pid}/status").read_text().splitlines()
-            rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-            fds = len(os.listdir(f"/proc/{pid}/fd"))
-        out[proc["name"]] = {"pid": pid, "rss_bytes": rss, "open_fds": fds}
-    return out
 
 
 class Driver:
@@ -224,9 +215,12 @@ def _check_processes(early: dict[str, Any], end: dict[str, Any]) -> tuple[dict[s
     return out, problems
 
 
-def run(run_dir: Path, minutes: float, seed: int, overlap: int) -> dict[str, Any]:
+def run(run_dir: Path, minutes: float, seed: int, overlap: int, disk: Path | None) -> dict[str, Any]:
     state = stack.read_state(run_dir)
     network = Network(state["hosts"])
+    kinds = tuple(
+        k for k in KINDS if (k != "disk" or disk is not None) and (k != "clock" or state["hosts"].get("clock_jumps"))
+    )
     client = CoordinatorClient.for_stack(run_dir)
     try:
         baseline = client.follow(client.submit(cluster_job(FAULT_EPOCHS, name="nemesis-undisturbed"))["id"])
@@ -235,11 +229,11 @@ def run(run_dir: Path, minutes: float, seed: int, overlap: int) -> dict[str, Any
     if baseline["job"]["state"] != "finished":
         raise SystemExit(f"the undisturbed run ended {baseline['job']['state']}: {baseline['job']['error']}")
     baseline_auc = baseline["job"]["metrics"]["auc"]
-    early = _snapshot(run_dir)
+    early = usage(run_dir)
     seconds = minutes * 60
-    faults = schedule(seed, seconds, sorted(network.hosts), sorted(early), overlap)
+    faults = schedule(seed, seconds, sorted(network.hosts), sorted(early), overlap, kinds)
     print(f"nemesis: seed {seed}, {len(faults)} faults in {seconds:.0f}s", file=sys.stderr)
-    injector = Injector(run_dir, network)
+    injector = Injector(run_dir, network, disk)
     driver = Driver(run_dir)
     started = time.monotonic()
     driver.start()
@@ -249,7 +243,7 @@ def run(run_dir: Path, minutes: float, seed: int, overlap: int) -> dict[str, Any
         injector.heal_all()
     healed = time.monotonic()
     driver.finish()
-    end = _snapshot(run_dir)
+    end = usage(run_dir)
     submitted = {baseline["job"]["id"], *(job_id for _, job_id, _ in driver.jobs)}
     jobs, problems = _check_jobs(driver, baseline_auc, submitted)
     processes, grown = _check_processes(early, end)
@@ -283,13 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     own = args.run_dir is None
     run_dir = Path(tempfile.mkdtemp(prefix="trillium-nemesis-")) if own else args.run_dir
-    if own:
-        stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, tls=True)
-    try:
-        report = run(run_dir, args.minutes, args.seed, args.overlap)
-    finally:
+    disk = run_dir / "checkpoints" if own else None  # a stack of another's keeps its disk
+    with contextlib.ExitStack() as cleanup:
+        if disk is not None:
+            disk.mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={CHECKPOINT_DISK}", "tmpfs", str(disk)], check=True)
+            cleanup.callback(subprocess.run, ["umount", "--lazy", str(disk)], check=True)
         if own:
-            stack.down(run_dir)
+            stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, tls=True, clock_jumps=True)
+            cleanup.callback(stack.down, run_dir)
+        report = run(run_dir, args.minutes, args.seed, args.overlap, disk)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -15,13 +15,15 @@ most `overlap` hold at once. The kinds, each as likely as the others:
 - `loss`: 1-5% of every frame between any two hosts dropped;
 - `slow`: every connection into one host 5-40 ms longer each way (linkdelay);
 - `cap`: one host's link capped at 2-20 Mbit/s each way (tbf);
-- `broker` and `redis`: a clean restart (SIGTERM) of the broker or of Redis.
+- `broker` and `redis`: a clean restart (SIGTERM) of the broker or of Redis;
+- `clock`: one service's wall clock 5-600 s ahead or behind for `hold` seconds, then back (a jump
+  both ways; trillium/stack/clocks.py), its monotonic clock untouched;
+- `disk`: the checkpoint directory's disk full for `hold` seconds (a tmpfs of its own, filled with
+  a ballast file): every checkpoint writer meets ENOSPC, the PS shards' snapshots included (the
+  processes share one mount namespace, so one PS's disk alone is not to be had here).
 
-Not here yet: a full disk on a PS's checkpoint directory (the processes share the machine's
-filesystem and mount namespace, so a tmpfs of one host's own is a mount namespace away), a clock
-jump on one host (Linux's time namespaces offset the monotonic clocks only, not the wall clock the
-stack stamps records with), and poison records (the jobs here read a synthetic source; the stream
-jobs' own e2e test writes them).
+Not here yet: poison records (the jobs here read a synthetic source; the stream jobs' own e2e
+test writes them into a running job's input).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trillium import stack
+from trillium.stack import clocks
 from trillium.stack.links import Network
+from trillium.stack.procs import pid_of
 
-KINDS = ("kill", "stop", "partition", "cut", "one_way", "loss", "slow", "cap", "broker", "redis")
+KINDS = ("kill", "stop", "partition", "cut", "one_way", "loss", "slow", "cap", "broker", "redis", "clock", "disk")
 NETWORK_KINDS = frozenset({"partition", "cut", "one_way", "loss", "slow", "cap"})
 
 
@@ -48,7 +51,7 @@ class Fault:
     hold_s: float
     kind: str
     targets: list[str]
-    amount: float | None = None  # loss per mille, delay ms, cap Mbit/s
+    amount: float | None = None  # loss per mille, delay ms, cap Mbit/s, clock jump s
     # What happened, filled in as it runs.
     began: float | None = None  # time.monotonic()
     ended: float | None = None
@@ -66,10 +69,13 @@ class Fault:
         return out
 
 
-def schedule(seed: int, seconds: float, hosts: list[str], processes: list[str], overlap: int = 2) -> list[Fault]:
+def schedule(
+    seed: int, seconds: float, hosts: list[str], processes: list[str], overlap: int = 2, kinds: tuple[str, ...] = KINDS
+) -> list[Fault]:
     """The faults of a run of `seconds`, from `seed`: see the module's docstring. `hosts` are the
     cluster's hosts, `processes` the stack's processes (every host holds one)."""
     rng = random.Random(seed)
+    services = [p for p in processes if p not in clocks.UNJUMPED]
     faults: list[Fault] = []
     at = rng.uniform(4, 16)
     while at < seconds:
@@ -77,7 +83,7 @@ def schedule(seed: int, seconds: float, hosts: list[str], processes: list[str], 
         if len(holding) >= overlap:
             at = min(f.at_s + f.hold_s for f in holding) + 0.5
             continue
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         hold = round(rng.uniform(3, 25), 1)
         amount: float | None = None
         if kind in ("kill", "stop"):
@@ -86,6 +92,8 @@ def schedule(seed: int, seconds: float, hosts: list[str], processes: list[str], 
             targets = [rng.choice(hosts)]
         elif kind in ("cut", "one_way"):
             targets = rng.sample(hosts, 2)
+        elif kind == "clock":
+            targets = [rng.choice(services)]
         else:
             targets = []
         if kind == "loss":
@@ -94,6 +102,8 @@ def schedule(seed: int, seconds: float, hosts: list[str], processes: list[str], 
             amount = rng.randint(5, 40)
         elif kind == "cap":
             amount = rng.randint(2, 20)
+        elif kind == "clock":
+            amount = rng.choice((-1, 1)) * rng.randint(5, 600)
         if kind in ("kill", "broker", "redis"):
             hold = 0.0  # done at once; the supervisor brings the process back
         if any(f.kind == kind and (set(f.targets) & set(targets) or not targets) for f in holding):
@@ -104,17 +114,15 @@ def schedule(seed: int, seconds: float, hosts: list[str], processes: list[str], 
     return faults
 
 
-def _pid(run_dir: Path, name: str) -> int | None:
-    return next((p.get("pid") for p in stack.read_state(run_dir)["processes"] if p["name"] == name), None)
-
-
 @dataclass
 class Injector:
     """Does and undoes faults on one cluster."""
 
     run_dir: Path
     network: Network
+    disk: Path | None = None  # the checkpoint directory's own mount (a `disk` fault fills it)
     stopped: dict[int, int] = field(default_factory=dict)  # pid -> the fault that stopped it
+    jumped: set[str] = field(default_factory=set)  # services whose clock a fault moved
 
     def begin(self, fault: Fault) -> None:
         fault.began = time.monotonic()
@@ -127,7 +135,7 @@ class Injector:
         kind, targets, net = fault.kind, fault.targets, self.network
         if kind in ("kill", "stop", "broker", "redis"):
             name = {"broker": "kafka", "redis": "redis"}.get(kind, targets[0] if targets else "")
-            fault.pid = _pid(self.run_dir, name)
+            fault.pid = pid_of(self.run_dir, name)
             if fault.pid is None:
                 raise RuntimeError(f"{name} has no process now")
             sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}.get(kind, signal.SIGTERM)
@@ -146,6 +154,11 @@ class Injector:
             net.delay(targets[0], float(fault.amount or 0))
         elif kind == "cap":
             net.cap(targets[0], float(fault.amount or 0))
+        elif kind == "clock":
+            clocks.jump(self.run_dir, targets[0], float(fault.amount or 0))
+            self.jumped.add(targets[0])
+        elif kind == "disk":
+            self._fill()
 
     def end(self, fault: Fault) -> None:
         """Undo `fault` (a kill or restart needs nothing: the supervisor restarted the process)."""
@@ -165,6 +178,26 @@ class Injector:
             net.delay(targets[0], 0)
         elif kind == "cap":
             net.uncap(targets[0])
+        elif kind == "clock":
+            clocks.jump(self.run_dir, targets[0], 0)
+            self.jumped.discard(targets[0])
+        elif kind == "disk":
+            self._ballast().unlink(missing_ok=True)
+
+    def _ballast(self) -> Path:
+        if self.disk is None:
+            raise RuntimeError("no disk of the checkpoints' own to fill")
+        return self.disk / ".nemesis-ballast"
+
+    def _fill(self) -> None:
+        """Take every free block of the checkpoints' disk (fallocate: at once, no writes)."""
+        ballast = self._ballast()
+        free = os.statvfs(self.disk)
+        fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, free.f_bavail * free.f_frsize)
+        finally:
+            os.close(fd)
 
     def heal_all(self) -> None:
         """Every fault still holding undone: the run's end, or an error in it."""
@@ -174,6 +207,11 @@ class Injector:
             except ProcessLookupError:
                 pass
         self.stopped.clear()
+        for name in self.jumped:
+            clocks.jump(self.run_dir, name, 0)
+        self.jumped.clear()
+        if self.disk is not None:
+            self._ballast().unlink(missing_ok=True)
         self.network.heal()
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -63,7 +62,7 @@ from trillium.job.record import TERMINAL, PartitionLineage
 from trillium.runtime.checkpoint import JobCheckpoints
 from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.stack.client import CoordinatorClient
-from trillium.stack.procs import pid_alive
+from trillium.stack.procs import pid_alive, pid_of, usage
 from trillium.wire import codec, kafka
 
 KILLED_ROLES = ("data_loader", "embedding_worker", "embedding_ps", "nn_worker")
@@ -209,20 +208,6 @@ def _wait(predicate: Callable[[], Any], what: str, timeout_s: float) -> Any:
     return value
 
 
-def _processes(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Each process of the stack now: pid, RSS, open fds (None between a kill and its restart)."""
-    out = {}
-    for proc in stack.read_state(run_dir)["processes"]:
-        pid = proc.get("pid")
-        now = out[proc["name"]] = {"role": proc["role"], "restarts": proc["restarts"], "pid": pid}
-        now |= {"rss_bytes": None, "open_fds": None}
-        with contextlib.suppress(OSError, StopIteration):
-            status = Path(f"/proc/{pid}/status").read_text().splitlines()
-            now["rss_bytes"] = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-            now["open_fds"] = len(os.listdir(f"/proc/{pid}/fd"))
-    return out
-
-
 def _compare(early: dict[str, dict[str, Any]], end: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for name, last in end.items():
@@ -235,10 +220,6 @@ def _compare(early: dict[str, dict[str, Any]], end: dict[str, dict[str, Any]]) -
     return out
 
 
-def _pid(run_dir: Path, name: str) -> int:
-    return next(p["pid"] for p in stack.read_state(run_dir)["processes"] if p["name"] == name)
-
-
 def _kill_one(run_dir: Path, rng: random.Random) -> dict[str, Any]:
     role = rng.choice(KILLED_ROLES)
     proc = rng.choice([p for p in stack.read_state(run_dir)["processes"] if p["role"] == role])
@@ -248,16 +229,16 @@ def _kill_one(run_dir: Path, rng: random.Random) -> dict[str, Any]:
 
 def _restart_broker(run_dir: Path, conn: KafkaConnection) -> dict[str, Any]:
     """SIGTERM the broker (SIGKILL after a minute), wait for the supervisor's new one to answer."""
-    old, started, killed = _pid(run_dir, "kafka"), time.monotonic(), False
+    old, started, killed = pid_of(run_dir, "kafka"), time.monotonic(), False
     os.kill(old, signal.SIGTERM)
-    while _pid(run_dir, "kafka") == old:
+    while pid_of(run_dir, "kafka") == old:
         if not killed and time.monotonic() - started > 60 and pid_alive(old):
             os.kill(old, signal.SIGKILL)
             killed = True
         time.sleep(0.2)
     asyncio.run(kafka.wait_for_kafka(conn, timeout_s=180))
     down = round(time.monotonic() - started, 1)
-    return {"process": "kafka", "pid": old, "new_pid": _pid(run_dir, "kafka"), "sigkilled": killed, "down_s": down}
+    return {"process": "kafka", "pid": old, "new_pid": pid_of(run_dir, "kafka"), "sigkilled": killed, "down_s": down}
 
 
 def _bytes(path: Path) -> int:
@@ -325,7 +306,7 @@ def _drive(
         if state in TERMINAL:
             break
         if now >= next_rss:
-            rss.append({"at_s": round(now), "mb": {n: _mb(p["rss_bytes"]) for n, p in _processes(run_dir).items()}})
+            rss.append({"at_s": round(now), "mb": {n: _mb(p["rss_bytes"]) for n, p in usage(run_dir).items()}})
             next_rss += RSS_EVERY_S
         for kill, before in pending:
             if recoveries > before and state == "running":
@@ -333,7 +314,7 @@ def _drive(
         pending = [(k, b) for k, b in pending if "recovered_after_s" not in k]
         when, what = plan[0] if plan else (float("inf"), "")
         if now >= when and what == "snapshot":
-            early = _processes(run_dir)
+            early = usage(run_dir)
         elif now >= when and what == "broker":
             events.append({"at_s": round(now, 1), "what": "broker restart"} | _restart_broker(run_dir, conn))
         elif now >= when and state == "running" and view["last_checkpoint"] and not pending:
@@ -364,7 +345,7 @@ def soak(run_dir: Path, data: Path, rows: int, args: argparse.Namespace) -> dict
         samples = Tap(conn, view["job"]["topics"]["samples"], job.topology.nn_ranks, _sample_ids)
         thread, reports, errors = _feed(data, rows, job, conn, args.rate, args.seed, time.monotonic() + schedule.total)
         events, early, not_done, ended, rss = _drive(client, job_id, run_dir, conn, schedule, random.Random(args.seed))
-        end = _processes(run_dir)
+        end = usage(run_dir)
         thread.join(timeout=WINDOW_S + 120)
         produced = sum(r.impressions for r in reports)
         last = client.job(job_id)

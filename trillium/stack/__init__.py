@@ -64,6 +64,7 @@ def up(
     warm: bool = True,
     cluster: bool = False,
     link_delay: bool = False,
+    clock_jumps: bool = False,
     object_store: bool = False,
     tls: bool = False,
     allow_paths: Sequence[str | Path] = (),
@@ -71,7 +72,8 @@ def up(
     """Start the stack in `run_dir` (or find it running) and return its state. With `warm`, a
     tiny job is trained first (`warmup.py`): the user's first job costs what the next ones do.
     With `cluster`, every process runs on a host of its own (`hosts.py`; needs root), and with
-    `link_delay` too, latency can be added to each host's links (`links.Network.delay`). With
+    `link_delay` too, latency can be added to each host's links (`links.Network.delay`), and with
+    `clock_jumps` each service's wall clock moved (`clocks.jump`). With
     `object_store`, an S3 store (`object_store.py`) serves `s3://trillium/...` to every process.
     With `tls`, every listener speaks TLS, and Redis and Kafka take passwords (`tls.py`). Jobs
     may read data and keep state under `allow_paths` too, beside the run directory and the
@@ -100,6 +102,8 @@ def up(
         argv.append("--cluster")
     if link_delay:
         argv.append("--link-delay")
+    if clock_jumps:
+        argv.append("--clock-jumps")
     if object_store:
         argv.append("--object-store")
     if tls:

@@ -22,7 +22,8 @@ Faults and link costs (`links.py`: partitions, loss, bandwidth caps) act in the 
 host's bridge-side interface (`Host.veth`). Added latency needs more, since this kernel has no netem:
 with `link_delay`, every host runs scripts/linkdelay, and an nftables rule in its namespace
 sends every TCP connection that arrives on its interface through it (the delay is 0 until set).
-All of it is test and benchmark support (tests/cluster/, bench/cluster.py), never used by a service.
+With `clock_jumps`, each service's wall clock can be moved (`clocks.py`). All of it is test and
+benchmark support (tests/cluster/, bench/cluster.py, bench/nemesis.py), never used by a service.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import clocks
 from .procs import LauncherError, free_port, port_free
 
 ENV_CLUSTER_SUBNET = "TRILLIUM_CLUSTER_SUBNET"
@@ -133,9 +135,20 @@ def _check_ephemeral_ports() -> None:
 class Cluster:
     """Each process on a host of its own (see the module's docstring)."""
 
-    def __init__(self, run_dir: Path, names: list[str], subnet: str | None = None, link_delay: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        names: list[str],
+        subnet: str | None = None,
+        link_delay: bool = False,
+        clock_jumps: bool = False,
+    ) -> None:
+        self.run_dir = run_dir
         self.logs = run_dir / "logs"
         self.link_delay = link_delay
+        self.clock_jumps = clock_jumps
+        if clock_jumps:
+            clocks.library()  # built, or a LauncherError saying how
         self.linkdelay = Path(os.environ.get(ENV_LINKDELAY, DEFAULT_LINKDELAY))
         if link_delay and not os.access(self.linkdelay, os.X_OK):
             raise LauncherError(
@@ -172,7 +185,8 @@ class Cluster:
 
     def env(self, name: str) -> dict[str, str]:
         # torch.distributed's gloo binds its pairs to this interface (else: the host name's address).
-        return {"GLOO_SOCKET_IFNAME": HOST_IFNAME}
+        out = {"GLOO_SOCKET_IFNAME": HOST_IFNAME}
+        return out | clocks.env(self.run_dir, name) if self.clock_jumps else out
 
     def port(self, name: str, kind: str) -> int:
         return {
@@ -191,6 +205,7 @@ class Cluster:
             "switch": self.switch,
             "gateway": self.gateway,
             "link_delay": self.link_delay,
+            "clock_jumps": self.clock_jumps,
             "hosts": {name: asdict(h) for name, h in self.hosts.items()},
         }
 

@@ -89,6 +89,28 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def pid_of(run_dir: Path, name: str) -> int | None:
+    """Process `name`'s pid now (None between a kill and its restart, or with no such process)."""
+    processes = (read_state(run_dir) or {}).get("processes", [])
+    return next((p.get("pid") for p in processes if p["name"] == name), None)
+
+
+def usage(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each process of the stack now: role, restarts, pid, RSS and open descriptors (the last two
+    None between a kill and its restart), for the benchmarks that watch them (bench/soak.py,
+    bench/nemesis.py)."""
+    out = {}
+    for proc in (read_state(run_dir) or {}).get("processes", []):
+        pid = proc.get("pid")
+        now = out[proc["name"]] = {"role": proc["role"], "restarts": proc["restarts"], "pid": pid}
+        now |= {"rss_bytes": None, "open_fds": None}
+        with contextlib.suppress(OSError, StopIteration):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            now["rss_bytes"] = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+            now["open_fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    return out
+
+
 # Each scope's token (trillium.scopes), mode 600 in the run directory: `token` is the operator's,
 # the one the CLI and a user of the API need.
 TOKEN_FILES: dict[Scope, str] = {
@@ -135,8 +157,9 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)
     pid: int | None = None
     restarts: int = 0
-    state: str = "pending"  # pending, starting, running, restarting, failed, stopped, replaced
+    state: str = "pending"  # pending, starting, running, backoff (its restart waits), stopped, replaced
     crash_times: list[float] = field(default_factory=list)
+    restart_at: float | None = None  # in backoff: when it restarts (time.monotonic())
     address: str = "127.0.0.1"  # its host's: bound and advertised
     tls: bool = False  # its HTTP port speaks TLS
 
@@ -146,7 +169,7 @@ class Proc:
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
-        for private in ("argv", "env", "crash_times"):
+        for private in ("argv", "env", "crash_times", "restart_at"):
             d.pop(private)
         if self.http_port:
             d["http_url"] = self.http_url

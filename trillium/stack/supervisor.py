@@ -64,9 +64,14 @@ from .procs import (
 
 logger = logging.getLogger("trillium.stack.supervisor")
 
-# Restart budget per process: more crashes than this within the window means "failed".
+# A crashed process restarts at once up to RESTARTS_ALLOWED times within the window; each crash
+# beyond waits twice as long as the one before (BACKOFF_FIRST_S, up to BACKOFF_MAX_S), as
+# Kubernetes' CrashLoopBackOff does. A process is never given up on: one whose cause of death
+# goes away (a broker restarted again and again, a disk full) comes back, and the stack with it.
 RESTARTS_ALLOWED = 3
 RESTART_WINDOW_S = 120.0
+BACKOFF_FIRST_S = 10.0
+BACKOFF_MAX_S = 120.0
 STOP_GRACE_S = 20.0
 # The processes whose compute takes threads (ServiceSettings.threads): they share the host's cores.
 COMPUTE_ROLES = ("embedding_ps", "nn_worker")
@@ -85,6 +90,7 @@ class Supervisor:
         redis_url: str | None,
         cluster: bool = False,
         link_delay: bool = False,
+        clock_jumps: bool = False,
         with_object_store: bool = False,
         with_tls: bool = False,
         allow_paths: tuple[str, ...] = (),
@@ -109,7 +115,7 @@ class Supervisor:
         self.logs.mkdir(parents=True, exist_ok=True)
         make_tokens(run_dir)
         self.place: Loopback | Cluster = (
-            Cluster(run_dir, self._host_names(), link_delay=link_delay)
+            Cluster(run_dir, self._host_names(), link_delay=link_delay, clock_jumps=clock_jumps)
             if cluster
             else Loopback(self._load_ports(), self._save_ports)
         )
@@ -433,7 +439,13 @@ class Supervisor:
     # ---- supervision
     async def restart_if_crashed(self, proc: Proc) -> None:
         popen = self.popen.get(proc.name)
-        if popen is None or popen.poll() is None or proc.state in ("failed", "stopped", "replaced"):
+        if popen is None or popen.poll() is None or proc.state in ("stopped", "replaced"):
+            return
+        if proc.state == "backoff":
+            if time.monotonic() >= (proc.restart_at or 0.0):
+                proc.restarts += 1
+                proc.restart_at = None
+                self.spawn(proc)
             return
         if popen.returncode == EXIT_REPLACED:  # another host's process holds its role: not ours to restart
             logger.warning("replaced by another host's process", extra={"proc": proc.name})
@@ -450,11 +462,16 @@ class Supervisor:
         logger.error(
             "process exited", extra={"proc": proc.name, "code": popen.returncode, "log_tail": self.tail(proc, 5)}
         )
-        if len(proc.crash_times) > RESTARTS_ALLOWED:
-            proc.state = "failed"
+        crashes = len(proc.crash_times)
+        if crashes > RESTARTS_ALLOWED:
+            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (crashes - RESTARTS_ALLOWED - 1))
+            proc.state, proc.restart_at = "backoff", now + delay
             self.phase = "degraded"
-            self.error = f"{proc.name} crashed {len(proc.crash_times)} times in {RESTART_WINDOW_S:.0f}s; see {proc.log}"
-            logger.error("giving up on process", extra={"proc": proc.name})
+            self.error = (
+                f"{proc.name} crashed {crashes} times in {RESTART_WINDOW_S:.0f}s: restarting it in {delay:.0f}s; "
+                f"see {proc.log}"
+            )
+            logger.error("process crash-looping: its restart waits", extra={"proc": proc.name, "delay_s": delay})
             self.save()
             return
         proc.restarts += 1
@@ -468,6 +485,9 @@ class Supervisor:
                 if proc.state == "starting" and self.popen[proc.name].poll() is None:
                     proc.state = "running"  # a restarted process; readiness is in status()
                     self.save()
+            if self.phase == "degraded" and not any(p.state == "backoff" for p in self.procs):
+                self.phase, self.error = "running", None  # every crash-looping process restarted
+                self.save()
             await asyncio.sleep(0.5)
 
     def stop_all(self) -> None:
@@ -533,6 +553,11 @@ def main(argv: list[str] | None = None) -> None:
         "--link-delay", action="store_true", help="with --cluster: latency can be added to each host's links"
     )
     parser.add_argument(
+        "--clock-jumps",
+        action="store_true",
+        help="with --cluster: each service's wall clock can be moved (stack/clocks.py)",
+    )
+    parser.add_argument(
         "--object-store", action="store_true", help="an S3 object store (versitygw) for s3://trillium/... paths"
     )
     parser.add_argument(
@@ -547,6 +572,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.link_delay and not args.cluster:
         parser.error("--link-delay needs --cluster")
+    if args.clock_jumps and not args.cluster:
+        parser.error("--clock-jumps needs --cluster")
     run_dir = (args.run_dir or default_run_dir()).absolute()
     log.configure("launcher")
     sup = Supervisor(
@@ -557,6 +584,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.get(ENV_REDIS_URL),
         cluster=args.cluster,
         link_delay=args.link_delay,
+        clock_jumps=args.clock_jumps,
         with_object_store=args.object_store,
         with_tls=args.tls,
         allow_paths=tuple(str(Path(p).absolute()) if "://" not in p else p for p in args.allow_path),
