@@ -144,7 +144,9 @@ async def recover_or_fail(store: JobStore, job: JobRecord, cause: str) -> None:
         pick = await store.pick_checkpoint(job)
     except NoCheckpoint:
         # As TorchElastic restarts a job's workers: what a failed attempt wrote is skipped
-        # (its attempt), never lost, so starting over repeats nothing.
+        # (its attempt), never lost, so starting over repeats nothing. Its topics are made again
+        # if they are not there: nothing of them is needed.
+        await store.create_topics(job)
         pick = None
     except IllegalTransition as err:
         await store.transition(job.id, "failed", expect=expect, error=f"{cause} ({err})")

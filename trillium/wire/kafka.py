@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition, errors
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.conn import AIOKafkaConnection, CloseReason
 from aiokafka.errors import KafkaConnectionError, KafkaError, OffsetOutOfRangeError, TopicAlreadyExistsError
@@ -122,11 +122,23 @@ async def ensure_topics(
         ]
         if new:
             try:
-                await admin_client.create_topics(new)
+                response = await admin_client.create_topics(new)
             except TopicAlreadyExistsError:
-                pass  # created concurrently by another process
+                return  # created concurrently by another process
+            _raise_topic_errors(response, "create", allowed=TopicAlreadyExistsError.errno)
     finally:
         await admin_client.close()
+
+
+def _raise_topic_errors(response: Any, what: str, allowed: int | None = None) -> None:
+    """aiokafka returns a topic's error in the admin response, not raised: a topic the broker did
+    not create (no controller yet, a bad config) would pass for made, and the job that needs it
+    fail on every attempt with UnknownTopicOrPartition. The first topic's error, raised."""
+    for topic, code, *message in response.topic_errors:
+        if code != 0 and code != allowed:
+            error = errors.for_code(code)
+            detail = f": {message[0]}" if message and message[0] else ""
+            raise error(f"could not {what} topic {topic}{detail}")
 
 
 async def ensure_partitions(conn: KafkaConnection, partitions: dict[str, int]) -> None:
@@ -138,7 +150,7 @@ async def ensure_partitions(conn: KafkaConnection, partitions: dict[str, int]) -
         have = {t["topic"]: len(t["partitions"]) for t in described}
         grow = {name: NewPartitions(n) for name, n in partitions.items() if have.get(name, 0) < n}
         if grow:
-            await admin_client.create_partitions(grow)
+            _raise_topic_errors(await admin_client.create_partitions(grow), "add partitions to")
     finally:
         await admin_client.close()
 
