@@ -576,19 +576,26 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--clock-jumps needs --cluster")
     run_dir = (args.run_dir or default_run_dir()).absolute()
     log.configure("launcher")
-    sup = Supervisor(
-        run_dir,
-        StackTopology.model_validate_json(args.topology),
-        not args.no_services,
-        os.environ.get(ENV_KAFKA_BOOTSTRAP),
-        os.environ.get(ENV_REDIS_URL),
-        cluster=args.cluster,
-        link_delay=args.link_delay,
-        clock_jumps=args.clock_jumps,
-        with_object_store=args.object_store,
-        with_tls=args.tls,
-        allow_paths=tuple(str(Path(p).absolute()) if "://" not in p else p for p in args.allow_path),
-    )
+    try:
+        sup = Supervisor(
+            run_dir,
+            StackTopology.model_validate_json(args.topology),
+            not args.no_services,
+            os.environ.get(ENV_KAFKA_BOOTSTRAP),
+            os.environ.get(ENV_REDIS_URL),
+            cluster=args.cluster,
+            link_delay=args.link_delay,
+            clock_jumps=args.clock_jumps,
+            with_object_store=args.object_store,
+            with_tls=args.tls,
+            allow_paths=tuple(str(Path(p).absolute()) if "://" not in p else p for p in args.allow_path),
+        )
+    except LauncherError as err:
+        # What to do (a tool to build, a setting to fix) goes where `up` reads it, not only to the log.
+        logger.error("the stack cannot start", extra={"error": str(err)})
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / STATE_FILE, {"phase": "failed", "error": str(err), "supervisor_pid": os.getpid()})
+        raise SystemExit(1) from None
     raise SystemExit(asyncio.run(sup.main()))
 
 
