@@ -220,7 +220,7 @@ class ModelFollower:
         versions = [v for v in listed if not self._refused(v)]
         if self.served is None:
             async with self._applying:
-                await self._start_at_newest(versions)
+                await self._start_at_newest(versions, published=bool(listed))
         for version in versions:
             async with self._applying:  # a pin asked meanwhile waits for this version, then wins
                 if self.state.pinned is not None:
@@ -229,8 +229,10 @@ class ModelFollower:
                     await self._apply(version)
         self.loaded.set()
 
-    async def _start_at_newest(self, versions: list[int]) -> None:
-        """A replica starts at the newest version that loads: its chain brings the rest."""
+    async def _start_at_newest(self, versions: list[int], published: bool) -> None:
+        """A replica starts at the newest version that loads: its chain brings the rest. With
+        none, its error says why (what `/predict`'s 503 answers): none `published`, or the
+        newest refusal, however long ago it was refused."""
         for version in reversed(versions):
             if self.served is not None:  # a pin loaded one meanwhile
                 return
@@ -241,7 +243,12 @@ class ModelFollower:
                 if unreachable(err):
                     raise
                 self._refuse(version, err)
-        self.state.error = f"no version of {self.name} loads" if versions else "no version published yet"
+        if not published:
+            self.state.error = "no version published yet"
+            return
+        last = self.state.refused[-1] if self.state.refused else None
+        why = f": version {last.version} refused: {last.reason}" if last is not None else ""
+        self.state.error = f"no version of {self.name} loads{why}"
 
     async def _apply(self, version: int) -> None:
         """`version` on top of the tables served when it fits them, else its chain anew."""

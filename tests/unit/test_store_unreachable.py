@@ -89,3 +89,21 @@ def test_a_store_that_answers_again_is_reachable_from_its_first_answer(tmp_path)
     asyncio.run(follower._read_store())  # an empty store: it answers, with no version
     assert follower.state.store_unreachable_since is None and follower.state.store_error is None
     assert follower.state.error == "no version published yet"
+
+
+def test_a_replica_whose_every_version_is_refused_says_why_on_every_read(tmp_path) -> None:
+    """What a predict's 503 says: the refusal, on the first read and on each after it (which skips
+    the versions refused), never "no version published yet" while versions are published."""
+    store = ModelStore(str(tmp_path / "models"), "m")
+    follower = ModelFollower(store, "trillium.m.model", KafkaConnection(bootstrap="127.0.0.1:1"), _loads_nothing)
+    asyncio.run(follower._read_store())
+    assert follower.state.error == "no version published yet"
+    versions = tmp_path / "models" / "m" / "versions"
+    versions.mkdir(parents=True)
+    (versions / "1.json").write_text('{"format": 1')  # torn: no valid manifest
+    for _ in range(2):
+        asyncio.run(follower._read_store())
+        error = follower.state.error or ""
+        assert error.startswith("no version of m loads: version 1 refused: "), error
+        assert "version 1 has no valid manifest" in error, error
+    assert [r.version for r in follower.state.refused] == [1] and follower.served is None

@@ -171,7 +171,10 @@ class ModelStore:
         return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def manifest(self, version: int) -> VersionManifest:
-        raw = read_json(self.fs, self._manifest_path(version))
+        try:
+            raw = read_json(self.fs, self._manifest_path(version))
+        except ValueError as err:  # not JSON: a torn write
+            raise CorruptVersion(f"{self.location}: version {version} has no valid manifest: {err}") from None
         if raw is None:
             raise CorruptVersion(f"{self.location}: no version {version}")
         try:
