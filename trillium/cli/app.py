@@ -4,13 +4,14 @@ failures, loading a job file, a client of the stack's coordinator."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from trillium import stack
@@ -35,6 +36,25 @@ RunDir = Annotated[
         "--run-dir", help=f"stack directory (default: ${ENV_RUN_DIR} or .trillium/run; the demo's own: .trillium/demo)"
     ),
 ]
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[str | Text]]) -> None:
+    """`rows` as a table where the terminal holds its cells whole, else one block per row of
+    `column: value` lines: a table squeezed into 80 columns cuts a URL or an id to three letters."""
+    cells = [[c if isinstance(c, Text) else Text(c) for c in row] for row in rows]
+    widths = [max([len(name), *(row[i].cell_len for row in cells)]) for i, name in enumerate(columns)]
+    if sum(widths) + 3 * len(columns) + 1 <= console.width:  # rich's box: a bar and two spaces a column
+        table = Table(*columns)
+        for row in cells:
+            table.add_row(*row)
+        console.print(table)
+        return
+    key = max(len(name) for name in columns)
+    for n, row in enumerate(cells):
+        if n:
+            console.print()
+        for name, cell in zip(columns, row, strict=True):
+            console.print(Text.assemble((f"{name:>{key}}", "bold"), "  ", cell), soft_wrap=True)
 
 
 def run_dir_of(run_dir: Path | None) -> Path:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from trillium.stack.client import CoordinatorClient
 
-from .app import JobId, JsonOut, RunDir, app, console, coordinator, fail
+from .app import JobId, JsonOut, RunDir, app, console, coordinator, fail, print_table
 
 
 def _when(ts: float | None) -> str:
@@ -186,24 +186,29 @@ def checkpoints(
     if as_json:
         print(json.dumps(listing, indent=2))
         return
-    table = Table("step", "epoch", "attempt", "reason", "tables", "written", "MB", "s to write", "pause s", "eval auc")
+    if not listing:
+        console.print(f"job {job_id} has no complete checkpoint")
+        return
+    rows = []
     for c in listing:
         auc = (c.get("eval") or {}).get("auc")
         bases = sorted({f["delta_of"] for f in c["files"] if f.get("delta_of") is not None})
-        tables = f"delta of {', '.join(map(str, bases))}" if bases else "full"
-        table.add_row(
-            str(c["step"]),
-            str(c["epoch"]),
-            str(c["attempt"]),
-            c["reason"],
-            tables,
-            _when(c["created_at"]),
-            f"{c['bytes'] / 1e6:,.1f}",
-            f"{c['seconds_to_write']:.2f}",
-            f"{c['pause_seconds']:.3f}",
-            "" if auc is None else f"{auc:.4f}",
+        rows.append(
+            (
+                str(c["step"]),
+                str(c["epoch"]),
+                str(c["attempt"]),
+                c["reason"],
+                f"delta of {', '.join(map(str, bases))}" if bases else "full",
+                _when(c["created_at"]),
+                f"{c['bytes'] / 1e6:,.1f}",
+                f"{c['seconds_to_write']:.2f}",
+                f"{c['pause_seconds']:.3f}",
+                "" if auc is None else f"{auc:.4f}",
+            )
         )
-    console.print(table if listing else f"job {job_id} has no complete checkpoint")
+    columns = ("step", "epoch", "attempt", "reason", "tables", "written", "MB", "s to write", "pause s", "eval auc")
+    print_table(columns, rows)
 
 
 @app.command()

@@ -135,7 +135,8 @@ def status(
     for proc in st["processes"]:
         if proc.get("http_url"):
             endpoint = proc["http_url"] + (f"  grpc {proc['grpc_address']}" if proc.get("grpc_address") else "")
-            table.add_row(proc["name"], endpoint, str(proc["pid"]), str(proc["restarts"]), ok(proc["health"]["ok"]))
+            health = Text("backoff", "yellow") if proc.get("state") == "backoff" else ok(proc["health"]["ok"])
+            table.add_row(proc["name"], endpoint, str(proc["pid"]), str(proc["restarts"]), health)
     console.print(table)
     raise typer.Exit(0 if st["healthy"] else 1)
 

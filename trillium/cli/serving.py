@@ -12,14 +12,13 @@ from typing import Annotated, Any, Optional
 
 import httpx
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from trillium import stack
 from trillium.config import ENV_SERVING_VERSION
 from trillium.stack.procs import free_port
 
-from .app import JsonOut, RunDir, app, console, fail, run_dir_of
+from .app import JsonOut, RunDir, app, console, fail, print_table, run_dir_of
 
 
 def _stack(run_dir: RunDir) -> tuple[dict[str, Any], str]:
@@ -118,35 +117,24 @@ def models(
     if as_json:
         print(json.dumps(views, indent=2))
         return
-    table = Table(
-        "replica",
-        "model",
-        "version",
-        "step",
-        "kind",
-        "pinned",
-        "age",
-        "freshness lag",
-        "watermark lag",
-        "rows",
-        "bytes",
-    )
+    columns = ("replica", "model", "version", "step", "kind", "pinned", "age", "freshness lag", "watermark lag")
+    rows = []
     for v in views:
-        rows = sum(t["rows"] for t in v["tables"].values())
-        lag = _seconds(v.get("freshness_lag_seconds"))
-        table.add_row(
-            v["replica"],
-            v["model"],
-            str(v["version"] or v.get("error") or ""),
-            str(v["step"] or ""),
-            v["kind"] or "",
-            str(v["pinned"] or ""),
-            _ago(v["created_at"]),
-            lag,
-            _seconds(v.get("low_watermark_lag_seconds")),
-            f"{rows:,}",
-            f"{v['bytes']:,}",
+        rows.append(
+            (
+                v["replica"],
+                v["model"],
+                str(v["version"] or v.get("error") or ""),
+                str(v["step"] or ""),
+                v["kind"] or "",
+                str(v["pinned"] or ""),
+                _ago(v["created_at"]),
+                _seconds(v.get("freshness_lag_seconds")),
+                _seconds(v.get("low_watermark_lag_seconds")),
+                f"{sum(t['rows'] for t in v['tables'].values()):,}",
+                f"{v['bytes']:,}",
+            )
         )
         for refusal in v["refused"][-3:]:
             console.print(Text.assemble(("refused ", "red"), f"version {refusal['version']}: {refusal['reason']}"))
-    console.print(table)
+    print_table((*columns, "rows", "bytes"), rows)
