@@ -17,6 +17,9 @@ the checker asserts, for every job:
 - its test AUC within 0.001 of the undisturbed run's (a recovered synchronous run repeats its
   steps);
 - no job the driver did not submit (a submit retried after a lost answer makes none);
+- with `--streams`, of every third job, a stream with poison records among its events: each good
+  event trained exactly once by the job's final lineage, each poison record dead-lettered with
+  its reason (bench/nemesis_stream.py);
 
 and, of every process, that memory and descriptors stayed flat: one that ran the whole window
 (not restarted) ends with RSS under 1.5 times and at most 32 more open descriptors than after the
@@ -47,6 +50,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / d) for d in ("cluster", "")]
 
 from nemesis_faults import KINDS, Fault, Injector, kinds_of, schedule  # noqa: E402 (bench/: the script's own folder)
+from nemesis_stream import STREAM_EVERY, StreamRun, check_stream, operator_kafka, run_stream  # noqa: E402
 from timeline import AUC_TOLERANCE, FAULT_EPOCHS, Timeline, assert_exactly_once, cluster_job  # noqa: E402
 
 from trillium import stack  # noqa: E402
@@ -74,8 +78,11 @@ def nemesis_job(number: int) -> JobConfig:
 class Driver:
     """Submits the jobs back to back, in a thread, until told to stop, and watches each."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, seed: int, streams: bool) -> None:
         self.run_dir = run_dir
+        self.seed = seed
+        self.streams = streams
+        self.stream_runs: dict[str, StreamRun] = {}
         self.client = CoordinatorClient.for_stack(run_dir)
         self.client.http.timeout = 5.0
         self.jobs: list[tuple[JobConfig, str, Timeline]] = []
@@ -108,11 +115,17 @@ class Driver:
         number = 0
         try:
             while not self._stop.is_set():
-                job = nemesis_job(number)
-                job_id = self._submit(job)
-                timeline = Timeline(self.run_dir, job_id)
-                self.jobs.append((job, job_id, timeline))
-                self.views[job_id] = timeline.wait(JOB_TIMEOUT_S)
+                if self.streams and number % STREAM_EVERY == STREAM_EVERY - 1:
+                    run, timeline = run_stream(self.run_dir, self._submit, number, self.seed, JOB_TIMEOUT_S)
+                    self.stream_runs[run.job_id] = run
+                    self.jobs.append((run.job, run.job_id, timeline))
+                    self.views[run.job_id] = run.view
+                else:
+                    job = nemesis_job(number)
+                    job_id = self._submit(job)
+                    timeline = Timeline(self.run_dir, job_id)
+                    self.jobs.append((job, job_id, timeline))
+                    self.views[job_id] = timeline.wait(JOB_TIMEOUT_S)
                 number += 1
         except Exception as err:  # noqa: BLE001 (reported as a problem of the run)
             self.errors.append(f"the driver stopped: {type(err).__name__}: {err}")
@@ -176,6 +189,11 @@ def _check_jobs(driver: Driver, baseline_auc: float, submitted: set[str]) -> tup
         if view is None:
             problems.append(f"{job_id}: did not end")
             continue
+        if job_id in driver.stream_runs:
+            entry, found = check_stream(operator_kafka(driver.run_dir), driver.stream_runs[job_id])
+            jobs.append(entry)
+            problems += found
+            continue
         record = view["job"]
         entry: dict[str, Any] = {"id": job_id, "state": record["state"], "recoveries": len(record["recoveries"])}
         if record["state"] != "finished":
@@ -215,7 +233,7 @@ def _check_processes(early: dict[str, Any], end: dict[str, Any]) -> tuple[dict[s
     return out, problems
 
 
-def run(run_dir: Path, minutes: float, seed: int, overlap: int, disk: Path | None) -> dict[str, Any]:
+def run(run_dir: Path, minutes: float, seed: int, overlap: int, disk: Path | None, streams: bool) -> dict[str, Any]:
     state = stack.read_state(run_dir)
     network = Network(state["hosts"])
     kinds = tuple(
@@ -234,7 +252,7 @@ def run(run_dir: Path, minutes: float, seed: int, overlap: int, disk: Path | Non
     faults = schedule(seed, seconds, sorted(network.hosts), sorted(early), overlap, kinds)
     print(f"nemesis: seed {seed}, {len(faults)} faults in {seconds:.0f}s", file=sys.stderr)
     injector = Injector(run_dir, network, disk)
-    driver = Driver(run_dir)
+    driver = Driver(run_dir, seed, streams)
     started = time.monotonic()
     driver.start()
     try:
@@ -273,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (default 1)")
     parser.add_argument("--overlap", type=int, default=2, help="faults holding at once at most (default 2)")
     parser.add_argument("--run-dir", type=Path, help="a cluster stack already running (else one of its own)")
+    parser.add_argument(
+        "--streams", action="store_true", help="every third job a stream with poison records (bench/nemesis_stream.py)"
+    )
     parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
     args = parser.parse_args(argv)
     own = args.run_dir is None
@@ -286,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         if own:
             stack.up(run_dir, TOPOLOGY, cluster=True, link_delay=True, tls=True, clock_jumps=True)
             cleanup.callback(stack.down, run_dir)
-        report = run(run_dir, args.minutes, args.seed, args.overlap, disk)
+        report = run(run_dir, args.minutes, args.seed, args.overlap, disk, args.streams)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

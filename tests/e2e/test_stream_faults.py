@@ -11,10 +11,10 @@ import time
 import uuid
 
 import httpx
-import msgpack
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import RecordsToDelete
+from poison import POISON
 from test_online import FIELDS, _online_job, _produce
 from topic_records import read_all
 from waiting import wait_until
@@ -24,19 +24,6 @@ from trillium.job import JobConfig
 from trillium.stack import read_state, read_token
 from trillium.stack.client import ApiError, CoordinatorClient
 from trillium.wire import kafka
-
-# Records that stopped a stream job before (the first two), and others no reader expects: each
-# with the start of the reason the dead-letter topic keeps.
-POISON = [
-    (b'{"request_id": "p1", "ts": ' + b"9" * 400 + b"}", "field 'ts' (event time): expected seconds"),
-    (b"[" * 2000 + b"]" * 2000, "not valid json: nested too deep"),
-    (b'{"a":' * 3000 + b"1" + b"}" * 3000, "not valid json: nested too deep"),
-    (b'{"request_id": "p4", "ts": 1e999}', "field 'ts' (event time): expected seconds"),
-    (b'{"request_id": "\xff\xfe", "ts": 1}', "not valid json"),
-    (msgpack.packb({"request_id": "p6", "ts": 1.0}), "not valid json"),
-    (b"\x00\x01\x02" * 50, "not valid json"),
-    (b'{"request_id": "p8", "ts": 1, "I1": ' + b"9" * 5000 + b"}", "not valid json"),
-]
 
 
 def _imp(key: str, ts: float) -> bytes:
