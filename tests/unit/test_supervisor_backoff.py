@@ -9,12 +9,13 @@ import asyncio
 import time
 
 from trillium.config import StackTopology
+from trillium.stack import procs
 from trillium.stack import supervisor as sup
 from trillium.stack.procs import Proc
 
 
 async def test_a_crash_looping_process_restarts_later_and_later_and_the_stack_heals(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(sup, "BACKOFF_FIRST_S", 0.5)
+    monkeypatch.setattr(procs, "BACKOFF_FIRST_S", 0.5)
     supervisor = sup.Supervisor(tmp_path, StackTopology(), False, "127.0.0.1:9092", "redis://127.0.0.1:6379/0")
     supervisor.phase = "running"
     proc = Proc(name="kafka", role="kafka", argv=["sh", "-c", "exit 3"], log=str(tmp_path / "kafka.log"))
@@ -28,11 +29,11 @@ async def test_a_crash_looping_process_restarts_later_and_later_and_the_stack_he
         await supervisor.restart_if_crashed(proc)
         return pid
 
-    for restarts in range(1, sup.RESTARTS_ALLOWED + 1):  # the first crashes restart at once
+    for restarts in range(1, procs.RESTARTS_ALLOWED + 1):  # the first crashes restart at once
         assert await crash() != proc.pid
         assert (proc.restarts, proc.state, supervisor.phase) == (restarts, "starting", "running")
 
-    for crashes, delay in ((sup.RESTARTS_ALLOWED + 1, 0.5), (sup.RESTARTS_ALLOWED + 2, 1.0)):
+    for crashes, delay in ((procs.RESTARTS_ALLOWED + 1, 0.5), (procs.RESTARTS_ALLOWED + 2, 1.0)):
         exited, at = await crash(), time.monotonic()
         assert (proc.state, proc.pid, supervisor.phase) == ("backoff", exited, "degraded")
         assert f"kafka crashed {crashes} times in 120s" in supervisor.error
@@ -40,7 +41,7 @@ async def test_a_crash_looping_process_restarts_later_and_later_and_the_stack_he
         await supervisor.restart_if_crashed(proc)
         assert proc.pid == exited, "restarted before its backoff ended"
         await asyncio.sleep(delay + 0.05)
-        if crashes == sup.RESTARTS_ALLOWED + 2:
+        if crashes == procs.RESTARTS_ALLOWED + 2:
             proc.argv = ["sleep", "60"]  # the cause of death gone: the next start stays up
         await supervisor.restart_if_crashed(proc)
         assert proc.pid != exited and proc.restarts == crashes

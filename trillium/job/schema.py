@@ -270,7 +270,8 @@ class CheckpointConfig(Strict):
     """Trim the job's samples and gradients topics behind the oldest checkpoint kept, as no
     recovery reads there again; false keeps every record (to audit them) until the job is deleted."""
     max_recoveries: Annotated[int, Field(ge=0)] = 3
-    """Recoveries before the job fails for good."""
+    """Recoveries before the job fails for good (a start over, when a process is lost before the
+    first checkpoint, is one)."""
 
 
 class InitFrom(Strict):

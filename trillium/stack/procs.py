@@ -25,6 +25,16 @@ STATE_FILE = "stack.json"
 SAFE_IMPORTS = {"PYTHONSAFEPATH": "1"}
 
 
+# A crashed process restarts at once up to RESTARTS_ALLOWED times within the window; each crash
+# beyond waits twice as long as the one before (BACKOFF_FIRST_S, up to BACKOFF_MAX_S), as
+# Kubernetes' CrashLoopBackOff does. A process is never given up on: one whose cause of death
+# goes away (a broker restarted again and again, a disk full) comes back, and the stack with it.
+RESTARTS_ALLOWED = 3
+RESTART_WINDOW_S = 120.0
+BACKOFF_FIRST_S = 10.0
+BACKOFF_MAX_S = 120.0
+
+
 class LauncherError(RuntimeError):
     """The stack could not be started or stopped; the message says why."""
 
@@ -162,6 +172,17 @@ class Proc:
     restart_at: float | None = None  # in backoff: when it restarts (time.monotonic())
     address: str = "127.0.0.1"  # its host's: bound and advertised
     tls: bool = False  # its HTTP port speaks TLS
+
+    def crashed(self, now: float) -> float:
+        """Count a crash at monotonic time `now`; the seconds its restart waits (0: at once), in
+        `backoff` till then."""
+        self.crash_times = [t for t in self.crash_times if now - t < RESTART_WINDOW_S] + [now]
+        beyond = len(self.crash_times) - RESTARTS_ALLOWED
+        if beyond <= 0:
+            return 0.0
+        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (beyond - 1))
+        self.state, self.restart_at = "backoff", now + delay
+        return delay
 
     @property
     def http_url(self) -> str:

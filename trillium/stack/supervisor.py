@@ -50,6 +50,7 @@ from .broker import format_argv, java_argv, kafka_config, kafka_connection
 from .hosts import Cluster, Loopback
 from .procs import (
     REPO_ROOT,
+    RESTART_WINDOW_S,
     SAFE_IMPORTS,
     STATE_FILE,
     TOKEN_FILES,
@@ -64,14 +65,6 @@ from .procs import (
 
 logger = logging.getLogger("trillium.stack.supervisor")
 
-# A crashed process restarts at once up to RESTARTS_ALLOWED times within the window; each crash
-# beyond waits twice as long as the one before (BACKOFF_FIRST_S, up to BACKOFF_MAX_S), as
-# Kubernetes' CrashLoopBackOff does. A process is never given up on: one whose cause of death
-# goes away (a broker restarted again and again, a disk full) comes back, and the stack with it.
-RESTARTS_ALLOWED = 3
-RESTART_WINDOW_S = 120.0
-BACKOFF_FIRST_S = 10.0
-BACKOFF_MAX_S = 120.0
 STOP_GRACE_S = 20.0
 # The processes whose compute takes threads (ServiceSettings.threads): they share the host's cores.
 COMPUTE_ROLES = ("embedding_ps", "nn_worker")
@@ -457,19 +450,15 @@ class Supervisor:
             proc.restarts += 1
             self.spawn(proc)
             return
-        now = time.monotonic()
-        proc.crash_times = [t for t in proc.crash_times if now - t < RESTART_WINDOW_S] + [now]
+        delay = proc.crashed(time.monotonic())
         logger.error(
             "process exited", extra={"proc": proc.name, "code": popen.returncode, "log_tail": self.tail(proc, 5)}
         )
-        crashes = len(proc.crash_times)
-        if crashes > RESTARTS_ALLOWED:
-            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (crashes - RESTARTS_ALLOWED - 1))
-            proc.state, proc.restart_at = "backoff", now + delay
+        if delay:
             self.phase = "degraded"
             self.error = (
-                f"{proc.name} crashed {crashes} times in {RESTART_WINDOW_S:.0f}s: restarting it in {delay:.0f}s; "
-                f"see {proc.log}"
+                f"{proc.name} crashed {len(proc.crash_times)} times in {RESTART_WINDOW_S:.0f}s: "
+                f"restarting it in {delay:.0f}s; see {proc.log}"
             )
             logger.error("process crash-looping: its restart waits", extra={"proc": proc.name, "delay_s": delay})
             self.save()
