@@ -1,4 +1,4 @@
-"""Every record a topic holds now, read from the real broker."""
+"""Every record a topic holds now, and every topic there is, read from the real broker."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ async def read_all(conn: KafkaConnection, topic: str, partitions: int) -> list:
         return records
     finally:
         await consumer.stop()
+
+
+async def topic_names(conn: KafkaConnection) -> set[str]:
+    """The names of every topic the broker holds now."""
+    admin = kafka.admin(conn)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()

@@ -20,6 +20,7 @@ import pytest
 from aiokafka import TopicPartition
 from ledger import assert_exactly_once_at_the_ps, final_runs
 from pipeline_helpers import DATA, run_to_end, with_training
+from topic_records import topic_names
 from typer.testing import CliRunner
 from waiting import wait_until
 
@@ -375,7 +376,7 @@ def test_a_jobs_topics_are_trimmed_behind_its_checkpoints_and_deleted_once_it_fi
     finally:
         client.close()
     _assert_exactly_once(view, sync_job)
-    left = asyncio.run(_topics(conn))
+    left = asyncio.run(topic_names(conn))
     assert not {topics["samples"], topics["eval"], topics["gradients"]} & left
 
 
@@ -415,15 +416,6 @@ async def _offsets(conn: KafkaConnection, partitions, first: bool) -> dict[tuple
         return {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
     finally:
         await consumer.stop()
-
-
-async def _topics(conn: KafkaConnection) -> set[str]:
-    admin = kafka.admin(conn)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
 
 
 def _metrics(stack: Path) -> str:

@@ -9,26 +9,18 @@ import uuid
 
 import pytest
 from aiokafka.errors import InvalidConfigurationError
+from topic_records import topic_names
 
 from trillium.wire import kafka
-
-
-async def _topics(conn) -> set[str]:
-    admin = kafka.admin(conn)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
 
 
 async def test_a_topic_the_broker_refuses_raises_and_one_it_makes_is_made_once(infra) -> None:
     refused, made = f"refused-{uuid.uuid4().hex[:8]}", f"made-{uuid.uuid4().hex[:8]}"
     with pytest.raises(InvalidConfigurationError, match=f"could not create topic {refused}"):
         await kafka.ensure_topics(infra.kafka, {refused: 1}, {"cleanup.policy": "no-such-policy"})
-    assert refused not in await _topics(infra.kafka)
+    assert refused not in await topic_names(infra.kafka)
 
     await kafka.ensure_topics(infra.kafka, {made: 2})
     await kafka.ensure_topics(infra.kafka, {made: 2})  # there already: nothing to do, no error
-    assert made in await _topics(infra.kafka)
+    assert made in await topic_names(infra.kafka)
     await kafka.delete_topics(infra.kafka, [made])
