@@ -37,6 +37,12 @@ ENV_OPERATE_DIGEST = "TRILLIUM_OPERATE_TOKEN_SHA256"
 ENV_PREDICT_DIGEST = "TRILLIUM_PREDICT_TOKEN_SHA256"
 ENV_OBSERVE_DIGEST = "TRILLIUM_OBSERVE_TOKEN_SHA256"
 ENV_RUN_DIR = "TRILLIUM_RUN_DIR"
+# Where jobs keep checkpoints and models unless their file says (a stack of several hosts: storage
+# every process reaches).
+ENV_SHARED_DIR = "TRILLIUM_SHARED_DIR"
+# An S3 store's client variables (botocore's own, read under s3fs): a shared directory `s3://...`
+# needs them beside it in every process, as a Kubernetes ConfigMap and Secret give them.
+OBJECT_STORE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # Security once services leave loopback (see docs/operations.md).
 ENV_REDIS_PASSWORD = "TRILLIUM_REDIS_PASSWORD"
 ENV_KAFKA_SECURITY_PROTOCOL = "TRILLIUM_KAFKA_SECURITY_PROTOCOL"
@@ -313,6 +319,13 @@ class ServiceSettings(BaseModel):
     )
     grpc_tls: GrpcTls | None = None
     run_dir: Path
+    shared_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="where a job keeps its checkpoints and model versions when its file names no `dir`: a "
+        "directory every process of the stack reaches, or an fsspec URL (s3://bucket/prefix); default: the run "
+        "dir, which only a stack on one host shares",
+    )
     heartbeat_s: float = Field(
         HEARTBEAT_S,
         gt=0,
@@ -425,6 +438,11 @@ class ServiceSettings(BaseModel):
         return f"{self.role}-{self.index}"
 
     @property
+    def shared_root(self) -> str:
+        """Below which a job's default checkpoint and model directories are (`shared_dir`, else the run dir)."""
+        return self.shared_dir.rstrip("/") if self.shared_dir else str(self.run_dir)
+
+    @property
     def grpc(self) -> GrpcCredentials:
         return GrpcCredentials(token=self.token, tls=self.grpc_tls)
 
@@ -450,6 +468,7 @@ class ServiceSettings(BaseModel):
         "predict_token_sha256": ENV_PREDICT_DIGEST,
         "observe_token_sha256": ENV_OBSERVE_DIGEST,
         "run_dir": ENV_RUN_DIR,
+        "shared_dir": ENV_SHARED_DIR,
         "advertise_host": ENV_ADVERTISE_HOST,
         "threads": ENV_THREADS,
         "serving_model": ENV_SERVING_MODEL,

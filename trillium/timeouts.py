@@ -23,6 +23,17 @@ COORDINATOR_CALL_S = 5.0
 # JOB_CANCEL_S, or the process restarts (naming where it was stuck in its log): its heartbeats
 # wait for that end, and a worker silent for 10 s is taken for lost.
 JOB_CANCEL_S = 8.0
+# A process restarting itself deregisters first, waiting DEREGISTER_S at most: the coordinator then
+# waits for its new process rather than taking the silence for a lost worker (or, with no answer,
+# it does after the loss's 10 s).
+DEREGISTER_S = 2.0
+
+# The NN ranks end a job within RANK_FINISH_S of each other: a barrier, then the process group torn
+# down. A rank whose peer never comes (killed, or cut off) gives up after it.
+RANK_FINISH_S = 60.0
+# A torch.distributed collective between the ranks waits COLLECTIVE_S for its peers: a peer gone for
+# good fails it, where the coordinator's heartbeats find a partition first (in 10 s).
+COLLECTIVE_S = 600.0
 
 # Redis: connecting, and each command's reply (a pub/sub wait names its own). A command to a Redis
 # cut off fails after REDIS_SOCKET_S and is retried on a new connection: after a heal, clients
@@ -40,6 +51,15 @@ KAFKA_REQUEST_S = 15.0
 # data loader's attempt in a clean-clone `make test`. A data loader or embedding worker cut off
 # from the broker for longer fails its attempt, and the job recovers once the broker is back.
 KAFKA_DELIVERY_S = 45.0
+# Whether the broker is there (a metadata request, tried again until the caller's deadline): each
+# try waits KAFKA_PROBE_S.
+KAFKA_PROBE_S = 5.0
+# Deleting records a job no longer needs (retention's trim, a PS shard's applied gradients): a
+# request without an answer in KAFKA_TRIM_S fails, and the next trim deletes those records too.
+KAFKA_TRIM_S = 10.0
+# What the coordinator's observer asks for its gauges (a shard's table stats, Kafka's consumer
+# lag): best effort, each request given up after OBSERVE_CALL_S so a peer away stalls no sampling.
+OBSERVE_CALL_S = 5.0
 
 # gRPC (lookups and gradients between NN ranks, embedding workers and PS shards; the coordinator's
 # stats calls; serving): both ends ping each connection every GRPC_KEEPALIVE_S, calls or none, and

@@ -39,7 +39,6 @@ import hashlib
 import logging
 import secrets
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -89,13 +88,13 @@ class Forgetter:
         jobs: JobStore,
         registry: WorkerRegistry,
         kafka_conn: KafkaConnection,
-        run_dir: Path,
+        shared_root: str,
         http: httpx.AsyncClient,
     ) -> None:
         self.jobs = jobs
         self.registry = registry
         self.kafka = kafka_conn
-        self.run_dir = run_dir
+        self.shared_root = shared_root
         self.http = http
         self._lock = asyncio.Lock()  # one forget at a time: each rewrites the same files
         self._retry: asyncio.Task[None] | None = None
@@ -111,7 +110,7 @@ class Forgetter:
                 f"job {job_id} has no table {request.table!r}; tables: {', '.join(job.config.tables)}",
             )
         records = {r.id: r for r in await self.jobs.all()}
-        linked = linked_jobs(list(records.values()), job, self.run_dir)
+        linked = linked_jobs(list(records.values()), job, self.shared_root)
         if running := [f"{other} ({why})" for other, why in linked.items() if records[other].state not in TERMINAL]:
             raise IllegalTransition(
                 f"job {job_id}'s rows are also in jobs still running: {'; '.join(running)}; stop them first, "
@@ -264,7 +263,7 @@ class Forgetter:
             await self.jobs.update(job.id, add_mask)
         places = await self._ps_shards(job, intent.table, ids)
         drop = {intent.table: ids}
-        places += await asyncio.to_thread(_checkpoints, job, self.run_dir, drop)
+        places += await asyncio.to_thread(_checkpoints, job, self.shared_root, drop)
         places += await self._model_versions(job, drop)
         places += self._topics(job, through)
         return ForgetReceipt(
@@ -335,7 +334,7 @@ class Forgetter:
             await consumer.stop()
 
     async def _model_versions(self, job: JobRecord, drop: dict[str, np.ndarray]) -> list[Place]:
-        store = ModelStore.of(job.config, self.run_dir)
+        store = ModelStore.of(job.config, self.shared_root)
         if store is None:
             return []
         places = await asyncio.to_thread(_versions, store, drop)
@@ -372,13 +371,13 @@ def _require_ended(job: JobRecord) -> None:
         )
 
 
-def linked_jobs(records: list[JobRecord], origin: JobRecord, run_dir: Path) -> dict[str, str]:
+def linked_jobs(records: list[JobRecord], origin: JobRecord, shared_root: str) -> dict[str, str]:
     """The jobs a forget of `origin` must reach too, by id, each with why: those warm-started from
     it (`init_from`, and from those in turn: their tables began as its rows), and those publishing
     the model it publishes (one's versions hold the other's rows, and a running one would publish
     them again), and so on from each job reached."""
     why: dict[str, str] = {}
-    models = {r.id: ModelStore.key(r.config, run_dir) for r in [origin, *records]}
+    models = {r.id: ModelStore.key(r.config, shared_root) for r in [origin, *records]}
     reached, queue = {origin.id}, [origin]
     while queue:
         job = queue.pop(0)
@@ -405,8 +404,8 @@ def table_ids(job: JobRecord, table: str, values: list[str]) -> np.ndarray:
     return np.unique(np.concatenate(hashed))
 
 
-def _checkpoints(job: JobRecord, run_dir: Path, drop: dict[str, np.ndarray]) -> list[Place]:
-    checkpoints = JobCheckpoints.of(job.config, job.id, run_dir)
+def _checkpoints(job: JobRecord, shared_root: str, drop: dict[str, np.ndarray]) -> list[Place]:
+    checkpoints = JobCheckpoints.of(job.config, job.id, shared_root)
     if checkpoints is None:
         return []
     places = []

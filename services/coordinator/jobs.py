@@ -24,7 +24,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
@@ -45,7 +44,7 @@ from trillium.job.record import (
     extend_lineage,
     fresh_lineage,
 )
-from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest, live_head, timeline
+from trillium.runtime.checkpoint import CorruptCheckpoint, JobCheckpoints, Manifest, default_dir, live_head, timeline
 from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.runtime.progress import JobProgress
 from trillium.wire import kafka, state
@@ -102,9 +101,9 @@ def _either(states: frozenset[str]) -> str:
 
 
 class JobStore:
-    def __init__(self, redis: state.aioredis.Redis, run_dir: Path, kafka_conn: KafkaConnection) -> None:
+    def __init__(self, redis: state.aioredis.Redis, shared_root: str, kafka_conn: KafkaConnection) -> None:
         self.redis = redis
-        self.run_dir = run_dir
+        self.shared_root = shared_root  # the stack's (trillium.config.ServiceSettings.shared_root)
         self.kafka = kafka_conn
         self._current = state.CURRENT_JOB
         self._ids = state.JOBS
@@ -116,14 +115,14 @@ class JobStore:
         # Held while a checkpoint is deleted and while an attempt starts from one: a delete sees
         # the attempt restoring it (the record says `recovering`), or the attempt sees it gone.
         self.checkpoint_files = asyncio.Lock()
-        self.unexplained_since: dict[tuple[str, int], float] = {}  # (job, attempt) -> a failure first seen
+        self.unexplained_since: dict[tuple[str, int], float] = {}  # (job, attempt) -> a failure first seen (monotonic)
 
     @staticmethod
     def _key(job_id: str) -> str:
         return state.job_key(job_id, "record")
 
     def checkpoints(self, job: JobRecord) -> JobCheckpoints | None:
-        return JobCheckpoints.of(job.config, job.id, self.run_dir)
+        return JobCheckpoints.of(job.config, job.id, self.shared_root)
 
     async def kafka_answers(self) -> bool:
         """Whether the cluster answers a metadata request now."""
@@ -174,7 +173,7 @@ class JobStore:
         if init is None:
             return None
         base = init.dir or (config.checkpoint.dir if config.checkpoint and config.checkpoint.dir else None)
-        store = JobCheckpoints(base or str(self.run_dir / "checkpoints"), init.job)
+        store = JobCheckpoints(base or default_dir(self.shared_root), init.job)
         manifests, refused = store.scan()
         complete = {m.step: m for m in manifests}
         if not complete:
@@ -454,7 +453,7 @@ class JobStore:
         await kafka.ensure_topics(self.kafka, topics, JOB_TOPIC_CONFIGS)
         if job.topics.dlq is not None:
             await kafka.ensure_topics(self.kafka, {job.topics.dlq: 1}, DLQ_TOPIC_CONFIGS)
-        models = ModelStore.of(job.config, self.run_dir)
+        models = ModelStore.of(job.config, self.shared_root)
         if models is not None:  # the model's notices: they only say what the store holds, a day of them
             await kafka.ensure_topics(
                 self.kafka, {model_topic(models.model): 1}, {"retention.ms": str(24 * 3600 * 1000)}
@@ -543,3 +542,12 @@ class JobStore:
 
         job = await self.update(job_id, ask)
         return CheckpointRequested(job_id=job_id, seq=job.checkpoint_seq, requested_at=job.updated_at)
+
+    async def set_bound(self, job_id: str, bound: int | None) -> JobRecord:
+        """Change an active job's live staleness bound; the embedding workers apply it to their next
+        lookup. Returns the job as it is."""
+        job = await self.require(job_id)
+        if job.state not in ACTIVE - {"stopping"}:
+            raise IllegalTransition(f"job {job_id} is {job.state}; its staleness bound can no longer change")
+        await JobProgress(self.redis, job_id).set_bound(bound)
+        return job

@@ -73,8 +73,8 @@ async def _advance(
     if job.state in ("starting", "running", "paused", "recovering") and (failed or lost):
         if not failure_explained(failed, lost, workers):
             # gRPC hid the status: wait for the restarted process's report, or a caller's naming it.
-            since = store.unexplained_since.setdefault((job.id, job.attempt), time.time())
-            if time.time() - since < FAILURE_SETTLE_S:
+            since = store.unexplained_since.setdefault((job.id, job.attempt), time.monotonic())
+            if time.monotonic() - since < FAILURE_SETTLE_S:
                 return
         store.unexplained_since.pop((job.id, job.attempt), None)
         final = [f"{w.name}: {w.job_error()}" for w in involved if w.job_final(job.id, job.attempt)]

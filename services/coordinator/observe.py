@@ -15,11 +15,11 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import Gauge
-from pydantic import BaseModel, Field
 
 from trillium.config import GrpcCredentials, KafkaConnection
 from trillium.job.record import JobRecord
 from trillium.runtime.progress import JobProgress
+from trillium.timeouts import OBSERVE_CALL_S
 from trillium.train import progressive_validation
 from trillium.wire import kafka, rpc
 from trillium.wire.pb import embedding_pb2 as pb
@@ -27,6 +27,7 @@ from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
 from trillium.wire.state import aioredis
 
 from .registry import WorkerRegistry
+from .views import InputView, ProgressiveView, ShardTables, StreamView, TableStats, TablesView, WindowView
 
 logger = logging.getLogger("trillium.coordinator.observe")
 
@@ -99,95 +100,10 @@ GAUGES = (
 # (trillium.runtime.progress.JobProgress.append_series): enough for a plot of the whole job.
 SERIES_POINTS = 2_000
 
-STAT_FIELDS = tuple(f.name for f in pb.TableStats.DESCRIPTOR.fields if f.name != "table")  # TableStats below
+STAT_FIELDS = tuple(f.name for f in pb.TableStats.DESCRIPTOR.fields if f.name != "table")  # views.TableStats's fields
 # Throughput is measured over this window: long enough to smooth steps, short enough that
 # a pause shows as 0 within seconds.
 RATE_WINDOW_S = 5.0
-
-
-class TableStats(BaseModel):
-    rows: int = 0
-    memory_bytes: int = 0
-    admitted: int = 0
-    evicted: int = 0
-    expired: int = 0
-    nan_grads_skipped: int = 0
-    # The disk tier (tables.X.memory_budget_gb): rows in RAM, rows and bytes on disk, looked-up
-    # ids read back from disk. Without one, every row is resident and the rest is 0.
-    resident_rows: int = 0
-    disk_rows: int = 0
-    disk_bytes: int = 0
-    disk_lookup_hits: int = 0
-    lookups: int = 0
-
-
-class ShardTables(BaseModel):
-    shard: int
-    grpc_address: str
-    tables: dict[str, TableStats]
-
-
-class TablesView(BaseModel):
-    job_id: str
-    tables: dict[str, TableStats]  # summed over the shards
-    shards: list[ShardTables]
-
-
-class WindowView(BaseModel):
-    start: float = Field(description="event time (UNIX seconds) the window starts at")
-    samples: int
-    auc: float | None
-    logloss: float | None
-
-
-class ProgressiveView(BaseModel):
-    """Progressive validation: every sample scored before it was trained on."""
-
-    samples: int = Field(description="the latest samples the rolling metrics are over")
-    scored: int = Field(description="samples scored so far, all ranks")
-    auc: float | None
-    gauc: float | None = Field(
-        None, description="grouped AUC (evaluation.group_by), each rank's share ranked on its own; null without"
-    )
-    logloss: float | None
-    windows: list[WindowView] = Field(description="per window of event time (training.progressive_window_seconds)")
-    delay_seconds: dict[str, float] | None = Field(
-        description="p50 and p99 of the time from a click's event time to its sample trained"
-    )
-    tasks: dict[str, dict[str, float | int | None]] | None = Field(
-        None,
-        description="a multi-task job's, per task over the samples labelled for it: samples, scored and "
-        "auc, gauc, logloss (binary) or mse, mae (regression); the top level is the first binary task's",
-    )
-
-
-class InputView(BaseModel):
-    topic: str
-    partition: int
-    lag_messages: int
-    lag_seconds: float | None = Field(description="now less the event time of the last message read")
-
-
-class StreamView(BaseModel):
-    """A stream's input as its data loaders see it."""
-
-    inputs: list[InputView]
-    dead_letters: dict[str, int] = Field(description="messages sent to the dead-letter topic, by reason")
-    skipped: dict[str, int] = Field(
-        default_factory=dict,
-        description="input records gone before they were read and skipped (data.on_gap: skip), by topic/partition",
-    )
-    joined: dict[str, int] = Field(
-        description="the joiner's counts: impressions, labels, positives, negatives, "
-        "late labels, corrections, closed early, unmatched, duplicates (a multi-task job's join: "
-        "impressions, samples, closed early, dropped early, duplicate impressions)"
-    )
-    joined_tasks: dict[str, dict[str, int]] = Field(
-        default_factory=dict,
-        description="a multi-task job's join, each task's counts of its labels: labels, in_sample, "
-        "corrections, late_labels, unmatched_labels, duplicate_labels",
-    )
-    events: dict[str, int]
 
 
 async def progressive_view(redis: aioredis.Redis, job: JobRecord) -> ProgressiveView:
@@ -275,7 +191,7 @@ async def job_tables(
 
 async def _shard_stats(address: str, creds: GrpcCredentials) -> pb.ShardStatsResponse:
     async with rpc.channel(address, creds) as channel:
-        return await pb_grpc.EmbeddingParameterServerStub(channel).Stats(pb.ShardStatsRequest(), timeout=5.0)
+        return await pb_grpc.EmbeddingParameterServerStub(channel).Stats(pb.ShardStatsRequest(), timeout=OBSERVE_CALL_S)
 
 
 class KafkaLag:
@@ -288,11 +204,11 @@ class KafkaLag:
 
     async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
         if self._admin is None:
-            admin = kafka.admin(self.conn, request_timeout_ms=5000)
+            admin = kafka.admin(self.conn, request_timeout_ms=int(OBSERVE_CALL_S * 1000))
             await admin.start()
             self._admin = admin
         if self._offsets is None:
-            offsets = kafka.consumer(self.conn, group_id=None, request_timeout_ms=5000)
+            offsets = kafka.consumer(self.conn, group_id=None, request_timeout_ms=int(OBSERVE_CALL_S * 1000))
             await offsets.start()
             self._offsets = offsets
         return self._admin, self._offsets

@@ -28,7 +28,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,6 +52,7 @@ from trillium.wire import kafka, state
 
 from .jobs import JobStore
 from .registry import Worker, WorkerRegistry
+from .views import ModelEntry
 
 logger = logging.getLogger("trillium.coordinator.publish")
 
@@ -85,13 +85,13 @@ class Publisher:
         jobs: JobStore,
         registry: WorkerRegistry,
         kafka_conn: KafkaConnection,
-        run_dir: Path,
+        shared_root: str,
         http: httpx.AsyncClient,
     ) -> None:
         self.jobs = jobs
         self.registry = registry
         self.kafka = kafka_conn
-        self.run_dir = run_dir
+        self.shared_root = shared_root
         self.http = http  # the workers' HTTP ports: the token on every call, TLS checked when set
         self._producer = None
         self._attempts: dict[tuple[str, int], _Job] = {}
@@ -115,11 +115,16 @@ class Publisher:
         held = self._attempts.get((job.id, job.attempt))
         return list(held.failures) if held is not None else []
 
+    async def models(self) -> list[ModelEntry]:
+        """Every model published, by name, as `_announce` records it in the model registry."""
+        entries = await self.jobs.redis.hgetall(state.MODELS)
+        return [ModelEntry(model=name, **json.loads(entry)) for name, entry in sorted(entries.items())]
+
     # ---- the loop --------------------------------------------------------------------------------
     async def tick(self, job: JobRecord | None) -> None:
         if job is None or job.config.publish is None or job.state not in ("running", "paused", "stopping"):
             return
-        store = ModelStore.of(job.config, self.run_dir)
+        store = ModelStore.of(job.config, self.shared_root)
         assert store is not None
         held = self._attempts.setdefault((job.id, job.attempt), _Job(due=time.monotonic()))
         every = job.config.publish.every_seconds

@@ -122,7 +122,12 @@ class WorkerRegistry:
         # Heartbeats are heard only while this process runs and reaches Redis, where it records
         # them: silence during a coordinator restart, or while Redis was out of its reach (a read
         # that failed, or took longer than a heartbeat interval), is not the workers' fault.
-        self.listening_since = time.time()
+        # Liveness runs on this process's monotonic clock: a wall clock set back by X would hide
+        # every loss for X, one set forward would lose every worker at once. The wall-clock
+        # `last_heartbeat` in Redis is for people and for a restarted coordinator's first reads.
+        self.listening_since = time.monotonic()
+        self._heard: dict[str, float] = {}  # name -> when this process last recorded its heartbeat
+        self._seen: dict[str, float] = {}  # name -> when this process first read a record it had not heard
         self._deaf = False
         # When each read now waiting on Redis began: a read answered at once just after Redis
         # came back must not judge silence before the slow ones that span the gap return.
@@ -142,7 +147,25 @@ class WorkerRegistry:
         return cached[1].model_copy()
 
     def _lost(self, worker: Worker, now: float) -> bool:
-        return now - max(worker.last_heartbeat, self.listening_since) > self.lost_after_s
+        """Whether `worker` has been silent for a loss's worth of listening, by the monotonic `now`.
+        A record this process has not heard of (registered before it started, or read while its
+        deregistration and a new registration cross) counts its silence from its first sight."""
+        since = self._heard.get(worker.name)
+        if since is None:
+            since = self._seen.setdefault(worker.name, now)
+        return now - max(since, self.listening_since) > self.lost_after_s
+
+    def _hear(self, name: str) -> None:
+        self._heard[name] = time.monotonic()
+        self._seen.pop(name, None)
+
+    def _silent_s(self, previous: Worker) -> float:
+        """How long the stored holder `previous` has been silent: by this process's own record of
+        its heartbeats, or, for one not heard since this process started, by the stored wall clock."""
+        heard = self._heard.get(previous.name)
+        if heard is not None:
+            return time.monotonic() - heard
+        return time.time() - previous.last_heartbeat
 
     async def register(self, reg: WorkerRegistration) -> Worker:
         """Record `reg`, replacing the name's earlier holder: the same process, its restart on the
@@ -152,24 +175,25 @@ class WorkerRegistry:
         over, is fenced out so. Silence here is the holder's own, however briefly this process
         has listened: a restarted coordinator lets a moved worker (a pod with a new address)
         take its name over at once rather than after a loss's worth of listening."""
-        now = time.time()
         raw = await self.redis.hget(self._key, reg.name)
         previous = Worker.model_validate_json(raw) if raw else None
         if (
             previous is not None
             and previous.pid != reg.pid
             and _host(previous.http_url) != _host(reg.http_url)
-            and now - previous.last_heartbeat <= self.lost_after_s
+            and (silent := self._silent_s(previous)) <= self.lost_after_s
         ):
             raise Replaced(
                 f"{reg.name} is held by pid {previous.pid} at {previous.http_url}, heard from "
-                f"{now - previous.last_heartbeat:.0f} s ago: this process ({reg.http_url}) was replaced"
+                f"{silent:.0f} s ago: this process ({reg.http_url}) was replaced"
             )
         # The same process registering again (the coordinator restarted) keeps its job report,
         # so the job state machine does not read its silence as "no phase".
         health = previous.health if previous is not None and previous.pid == reg.pid else {}
+        now = time.time()
         worker = Worker(**reg.model_dump(), registered_at=now, last_heartbeat=now, health=health)
         await self.redis.hset(self._key, reg.name, worker.model_dump_json())
+        self._hear(reg.name)
         return worker
 
     async def heartbeat(self, name: str, health: dict[str, Any]) -> Worker | None:
@@ -184,16 +208,19 @@ class WorkerRegistry:
         worker.last_heartbeat = time.time()
         worker.health = health
         await self.redis.hset(self._key, name, worker.model_dump_json())
+        self._hear(name)
         return worker
 
     async def deregister(self, name: str) -> bool:
+        self._heard.pop(name, None)
+        self._seen.pop(name, None)
         return bool(await self.redis.hdel(self._key, name))
 
     async def _read(self, command: Awaitable[Any]) -> tuple[Any, float]:
         """`command`'s answer, and when it came. Any read that failed, or that waited (or that
         sees another still waiting) longer than a heartbeat interval, means Redis was out of
         reach: heartbeats were not being recorded, so workers' silence counts from now."""
-        asked = time.time()
+        asked = time.monotonic()
         read = next(self._reads)
         self._asking[read] = asked
         try:
@@ -203,7 +230,7 @@ class WorkerRegistry:
             raise
         finally:
             del self._asking[read]
-        now = time.time()
+        now = time.monotonic()
         waited = now - min([asked, *self._asking.values()])
         if self._deaf or waited > self.heartbeat_s:
             if now - self.listening_since > self.lost_after_s:
@@ -227,6 +254,9 @@ class WorkerRegistry:
         raw, now = await self._read(self.redis.hgetall(self._key))
         for gone in self._parsed.keys() - raw.keys():
             del self._parsed[gone]
+        for known in (self._heard, self._seen):
+            for gone in known.keys() - raw.keys():
+                del known[gone]
         workers = []
         for name, value in raw.items():
             worker = self._parse(name, value)

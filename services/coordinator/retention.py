@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
 from trillium.job.record import JobRecord
 from trillium.runtime.checkpoint import Manifest
+from trillium.timeouts import KAFKA_TRIM_S
 from trillium.wire import kafka
 from trillium.wire.kafka import KafkaConnection
 
@@ -39,7 +40,7 @@ class TopicRetention:
 
     async def _client(self) -> AIOKafkaAdminClient:
         if self._admin is None:
-            admin = kafka.admin(self.conn, request_timeout_ms=10_000)
+            admin = kafka.admin(self.conn, request_timeout_ms=int(KAFKA_TRIM_S * 1000))
             await admin.start()
             self._admin = admin
         return self._admin

@@ -27,7 +27,6 @@ from .lifecycle import advance
 from .observe import Observer
 from .publish import Publisher
 from .registry import WorkerRegistry
-from .registry_api import add_registry_routes
 from .retention import TopicRetention
 
 logger = logging.getLogger("trillium.coordinator")
@@ -47,7 +46,6 @@ class Coordinator(Service):
         )
         app.add_middleware(BodyLimit)
         add_api(app, self)
-        add_registry_routes(app, self)
 
     async def _every(self, period_s: float, what: str, tick: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -61,7 +59,7 @@ class Coordinator(Service):
         await state.wait_for_redis(self.settings.redis_url)
         self.redis = state.connect(self.settings.redis_url)
         self.registry = WorkerRegistry(self.redis, self.settings.heartbeat_s)
-        self.jobs = JobStore(self.redis, self.settings.run_dir, self.settings.kafka)
+        self.jobs = JobStore(self.redis, self.settings.shared_root, self.settings.kafka)
         self.retention = TopicRetention(self.settings.kafka)
         calls = self.settings.http_client
         self.checkpointer = Checkpointer(
@@ -71,14 +69,14 @@ class Coordinator(Service):
             self.jobs,
             self.registry,
             self.settings.kafka,
-            self.settings.run_dir,
+            self.settings.shared_root,
             calls(httpx.Timeout(60.0, connect=5.0)),
         )
         self.forgetter = Forgetter(
             self.jobs,
             self.registry,
             self.settings.kafka,
-            self.settings.run_dir,
+            self.settings.shared_root,
             calls(httpx.Timeout(300.0, connect=5.0)),
         )
         self.observer = Observer(self.redis, self.registry, self.settings.kafka, self.settings.grpc, OBSERVE_TICK_S)

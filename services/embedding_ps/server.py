@@ -52,6 +52,7 @@ from trillium.runtime.native_metrics import Counts, NativeHistograms
 from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress
 from trillium.runtime.service import Service
+from trillium.timeouts import KAFKA_TRIM_S
 from trillium.wire import codec, kafka, rpc, state
 from trillium.wire.kafka import KafkaConnection
 from trillium.wire.pb import embedding_pb2 as pb
@@ -252,7 +253,7 @@ class EmbeddingPS(Service):
         self._applied = {rank: last_step for rank in range(ranks)}
         self._captures = {}
         self._marks = {}
-        models = ModelStore.of(config, self.settings.run_dir)
+        models = ModelStore.of(config, self.settings.shared_root)
         self._exporter = Exporter(shard, models, self.report_model_part) if models is not None else None
         self.serve(store, job)
         progress = JobProgress(self.redis, job.id, job.attempt)
@@ -488,7 +489,7 @@ class _AppliedTrim:
         self._next = now + TRIM_APPLIED_SECONDS
         try:
             if self._admin is None:
-                self._admin = kafka.admin(self.conn, request_timeout_ms=10_000)
+                self._admin = kafka.admin(self.conn, request_timeout_ms=int(KAFKA_TRIM_S * 1000))
                 await self._admin.start()
             await self._admin.delete_records({self.partition: RecordsToDelete(before_offset=position)})
         except Exception as err:  # noqa: BLE001 (a broker away now: the next try deletes these too)

@@ -48,9 +48,11 @@ class RankState:
         self.loss_sum += result.loss_sum
         samples = result.control.samples
         if samples:  # not an idle stream's tick
-            self.losses.append(result.loss_sum / samples)
+            # The whole step's mean, every rank's batch in it: this rank's own sum over the step's
+            # count would read 1/R of the loss, and jump on a step where the others had none.
+            self.losses.append(sum(result.step_loss_sums) / samples)
             if multitask:
-                self.task_losses.append([x / samples for x in result.task_loss_sums])
+                self.task_losses.append([x / samples for x in result.step_loss_sums])
         if self.epochs is None:
             del self.losses[:-STREAM_LOSSES]
             del self.task_losses[:-STREAM_LOSSES]

@@ -51,6 +51,7 @@ from trillium.runtime.process import run_service
 from trillium.runtime.progress import JobProgress, StalenessCounts, StepTiming
 from trillium.runtime.service import Service, describe_error
 from trillium.runtime.storage import StorageDir
+from trillium.timeouts import COLLECTIVE_S
 from trillium.train import progressive_validation
 from trillium.wire import codec, rpc, state
 from trillium.wire.pb import embedding_pb2 as pb
@@ -71,7 +72,7 @@ PROGRESS_EVERY_S = 0.25  # how often a rank tells Redis its totals (the job view
 FINAL_REPORT_S = 2.0  # how long a rank cancelled (stopped) waits to report its last progress
 HOLD_TIMEOUT_S = 300.0  # a cut nobody releases (the coordinator is gone for good) is given up
 DELAYS_REPORTED = 1000  # the latest event-to-trained delays a rank reports
-COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+COLLECTIVE_TIMEOUT = timedelta(seconds=COLLECTIVE_S)
 
 
 @dataclass
@@ -471,7 +472,7 @@ class NNWorker(Service):
         """Where the files of the model version cut after `step` go."""
         job = self.job
         assert job is not None
-        store = ModelStore.of(job.config, self.settings.run_dir)
+        store = ModelStore.of(job.config, self.settings.shared_root)
         assert store is not None
         return store.parts(parts_name(job.id, job.attempt, step))
 

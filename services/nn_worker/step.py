@@ -12,9 +12,11 @@ mean loss over the whole step. The embedding gradients are divided by the same S
 this is plain mean-loss SGD, which the golden test compares against a single-process reference.
 
 Control words ride on that all-reduce: each rank's batch size, whether it has heard the job is
-paused, and the newest checkpoint and model version requests it has heard of. Every rank reads
-the same sums after the step, so all agree, at no collective of their own, on the step's sample
-count, on holding or cutting before the next step, and on publishing a version cut after it. Only while holding do the ranks all-reduce control words alone.
+paused, and the newest checkpoint and model version requests it has heard of; after them, its
+batch's loss sum of each task. Every rank reads the same sums after the step, so all agree, at no
+collective of their own, on the step's sample count, on holding or cutting before the next step,
+and on publishing a version cut after it, and every rank reports the whole step's mean loss.
+Only while holding do the ranks all-reduce control words alone.
 
 Every call into torch runs on the rank's one torch thread (`Trainer.thread`): collectives are
 issued in one order, and the thread's current CUDA device is this rank's.
@@ -38,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from trillium.models import Objective, SlotTensors, logits
+from trillium.timeouts import RANK_FINISH_S
 from trillium.wire.batch import Batch
 
 from .embeddings import SlotEmbeddings
@@ -45,10 +48,11 @@ from .embeddings import SlotEmbeddings
 logger = logging.getLogger("trillium.nn_worker")
 
 ENV_DEVICE = "TRILLIUM_DEVICE"  # cpu, cuda or cuda:N: overrides the automatic choice
-FINISH_TIMEOUT = timedelta(seconds=60)  # the ranks end a job within this of each other
+FINISH_TIMEOUT = timedelta(seconds=RANK_FINISH_S)
 
 # A rank's control words: its batch size, paused, the checkpoint and the model version requests
 # it has heard of. They travel in the gradients' dtype: exact integers below 2**24 in float32.
+# In a step, each task's loss sum follows them in the rank's row (a float, for the step's mean).
 WORDS = 4
 
 
@@ -96,7 +100,7 @@ class Control:
 
     @classmethod
     def of(cls, table: torch.Tensor) -> Control:
-        """From the all-reduced [R, WORDS] table whose row r was rank r's words (the others' zeros)."""
+        """From the all-reduced table whose row r was rank r's words (the others' zeros), first WORDS columns."""
         words = table.to(torch.int64)
         return cls(
             samples=int(words[:, 0].sum()),
@@ -113,6 +117,7 @@ class StepResult:
     probs: np.ndarray  # the batch's scores before the update (`Objective.scores`): its progressive validation
     control: Control  # the step's agreement
     task_loss_sums: list[float]  # each task's part of `loss_sum`, in task order
+    step_loss_sums: list[float]  # each task's loss summed over the whole step: every rank's batch
 
 
 class HostStaging:
@@ -208,8 +213,9 @@ class Trainer:
         odd = {p.dtype for p in self.model.parameters() if p.requires_grad} - {torch.float32, torch.float64}
         if odd:  # the control words travel in the gradients' dtype, and must stay exact integers
             raise ValueError(f"the model's trained parameters must be float32 or float64, not {sorted(map(str, odd))}")
-        self._words: torch.Tensor | None = None  # this step's [R * WORDS] control words (row `rank` ours)
-        self._agreed: torch.Tensor | None = None  # their all-reduced [R, WORDS] table
+        self._columns = WORDS + len(self.objective.tasks)  # the control words, then each task's loss sum
+        self._words: torch.Tensor | None = None  # this step's [R * columns] control words (row `rank` ours)
+        self._agreed: torch.Tensor | None = None  # their all-reduced [R, columns] table
         self._samples: torch.Tensor | None = None  # the step's sample count (at least 1), on the device
         # The hook's state lives in DDP's C++ reducer, where Python's GC cannot see it: the Trainer
         # itself there would make a cycle (Trainer -> DDP -> reducer -> Trainer) never collected,
@@ -239,6 +245,12 @@ class Trainer:
         out = self._forward(self.ddp, dense, embs)
         task_sums = self.objective.loss_sums(out, labels)
         loss_sum = task_sums.sum()
+        # The loss sums join the words in a table of their own: writing into the staged inputs
+        # would change tensors that autograd saved for the backward.
+        assert self._words is not None
+        losses = self._words.new_zeros((self.world, len(task_sums)))
+        losses[self.rank] = task_sums.detach()
+        self._words = torch.cat([self._words.view(self.world, WORDS), losses], 1).ravel()
         self.optimizer.zero_grad(set_to_none=True)
         self._agreed = None
         loss_sum.backward()  # the hook has all-reduced the gradients and the words once it returns
@@ -261,6 +273,7 @@ class Trainer:
             probs.numpy(),
             Control.of(table),
             tasks.tolist(),
+            table[:, WORDS:].sum(0).tolist(),
         )
 
     def _reduce(self, bucket):  # a dist.GradBucket -> a Future of a tensor (DDP refuses string annotations)
@@ -279,7 +292,7 @@ class Trainer:
         def finish(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out, me = done.value()[0], trainer()
             assert me is not None, "the step that waits for its gradients holds its trainer"
-            me._agreed = out[grads.numel() :].view(me.world, WORDS)
+            me._agreed = out[grads.numel() :].view(me.world, me._columns)
             me._samples = me._agreed[:, 0].sum().clamp(min=1)
             return out[: grads.numel()].div_(me._samples)
 

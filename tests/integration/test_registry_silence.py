@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from urllib.parse import urlsplit
 
 import pytest
 
+from trillium.services.coordinator import registry as registry_module
 from trillium.services.coordinator.registry import Replaced, WorkerRegistration, WorkerRegistry
 from trillium.wire import state
 
@@ -109,8 +111,73 @@ async def test_a_restarted_coordinator_lets_a_moved_worker_take_a_silent_name_ov
         with pytest.raises(Replaced):  # the holder was heard from just now: a partitioned original is fenced
             await restarted.register(moved)
         await asyncio.sleep(restarted.lost_after_s + 0.2)  # the holder silent for a loss's worth
-        worker = await WorkerRegistry(redis, HEARTBEAT_S).register(moved)
+        again = WorkerRegistry(redis, HEARTBEAT_S)  # restarted once more, its state machine reading first
+        assert [w.name for w in await again.workers()] == ["embedding_ps-1"]
+        worker = await again.register(moved)  # at once: first sight of a record is no heartbeat heard
         assert worker.http_url == "http://10.0.0.9:8080" and worker.pid == 8
+    finally:
+        await redis.flushdb()
+        await redis.aclose()
+
+
+class _ShiftedClock:
+    """The `time` module as the registry sees it, with the wall clock moved by `shift_s`: a clock
+    jump on the coordinator's host (NTP stepping it, an operator's `date -s`)."""
+
+    def __init__(self) -> None:
+        self.shift_s = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.shift_s
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def strftime(self, fmt: str, t: time.struct_time) -> str:
+        return time.strftime(fmt, t)
+
+    def gmtime(self, seconds: float) -> time.struct_time:
+        return time.gmtime(seconds)
+
+
+@pytest.mark.parametrize("jump_s", [-600.0, 600.0])
+async def test_a_wall_clock_jump_neither_hides_a_loss_nor_makes_one(infra, monkeypatch, jump_s) -> None:
+    """Set back, the wall clock would make a silent worker look heard from for 10 minutes; set
+    forward, every worker would look silent for 10 minutes at once. Liveness keeps to the
+    coordinator's monotonic clock, so neither happens."""
+    clock = _ShiftedClock()
+    monkeypatch.setattr(registry_module, "time", clock)
+    redis = state.connect(infra.redis_database(10))
+    try:
+        await redis.flushdb()
+        registry = WorkerRegistry(redis, HEARTBEAT_S)
+        reg = WorkerRegistration(name="embedding_ps-0", role="embedding_ps", index=0, http_url="http://x", pid=1)
+        await registry.register(reg)
+        clock.shift_s = jump_s
+        await registry.heartbeat(reg.name, {"pid": 1, "status": "ok"})
+        clock.shift_s = -jump_s  # and back past where it was, as a stepped clock overshoots
+        assert [w.status for w in await registry.workers()] == ["healthy"], "a worker heard from just now was lost"
+        await asyncio.sleep(registry.lost_after_s + 0.5)  # then silence for longer than the bound
+        assert [w.status for w in await registry.workers()] == ["lost"], "the clock jump hid the worker's loss"
+    finally:
+        await redis.flushdb()
+        await redis.aclose()
+
+
+async def test_a_worker_this_coordinator_never_heard_is_not_lost_at_first_sight(infra) -> None:
+    """A record read before this process heard of its worker (another coordinator process wrote
+    it; a deregistration crossing a new registration leaves one so) counts its silence from its
+    first sight, however long this process has listened: not from when it started."""
+    redis = state.connect(infra.redis_database(10))
+    try:
+        await redis.flushdb()
+        listening = WorkerRegistry(redis, HEARTBEAT_S)
+        await asyncio.sleep(listening.lost_after_s + 0.5)  # listening for longer than a loss
+        reg = WorkerRegistration(name="nn_worker-0", role="nn_worker", index=0, http_url="http://x", pid=9)
+        await WorkerRegistry(redis, HEARTBEAT_S).register(reg)  # written by another process
+        assert [w.status for w in await listening.workers()] == ["starting"], "lost at first sight"
+        await asyncio.sleep(listening.lost_after_s + 0.5)
+        assert [w.status for w in await listening.workers()] == ["lost"], "silence after first sight not counted"
     finally:
         await redis.flushdb()
         await redis.aclose()

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from nn_step_shapes import NUM_DENSE, SHAPES
 from rank_processes import rank_processes, run_ranks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -26,15 +27,7 @@ from trillium.services.nn_worker.embeddings import SlotEmbeddings
 from trillium.services.nn_worker.step import Control, Trainer
 from trillium.wire.batch import Batch, KeyedIds
 
-NUM_DENSE = 3
-SHAPES = [(4,), (4,), (3, 4)]  # two pooled slots and a sequence slot of max_len 3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group(tmp_path_factory):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # conftest.py's 1-rank gloo group, for every test
 
 
 def batch_of(dense: np.ndarray, labels: np.ndarray, shapes=SHAPES) -> Batch:
@@ -165,6 +158,7 @@ def _rank_step(rank: int, store: str, batches, embeddings, results) -> None:
             (
                 rank,
                 result.loss_sum,
+                result.step_loss_sums,
                 result.grads.slots(),
                 result.control,
                 held,
@@ -187,7 +181,8 @@ def test_two_ranks_step_as_one_process_over_both_batches_and_agree_on_the_contro
     want_loss, want_grads, _ = plain_step(plain, optimizer, both, joined)
     assert got[0][0] + got[1][0] == pytest.approx(want_loss, rel=1e-6)
     for rank, rows in ((0, slice(0, 24)), (1, slice(24, 64))):
-        loss, grads, control, held, params = got[rank]
+        _, step_loss_sums, grads, control, held, params = got[rank]
+        assert sum(step_loss_sums) == pytest.approx(want_loss, rel=1e-6)  # each rank knows the whole step's loss
         assert control == Control(samples=64, paused=True, seq=4, publish=7)  # a sum, any, maxima over the ranks
         assert held == Control(samples=0, paused=True, seq=1, publish=2)
         for g, w in zip(grads, want_grads, strict=True):

@@ -37,8 +37,8 @@ def test_the_plot_shows_each_tasks_curve_and_test_auc(tmp_path: Path, tasks: lis
     loss_labels = loss_ax.get_legend_handles_labels()[1]
     auc_labels = auc_ax.get_legend_handles_labels()[1]
     if len(tasks) == 1:
-        assert loss_labels == ["step loss (rank 0)"] and auc_labels == ["test AUC 0.7000"]
+        assert loss_labels == ["step loss"] and auc_labels == ["test AUC 0.7000"]
     else:
-        assert loss_labels == ["step loss (rank 0)"] + [f"{t} (weighted)" for t in tasks]
+        assert loss_labels == ["step loss"] + [f"{t} (weighted)" for t in tasks]
         assert auc_labels == ["click test AUC 0.7000", "watch_time test AUC 0.6900", "conversion test AUC 0.6800"]
         assert auc_ax.get_title() == "progressive AUC of click (last 1,000 samples)"

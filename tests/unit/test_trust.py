@@ -15,6 +15,8 @@ from trillium.data.sources.files import COLUMN_SHOWN, COLUMNS_SHOWN, column_list
 from trillium.job import JobConfig, ModelSpec
 from trillium.job.trust import ENV_ALLOWED_PATHS, ENV_MODEL_MODULES, PathRoots, check_model_module
 from trillium.models import load_model
+from trillium.runtime.checkpoint import JobCheckpoints
+from trillium.runtime.model_store import ModelStore
 from trillium.services.data_loader.server import _confine
 from trillium.stack.procs import SAFE_IMPORTS
 
@@ -73,6 +75,24 @@ def test_an_object_store_root_is_a_url_prefix(tmp_path, monkeypatch) -> None:
     assert not roots.allows("s3://trillium/jobs/../other")
     assert not roots.allows("gs://trillium/jobs/models")
     assert roots.allows(str(tmp_path / "spill"))
+
+
+def test_the_shared_dir_is_where_state_goes_by_default_and_always_allowed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(ENV_ALLOWED_PATHS, "/data")
+    roots = PathRoots.from_env(tmp_path / "run", "s3://trillium/stack")
+    assert roots.roots == ("/data", "s3://trillium/stack")
+    assert roots.allows("s3://trillium/stack/checkpoints") and not roots.allows(str(tmp_path / "run"))
+    job = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
+    job["checkpoint"] = {"every_steps": 2}
+    job["publish"] = {}
+    config = JobConfig.model_validate(job)
+    assert (
+        JobCheckpoints.of(config, "tiny-1", "s3://trillium/stack").location(4)
+        == "s3://trillium/stack/checkpoints/tiny-1/4"
+    )
+    assert ModelStore.key(config, "s3://trillium/stack") == ("s3://trillium/stack/models", config.name)
+    run_dir = tmp_path / "run"
+    assert JobCheckpoints.of(config, "tiny-1", run_dir).location(4) == f"{run_dir}/checkpoints/tiny-1/4"
 
 
 def _file_job(train, test=None) -> JobConfig:

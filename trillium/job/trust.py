@@ -13,7 +13,8 @@ model), not from the job:
 - `TRILLIUM_ALLOWED_PATHS`: the roots, comma-separated, under which a job may read its data
   (`data.train`, `data.test`) and keep its state (`checkpoint.dir`, `publish.dir`,
   `init_from.dir` and each table's `disk`); default: the run directory (the local launcher adds
-  the shipped examples and what `trillium up --allow-path` names). A root is a directory or a URL
+  the shipped examples and what `trillium up --allow-path` names). The stack's shared directory
+  (`TRILLIUM_SHARED_DIR`, where jobs keep state by default) is always one of them. A root is a directory or a URL
   prefix (`s3://bucket/prefix`); a path is inside one after `..` and symbolic links are resolved,
   and a data glob's every match is checked again where it is read (`check_files`): a link under a
   root that leads out of it is refused there. A URL's scheme must be an object store's
@@ -66,8 +67,9 @@ class PathRoots:
     roots: tuple[str, ...]
 
     @classmethod
-    def from_env(cls, run_dir: Path) -> PathRoots:
-        return cls(_listed(os.environ.get(ENV_ALLOWED_PATHS)) or (str(run_dir),))
+    def from_env(cls, run_dir: Path, shared_dir: str | None = None) -> PathRoots:
+        roots = _listed(os.environ.get(ENV_ALLOWED_PATHS)) or (str(run_dir),)
+        return cls(roots + (shared_dir,) if shared_dir and shared_dir not in roots else roots)
 
     def allows(self, location: str) -> bool:
         if "://" in location:

@@ -261,6 +261,11 @@ class CheckpointDir(StorageDir):
         return out[::-1]
 
 
+def default_dir(shared_root: str | Path) -> str:
+    """The checkpoint directory of a job whose file names none: `<shared_root>/checkpoints`."""
+    return posixpath.join(str(shared_root), "checkpoints")
+
+
 class JobCheckpoints:
     """Every checkpoint of one job: `<base>/<job id>/<step>/`."""
 
@@ -271,11 +276,12 @@ class JobCheckpoints:
         self.root = posixpath.join(root, job_id)
 
     @classmethod
-    def of(cls, config: JobConfig, job_id: str, run_dir: Path) -> JobCheckpoints | None:
-        """A job's checkpoints where its config puts them (None when it takes none)."""
+    def of(cls, config: JobConfig, job_id: str, shared_root: str | Path) -> JobCheckpoints | None:
+        """A job's checkpoints where its config puts them, else `<shared_root>/checkpoints` (the
+        stack's `shared_root`; None when the job takes none)."""
         if config.checkpoint is None:
             return None
-        return cls(config.checkpoint.dir or str(run_dir / "checkpoints"), job_id)
+        return cls(config.checkpoint.dir or default_dir(shared_root), job_id)
 
     def location(self, step: int) -> str:
         return f"{self.base}/{self.job_id}/{step}"

@@ -132,18 +132,20 @@ class ModelStore:
     """Every version of one model: `<base>/<model>/`."""
 
     @classmethod
-    def of(cls, config: JobConfig, run_dir: Path) -> ModelStore | None:
+    def of(cls, config: JobConfig, shared_root: str | Path) -> ModelStore | None:
         """The store a job publishes to (None when it publishes nothing)."""
-        key = cls.key(config, run_dir)
+        key = cls.key(config, shared_root)
         return None if key is None else cls(*key)
 
     @staticmethod
-    def key(config: JobConfig, run_dir: Path) -> tuple[str, str] | None:
+    def key(config: JobConfig, shared_root: str | Path) -> tuple[str, str] | None:
         """(base, model) of the store a job publishes to, with no filesystem opened: `publish.dir`,
-        else `<run-dir>/models`; the model named `publish.model`, else the job's name."""
+        else `<shared_root>/models` (the stack's `shared_root`); the model named `publish.model`,
+        else the job's name."""
         if config.publish is None:
             return None
-        return (config.publish.dir or str(run_dir / "models")).rstrip("/"), config.publish.model or config.name
+        base = config.publish.dir or posixpath.join(str(shared_root), "models")
+        return base.rstrip("/"), config.publish.model or config.name
 
     def __init__(self, base: str, model: str) -> None:
         self.base = base.rstrip("/")

@@ -62,7 +62,7 @@ from trillium.runtime.memory import (
 )
 from trillium.runtime.model_store import ExportRequest, ModelPart, PublishCut
 from trillium.scopes import Scope
-from trillium.timeouts import COORDINATOR_CALL_S, JOB_CANCEL_S
+from trillium.timeouts import COORDINATOR_CALL_S, DEREGISTER_S, JOB_CANCEL_S
 
 logger = logging.getLogger("trillium.runtime.service")
 
@@ -299,7 +299,9 @@ class Service:
         the new process to register instead of taking the silence for a lost worker."""
         logger.warning("restarting the process")
         with contextlib.suppress(httpx.HTTPError):
-            await self.coordinator.delete(f"{self.settings.coordinator_url}/v1/workers/{self.name}", timeout=2.0)
+            await self.coordinator.delete(
+                f"{self.settings.coordinator_url}/v1/workers/{self.name}", timeout=DEREGISTER_S
+            )
         logging.shutdown()
         os._exit(EXIT_RESTART)
 
@@ -375,7 +377,7 @@ class Service:
     @property
     def roots(self) -> PathRoots:
         """Where this process lets a job read and write (trillium.job.trust)."""
-        return PathRoots.from_env(self.settings.run_dir)
+        return PathRoots.from_env(self.settings.run_dir, self.settings.shared_dir)
 
     def require_location(self, location: str | None) -> None:
         """422 for a location outside this process's roots, or of a scheme no store has."""

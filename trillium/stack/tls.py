@@ -42,7 +42,7 @@ KAFKA_MECHANISM = "SCRAM-SHA-512"
 CERT_DAYS = 365
 
 
-def _openssl(*args: str) -> None:
+def openssl(*args: str) -> None:
     done = subprocess.run(["openssl", *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise LauncherError(f"openssl {args[0]} failed making the stack's certificates: {done.stderr.strip()[-500:]}")
@@ -123,7 +123,7 @@ def ensure(run_dir: Path, hosts: dict[str, str]) -> StackTls:
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     if not tls.ca_file.exists():
         ca_key = directory / "ca.key"
-        _openssl(*_request(curve, "trillium-stack-ca"), "-keyout", str(ca_key), "-out", str(tls.ca_file))
+        openssl(*_request(curve, "trillium-stack-ca"), "-keyout", str(ca_key), "-out", str(tls.ca_file))
     for host, address in hosts.items():
         if tls.keystore(host).exists():
             continue
@@ -133,7 +133,7 @@ def ensure(run_dir: Path, hosts: dict[str, str]) -> StackTls:
             names = [f"subjectAltName=IP:{address},DNS:{host}", "basicConstraints=critical,CA:FALSE"]
             names.append("extendedKeyUsage=serverAuth,clientAuth")
             extensions = [arg for name in names for arg in ("-addext", name)]
-            _openssl(*_request(curve, host), *signed, *extensions, "-keyout", str(key), "-out", str(cert))
+            openssl(*_request(curve, host), *signed, *extensions, "-keyout", str(key), "-out", str(cert))
             write_private(tls.key_file(host), key.read_text())
             tls.cert_file(host).write_text(cert.read_text())
             write_private(tls.keystore(host), key.read_text() + cert.read_text())  # last: it marks the host done

@@ -23,7 +23,7 @@ def plot(view: dict[str, Any], series: list[dict[str, Any]], path: Path) -> Path
     results = [r for r in view["results"].values() if r.get("loss_curve")]
     if results:
         curve = results[0]["loss_curve"]
-        loss_ax.plot(range(len(curve)), curve, lw=0.8, label="step loss (rank 0)")
+        loss_ax.plot(range(len(curve)), curve, lw=0.8, label="step loss")
         for task, task_curve in (results[0].get("task_loss_curves") or {}).items():
             loss_ax.plot(range(len(task_curve)), task_curve, lw=0.6, label=f"{task} (weighted)")
         loss_ax.set_xlabel("step")

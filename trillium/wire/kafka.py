@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, OffsetOutOfRangeEr
 from aiokafka.helpers import create_ssl_context
 
 from trillium.config import KafkaConnection
-from trillium.timeouts import KAFKA_DELIVERY_S, KAFKA_REQUEST_S
+from trillium.timeouts import KAFKA_DELIVERY_S, KAFKA_PROBE_S, KAFKA_REQUEST_S
 
 KAFKA_REQUEST_MS = int(KAFKA_REQUEST_S * 1000)
 
@@ -75,7 +75,7 @@ async def wait_for_kafka(conn: KafkaConnection, timeout_s: float = 60.0) -> int:
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        client = AIOKafkaClient(**_connection(conn), request_timeout_ms=5000)
+        client = AIOKafkaClient(**_connection(conn), request_timeout_ms=int(KAFKA_PROBE_S * 1000))
         try:
             await client.bootstrap()
             brokers = client.cluster.brokers()
