@@ -12,7 +12,8 @@ NATIVE_SRC := $(shell find native/src native/stream/src native/transport/src -na
 PROTOS := $(wildcard proto/*.proto)
 PB := $(patsubst proto/%.proto,trillium/wire/pb/%_pb2.py,$(PROTOS))
 
-.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster test-nemesis images images-offline compose-env bench up down status clean peer
+.PHONY: setup demo test test-unit lint test-python test-native docs test-compose test-cluster test-nemesis images images-offline compose-env bench up down status clean peer \
+        k8s-tools k8s-up k8s-down test-k8s
 .DEFAULT_GOAL := setup
 
 setup: $(VENV)/.installed $(VENV)/.native $(PB) $(KAFKA_LIBS)/.complete .cache/redis.ok $(KUSTOMIZE)
@@ -72,7 +73,7 @@ test-python:
 # broker (unit, native, deploy and security tests): 3 minutes here, where `make test` takes 17-28.
 # Two workers: the tier has no broker, so its tests share nothing but the machine.
 test-unit: setup test-native
-	$(PY) -m pytest -q -n 2 -m "not broker and not compose and not cluster"
+	$(PY) -m pytest -q -n 2 -m "not broker and not compose and not cluster and not k8s"
 
 test-native: $(VENV)/.native
 	cd native && cargo test --release --workspace -q
@@ -94,9 +95,10 @@ $(GRPCLOAD): scripts/grpcload/main.go scripts/grpcload/go.mod scripts/grpcload/g
 	scripts/go-tool.sh -C scripts/grpcload go build -o $(abspath $@) .
 
 # An S3 object store for a cluster's models (trillium/stack/object_store.py): versitygw, built as kustomize is.
+# Static (no cgo), so that the Kubernetes cluster's image of it is the one binary (trillium/stack/k8s).
 VERSITYGW := .cache/bin/versitygw
 $(VERSITYGW):
-	GOBIN=$(abspath .cache/bin) scripts/go-tool.sh go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+	GOBIN=$(abspath .cache/bin) CGO_ENABLED=0 scripts/go-tool.sh go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 
 # Every process on a network namespace of its own; partitions, a slow link, a lossy one (tests/cluster).
 test-cluster: setup .cache/cluster-tools.ok $(LINKDELAY) $(VERSITYGW)
@@ -107,11 +109,29 @@ CLOCKJUMP := .cache/lib/clockjump.so
 $(CLOCKJUMP): scripts/clockjump/clockjump.c
 	@mkdir -p $(dir $@)
 	cc -shared -fPIC -O2 -Wall -Wextra -Werror -o $@ $< -ldl
-test-python: $(CLOCKJUMP)  # tests/unit/test_clocks.py
+test-python test-unit: $(CLOCKJUMP)  # tests/unit/test_clocks.py
 
 # A seeded random fault schedule on a cluster while jobs train, and its checker (bench/nemesis.py).
 test-nemesis: setup .cache/cluster-tools.ok $(LINKDELAY) $(CLOCKJUMP)
 	$(PY) bench/nemesis.py --minutes 4 --seed 1
+
+# ---- a single-node Kubernetes cluster on this machine (trillium/stack/k8s, docs/deployment.md) ----
+# Its binaries from the Go module proxy and gcc, its other parts from Debian (scripts/k8s/build.sh).
+K8S_TOOLS := .cache/k8s/bin/.complete
+k8s-tools: $(K8S_TOOLS)
+$(K8S_TOOLS): scripts/k8s/build.sh scripts/k8s/go.mod scripts/k8s/go.sum scripts/k8s/probe/main.go
+	scripts/k8s/build.sh
+	touch $@
+
+k8s-up: setup $(K8S_TOOLS) $(VERSITYGW)
+	$(PY) -m trillium.stack.k8s up
+
+k8s-down: $(VENV)/.installed
+	$(PY) -m trillium.stack.k8s down
+
+# Against a cluster `make k8s-up` started (tests/k8s), with a Docker engine's images (scripts/test-k8s.sh).
+test-k8s: setup
+	scripts/test-k8s.sh
 
 # ---- containers (docker-compose.yml, docs/operations.md) ----
 WHEELS := .cache/wheels

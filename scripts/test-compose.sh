@@ -11,7 +11,6 @@ mkdir -p "$logs"
 started=$SECONDS
 
 need=()
-command -v dockerd >/dev/null || need+=(docker.io)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
@@ -24,7 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-dockerd_pid=
+. scripts/docker-engine.sh
 cleanup() {
   # Whatever the test left (it takes the project down itself; this covers a crash), then our engine.
   label="label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
@@ -34,20 +33,10 @@ cleanup() {
     ids=$(docker "$kind" ls -q --filter "$label" 2>/dev/null || true)
     [ -z "$ids" ] || docker "$kind" rm $ids >/dev/null 2>&1 || true
   done
-  if [ -n "$dockerd_pid" ]; then
-    kill -TERM "$dockerd_pid" 2>/dev/null && wait "$dockerd_pid" 2>/dev/null || true
-    echo "test-compose: stopped the dockerd it started"
-  fi
+  engine_stop test-compose
 }
 trap cleanup EXIT
-if ! docker info >/dev/null 2>&1; then
-  [ "$(id -u)" = 0 ] || { echo "test-compose: no Docker engine answers, and starting one needs root" >&2; exit 1; }
-  dockerd > "$logs/dockerd.log" 2>&1 &
-  dockerd_pid=$!
-  for _ in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
-  docker info >/dev/null 2>&1 || { tail -20 "$logs/dockerd.log" >&2; exit 1; }
-  echo "test-compose: started dockerd (pid $dockerd_pid, log $logs/dockerd.log)"
-fi
+engine_start test-compose "$logs"
 engine_s=$((SECONDS - started))
 
 make -s images-offline

@@ -4,12 +4,14 @@
 # offline trillium/kafka:3.9.2 alike: both have `java` and Kafka's jars in /opt/kafka/libs.
 #   sh kafka.sh          format the storage on first start (creating the SCRAM user), then run the broker
 #   sh kafka.sh health   ask the broker for its API versions, logged in as that user
-# From the environment: TRILLIUM_KAFKA_USERNAME, TRILLIUM_KAFKA_PASSWORD (the user the services log in as).
+# From the environment: TRILLIUM_KAFKA_USERNAME, TRILLIUM_KAFKA_PASSWORD (the user the services log in as),
+# and TRILLIUM_KAFKA_ADVERTISED_HOST (optional: the name clients reach it by; its host name otherwise).
 set -eu
 : "${TRILLIUM_KAFKA_USERNAME:?}" "${TRILLIUM_KAFKA_PASSWORD:?}"
 data=/var/lib/kafka/data
 conf=/tmp/trillium-kafka
-host=$(hostname)
+# The name clients reach the broker by: its host name, unless a cluster names it otherwise (a Service).
+host=${TRILLIUM_KAFKA_ADVERTISED_HOST:-$(hostname)}
 jaas="org.apache.kafka.common.security.scram.ScramLoginModule required"
 jaas="$jaas username=\"$TRILLIUM_KAFKA_USERNAME\" password=\"$TRILLIUM_KAFKA_PASSWORD\";"
 umask 077  # the files below hold the password

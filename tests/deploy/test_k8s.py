@@ -9,30 +9,21 @@ measured on the native store. No cluster runs them here."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import kubernetes_validate
 import numpy as np
 import pytest
-import yaml
+from manifests import ROLES, Pod, admitted, render, role
 from pydantic import BaseModel
 
 import trillium_native
 from trillium import config
-from trillium.services.coordinator.api import ReshardRequest
+from trillium.services.coordinator.bodies import ReshardRequest
 
-REPO = Path(__file__).resolve().parents[2]
-KUSTOMIZE = REPO / ".cache/bin/kustomize"  # built by `make setup` from the Go module proxy
 VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 CONFIG_NAMES = {getattr(config, name) for name in dir(config) if name.startswith("ENV_")}
-
-
-def _render(path: str) -> list[dict]:
-    assert KUSTOMIZE.exists(), f"{KUSTOMIZE} missing: `make setup` builds it"
-    out = subprocess.run([str(KUSTOMIZE), "build", str(REPO / path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+CONFIG_NAMES |= set(config.OBJECT_STORE_VARIABLES)
 
 
 PERSIA_100T = "deploy/k8s/overlays/persia-100t"  # docs/scaling.md derives its counts and sizes
@@ -41,7 +32,7 @@ SHARDED = "deploy/k8s/overlays/sharded-serving"
 
 @pytest.fixture(scope="module", params=["deploy/k8s/base", "deploy/k8s/overlays/production", PERSIA_100T, SHARDED])
 def rendered(request) -> tuple[str, list[dict]]:
-    return request.param, _render(request.param)
+    return request.param, render(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +48,7 @@ def test_every_object_validates_against_the_openapi_schemas(objects, version) ->
 
 def test_a_misspelt_field_is_caught() -> None:
     """The validation above can fail: strict mode rejects a field Kubernetes does not know."""
-    deployment = next(o for o in _render("deploy/k8s/base") if o["kind"] == "Deployment")
+    deployment = next(o for o in render("deploy/k8s/base") if o["kind"] == "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["readynessProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
@@ -86,7 +77,7 @@ def test_the_topology_and_its_kinds(rendered) -> None:
         | shards
     )
     ps = _workloads(objects)["embedding-ps"]
-    assert [c["metadata"]["name"] for c in ps["spec"]["volumeClaimTemplates"]] == ["checkpoints"]
+    assert [c["metadata"]["name"] for c in ps["spec"]["volumeClaimTemplates"]] == ["state"]
     services = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Service"}
     assert services["coordinator"]["ports"][0]["port"] == 8080
     assert {p["name"]: p["port"] for p in services["serving"]["ports"]} == {"http": 8080, "grpc": 50051}
@@ -119,7 +110,7 @@ def test_the_frontends_ask_every_shard_of_both_sets_and_only_they_may() -> None:
     """Shard i is pods serving-shard-a-i and -b-i (their ordinal and TRILLIUM_SERVING_SHARD's
     COUNT), each named in the frontends' TRILLIUM_SERVING_SHARDS by its stable DNS name, and
     reached on gRPC from the frontends alone."""
-    objects = _render(SHARDED)
+    objects = render(SHARDED)
     workloads = _workloads(objects)
     frontend_env = {e["name"]: e for e in workloads["serving"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     listed = [replicas.split("|") for replicas in frontend_env[config.ENV_SERVING_SHARDS]["value"].split(",")]
@@ -140,6 +131,13 @@ def test_the_frontends_ask_every_shard_of_both_sets_and_only_they_may() -> None:
         (rule,) = policy["spec"]["ingress"]
         assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "serving"}}}]
         assert rule["ports"] == [{"port": 50051, "protocol": "TCP"}]
+    # Both ways: the frontends' way out to the shards too (base/egress.yaml limits every pod's).
+    every_policy = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    for set_ in ("a", "b"):
+        labels = {"app.kubernetes.io/name": "serving-shard", "app.kubernetes.io/part-of": "trillium"}
+        shard = Pod(f"serving-shard-{set_}-0", labels | {"trillium.io/serving-shard-set": set_})
+        assert admitted(every_policy, role("serving"), shard, 50051)
+        assert not [r for r in ROLES if r != "serving" and admitted(every_policy, role(r), shard, 50051)]
 
 
 def test_the_configmap_names_only_config_variables(objects) -> None:
@@ -150,7 +148,7 @@ def test_the_configmap_names_only_config_variables(objects) -> None:
 def test_the_persia_100t_overlay_is_sized_as_docs_scaling_says() -> None:
     """The counts and sizes of docs/scaling.md's summary table, and every StatefulSet's index from its
     ordinal (two pods of one role with one index would register as one worker)."""
-    workloads = _workloads(_render(PERSIA_100T))
+    workloads = _workloads(render(PERSIA_100T))
     replicas = {name: w["spec"]["replicas"] for name, w in workloads.items()}
     assert replicas == {
         "coordinator": 1,
@@ -231,7 +229,7 @@ def test_the_persia_100t_shards_fit_a_reshard_and_hold_their_rows_and_the_first_
     capture copies the rows' columns whole); its /tmp holds that checkpoint's file (a checkpoint to
     object storage is written there first) and its disk-tier volume every row spilled. The bytes
     of a row are measured on the native store with the declared table's config, not assumed."""
-    ps = _workloads(_render(PERSIA_100T))["embedding-ps"]
+    ps = _workloads(render(PERSIA_100T))["embedding-ps"]
     declared = ps["metadata"]["annotations"]
     shards = ps["spec"]["replicas"]
     assert shards <= RESHARD_CAP, f"{shards} PS shards: a reshard accepts at most {RESHARD_CAP}"

@@ -1,0 +1,3 @@
+module trillium.dev/k8s-probe
+
+go 1.24.0
