@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from trillium.data import load_job
 from trillium.data.features import BatchBuilder
@@ -23,10 +24,10 @@ AVAZU_HEADER = (
 )
 
 
-def job_in(tmp_path: Path, example: str) -> Path:
-    shutil.copy(ROOT / "examples" / example / "job.yaml", tmp_path / "job.yaml")
+def job_in(tmp_path: Path, example: str, name: str = "job.yaml") -> Path:
+    shutil.copy(ROOT / "examples" / example / name, tmp_path / name)
     (tmp_path / "data").mkdir()
-    return tmp_path / "job.yaml"
+    return tmp_path / name
 
 
 def test_avazu_job_reads_avazus_gzipped_csv_and_trains(tmp_path: Path) -> None:
@@ -62,10 +63,11 @@ def test_criteo_job_reads_criteos_tsv_and_trains(tmp_path: Path) -> None:
     assert result.examples == train and result.test_auc is not None
 
 
-def test_the_multitask_job_reads_datagens_feed_and_trains_every_task(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["job.yaml", "esmm.yaml", "ple.yaml"])  # MMoE, ESMM, PLE
+def test_the_multitask_jobs_read_datagens_feed_and_train_every_task(tmp_path: Path, name: str) -> None:
     """examples/multitask on `trillium datagen --multitask` rows (a few thousand, not its 10M):
     three tasks read from their columns, trained, each scored."""
-    path = job_in(tmp_path, "multitask")
+    path = job_in(tmp_path, "multitask", name)
     generate_multitask(tmp_path / "data" / "train.csv", 3000, 1, users=200, items=500)
     generate_multitask(tmp_path / "data" / "test.csv", 500, 1, split="test", users=200, items=500)
     job = load_job(path)

@@ -258,7 +258,7 @@ def test_zoo_example_jobs_load_build_and_run(path: Path) -> None:
 
 
 def test_every_single_task_zoo_model_has_an_example_job() -> None:
-    """MMoE, the multi-task model, has its own: examples/multitask (tests/unit/test_examples.py)."""
+    """The multi-task models (MMoE, ESMM, PLE) have theirs in examples/multitask (tests/unit/test_examples.py)."""
     names = {load_job(p).model.cls.split(":")[1] for p in (ROOT / "examples" / "zoo").glob("*.yaml")}
     assert names == {"DLRM", "DCNv2", "DeepFM", "DIN"}
 

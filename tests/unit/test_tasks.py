@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from nn_step_shapes import NUM_DENSE, SHAPES
 from pydantic import ValidationError
-from test_nn_step import NUM_DENSE, SHAPES, one_rank_group  # noqa: F401 (the fixture)
 
 from trillium.data.features import BatchBuilder, Encoder, TextCells
 from trillium.data.sources.events import FIELD_SEP, EventReader, EventRows
@@ -22,6 +22,8 @@ from trillium.models import MMoE, Objective
 from trillium.services.nn_worker.embeddings import SlotEmbeddings
 from trillium.services.nn_worker.step import Trainer
 from trillium.wire.batch import Batch, KeyedIds
+
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # conftest.py's 1-rank gloo group, for every test
 
 TASKS = [
     {"name": "click", "column": "click", "negative": "0"},
@@ -219,6 +221,8 @@ def test_a_multitask_step_is_the_plain_computation_of_its_loss() -> None:
         want_loss = (per_sample * has).sum()
         want_loss.backward()
         assert result.loss_sum == pytest.approx(want_loss.item(), rel=1e-5)
+        # One rank: the step's per-task sums (which the all-reduce carries) are this batch's.
+        np.testing.assert_allclose(result.step_loss_sums, (per_sample * has).sum(0).detach().numpy(), rtol=1e-5)
         for got, emb in zip(result.grads.slots(), embs, strict=True):
             np.testing.assert_allclose(got, emb.grad.numpy() / size, rtol=1e-4, atol=1e-7)
         for p, before, theirs in zip(trainer.model.parameters(), plain, twin.parameters(), strict=True):

@@ -1,7 +1,7 @@
 """The model zoo: the model contract (`contract`), the default `DNN`, and models from the CTR
 literature under the same contract, each named in a job file as `trillium.models:<Name>`
-(docs/jobs.md, "Models"). Each returns one logit per sample, (B,), except the multi-task `MMoE`:
-one per task, (B, T), which no job can train yet (a job has one label)."""
+(docs/jobs.md, "Models"). Each returns one logit per sample, (B,), except the multi-task `MMoE`,
+`ESMM` and `PLE`: one per task, (B, T), for a job's `labels:`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from .deepfm import DeepFM
 from .din import DIN
 from .dlrm import DLRM
 from .dnn import DNN
+from .esmm import ESMM
 from .mmoe import MMoE
 from .objective import Objective
+from .ple import PLE
 
 __all__ = [
     "Objective",
@@ -21,7 +23,9 @@ __all__ = [
     "DLRM",
     "DNN",
     "DeepFM",
+    "ESMM",
     "MMoE",
+    "PLE",
     "SlotTensors",
     "build_dense_optimizer",
     "build_model",

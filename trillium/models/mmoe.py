@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from .contract import joined_slots, mlp, mlp_width
 from .dcn import CrossNetwork, check_cross
+from .tasks import task_names
 
 
 class MMoE(nn.Module):
@@ -46,7 +47,7 @@ class MMoE(nn.Module):
         low_rank: int | None = None,
     ) -> None:
         super().__init__()
-        self.task_names = _task_names(tasks)
+        self.task_names = task_names("MMoE", tasks)
         if isinstance(num_experts, bool) or num_experts < 1:
             raise ValueError(f"MMoE num_experts must be >= 1, got {num_experts!r}")
         if features not in ("concat", "dcnv2"):
@@ -76,19 +77,3 @@ class MMoE(nn.Module):
             g = torch.softmax(gate(x), dim=1)  # (B, E)
             out.append(tower(torch.einsum("be,beh->bh", g, f)))  # (B, 1)
         return torch.cat(out, dim=1)
-
-
-def _task_names(tasks: Sequence[str] | int) -> list[str]:
-    """The task names from a list of them or a count; ValueError naming `tasks` otherwise."""
-    if isinstance(tasks, int) and not isinstance(tasks, bool):
-        if tasks < 1:
-            raise ValueError(f"MMoE needs at least one task, got tasks={tasks}")
-        return [f"task{k}" for k in range(tasks)]
-    if isinstance(tasks, str) or not isinstance(tasks, Sequence) or not all(isinstance(name, str) for name in tasks):
-        raise ValueError(f"MMoE tasks must be a list of names or their number, got tasks={tasks!r}")
-    names = list(tasks)
-    if not names:
-        raise ValueError("MMoE needs at least one task, got tasks=[]")
-    if len(set(names)) < len(names):
-        raise ValueError(f"MMoE task names must be unique, got tasks={names}")
-    return names
