@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pipeline_helpers import DATA
-from test_serving import Replica, _delimited_rows
+from replica import Replica, delimited_rows
 from waiting import wait_until
 
 import trillium_native
@@ -150,7 +150,7 @@ def test_forgotten_users_leave_every_place_and_stay_gone_after_a_recovery(traini
     assert checkpoints is not None and store is not None
 
     # The users to forget: 1,000 of those the job trained on.
-    users = sorted({row["C1"] for row in _delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
+    users = sorted({row["C1"] for row in delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
     assert len(users) >= 1500, len(users)
     forgotten = users[:FORGOTTEN]
     ids = _ids(forgotten)
@@ -160,7 +160,7 @@ def test_forgotten_users_leave_every_place_and_stay_gone_after_a_recovery(traini
     replica = Replica(training_stack)
     version = store.versions()[-1]
     replica.wait_for(job.name, version)
-    test_rows = _delimited_rows(tmp_path / "test.tsv", CRITEO_COLUMNS, "\t")
+    test_rows = delimited_rows(tmp_path / "test.tsv", CRITEO_COLUMNS, "\t")
     mine = [dict(row, C1=user) for row, user in zip(test_rows, forgotten, strict=False)]
     unseen = [dict(row, C1=UNSEEN) for row in mine]
     got, _ = replica.predict(job.name, mine)
@@ -239,7 +239,7 @@ def test_a_forget_cut_off_by_a_coordinator_killed_is_run_again_at_its_start(trai
     wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the job to stop", 240)
     checkpoints = JobCheckpoints.of(job, job_id, training_stack)
     assert checkpoints is not None
-    users = sorted({row["C1"] for row in _delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
+    users = sorted({row["C1"] for row in delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
     forgotten = users[:300]
     ids = _ids(forgotten)
     own = _own_rows(checkpoints, ids)
@@ -306,7 +306,7 @@ def test_a_forget_reaches_a_job_warm_started_from_its_job(training_stack, tmp_pa
     warm = origin.model_copy(update={"name": "forget-warm", "init_from": InitFrom(job=origin_id)})
     warm_id = client.submit(warm)["id"]
     wait_until(lambda: len(client.checkpoints(warm_id)) >= 1, "a checkpoint of the warm start", 240)
-    users = sorted({row["C1"] for row in _delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
+    users = sorted({row["C1"] for row in delimited_rows(tmp_path / "train.tsv", CRITEO_COLUMNS, "\t") if row["C1"]})
     forgotten = users[:300]
     with pytest.raises(ApiError, match=f"also in jobs still running: {warm_id} \\(warm-started from {origin_id}\\)"):
         client.forget(origin_id, "user", forgotten)

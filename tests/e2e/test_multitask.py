@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 from pipeline_helpers import DATA, run_to_end, with_training
-from test_serving import SKEW, Replica, _evaluation, _newest
+from replica import SKEW, Replica, grpc_predictions, newest_version, stack_evaluation
 from waiting import wait_until
 
 from trillium import stack
@@ -26,9 +26,7 @@ from trillium.data.features import BatchBuilder
 from trillium.job import JobConfig
 from trillium.stack.client import CoordinatorClient
 from trillium.train.reference import train_reference
-from trillium.wire import kafka, rpc
-from trillium.wire.pb import serving_pb2 as pb
-from trillium.wire.pb import serving_pb2_grpc as pb_grpc
+from trillium.wire import kafka
 
 TASKS = ["click", "watch_time", "conversion"]
 
@@ -90,8 +88,8 @@ def test_two_ranks_train_every_sample_once_and_serve_every_task_as_they_evaluate
     assert labelled < 2000 and progressive["watch_time"]["mse"] > 0 and progressive["conversion"]["auc"] is not None
     assert report["progressive"]["auc"] == progressive["click"]["auc"]
 
-    final = _newest(training_stack, job)
-    expected = _evaluation(training_stack, job, final)
+    final = newest_version(training_stack, job)
+    expected = stack_evaluation(training_stack, job, final)
     assert expected.shape == (400, 3)
     # The evaluation scores a regression on its transformed scale (log seconds); serving answers in seconds.
     expected = expected.astype(np.float64)
@@ -122,19 +120,13 @@ def test_two_ranks_train_every_sample_once_and_serve_every_task_as_they_evaluate
 
     address = next(p["grpc_address"] for p in stack.read_state(training_stack)["processes"] if p["role"] == "serving")
     credentials = GrpcCredentials(token=stack.read_token(training_stack))
-    grpc = asyncio.run(_grpc_predictions(address, credentials, job.name, instances[:40]))
+    grpc = asyncio.run(grpc_predictions(address, credentials, job.name, instances[:40]))
     assert grpc.tasks == TASKS and grpc.version == final.version
     flat = np.asarray(grpc.predictions, np.float64).reshape(40, 3)  # each instance's tasks in turn
     assert np.abs(flat - got[:40]).max() <= 1e-6 * np.abs(got[:40]).max()  # float32 on the wire
 
     single = replica.http.post(f"/v1/models/{job.name}:predict", json={"instances": [{"user": 1}]})
     assert single.status_code == 200 and list(single.json()["predictions"][0]) == TASKS
-
-
-async def _grpc_predictions(address: str, credentials: GrpcCredentials, model: str, instances: list[dict]):
-    async with rpc.channel(address, credentials) as channel:
-        stub = pb_grpc.ServingStub(channel)
-        return await stub.Predict(pb.PredictRequest(model=model, instances=json.dumps(instances).encode()))
 
 
 def test_a_stream_of_events_carrying_every_tasks_label_trains_each_task(training_stack, infra) -> None:

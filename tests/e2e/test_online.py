@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from online_jobs import FIELDS, online_job, produce
 from topic_records import read_all
 from typer.testing import CliRunner
 from waiting import wait_until
@@ -24,7 +25,6 @@ import trillium_native
 from trillium import stack
 from trillium.cli import app
 from trillium.config import KafkaConnection
-from trillium.data import load_job
 from trillium.data.replay import replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.job import JobConfig
@@ -33,40 +33,11 @@ from trillium.runtime.checkpoint import DENSE
 from trillium.stack.client import CoordinatorClient
 from trillium.wire import codec, kafka
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _state(client: CoordinatorClient, job_id: str) -> str:
     job = client.job(job_id)["job"]
     assert job["state"] != "failed", job["error"]
     return job["state"]
-
-
-def _online_job(name: str, impressions: str, clicks: str, late_labels: str = "correct", **training) -> JobConfig:
-    """examples/online/job.yaml on these topics: the join of the example, a 2 s window."""
-    raw = load_job(ROOT / "examples/online/job.yaml").model_dump(mode="json")
-    raw["name"] = name
-    raw["data"]["join"] |= {
-        "impressions": impressions,
-        "labels": clicks,
-        "window_seconds": 2.0,
-        "allowed_lateness_seconds": 0.5,
-        "late_labels": late_labels,
-    }
-    raw["training"] |= training
-    raw["topology"] |= {"data_loaders": 1}
-    return JobConfig.model_validate(raw)
-
-
-async def _produce(conn: KafkaConnection, messages: list[tuple[str, int, bytes]]) -> None:
-    producer = kafka.producer(conn)
-    await producer.start()
-    try:
-        for topic, partition, value in messages:
-            await producer.send(topic, value, partition=partition)
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 def _replaying(path: Path, job: JobConfig, conn: KafkaConnection, *, rate: float, seed: int) -> threading.Thread:
@@ -110,8 +81,8 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
         (imps, 1, imp("h", t + 20)),  # never clicked: negatives
         (clicks, 0, click("a", t + 11.5)),  # a's second click: a duplicate
     ]
-    asyncio.run(_produce(conn, sequence))
-    job = _online_job(f"join-{run}", imps, clicks, late_labels="count")
+    asyncio.run(produce(conn, sequence))
+    job = online_job(f"join-{run}", imps, clicks, late_labels="count")
     client = CoordinatorClient.for_stack(training_stack)
     try:
         job_id = client.submit(job)["id"]
@@ -152,10 +123,6 @@ def test_the_joiner_outcome_and_dead_letters_through_the_broker(training_stack, 
     assert [r.value for r in letters if r.value.startswith(b"{not")] == [b"{not json"]  # the raw bytes
 
 
-# Every field an impression of the online job maps, with a value.
-FIELDS = {f"C{i}": "x" for i in range(1, 27)} | {f"I{i}": 1.0 for i in range(1, 14)}
-
-
 def _one_partition_topics(conn: KafkaConnection) -> tuple[str, str, str]:
     """A run id and new impressions and clicks topics of one partition each (one joiner, in order)."""
     run = uuid.uuid4().hex[:8]
@@ -177,8 +144,8 @@ def test_an_event_from_the_future_is_counted_and_clamped_or_sent_to_the_dlq(trai
         (clicks, 0, json.dumps({"request_id": "future", "ts": now + 3601}).encode()),
         (imps, 0, json.dumps({"request_id": "b", "ts": now - 29} | FIELDS).encode()),
     ]
-    asyncio.run(_produce(conn, sequence))
-    job = _online_job(f"clock-{run}", imps, clicks, late_labels="count")
+    asyncio.run(produce(conn, sequence))
+    job = online_job(f"clock-{run}", imps, clicks, late_labels="count")
     raw = job.model_dump(mode="json")
     raw["data"]["clock"] = {"max_future_seconds": 60, "action": action}
     job = JobConfig.model_validate(raw)
@@ -218,12 +185,12 @@ def test_a_checkpoint_asked_for_while_the_stream_is_quiet_is_taken_within_second
     conn = infra.kafka
     now = time.time()
     asyncio.run(
-        _produce(
+        produce(
             conn,
             [(imps, 0, json.dumps({"request_id": str(i), "ts": now - 30 + i} | FIELDS).encode()) for i in range(3)],
         )
     )
-    job = _online_job(f"quiet-{run}", imps, clicks, late_labels="count")
+    job = online_job(f"quiet-{run}", imps, clicks, late_labels="count")
     job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"every_seconds": None})})
     client = CoordinatorClient.for_stack(training_stack)
     cli = CliRunner()
@@ -269,7 +236,7 @@ def test_a_continuous_job_reaches_the_planted_models_auc(training_stack, infra, 
     data = generate_criteo(
         tmp_path / "stream.tsv", 400_000, seed=3, vocab_sizes=[5] * 26, missing_count_is_zero=True
     )  # its AUC: a ceiling the job's model can reach
-    job = _online_job(
+    job = online_job(
         f"planted-{run}",
         f"imps-{run}",
         f"clicks-{run}",
@@ -314,7 +281,7 @@ def test_a_data_loader_killed_mid_stream_loses_and_repeats_no_impression(trainin
     run = uuid.uuid4().hex[:8]
     rows = 60_000
     generate_criteo(tmp_path / "stream.tsv", rows, seed=5, vocab_sizes=[5] * 26)
-    job = _online_job(f"ledger-{run}", f"imps-{run}", f"clicks-{run}")
+    job = online_job(f"ledger-{run}", f"imps-{run}", f"clicks-{run}")
     # The ledger reads the whole samples topic: it is kept, not trimmed behind the checkpoints.
     settings = {"every_seconds": None, "every_steps": 20, "trim_topics": False}
     job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update=settings)})

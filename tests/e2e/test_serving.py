@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from pipeline_helpers import DATA, run_to_end
+from replica import SKEW, Replica, delimited_rows, newest_version, stack_evaluation
 from waiting import wait_until
 
 from trillium import stack
@@ -25,84 +26,13 @@ from trillium.data.replay import replay
 from trillium.data.sources.datagen import generate_criteo
 from trillium.data.sources.presets import ADULT
 from trillium.job import ADULT_COLUMNS, CRITEO_COLUMNS, JobConfig
-from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest, model_topic
+from trillium.runtime.model_store import ModelStore, model_topic
 from trillium.services.serving.follower import ModelFollower
 from trillium.services.serving.served import ServedModel
 from trillium.stack.client import CoordinatorClient
 from trillium.wire import kafka
 
 ROOT = Path(__file__).resolve().parents[2]
-SKEW = 1e-5  # serving's predictions against the job's evaluation of the same version
-
-
-class Replica:
-    """The stack's serving replica, over REST with the stack's token."""
-
-    def __init__(self, run_dir: Path) -> None:
-        st = stack.read_state(run_dir)
-        self.url = next(p["http_url"] for p in st["processes"] if p["role"] == "serving")
-        self.http = httpx.Client(
-            base_url=self.url, timeout=60.0, headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"}
-        )
-
-    def view(self, model: str) -> dict:
-        r = self.http.get(f"/v1/models/{model}")
-        return r.json() if r.status_code == 200 else {"version": None}
-
-    def ready(self) -> bool:
-        try:
-            return self.http.get("/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def wait_for_any(self, model: str, timeout_s: float) -> int:
-        return wait_until(lambda: self.view(model)["version"], f"a version of {model}", timeout_s)
-
-    def wait_for_newer(self, model: str, version: int, timeout_s: float) -> int:
-        """Until the replica serves `version` or a newer one; returns the one it serves."""
-        return wait_until(
-            lambda: (v := self.view(model)["version"]) is not None and v >= version and v,
-            f"version {version} of {model}",
-            timeout_s,
-        )
-
-    def wait_for(self, model: str, version: int, timeout_s: float = 60.0) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while (view := self.view(model))["version"] != version:
-            assert time.monotonic() < deadline, f"the replica serves {view} of {model}, not version {version}"
-            time.sleep(0.2)
-        return view
-
-    def predict(self, model: str, instances: list[dict], batch: int = 500) -> tuple[np.ndarray, set[int]]:
-        """Predictions of every instance, in chunks; and the versions that answered."""
-        out, versions = [], set()
-        for start in range(0, len(instances), batch):
-            r = self.http.post(f"/v1/models/{model}:predict", json={"instances": instances[start : start + batch]})
-            assert r.status_code == 200, r.text
-            out += r.json()["predictions"]
-            versions.add(r.json()["version"])
-        return np.asarray(out, np.float32), versions
-
-
-def _newest(run_dir: Path, job: JobConfig) -> VersionManifest:
-    store = ModelStore.of(job, run_dir)
-    assert store is not None
-    return store.manifest(store.versions()[-1])
-
-
-def _evaluation(run_dir: Path, job: JobConfig, manifest: VersionManifest) -> np.ndarray:
-    store = ModelStore.of(job, run_dir)
-    with store.parts(manifest.parts).reading(EVAL) as path:
-        return np.load(path)
-
-
-def _delimited_rows(path: Path, columns: tuple[str, ...], delimiter: str, strip: bool = False) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        cells = [c.strip() if strip else c for c in line.split(delimiter)]
-        if len(cells) == len(columns):
-            rows.append(dict(zip(columns, cells, strict=True)))
-    return rows
 
 
 def test_the_adult_example_is_served_as_it_evaluates(training_stack) -> None:
@@ -112,10 +42,10 @@ def test_the_adult_example_is_served_as_it_evaluates(training_stack) -> None:
     job = load_job(ROOT / "examples/adult/job.yaml")
     view, report = run_to_end(training_stack, job)
     assert view["job"]["state"] == "finished", view["job"]["error"]
-    final = _newest(training_stack, job)
+    final = newest_version(training_stack, job)
     assert final.job_id == view["job"]["id"] and final.step == report["steps"] - 1
-    expected = _evaluation(training_stack, job, final)
-    instances = _delimited_rows(ROOT / "examples/adult/data/adult.test", ADULT_COLUMNS, ADULT.delimiter, strip=True)
+    expected = stack_evaluation(training_stack, job, final)
+    instances = delimited_rows(ROOT / "examples/adult/data/adult.test", ADULT_COLUMNS, ADULT.delimiter, strip=True)
     assert len(expected) == len(instances) == report["eval_samples"]
     replica = Replica(training_stack)
     replica.wait_for(job.name, final.version)
@@ -128,7 +58,7 @@ def test_the_adult_example_is_served_as_it_evaluates(training_stack) -> None:
 def _pooled_job(tmp_path: Path) -> JobConfig:
     """tests/data/tiny as CSV with a multi-valued column: mean- and sum-pooled and sequence slots of it."""
     for split in ("train", "test"):
-        rows = _delimited_rows(DATA / "tiny" / f"{split}.tsv", CRITEO_COLUMNS, "\t")
+        rows = delimited_rows(DATA / "tiny" / f"{split}.tsv", CRITEO_COLUMNS, "\t")
         with (tmp_path / f"{split}.csv").open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow([*CRITEO_COLUMNS, "tags"])
@@ -150,8 +80,8 @@ def test_multi_valued_mean_pooled_and_sequence_slots_are_served_as_they_evaluate
     job = _pooled_job(tmp_path)
     view, _ = run_to_end(training_stack, job)
     assert view["job"]["state"] == "finished", view["job"]["error"]
-    final = _newest(training_stack, job)
-    expected = _evaluation(training_stack, job, final)
+    final = newest_version(training_stack, job)
+    expected = stack_evaluation(training_stack, job, final)
     instances = [dict(row) for row in csv.DictReader((tmp_path / "test.csv").open())]
     replica = Replica(training_stack)
     replica.wait_for(job.name, final.version)
@@ -176,19 +106,19 @@ def test_a_replica_pinned_to_an_older_version_answers_as_that_version_evaluated(
     mine = [m for m in mine if m.job_id == view["job"]["id"]]
     assert len(mine) >= 3 and mine[0].kind == "full"  # the rest: deltas, unless a cut came before its base's commit
     old, newest = mine[0], mine[-1]
-    instances = _delimited_rows(DATA / "tiny" / "test.tsv", CRITEO_COLUMNS, "\t")
+    instances = delimited_rows(DATA / "tiny" / "test.tsv", CRITEO_COLUMNS, "\t")
     replica = Replica(training_stack)
     replica.wait_for(job.name, newest.version)
     r = replica.http.post(f"/v1/models/{job.name}/rollback", json={"version": old.version})
     assert r.status_code == 200 and r.json()["pinned"] == old.version, r.text
     got, versions = replica.predict(job.name, instances)
     assert versions == {old.version}
-    assert np.abs(got - _evaluation(training_stack, job, old)).max() <= SKEW
+    assert np.abs(got - stack_evaluation(training_stack, job, old)).max() <= SKEW
     assert replica.http.post(f"/v1/models/{job.name}/rollback", json={"version": 10**6}).status_code == 404
     assert replica.http.post(f"/v1/models/{job.name}/unpin").status_code == 200
     replica.wait_for(job.name, newest.version)
     got, _ = replica.predict(job.name, instances)
-    assert np.abs(got - _evaluation(training_stack, job, newest)).max() <= SKEW
+    assert np.abs(got - stack_evaluation(training_stack, job, newest)).max() <= SKEW
 
 
 def test_a_replica_refuses_a_version_over_its_memory_cap(training_stack, infra) -> None:
@@ -253,7 +183,7 @@ def test_bad_requests_name_the_instance_and_the_field(training_stack, body, stat
     replica = Replica(training_stack)
     if replica.view(job.name)["version"] is None:
         run_to_end(training_stack, job)
-        replica.wait_for(job.name, _newest(training_stack, job).version)
+        replica.wait_for(job.name, newest_version(training_stack, job).version)
     r = replica.http.post(f"/v1/models/{job.name}:predict", json=body)
     assert r.status_code == status, r.text
     if names is not None:

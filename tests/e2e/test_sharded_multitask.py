@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pipeline_helpers import DATA
-from test_multitask import _grpc_predictions
-from test_sharded_serving import SKEW, Frontend, _evaluation, _shard_version
+from replica import SKEW, evaluation, grpc_predictions
+from sharded_frontend import Frontend, shard_version
 from waiting import wait_until
 
 from trillium import stack
@@ -65,14 +65,14 @@ def test_a_multi_task_model_is_answered_task_by_task_through_the_shards(shards) 
     assert view["job"]["state"] == "finished", view["job"]["error"]
     store = ModelStore.of(job, shards)
     newest = store.manifest(store.versions()[-1])
-    expected = _evaluation(store, newest).astype(np.float64)
+    expected = evaluation(store, newest).astype(np.float64)
     expected[:, 1] = np.exp(expected[:, 1])  # evaluated in log seconds, answered in seconds
     tasks = [t.name for t in job.tasks]
     rows = list(csv.DictReader((DATA / "tiny_multitask/test.csv").open()))
     instances = [{k: v for k, v in row.items() if k not in ("click", "watch_seconds", "conversion")} for row in rows]
     frontend = Frontend(shards)
     for shard in range(SHARDS):  # the frontend answers once every shard has its slice of the version
-        wait_until(lambda s=shard: _shard_version(shards, s, job.name) == newest.version, f"shard {shard} serving", 60)
+        wait_until(lambda s=shard: shard_version(shards, s, job.name) == newest.version, f"shard {shard} serving", 60)
     wait_until(lambda: frontend.version(job.name) == newest.version, f"version {newest.version} served", 60)
     r = frontend.ask(job.name, instances)
     assert r.status_code == 200, r.text
@@ -81,7 +81,7 @@ def test_a_multi_task_model_is_answered_task_by_task_through_the_shards(shards) 
     np.testing.assert_allclose(got, expected, rtol=SKEW, atol=SKEW)
     address = next(p["grpc_address"] for p in stack.read_state(shards)["processes"] if p["role"] == "serving")
     grpc = asyncio.run(
-        _grpc_predictions(address, GrpcCredentials(token=stack.read_token(shards)), job.name, instances[:40])
+        grpc_predictions(address, GrpcCredentials(token=stack.read_token(shards)), job.name, instances[:40])
     )
     assert list(grpc.tasks) == tasks and grpc.version == newest.version
     np.testing.assert_allclose(np.asarray(grpc.predictions).reshape(40, len(tasks)), got[:40], rtol=1e-6)

@@ -16,22 +16,22 @@ import sys
 import threading
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from pipeline_helpers import DATA
+from replica import SKEW, evaluation
+from sharded_frontend import Frontend, shard_version
 from waiting import wait_until
 
 from trillium import stack
 from trillium.config import ENV_SERVING_MEMORY_GB, StackTopology
 from trillium.data import load_job
 from trillium.job import CRITEO_COLUMNS, JobConfig
-from trillium.runtime.model_store import EVAL, ModelStore, VersionManifest
+from trillium.runtime.model_store import ModelStore
 from trillium.services.serving.served import Slice
 from trillium.services.serving.sharded import CALL_TIMEOUT_S
 from trillium.stack.client import CoordinatorClient
 
-SKEW = 1e-5
 SHARDS = 3
 REPLICAS = 2  # serving shard process i holds shard i % SHARDS
 PS_SHARDS = 4  # serving shard 0 holds training shards 0 and 3; shards 1 and 2 one each
@@ -63,24 +63,6 @@ def sharded_stack(infra, tmp_path_factory) -> Path:
             stack.down(run_dir)
 
 
-class Frontend:
-    def __init__(self, run_dir: Path) -> None:
-        st = stack.read_state(run_dir)
-        url = next(p["http_url"] for p in st["processes"] if p["role"] == "serving")
-        headers = {"Authorization": f"Bearer {stack.read_token(run_dir)}"}
-        self.http = httpx.Client(base_url=url, timeout=30.0, headers=headers)
-
-    def version(self, model: str) -> int | None:
-        r = self.http.get(f"/v1/models/{model}")
-        return r.json()["version"] if r.status_code == 200 else None
-
-    def ready(self) -> bool:
-        return self.http.get("/readyz").status_code == 200
-
-    def ask(self, model: str, instances: list[dict]) -> httpx.Response:
-        return self.http.post(f"/v1/models/{model}:predict", json={"instances": instances})
-
-
 def _job() -> JobConfig:
     raw = load_job(DATA / "tiny_job.yaml").model_dump(mode="json")
     raw["name"] = "sharded"
@@ -95,11 +77,6 @@ def _test_rows() -> list[dict]:
     """The test split as a client sends it: every column by name, a missing value empty."""
     lines = (DATA / "tiny" / "test.tsv").read_text().splitlines()
     return [dict(zip(CRITEO_COLUMNS, line.split("\t"), strict=True)) for line in lines]
-
-
-def _evaluation(store: ModelStore, manifest: VersionManifest) -> np.ndarray:
-    with store.parts(manifest.parts).reading(EVAL) as path:
-        return np.load(path)
 
 
 def _full_bytes(store: ModelStore, version: int, rows: Slice) -> int:
@@ -157,7 +134,7 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     assert not failures, failures[:3]
     answered = {v for v, _ in answers}
     assert len(answered) >= 2, f"answers under {answered} only: no version change was seen under load"
-    evaluations = {v: _evaluation(store, store.manifest(v)) for v in answered}
+    evaluations = {v: evaluation(store, store.manifest(v)) for v in answered}
     for version, predictions in answers:
         np.testing.assert_allclose(predictions, evaluations[version], rtol=0, atol=SKEW, err_msg=f"version {version}")
     print(
@@ -167,7 +144,7 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     wait_until(lambda: frontend.version(job.name) == newest.version, f"version {newest.version} served", 60)
     r = frontend.ask(job.name, instances)
     assert r.status_code == 200 and r.json()["version"] == newest.version, r.text
-    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
+    np.testing.assert_allclose(r.json()["predictions"], evaluation(store, newest), rtol=0, atol=SKEW)
 
     # A rollback: `trillium models --pin` pins the shards and the frontend, and answers are the old
     # version's, whole; --unpin serves the newest again.
@@ -175,7 +152,7 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     _models(sharded_stack, job.name, "--pin", str(old.version))
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers pinned", 60)
     assert r.json()["version"] == old.version, r.text
-    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, old), rtol=0, atol=SKEW)
+    np.testing.assert_allclose(r.json()["predictions"], evaluation(store, old), rtol=0, atol=SKEW)
     _models(sharded_stack, job.name, "--unpin")
     wait_until(lambda: frontend.version(job.name) == newest.version, f"version {newest.version} again", 60)
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 60)
@@ -197,7 +174,7 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     try:
         os.kill(pids["serving_shard-1"], signal.SIGKILL)
         wait_until(lambda: _pids(sharded_stack)["serving_shard-1"] != pids["serving_shard-1"], "a new replica", 60)
-        wait_until(lambda: _shard_version(sharded_stack, 1, job.name) == newest.version, "the replica serving", 90)
+        wait_until(lambda: shard_version(sharded_stack, 1, job.name) == newest.version, "the replica serving", 90)
         wait_until(lambda: len(answered_meanwhile) > 20, "answers after its return")
     finally:
         asking.clear()
@@ -213,7 +190,7 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     assert r.elapsed.total_seconds() < CALL_TIMEOUT_S, "a request hung on the shard killed"
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 90)
     assert r.json()["version"] == newest.version
-    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
+    np.testing.assert_allclose(r.json()["predictions"], evaluation(store, newest), rtol=0, atol=SKEW)
 
     # Both replicas of shard 2 stopped (alive and silent, as a host cut off, which no supervisor
     # restarts): a 503 naming it within the calls' deadlines, never a hang, and the frontend not
@@ -231,7 +208,7 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
     r = wait_until(lambda: (r := frontend.ask(job.name, instances)).status_code == 200 and r, "answers again", 60)
-    np.testing.assert_allclose(r.json()["predictions"], _evaluation(store, newest), rtol=0, atol=SKEW)
+    np.testing.assert_allclose(r.json()["predictions"], evaluation(store, newest), rtol=0, atol=SKEW)
     wait_until(frontend.ready, "the frontend ready again", 30)
 
 
@@ -244,14 +221,3 @@ def _models(run_dir: Path, *args: str) -> None:
 
 def _pids(run_dir: Path) -> dict[str, int]:
     return {p["name"]: p["pid"] for p in stack.read_state(run_dir)["processes"]}
-
-
-def _shard_version(run_dir: Path, process: int, model: str) -> int | None:
-    """The version serving shard process `process` serves (None: none, or it does not answer)."""
-    st = stack.read_state(run_dir)
-    url = next(p["http_url"] for p in st["processes"] if p["name"] == f"serving_shard-{process}")
-    try:
-        r = httpx.get(f"{url}/v1/models/{model}", headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"})
-    except httpx.HTTPError:
-        return None
-    return r.json()["version"] if r.status_code == 200 else None

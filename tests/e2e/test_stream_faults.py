@@ -14,8 +14,8 @@ import httpx
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import RecordsToDelete
+from online_jobs import FIELDS, online_job, produce
 from poison import POISON
-from test_online import FIELDS, _online_job, _produce
 from topic_records import read_all
 from waiting import wait_until
 
@@ -49,10 +49,10 @@ def test_poison_records_go_to_the_dead_letter_topic_while_the_job_trains_on(trai
     after = [(imps, 0, _imp(f"b{i}", t + 20 + i)) for i in range(10)]
     client = CoordinatorClient.for_stack(training_stack)
     try:
-        job_id = client.submit(_online_job(f"poison-{run}", imps, clicks, late_labels="count"))["id"]
-        asyncio.run(_produce(infra.kafka, before))
+        job_id = client.submit(online_job(f"poison-{run}", imps, clicks, late_labels="count"))["id"]
+        asyncio.run(produce(infra.kafka, before))
         wait_until(lambda: _closed(client.job(job_id)) == 10, "the first impressions to close")
-        asyncio.run(_produce(infra.kafka, [(imps, 0, raw) for raw, _ in POISON] + after))
+        asyncio.run(produce(infra.kafka, [(imps, 0, raw) for raw, _ in POISON] + after))
         view = wait_until(
             lambda: _closed(v := client.job(job_id)) == 20 and v["progress"]["steps"] > 0 and v,
             "the impressions after the poison to close and train",
@@ -101,19 +101,19 @@ def test_records_gone_before_a_resume_read_them_fail_the_job_or_are_skipped_and_
 ) -> None:
     run, imps, clicks = _topics(infra.kafka)
     t = time.time() - 100
-    job = _online_job(f"gap-{on_gap}-{run}", imps, clicks, late_labels="count")
+    job = online_job(f"gap-{on_gap}-{run}", imps, clicks, late_labels="count")
     raw = job.model_dump(mode="json")
     raw["data"]["on_gap"] = on_gap
     client = CoordinatorClient.for_stack(training_stack)
     try:
         job_id = client.submit(JobConfig.model_validate(raw))["id"]
-        asyncio.run(_produce(infra.kafka, [(imps, 0, _imp(f"a{i}", t + i)) for i in range(10)]))
+        asyncio.run(produce(infra.kafka, [(imps, 0, _imp(f"a{i}", t + i)) for i in range(10)]))
         wait_until(
             lambda: _closed(v := client.job(job_id)) == 10 and v["progress"]["steps"] > 0, "the impressions to train"
         )
         client.stop(job_id)  # a checkpoint whose loader resumes at offset 10
         wait_until(lambda: client.job(job_id)["job"]["state"] == "stopped", "the stop", 120)
-        asyncio.run(_produce(infra.kafka, [(imps, 0, _imp(f"b{i}", t + 20 + i)) for i in range(10)]))
+        asyncio.run(produce(infra.kafka, [(imps, 0, _imp(f"b{i}", t + 20 + i)) for i in range(10)]))
         _delete_before(infra.kafka, TopicPartition(imps, 0), 15)  # offsets 10..14 gone, unread
         gone = f"records gone from {imps}[0]: offsets 10..14 (5 records) were deleted"
         if on_gap == "fail":  # the resume is refused, naming the gap; the job stays stopped

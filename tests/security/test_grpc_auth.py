@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from tls_files import TOKEN, tls_files
 
 from trillium.config import (
     ENV_COORDINATOR_URL,
@@ -32,62 +33,6 @@ from trillium.stack.procs import free_port
 from trillium.wire import rpc
 from trillium.wire.pb import embedding_pb2 as pb
 from trillium.wire.pb import embedding_pb2_grpc as pb_grpc
-
-TOKEN = "the-stack-token-0123456789"
-
-
-def _tls_files(directory: Path) -> GrpcTls:
-    """A CA, and a server certificate it signed for 127.0.0.1 (the address the test dials)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
-
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=trillium-test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=embedding-ps",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    )
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.pem",
-    )
-    return GrpcTls(cert_file=directory / "server.pem", key_file=directory / "server.key", ca_file=directory / "ca.pem")
 
 
 def _start_ps(infra, run_dir: Path, tls: GrpcTls | None) -> tuple[subprocess.Popen, int]:
@@ -141,7 +86,7 @@ def _start_ps(infra, run_dir: Path, tls: GrpcTls | None) -> tuple[subprocess.Pop
 @pytest.fixture(scope="module", params=["plaintext", "tls"])
 def ps(request, infra, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp(f"grpc-auth-{request.param}")
-    tls = _tls_files(run_dir) if request.param == "tls" else None
+    tls = tls_files(run_dir) if request.param == "tls" else None
     proc, port = _start_ps(infra, run_dir, tls)
     yield f"127.0.0.1:{port}", tls
     proc.terminate()

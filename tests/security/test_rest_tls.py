@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_grpc_auth import TOKEN, _tls_files
+from tls_files import TOKEN, tls_files
 from unconnected import unconnected_settings
 
 from trillium.config import (
@@ -44,7 +44,7 @@ OPERATOR = "an-operators-token-0123456789"  # /status takes a reader's token: an
 def tls_ps(infra, tmp_path_factory):
     """A real embedding_ps with TLS on: its HTTP port, and the CA that signed its certificate."""
     run_dir = tmp_path_factory.mktemp("rest-tls")
-    tls = _tls_files(run_dir)
+    tls = tls_files(run_dir)
     http_port, grpc_port = free_port(), free_port()
     env = os.environ | {
         ENV_KAFKA_BOOTSTRAP: infra.kafka_bootstrap,
@@ -149,7 +149,7 @@ def test_the_token_crosses_the_link_in_no_readable_byte(tls_ps) -> None:
 
 
 async def test_a_service_registers_an_https_url_when_tls_is_on(tmp_path: Path) -> None:
-    settings = unconnected_settings("embedding_ps").model_copy(update={"grpc_tls": _tls_files(tmp_path)})
+    settings = unconnected_settings("embedding_ps").model_copy(update={"grpc_tls": tls_files(tmp_path)})
     ps = EmbeddingPS(settings)
     try:
         assert ps.registration()["http_url"].startswith("https://")

@@ -11,6 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 from aiokafka import TopicPartition
+from event_jobs import events_job
 
 from trillium.data.features import TextCells
 from trillium.data.sources.events import (
@@ -29,37 +30,18 @@ from trillium.services.data_loader.stream import ahead, due_steps, upgrade_state
 from trillium.wire import codec
 from trillium.wire.batch import Batch, KeyedIds
 
-
-def _job(dense: tuple[str, ...] = ("price",), **data) -> JobConfig:
-    return JobConfig.model_validate(
-        {
-            "name": "events",
-            "data": {"source": "kafka", "topics": ["events"], "event_time": "ts", "key": "id"} | data,
-            "slots": [
-                {"name": "user", "column": "user.id"},
-                {"name": "recent", "column": "user.recent", "pooling": "mean", "max_len": 3},
-            ],
-            "tables": {"user": {"dim": 4}, "recent": {"dim": 4}},
-            "dense": [{"column": column, "normalization": "standard"} for column in dense],
-            "label": {"column": "click", "positive": "1", "negative": "0"},
-            "model": {"cls": "trillium.models:DNN", "kwargs": {"num_dense": len(dense), "embedding_dims": [4, 4]}},
-            "training": {"batch_size": 8, "epochs": None, "staleness_bound": 0, "dense_optimizer": {"name": "sgd"}},
-        }
-    )
-
-
 GOOD = {"id": "e1", "ts": 1700000000.5, "user": {"id": 42, "recent": ["a", "b", None]}, "price": 3, "click": 1}
 
 
 def test_a_good_event_gives_its_fields_as_text() -> None:
-    reader = EventReader(_job())
+    reader = EventReader(events_job())
     event = reader.event(json.dumps(GOOD).encode())
     assert (event.key, event.time) == ("e1", 1700000000.5)
     assert reader.named(event) == {"user.id": "42", "user.recent": f"a{MULTI_SEP}b", "price": "3", "click": "1"}
     assert event.values == FIELD_SEP.join(["42", f"a{MULTI_SEP}b", "3", "1"])  # one text, the fields in order
     missing = reader.event(json.dumps(GOOD | {"price": None, "user": {"id": 42, "recent": None}}).encode())
     assert reader.named(missing) == {"user.id": "42", "user.recent": "", "price": "", "click": "1"}
-    packed = EventReader(_job(format="msgpack")).event(msgpack.packb(GOOD))
+    packed = EventReader(events_job(format="msgpack")).event(msgpack.packb(GOOD))
     assert packed == event
 
 
@@ -83,13 +65,13 @@ def test_a_good_event_gives_its_fields_as_text() -> None:
 )
 def test_a_message_that_cannot_be_a_sample_says_why(raw, reason) -> None:
     with pytest.raises(BadEvent, match=reason.replace("(", r"\(").replace(")", r"\)")):
-        EventReader(_job()).event(raw)
+        EventReader(events_job()).event(raw)
 
 
 def test_a_message_over_the_size_limit_is_refused_before_it_is_parsed() -> None:
     huge = json.dumps(GOOD | {"pad": "y" * 2000}).encode()
     with pytest.raises(BadEvent, match=f"message of {len(huge)} bytes"):
-        EventReader(_job(max_message_bytes=1024)).event(huge)
+        EventReader(events_job(max_message_bytes=1024)).event(huge)
 
 
 def test_a_stream_batch_carries_its_sample_ids_and_event_times_on_the_wire() -> None:
@@ -114,7 +96,7 @@ def test_a_stream_batch_carries_its_sample_ids_and_event_times_on_the_wire() -> 
 
 def _pooled(arrivals: list[tuple[int, float]]) -> EventRows:
     """Rows added in groups of (count, arrival time); each row's key is its arrival order."""
-    rows, n = EventRows(_job()), 0
+    rows, n = EventRows(events_job()), 0
     for count, at in arrivals:
         for _ in range(count):
             rows.add(Event(FIELD_SEP.join(["u", "r", "1.0"]), str(n), 0.0), "1")
@@ -157,7 +139,7 @@ def test_split_cuts_rows_in_consecutive_parts_of_a_size() -> None:
 
 
 def test_the_cells_of_events_are_their_fields_and_an_event_of_other_fields_is_refused() -> None:
-    job = stream_encoder_config(_job())
+    job = stream_encoder_config(events_job())
     rows = EventRows(job)
     for i in range(3):
         rows.add(Event(FIELD_SEP.join([f"u{i}", MULTI_SEP.join(["a", "b"][:i]), str(i), "1"]), str(i), 0.0))
@@ -214,7 +196,7 @@ def test_partitions_ahead_of_the_slowest_in_event_time_are_paused_never_the_slow
 
 def _kafka_job() -> JobConfig:
     return JobConfig.model_validate(
-        _job().model_dump(mode="json")
+        events_job().model_dump(mode="json")
         | {
             "data": {
                 "source": "kafka",

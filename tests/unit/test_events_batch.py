@@ -10,9 +10,9 @@ import time
 
 import msgpack
 import pytest
+from event_jobs import events_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_events import _job as events_job
 
 import trillium_native
 from trillium.data.sources.events import BadEvent, Event, EventReader

@@ -1,6 +1,7 @@
 """The code's shape, kept true by test: imports run one way (no cycle between modules, type-only
 and function-level imports included; the packages of `trillium/` in layers; no service imports
-another), and no source file grows past 600 lines."""
+another), no source file grows past 600 lines, the coordinator's routes live in routes/, reading
+Redis only through its parts, and no module of the tests imports a test module."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 600
+ROUTE_METHODS = {"get", "post", "put", "patch", "delete"}  # FastAPI's decorators: `@router.get(...)`
 # Each package of trillium/ may import only those below it (timeouts, log and metrics are leaves).
 LAYERS = {
     "trillium.timeouts": set(),
@@ -135,6 +137,59 @@ def test_no_source_file_above_600_lines() -> None:
     assert long == {}
 
 
+def test_coordinator_routes_only_in_routes() -> None:
+    """The coordinator's routes are module-level functions of routes/, a router per concern: a
+    route decorated anywhere else (a closure in api.py, as every route once was) is out of place."""
+    coordinator = ROOT / "services/coordinator"
+    misplaced = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+        for path in coordinator.rglob("*.py")
+        if coordinator / "routes" not in path.parents
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(
+            isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr in ROUTE_METHODS
+            for d in node.decorator_list
+        )
+    ]
+    assert misplaced == []
+
+
+def test_coordinator_routes_read_no_redis() -> None:
+    """A route asks the coordinator's parts (publish.py's models, jobs.py's bound, job_view.py's
+    views), which name the keys: it never reads `coord.redis` or builds a `JobProgress`."""
+    raw = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in (ROOT / "services/coordinator/routes").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Attribute) and node.attr == "redis")
+        or (isinstance(node, ast.Name) and node.id == "JobProgress")
+    ]
+    assert raw == []
+
+
+def test_the_services_name_every_deadline_in_timeouts() -> None:
+    """A deadline in a service (a call's `timeout`, a client's `request_timeout_ms`, a timedelta)
+    is a name from trillium/timeouts.py, where docs/operations.md's table reads them, never a number
+    in place. A poll's wait for a batch (`timeout_ms` of a fetch) is not a deadline."""
+    deadlines = {"timeout", "timeout_s", "request_timeout_ms"}
+    literal = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in (ROOT / "services").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and (
+            any(k.arg in deadlines and isinstance(k.value, ast.Constant) for k in node.keywords)
+            or (
+                isinstance(node.func, ast.Name)
+                and node.func.id == "timedelta"
+                and any(isinstance(a, ast.Constant) for a in [*node.args, *(k.value for k in node.keywords)])
+            )
+        )
+    ]
+    assert literal == []
+
+
 def test_every_package_is_installed() -> None:
     """pyproject.toml lists the packages a wheel (and so every image) holds: one left out imports
     from the source tree in an editable install and is missing from the images."""
@@ -151,3 +206,28 @@ def test_every_package_is_installed() -> None:
         if d.is_dir() and "__pycache__" not in d.parts and (d / "__init__.py").exists()
     } | {"trillium.services"}
     assert on_disk - listed == set(), "packages missing from pyproject.toml's [tool.setuptools] packages"
+
+
+def _imported_modules(node: ast.AST) -> list[str]:
+    """The modules an import statement names: `import a.b` a.b, `from a.b import c` a.b, and
+    `from . import c` c."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] if node.module else [a.name for a in node.names]
+    return []
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    """A module under tests/ never imports a `test_*` module, at the top or inside a function:
+    pytest imports each test file itself, by its directory (rootdir), so another module's `import
+    test_x` may load a second copy of it or another directory's test_x. Names two test modules
+    share live in a helper module beside them (tests/e2e/replica.py) or in a conftest.py."""
+    imports = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {name}"
+        for path in (ROOT / "tests").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in _imported_modules(node)
+        if any(part.startswith("test_") for part in name.split("."))
+    ]
+    assert imports == []
