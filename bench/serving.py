@@ -13,8 +13,8 @@
    the same transform, in a process of its own behind the same gRPC service, answering the same
    request bodies from the same clients: its latency and saturation beside the replica's, and the
    ratios. The anchor in one sequential loop with no transport says which part is transport.
-5. **Sharded serving** (`sharded`): `--serving-shards` serving shards (as many as the job's PS
-   shards, by default) and a frontend over them, the same model, the same clients and loads: its
+5. **Sharded serving** (`sharded`): `--serving-shards` serving shards (by default as many as
+   the job's PS shards; any count serves any job) and a frontend over them, the same model, the same clients and loads: its
    latency and saturation, and the latency it adds over the one replica (target: ≤ 1 ms p50 at
    batch 1), with its predictions' largest difference from the replica's.
 6. **Bytes per value** of the served tables (the replica's memory over rows × dim).

@@ -705,7 +705,9 @@ class ServingTables:
     Each table is kept as one part per training PS shard (`shards`): a file written by
     shard `i` holds only IDs with `shard_of(id, shards) == i`. A **full** file replaces
     every row shard `i` owns in each table it lists; a **delta** file upserts its rows.
-    Memory: about 2.1 bytes per value at dim 64 in fp16, index included (see
+    A serving shard keeps a `slice` of the rows, `(index, count)`: those with
+    `shard_of(id, count) == index`, the others dropped as the files are read (any count,
+    whatever `shards` is). Memory: about 2.1 bytes per value at dim 64 in fp16, index included (see
     native/README.md, "Serving store"). Safe to share between threads: any number of
     lookups at once, one apply at a time (others wait).
     """
@@ -716,12 +718,15 @@ class ServingTables:
         shards: int,
         dtype: Literal["fp16", "fp32"] = "fp16",
         threads: int | None = None,
+        *,
+        slice: tuple[int, int] = (0, 1),
     ) -> None:
         """`tables`: name -> dim. `shards`: the training job's PS shard count. `dtype`: the
         values as stored, which every applied file must hold. `threads`: the pool applies use
         to read files and build indexes (default `RAYON_NUM_THREADS`, else all cores; 1 runs
-        them on the calling thread). Raises ValueError (dim < 1, shards < 1, a dtype other
-        than fp16/fp32), TypeError."""
+        them on the calling thread). `slice`: the rows kept (default all). Raises ValueError
+        (dim < 1, shards < 1, a dtype other than fp16/fp32, a slice's index not below its
+        count), TypeError."""
     def apply(self, parts: Sequence[tuple[int, str | os.PathLike[str]]], version: int) -> ApplyReport:
         """Apply `[(training shard, values-file path)]` as `version` (greater than the current
         one), all at once: a concurrent `lookup` sees every table before or after, never in
@@ -746,6 +751,9 @@ class ServingTables:
         """The last applied version (0 before any)."""
     @property
     def shards(self) -> int: ...
+    @property
+    def slice(self) -> tuple[int, int]:
+        """`(index, count)`: the rows kept are those with `shard_of(id, count) == index`."""
     @property
     def dtype(self) -> str: ...
     @property

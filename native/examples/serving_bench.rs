@@ -12,7 +12,7 @@ use std::time::Instant;
 use half::f16;
 use trillium_native::config::DType;
 use trillium_native::hash::{mix64, shard_of, SplitMix64};
-use trillium_native::serving::{ApplyReport, ServingTables};
+use trillium_native::serving::{ApplyReport, ServingSlice, ServingTables};
 use trillium_native::values::ValuesWriter;
 
 /// A values file of one table "t" of `ids` (sorted), row of `id` = `(id % 1000) / 1000 + tag`.
@@ -63,7 +63,8 @@ fn main() {
             })
             .collect()
     };
-    let st = ServingTables::new(&[("t".into(), dim)], shards, DType::F16, threads as usize).expect("store");
+    let st = ServingTables::new(&[("t".into(), dim)], shards, ServingSlice::WHOLE, DType::F16, threads as usize)
+        .expect("store");
     let full = files("full", &all, false, 0.0);
     let t0 = Instant::now();
     let r = st.apply(&full, 1).expect("apply");

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -52,24 +53,39 @@ def check_memory(manifest: VersionManifest, needed: int, cap: int | None) -> Non
 
 @dataclass(frozen=True)
 class Slice:
-    """Serving shard `index` of `count`: every table's rows of the training PS shards t with
-    t % count == index (whole training shards: a values file is read by one serving shard)."""
+    """Serving shard `index` of `count`: every table's rows whose ID's hash places them there,
+    `shard_of(id, count) == index`, as the PS shards place rows: any count, whatever the job's
+    `ps_shards` (S), and even slices. A training shard t holds IDs whose hash is t mod S, so it
+    can hold this slice's only where t and `index` agree mod gcd(S, count): those files are read,
+    and of each the share gcd / count of its rows kept (all of it where `count` divides S)."""
 
     index: int = 0
     count: int = 1
 
-    def holds(self, training_shard: int) -> bool:
-        return training_shard % self.count == self.index
+    @property
+    def name(self) -> str:
+        """`INDEX/COUNT`, as `TRILLIUM_SERVING_SHARD` and a frontend's lookups name it."""
+        return f"{self.index}/{self.count}"
+
+    def reads(self, training_shard: int, training_shards: int) -> bool:
+        common = math.gcd(training_shards, self.count)
+        return training_shard % common == self.index % common
 
     def values(self, manifest: VersionManifest) -> list[VersionFile]:
         """The values files of `manifest` this slice reads."""
-        return [f for f in manifest.values if f.shard is not None and self.holds(f.shard)]
+        shards = manifest.config.topology.ps_shards
+        return [f for f in manifest.values if f.shard is not None and self.reads(f.shard, shards)]
 
     def values_bytes(self, manifests: Sequence[VersionManifest]) -> int:
-        """The bytes of these versions' values files this slice reads: about what their rows take
-        in memory (an ID's 8 bytes and its values; the tables keep about 6 bytes of index a row
-        instead of the ID, and a delta's rows that replace rows already held take nothing more)."""
-        return sum(f.bytes for m in manifests for f in self.values(m))
+        """About the bytes of these versions' rows this slice keeps, in memory: the files it reads,
+        each times the share of its rows kept (an ID's 8 bytes and its values; the tables keep about
+        6 bytes of index a row instead of the ID, and a delta's rows that replace rows already held
+        take nothing more)."""
+        total = 0
+        for m in manifests:
+            kept = math.gcd(m.config.topology.ps_shards, self.count) / self.count
+            total += sum(round(f.bytes * kept) for f in self.values(m))
+        return total
 
 
 WHOLE = Slice()
@@ -130,10 +146,14 @@ class ServedModel:
         self.name = first.model
         self.config = config  # its tables and shards; a version of other ones is served by a new ServedModel
         self.shards = config.topology.ps_shards
-        self.rows = rows  # the training shards' rows it holds (a serving shard: a slice; IDs of others miss)
+        self.rows = rows  # the rows it holds (a serving shard: a slice; IDs of others miss)
         self.dense = dense  # whether it runs the network (a replica) or only answers lookups (a serving shard)
         self.tables = trillium_native.ServingTables(
-            {name: t.dim for name, t in config.tables.items()}, self.shards, first.dtype, threads
+            {name: t.dim for name, t in config.tables.items()},
+            self.shards,
+            first.dtype,
+            threads,
+            slice=(rows.index, rows.count),
         )
         self.layout = pooling.Layout(config.slots, config.tables, 1)
         self.bf16 = config.training.precision == "bf16"

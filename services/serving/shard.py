@@ -1,10 +1,11 @@
 """A serving shard (`python -m trillium.services.serving.shard`, `TRILLIUM_SERVING_SHARD=INDEX/COUNT`):
-one slice of every table of the stack's models, values only, answering the lookups of sharded
-serving's frontends (sharded.py) at the version each names (gRPC `ServingShard/Lookup`).
+one slice of every table of the stack's models, values only (the rows whose ID's hash places them
+on shard INDEX of COUNT, `served.Slice`), answering the lookups of sharded serving's frontends
+(sharded.py) at the version each names (gRPC `ServingShard/Lookup`).
 
 It finds and follows the models as a replica does (server.py: the registry, the model topic, the
 store; a shard that restarts loads the newest version and goes on from there), reading only the
-values files of its training shards and no network. A lookup for a version it has not applied yet
+values files of the training shards that can hold its rows, and no network. A lookup for a version it has not applied yet
 waits for it, up to the call's `wait_ms`; the answer says the version read, whichever it is.
 """
 
@@ -35,6 +36,12 @@ class _Servicer(pb_grpc.ServingShardServicer):
         self.shard = shard
 
     async def Lookup(self, request: pb.ServingRowsRequest, context: grpc.aio.ServicerContext) -> pb.ServingRowsResponse:
+        if request.slice != self.shard.slice.name:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this serving shard holds slice {self.shard.slice.name}, asked for {request.slice or 'none'}: "
+                "the frontend's TRILLIUM_SERVING_SHARDS and the shards' TRILLIUM_SERVING_SHARD disagree",
+            )
         follower = self.shard.followers.get(request.model)
         if follower is None:  # not found in the registry yet (a frontend asks for the models it found there)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"model {request.model!r} not loaded on this shard yet")

@@ -1,9 +1,10 @@
 """A frontend of sharded serving: the transform and the dense network of a model whose tables
 live on N serving shards (shard.py), asked for a request's rows in one call per shard.
 
-**Placement.** Serving shard s holds every table's rows of the training PS shards t with
-t % N == s (`served.Slice`): a request's IDs, grouped by training shard as the PS routes them
-(`pooling.plan` over the job's `ps_shards`), go to the serving shards holding their groups.
+**Placement.** Serving shard s of N holds every table's rows whose ID's hash places them there,
+`shard_of(id, N) == s`, as the PS shards place rows (`served.Slice`): N is free of the job's
+`ps_shards`. A request's IDs, grouped by serving shard (`pooling.plan` over N), go one group a shard;
+each call names the slice it takes the shard for, and a shard holding another refuses it.
 
 **Versions: versioned reads.** A call names the version the frontend runs, and the answer says
 the version the shard read. A shard behind the one named waits up to `WAIT_MS` to apply it; a
@@ -61,6 +62,10 @@ class ShardClients:
     def count(self) -> int:
         return len(self._stubs)
 
+    def slice_name(self, shard: int) -> str:
+        """The slice serving shard `shard` holds (`served.Slice.name`)."""
+        return f"{shard}/{self.count}"
+
     async def lookup(self, shard: int, request: pb.ServingRowsRequest) -> pb.ServingRowsResponse:
         stubs = self._stubs[shard]
         first = self._turn[shard] = (self._turn[shard] + 1) % len(stubs)
@@ -80,7 +85,7 @@ class ShardClients:
         empty when every shard is at it."""
 
         async def at(shard: int) -> str | None:
-            request = pb.ServingRowsRequest(model=model, version=version, wait_ms=0)
+            request = pb.ServingRowsRequest(model=model, version=version, wait_ms=0, slice=self.slice_name(shard))
             try:
                 answered = (await self.lookup(shard, request)).version
             except ShardUnavailable as err:
@@ -98,10 +103,10 @@ class ShardClients:
 
 @dataclass(frozen=True)
 class _Asked:
-    """What one serving shard is asked for: per table, its training shards' ranges of the plan's IDs."""
+    """What one serving shard is asked for: per table, its range of the plan's IDs."""
 
     shard: int
-    ranges: dict[str, list[slice]]
+    ranges: dict[str, slice]
 
 
 class FrontendModel:
@@ -112,9 +117,8 @@ class FrontendModel:
         self.store = store
         self.name = first.model
         self.config = config
-        self.shards = config.topology.ps_shards
         self.clients = clients
-        self.layout = pooling.Layout(config.slots, config.tables, self.shards)  # IDs grouped by training shard
+        self.layout = pooling.Layout(config.slots, config.tables, clients.count)  # IDs grouped by serving shard
         self.dims = {name: t.dim for name, t in config.tables.items()}
         self.bf16 = config.training.precision == "bf16"
         self._versions: dict[int, HeldVersion] = {}
@@ -139,16 +143,12 @@ class FrontendModel:
         return {}  # each shard's model view has its own
 
     def fits(self, manifest: VersionManifest) -> bool:
-        """Any version of the same tables and training shards: a frontend holds no rows to build on."""
-        return manifest.config.tables == self.config.tables and manifest.config.topology.ps_shards == self.shards
+        """Any version of the same tables: a frontend holds no rows to build on, and groups IDs by
+        serving shard, whatever the training shards."""
+        return manifest.config.tables == self.config.tables
 
     def apply(self, manifest: VersionManifest) -> float:
         """Load a version's network (blocking: a worker thread's); returns the seconds it took."""
-        if self.clients.count > self.shards:
-            raise ValueError(
-                f"{self.clients.count} serving shards for {self.shards} training shards: a serving shard "
-                "holds whole training shards, so there can be at most as many"
-            )
         started = time.monotonic()
         with self._lock:
             module, encoder = load_dense(self.store.parts(manifest.parts), manifest)
@@ -208,30 +208,26 @@ class FrontendModel:
 
     def _asks(self, plan: pooling.BatchPlan) -> list[_Asked]:
         """The serving shards holding some of the plan's IDs, and which of them each holds."""
-        count = self.clients.count
         asked = []
-        for shard in range(count):
-            ranges = {
-                table: [
-                    p.shard_rows[t]
-                    for t in range(shard, self.shards, count)
-                    if p.shard_rows[t].stop > p.shard_rows[t].start
-                ]
-                for table, p in plan.tables.items()
-            }
-            ranges = {table: r for table, r in ranges.items() if r}
+        for shard in range(self.clients.count):
+            ranges = {table: p.shard_rows[shard] for table, p in plan.tables.items()}
+            ranges = {table: r for table, r in ranges.items() if r.stop > r.start}
             if ranges:
                 asked.append(_Asked(shard, ranges))
         return asked
 
     async def _lookup(self, asked: _Asked, plan: pooling.BatchPlan, version: int) -> pb.ServingRowsResponse:
         tables = [
-            pb.ServingTableIds(
-                table=table, ids=codec.pack_array(np.concatenate([plan.tables[table].ids[r] for r in ranges]))
-            )
-            for table, ranges in asked.ranges.items()
+            pb.ServingTableIds(table=table, ids=codec.pack_array(plan.tables[table].ids[r]))
+            for table, r in asked.ranges.items()
         ]
-        request = pb.ServingRowsRequest(model=self.name, version=version, wait_ms=WAIT_MS, tables=tables)
+        request = pb.ServingRowsRequest(
+            model=self.name,
+            version=version,
+            wait_ms=WAIT_MS,
+            tables=tables,
+            slice=self.clients.slice_name(asked.shard),
+        )
         return await self.clients.lookup(asked.shard, request)
 
     def _rows(
@@ -245,18 +241,14 @@ class FrontendModel:
                 raise ShardUnavailable(
                     f"serving shard {a.shard} answered {len(answer.tables)} of {len(a.ranges)} tables"
                 )
-            for (table, ranges), got in zip(a.ranges.items(), answer.tables, strict=True):
+            for (table, r), got in zip(a.ranges.items(), answer.tables, strict=True):
                 values = codec.unpack_array(got.rows)
-                wanted = (sum(r.stop - r.start for r in ranges), self.dims[table])
+                wanted = (r.stop - r.start, self.dims[table])
                 if values.shape != wanted or values.dtype != np.float32:
                     raise ShardUnavailable(
                         f"serving shard {a.shard} answered {table} as {values.dtype}{list(values.shape)}, "
                         f"not float32{list(wanted)}"
                     )
-                at = 0
-                for r in ranges:
-                    n = r.stop - r.start
-                    rows[table][r] = values[at : at + n]
-                    at += n
+                rows[table][r] = values
                 misses[table] += got.misses
         return rows, misses

@@ -31,12 +31,19 @@ class Frontend:
         return self.http.post(f"/v1/models/{model}:predict", json={"instances": instances})
 
 
-def shard_version(run_dir: Path, process: int, model: str) -> int | None:
-    """The version serving shard process `process` serves (None: none, or it does not answer)."""
+def shard_view(run_dir: Path, process: int, model: str) -> dict | None:
+    """Serving shard process `process`'s view of `model` (`GET /v1/models/{model}`: its version, its
+    slice's rows and bytes per table), or None: none loaded, or it does not answer."""
     st = stack.read_state(run_dir)
     url = next(p["http_url"] for p in st["processes"] if p["name"] == f"serving_shard-{process}")
     try:
         r = httpx.get(f"{url}/v1/models/{model}", headers={"Authorization": f"Bearer {stack.read_token(run_dir)}"})
     except httpx.HTTPError:
         return None
-    return r.json()["version"] if r.status_code == 200 else None
+    return r.json() if r.status_code == 200 else None
+
+
+def shard_version(run_dir: Path, process: int, model: str) -> int | None:
+    """The version serving shard process `process` serves (None: none, or it does not answer)."""
+    view = shard_view(run_dir, process, model)
+    return view["version"] if view is not None else None

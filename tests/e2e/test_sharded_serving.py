@@ -1,5 +1,6 @@
 """Sharded serving on a real stack: 3 serving shards of 2 replicas each, each holding a slice of a
-model whose tables are over their memory cap, behind one frontend. Its predictions equal the job's
+model trained on 2 PS shards whose tables are over their memory cap, behind one frontend. Each
+shard holds the rows whose ID's splitmix64 hash places them on it, whatever the training shards. Its predictions equal the job's
 own evaluation of the version each answer names, for the final version and for every version
 answered while new ones were applied under a stream of requests (rows of two versions in one
 answer would match neither). A rollback pins shards and frontend alike. One replica of a shard
@@ -20,7 +21,9 @@ import numpy as np
 import pytest
 from pipeline_helpers import DATA
 from replica import SKEW, evaluation
-from sharded_frontend import Frontend, shard_version
+from sharded_frontend import Frontend, shard_version, shard_view
+from splitmix import mix64
+from values_files import read_values
 from waiting import wait_until
 
 from trillium import stack
@@ -34,8 +37,8 @@ from trillium.stack.client import CoordinatorClient
 
 SHARDS = 3
 REPLICAS = 2  # serving shard process i holds shard i % SHARDS
-PS_SHARDS = 4  # serving shard 0 holds training shards 0 and 3; shards 1 and 2 one each
-CAP_BYTES = 5_000  # each serving shard's cap: under the whole model's files; over each slice's tables (4,683 B at most)
+PS_SHARDS = 2  # fewer than the serving shards: each serving shard reads both files and keeps its third
+CAP_BYTES = 5_000  # each serving shard's cap: under the whole model's files; over each slice's tables
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +82,28 @@ def _test_rows() -> list[dict]:
     return [dict(zip(CRITEO_COLUMNS, line.split("\t"), strict=True)) for line in lines]
 
 
-def _full_bytes(store: ModelStore, version: int, rows: Slice) -> int:
-    """The bytes on disk of the values files a holder of `rows` reads of the full version under
-    `version`: what a replica's memory cap is checked against before it loads it."""
+def _full_bytes(store: ModelStore, version: int) -> int:
+    """The bytes on disk of the values files of the full version under `version`: what a replica
+    of the whole model checks against its memory cap before it loads it."""
     full = store.chain(version)[0]
     total = 0
-    for values in rows.values(full):
+    for values in full.values:
         with store.parts(full.parts).reading(values.name) as path:
             total += os.path.getsize(path)
     return total
+
+
+def _rows_by_shard(store: ModelStore, version: int) -> list[dict[str, int]]:
+    """Per serving shard, per table: how many of the IDs the versions up to `version` hold (its full
+    version's and its deltas'; nothing leaves these tables) hash to that shard."""
+    ids: dict[str, set[int]] = {}
+    for manifest in store.chain(version):
+        for values in manifest.values:
+            with store.parts(manifest.parts).reading(values.name) as path:
+                _, tables = read_values(Path(path))
+            for table, (table_ids, _) in tables.items():
+                ids.setdefault(table, set()).update(table_ids.tolist())
+    return [{t: sum(mix64(i) % SHARDS == s for i in held) for t, held in ids.items()} for s in range(SHARDS)]
 
 
 def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_stack) -> None:
@@ -125,10 +141,17 @@ def test_a_model_over_a_replicas_cap_is_served_whole_from_three_shards(sharded_s
     newest = store.manifest(versions[-1])
     assert len(versions) >= 3 and store.manifest(versions[0]).kind == "full"
 
-    # The premise: a replica of the whole model would refuse it; each shard's slice is under the cap.
-    whole = _full_bytes(store, newest.version, Slice())
-    slices = [_full_bytes(store, newest.version, Slice(s, SHARDS)) for s in range(SHARDS)]
-    assert max(slices) <= CAP_BYTES < whole, (slices, whole)
+    # The premise: a replica of the whole model would refuse it; each shard's slice is under the cap,
+    # holding the rows whose ID hashes to it, and no other.
+    whole = _full_bytes(store, newest.version)
+    assert whole > CAP_BYTES and all(len(Slice(s, SHARDS).values(newest)) == PS_SHARDS for s in range(SHARDS))
+    for s in range(SHARDS):
+        wait_until(lambda s=s: shard_version(sharded_stack, s, job.name) == newest.version, f"shard {s} serving", 60)
+    views = [shard_view(sharded_stack, s, job.name) for s in range(SHARDS)]
+    slices = [view["bytes"] for view in views]
+    assert max(slices) <= CAP_BYTES, (slices, whole)
+    held = [{table: t["rows"] for table, t in view["tables"].items()} for view in views]
+    assert held == _rows_by_shard(store, newest.version)
 
     # Every answer while versions were applied is one version's, whole.
     assert not failures, failures[:3]

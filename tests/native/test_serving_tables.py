@@ -5,19 +5,20 @@ routes them; each shard publishes a values file per version from its own capture
 files are read back here by an independent reader of the documented format, folded into a
 plain dict model (a full file replaces its shard's rows of each table it lists, a delta
 upserts), and the ServingTables must equal that model, which must equal the training
-stores' read-only float16 lookups, bit for bit."""
+stores' read-only float16 lookups, bit for bit. A serving shard's store (a `slice`) must equal
+the model's rows whose ID's splitmix64 hash places them on it, whatever the training shards."""
 
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
-import zlib
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from splitmix import mix64
+from values_files import read_values
 
 import trillium_native as tn
 
@@ -34,35 +35,6 @@ TABLES = st.lists(st.tuples(st.sampled_from(range(len(TABLE_KINDS))), st.integer
 OPS = st.lists(
     st.tuples(st.sampled_from(["train", "train", "full", "delta"]), st.integers(0, 2**31)), min_size=1, max_size=8
 )
-
-
-def read_values(path):
-    """An independent reader of the values format (native/README.md): (delta, {table: (ids, rows)})."""
-    data = path.read_bytes()
-    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
-    assert zlib.crc32(body) == crc
-    magic, version, dtype, flags, reserved, ntables, _store_version = struct.unpack_from("<8sIBBHIQ", data, 0)
-    assert (magic, version, reserved) == (b"TRLMVALS", 1, 0)
-    vtype = {0: np.float32, 1: np.float16}[dtype]
-    pos, tables = 28, {}
-    for _ in range(ntables):
-        (nlen,) = struct.unpack_from("<H", data, pos)
-        name = data[pos + 2 : pos + 2 + nlen].decode()
-        dim, rows = struct.unpack_from("<IQ", data, pos + 2 + nlen)
-        pos += 2 + nlen + 12
-        pad = -pos % 8  # the IDs start at a multiple of 8
-        assert data[pos : pos + pad] == bytes(pad)
-        pos += pad
-        ids = np.frombuffer(data, "<u8", rows, pos)
-        pos += 8 * rows
-        vals = np.frombuffer(data, vtype, rows * dim, pos).reshape(rows, dim)
-        pos += vals.nbytes
-        assert (ids[1:] > ids[:-1]).all()
-        tables[name] = (ids, vals)
-    assert data[pos : pos + 8] == b"TRLMVEND"
-    assert struct.unpack_from("<Q", data, pos + 8)[0] == sum(len(i) for i, _ in tables.values())
-    assert pos + 20 == len(data)
-    return bool(flags & 1), tables
 
 
 def make_stores(tables):
@@ -112,13 +84,24 @@ def bits(a):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tables=TABLES, ops=OPS, serve=st.sampled_from(["fp16", "fp32"]), threads=st.sampled_from([1, 2]))
-def test_serving_equals_a_dict_model_and_the_training_stores(tmp_path_factory, tables, ops, serve, threads):
+@given(
+    tables=TABLES,
+    ops=OPS,
+    serve=st.sampled_from(["fp16", "fp32"]),
+    threads=st.sampled_from([1, 2]),
+    part=st.sampled_from([(0, 1), (1, 2), (2, 3), (0, 3), (3, 4)]),
+)
+def test_serving_equals_a_dict_model_and_the_training_stores(tmp_path_factory, tables, ops, serve, threads, part):
     tables = [(f"t{k}", dim, kind) for k, (kind, dim) in enumerate(tables)]
     dims = {name: dim for name, dim, _ in tables}
     vtype = np.float16 if serve == "fp16" else np.float32
     stores = make_stores(tables)
-    serving = tn.ServingTables(dims, SHARDS, dtype=serve, threads=threads)
+    serving = tn.ServingTables(dims, SHARDS, dtype=serve, threads=threads, slice=part)
+    index, count = part
+
+    def kept(i: int) -> bool:
+        return mix64(i) % count == index
+
     model = {name: {} for name in dims}  # table -> id -> row (as served, vtype)
     marks = [None] * SHARDS
     version = 0
@@ -163,7 +146,7 @@ def test_serving_equals_a_dict_model_and_the_training_stores(tmp_path_factory, t
         for name, out, miss in zip(dims, got, misses, strict=True):
             assert out.dtype == np.float32 and out.shape == (len(probe), dims[name])
             want = np.zeros((len(probe), dims[name]), np.float32)
-            present = np.array([int(i) in model[name] for i in probe])
+            present = np.array([int(i) in model[name] and kept(int(i)) for i in probe])
             for k in np.flatnonzero(present):
                 want[k] = model[name][int(probe[k])].astype(np.float32)
             np.testing.assert_array_equal(bits(out), bits(want))
@@ -171,7 +154,7 @@ def test_serving_equals_a_dict_model_and_the_training_stores(tmp_path_factory, t
             misses_total[name] += miss
     stats = serving.stats()
     for name in dims:
-        assert stats[name]["rows"] == len(model[name])
+        assert stats[name]["rows"] == sum(kept(i) for i in model[name])
         assert stats[name]["misses"] == misses_total[name]
         assert stats[name]["memory_bytes"] > 0
     assert serving.memory_bytes() >= sum(s["memory_bytes"] for s in stats.values())

@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyList};
 
 use super::snapshot::values_dtype;
 use super::{extract_u64, get_array, guard, type_name};
-use crate::serving::ServingTables;
+use crate::serving::{ServingSlice, ServingTables};
 use crate::store::default_threads;
 
 /// Lookups of at least this many IDs (over all requests) release the GIL.
@@ -30,8 +30,14 @@ pub struct PyServing {
 #[pymethods]
 impl PyServing {
     #[new]
-    #[pyo3(signature = (tables, shards, dtype="fp16", threads=None))]
-    fn new(tables: &Bound<'_, PyAny>, shards: i64, dtype: &str, threads: Option<i64>) -> PyResult<Self> {
+    #[pyo3(signature = (tables, shards, dtype="fp16", threads=None, *, slice=(0, 1)))]
+    fn new(
+        tables: &Bound<'_, PyAny>,
+        shards: i64,
+        dtype: &str,
+        threads: Option<i64>,
+        slice: (i64, i64),
+    ) -> PyResult<Self> {
         let d = tables.cast::<PyDict>().map_err(|_| {
             PyTypeError::new_err(format!("tables must be a dict of name -> dim, got {}", type_name(tables)))
         })?;
@@ -52,8 +58,15 @@ impl PyServing {
             Some(t) => t as usize,
             None => default_threads(),
         };
+        let (index, count) = slice;
+        if !(1..=u32::MAX as i64).contains(&count) || !(0..count).contains(&index) {
+            return Err(PyValueError::new_err(format!(
+                "slice must be (index, count) with 0 <= index < count < 2**32, got ({index}, {count})"
+            )));
+        }
+        let slice = ServingSlice { index: index as u32, count: count as u32 };
         let dtype = values_dtype(dtype)?;
-        let inner = guard(|| ServingTables::new(&ts, shards as u32, dtype, threads))?;
+        let inner = guard(|| ServingTables::new(&ts, shards as u32, slice, dtype, threads))?;
         Ok(PyServing { inner })
     }
 
@@ -185,11 +198,21 @@ impl PyServing {
         self.inner.memory_bytes()
     }
 
+    /// `(index, count)`: the rows kept are those with `shard_of(id, count) == index`.
+    #[getter]
+    fn slice(&self) -> (u32, u32) {
+        let s = self.inner.slice();
+        (s.index, s.count)
+    }
+
     fn __repr__(&self) -> String {
+        let s = self.inner.slice();
         format!(
-            "ServingTables(tables={:?}, shards={}, dtype={:?}, version={})",
+            "ServingTables(tables={:?}, shards={}, slice=({}, {}), dtype={:?}, version={})",
             self.inner.tables(),
             self.inner.shards(),
+            s.index,
+            s.count,
             self.inner.dtype().name(),
             self.inner.version()
         )

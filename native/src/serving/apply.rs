@@ -4,7 +4,8 @@
 //!    format (magic, version, CRC, IDs strictly ascending; `crate::values`), its dtype
 //!    (the store's), every table served with the same dim, every ID owned by the file's
 //!    training shard (`shard_of(id, shards) == shard`: the version's consistency check).
-//!    Any failure fails the call naming the file; nothing has changed.
+//!    Any failure fails the call naming the file; nothing has changed. A sliced store
+//!    then drops the rows outside its slice (`ServingSlice`).
 //! 2. **Fold** the files per part (table, shard) in list order: a full file replaces what
 //!    came before it, a delta is merged on top (later rows win). A part ends up with a
 //!    full run (its new rows) or a delta run (rows to upsert), each sorted by ID.
@@ -89,11 +90,12 @@ enum Acc<W: Copy> {
     Delta(Run<W>),
 }
 
-/// A checked file: its shard, kind, size and `(table index, rows)`.
+/// A checked file: its shard, kind, size, rows read and `(table index, rows kept)`.
 struct Checked<W: Copy> {
     shard: u32,
     delta: bool,
     bytes: u64,
+    rows: u64,
     runs: Vec<(usize, Run<W>)>,
 }
 
@@ -171,6 +173,7 @@ impl<W: Elem + Pod> Serving<W> {
         let f = read_values::<W>(path, true).map_err(|e| file_err(path, e))?;
         let bad = |m: String| StoreError::Value(format!("values file {}: {m}", path.display()));
         let mut runs = Vec::with_capacity(f.tables.len());
+        let mut rows = 0;
         for t in f.tables {
             let Some(&k) = self.by_name.get(&t.name) else {
                 return Err(bad(format!("table {:?} is not served (tables: {:?})", t.name, self.names)));
@@ -190,9 +193,24 @@ impl<W: Elem + Pod> Serving<W> {
                     self.shards
                 )));
             }
-            runs.push((k, Run { ids: t.ids, values: t.values, dim: t.dim }));
+            rows += t.ids.len() as u64;
+            runs.push((k, self.sliced(Run { ids: t.ids, values: t.values, dim: t.dim })));
         }
-        Ok(Checked { shard, delta: f.delta, bytes: f.bytes, runs })
+        Ok(Checked { shard, delta: f.delta, bytes: f.bytes, rows, runs })
+    }
+
+    /// The rows of `run` in this store's slice (`run` itself when it keeps them all).
+    fn sliced(&self, run: Run<W>) -> Run<W> {
+        if run.ids.iter().all(|&id| self.slice.keeps(id)) {
+            return run;
+        }
+        let kept: Vec<usize> = (0..run.ids.len()).filter(|&j| self.slice.keeps(run.ids[j])).collect();
+        let dim = run.dim;
+        let mut values = RawBuf::<W>::zeroed(kept.len() * dim, true);
+        for (dst, &j) in values.chunks_exact_mut(dim).zip(&kept) {
+            dst.copy_from_slice(run.row(j));
+        }
+        Run { ids: kept.iter().map(|&j| run.ids[j]).collect(), values, dim }
     }
 
     /// Apply values files `(training shard, path)` as `version` (> the current one), all
@@ -231,8 +249,8 @@ impl<W: Elem + Pod> Serving<W> {
         let mut accs: Vec<Option<Acc<W>>> = (0..self.names.len() * n).map(|_| None).collect();
         for c in checked {
             rep.bytes += c.bytes;
+            rep.rows += c.rows;
             for (t, run) in c.runs {
-                rep.rows += run.ids.len() as u64;
                 let slot = &mut accs[t * n + c.shard as usize];
                 *slot = Some(match (slot.take(), c.delta) {
                     (_, false) => Acc::Full(run),

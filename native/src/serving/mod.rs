@@ -9,6 +9,13 @@
 //! `Overlay` for IDs new since the base was built. At dim 64 in fp16 that is about
 //! 2.1 bytes per value, index included (values alone are 2.0).
 //!
+//! **A slice of the rows** (a serving shard, `ServingSlice`): serving shard `k` of `N` keeps
+//! only the rows with `shard_of(id, N) == k`, whatever `S` is, by the ID's hash as the PS
+//! shards place them, so `N` is free of the training layout and the slices are even. It is
+//! given the files of the training shards that can hold such IDs (`t % gcd(S, N) ==
+//! k % gcd(S, N)`) and drops the other rows as it reads them; where `N` divides `S` a file
+//! is wholly kept and nothing is filtered.
+//!
 //! **Atomic versions.** `apply` takes a list of files and a version, and all of them
 //! become visible together: a lookup reads every table of its call under one read lock,
 //! at one version, before or after an apply, never in between. Apply reads and checks
@@ -48,6 +55,22 @@ mod overlay;
 pub use apply::ApplyReport;
 use base::Base;
 use overlay::Overlay;
+
+/// Which rows a store keeps: those with `shard_of(id, count) == index` (`WHOLE`: all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServingSlice {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl ServingSlice {
+    pub const WHOLE: ServingSlice = ServingSlice { index: 0, count: 1 };
+
+    #[inline(always)]
+    pub fn keeps(&self, id: u64) -> bool {
+        self.count == 1 || crate::hash::shard_of(id, self.count) == self.index
+    }
+}
 
 /// One table's rows owned by one training shard.
 pub struct Part<W: Copy> {
@@ -108,6 +131,7 @@ pub struct Serving<W: Copy> {
     dims: Vec<usize>,
     by_name: HashMap<String, usize>,
     shards: u32,
+    slice: ServingSlice,
     threads: usize,
     /// None for `threads == 1`: everything runs on the calling thread.
     pool: Option<rayon::ThreadPool>,
@@ -116,7 +140,7 @@ pub struct Serving<W: Copy> {
 }
 
 impl<W: Elem + Pod> Serving<W> {
-    fn new(tables: &[(String, usize)], shards: u32, threads: usize) -> Result<Self> {
+    fn new(tables: &[(String, usize)], shards: u32, slice: ServingSlice, threads: usize) -> Result<Self> {
         let pool = if threads > 1 {
             let p = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -133,6 +157,7 @@ impl<W: Elem + Pod> Serving<W> {
             dims: tables.iter().map(|t| t.1).collect(),
             by_name: tables.iter().enumerate().map(|(k, t)| (t.0.clone(), k)).collect(),
             shards,
+            slice,
             threads,
             pool,
             state: RwLock::new(State { version: 0, parts }),
@@ -196,10 +221,20 @@ macro_rules! with_serving {
 
 impl ServingTables {
     /// Tables `(name, dim)` of a model trained on `shards` PS shards, holding `dtype`
-    /// values (fp16 or fp32), applying versions on `threads` threads.
-    pub fn new(tables: &[(String, usize)], shards: u32, dtype: DType, threads: usize) -> Result<Self> {
+    /// values (fp16 or fp32), keeping the rows of `slice`, applying versions on `threads`
+    /// threads.
+    pub fn new(
+        tables: &[(String, usize)],
+        shards: u32,
+        slice: ServingSlice,
+        dtype: DType,
+        threads: usize,
+    ) -> Result<Self> {
         if shards == 0 {
             return value_err("shards must be >= 1");
+        }
+        if slice.count == 0 || slice.index >= slice.count {
+            return value_err(format!("slice {}/{}: the index must be below the count", slice.index, slice.count));
         }
         if threads == 0 || threads > 1024 {
             return value_err(format!("threads must be in [1, 1024], got {threads}"));
@@ -213,8 +248,8 @@ impl ServingTables {
             }
         }
         match dtype {
-            DType::F16 => Ok(ServingTables::F16(Serving::new(tables, shards, threads)?)),
-            DType::F32 => Ok(ServingTables::F32(Serving::new(tables, shards, threads)?)),
+            DType::F16 => Ok(ServingTables::F16(Serving::new(tables, shards, slice, threads)?)),
+            DType::F32 => Ok(ServingTables::F32(Serving::new(tables, shards, slice, threads)?)),
             DType::BF16 => value_err("a serving store holds fp16 or fp32 values, not bf16"),
         }
     }
@@ -242,6 +277,10 @@ impl ServingTables {
 
     pub fn shards(&self) -> u32 {
         with_serving!(self, s => s.shards)
+    }
+
+    pub fn slice(&self) -> ServingSlice {
+        with_serving!(self, s => s.slice)
     }
 
     pub fn threads(&self) -> usize {

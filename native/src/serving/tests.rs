@@ -104,7 +104,7 @@ fn base_finds_every_id_uniform_or_not() {
 #[test]
 fn full_replaces_a_shards_rows_and_delta_upserts() {
     let dir = TestDir::new("serving-full");
-    let s = ServingTables::new(&[("a".into(), 4), ("b".into(), 2)], 2, DType::F16, 2).unwrap();
+    let s = ServingTables::new(&[("a".into(), 4), ("b".into(), 2)], 2, ServingSlice::WHOLE, DType::F16, 2).unwrap();
     assert_eq!(s.version(), 0);
     let a0 = rows_of(&owned_ids(300, 0, 2, 1), 4, 0.0);
     let a1 = rows_of(&owned_ids(300, 1, 2, 1), 4, 0.5);
@@ -157,9 +157,44 @@ fn full_replaces_a_shards_rows_and_delta_upserts() {
 }
 
 #[test]
+fn a_slice_keeps_the_rows_of_its_hash_whatever_the_training_shards() {
+    let dir = TestDir::new("serving-slice");
+    // 2 training shards served by 3 slices: every slice reads both files and keeps its third.
+    let a0 = rows_of(&owned_ids(600, 0, 2, 1), 4, 0.0);
+    let a1 = rows_of(&owned_ids(600, 1, 2, 1), 4, 0.5);
+    write_file(&dir.join("s0"), false, &[("a", 4, &a0)]);
+    write_file(&dir.join("s1"), false, &[("a", 4, &a1)]);
+    let d1 = rows_of(&owned_ids(90, 1, 2, 7), 4, 1.5);
+    write_file(&dir.join("d1"), true, &[("a", 4, &d1)]);
+    let whole: Rows = a0.iter().chain(&a1).chain(&d1).map(|(id, v)| (*id, v.clone())).collect();
+    let probe: Vec<u64> = whole.keys().copied().collect();
+    let mut held = 0;
+    for index in 0..3 {
+        let slice = ServingSlice { index, count: 3 };
+        let s = ServingTables::new(&[("a".into(), 4)], 2, slice, DType::F16, 1).unwrap();
+        let r = s.apply(&[(0, dir.join("s0")), (1, dir.join("s1"))], 1).unwrap();
+        assert_eq!(r.rows, 1200, "rows read");
+        s.apply(&[(1, dir.join("d1"))], 2).unwrap();
+        let mine: Rows =
+            whole.iter().filter(|(id, _)| shard_of(**id, 3) == index).map(|(i, v)| (*i, v.clone())).collect();
+        check(&s, 0, &mine, &probe); // the others' IDs miss
+        let rows = s.stats()[0].rows as usize;
+        assert_eq!(rows, mine.len());
+        assert!((rows as f64 - whole.len() as f64 / 3.0).abs() < 0.15 * whole.len() as f64 / 3.0, "{rows}");
+        held += rows;
+    }
+    assert_eq!(held, whole.len());
+    // Where the count divides the training shards' a file is kept whole, the other one dropped.
+    let s = ServingTables::new(&[("a".into(), 4)], 2, ServingSlice { index: 1, count: 2 }, DType::F16, 1).unwrap();
+    s.apply(&[(1, dir.join("s1"))], 1).unwrap();
+    check(&s, 0, &a1, &probe.iter().copied().filter(|id| !d1.contains_key(id)).collect::<Vec<_>>());
+    assert!(ServingTables::new(&[("a".into(), 4)], 2, ServingSlice { index: 3, count: 3 }, DType::F16, 1).is_err());
+}
+
+#[test]
 fn bad_files_and_versions_change_nothing() {
     let dir = TestDir::new("serving-bad");
-    let s = ServingTables::new(&[("a".into(), 3)], 2, DType::F16, 1).unwrap();
+    let s = ServingTables::new(&[("a".into(), 3)], 2, ServingSlice::WHOLE, DType::F16, 1).unwrap();
     let a0 = rows_of(&owned_ids(100, 0, 2, 1), 3, 0.0);
     write_file(&dir.join("ok"), false, &[("a", 3, &a0)]);
     s.apply(&[(0, dir.join("ok"))], 3).unwrap();
@@ -187,7 +222,7 @@ fn bad_files_and_versions_change_nothing() {
     std::fs::write(dir.join("flipped"), &b).unwrap();
     assert!(err(&[(0, dir.join("ok")), (0, dir.join("flipped"))], 4).contains("CRC-32 mismatch"));
     // An fp32 store refuses fp16 files.
-    let s32 = ServingTables::new(&[("a".into(), 3)], 2, DType::F32, 1).unwrap();
+    let s32 = ServingTables::new(&[("a".into(), 3)], 2, ServingSlice::WHOLE, DType::F32, 1).unwrap();
     assert!(s32.apply(&[(0, dir.join("ok"))], 1).err().unwrap().to_string().contains("expected fp32"));
 
     assert_eq!(s.version(), 3);
@@ -200,7 +235,7 @@ fn bad_files_and_versions_change_nothing() {
 fn overlay_grows_then_merges() {
     let dir = TestDir::new("serving-merge");
     let (dim, n) = (2, 400_000);
-    let s = ServingTables::new(&[("a".into(), dim)], 1, DType::F16, 2).unwrap();
+    let s = ServingTables::new(&[("a".into(), dim)], 1, ServingSlice::WHOLE, DType::F16, 2).unwrap();
     let ids = owned_ids(n + 40_000, 0, 1, 7);
     let mut model = rows_of(&ids[..n], dim, 0.0);
     write_file(&dir.join("full"), false, &[("a", dim, &model)]);
@@ -240,7 +275,7 @@ fn overlay_grows_then_merges() {
 fn memory_per_value_at_1m_rows() {
     let dir = TestDir::new("serving-mem");
     let (dim, n) = (64, 1_000_000);
-    let s = ServingTables::new(&[("a".into(), dim)], 2, DType::F16, 2).unwrap();
+    let s = ServingTables::new(&[("a".into(), dim)], 2, ServingSlice::WHOLE, DType::F16, 2).unwrap();
     for shard in 0..2 {
         let ids = owned_ids(n / 2, shard, 2, 3);
         let rows: Rows = ids.iter().map(|&id| (id, vec![(id % 5) as f32; dim])).collect();
@@ -269,7 +304,9 @@ fn memory_per_value_at_1m_rows() {
 fn lookups_never_see_a_mixed_version() {
     let dir = TestDir::new("serving-atomic");
     let dim = 3;
-    let s = std::sync::Arc::new(ServingTables::new(&[("a".into(), dim), ("b".into(), dim)], 2, DType::F16, 2).unwrap());
+    let s = std::sync::Arc::new(
+        ServingTables::new(&[("a".into(), dim), ("b".into(), dim)], 2, ServingSlice::WHOLE, DType::F16, 2).unwrap(),
+    );
     let ids: Vec<u64> = (0..2).flat_map(|sh| owned_ids(500, sh, 2, 1)).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader = {
