@@ -397,10 +397,10 @@ def linked_jobs(records: list[JobRecord], origin: JobRecord, shared_root: str) -
 
 
 def table_ids(job: JobRecord, table: str, values: list[str]) -> np.ndarray:
-    """The IDs `values` hash to in every slot that uses `table` (each slot hashes in its own
-    namespace), sorted and unique."""
+    """The IDs `values` hash to in every slot that uses `table` (in the slot's ID space: the
+    table's, or its own with `ids: per_slot`), sorted and unique."""
     slots = [s for s in job.config.slots if s.table == table]
-    hashed = [trillium_native.hash_cells(s.name, values)[1] for s in slots]
+    hashed = [trillium_native.hash_cells(job.config.id_space(s), values)[1] for s in slots]
     return np.unique(np.concatenate(hashed))
 
 

@@ -187,6 +187,13 @@ class JobStore:
                 f"init_from: job {init.job} has no complete checkpoint at step {step}; it has {sorted(complete)}"
             )
         manifest = complete[step]
+        for table, theirs in manifest.config.tables.items():
+            ours = config.tables.get(table)
+            if ours is not None and ours.ids != theirs.ids:
+                raise IllegalTransition(
+                    f"init_from: table {table!r} of job {init.job} has ids: {theirs.ids}, this job's ids: {ours.ids}; "
+                    f"its rows are keyed in the other ID space: set tables.{table}.ids: {theirs.ids} to start from them"
+                )
         for name in ("tables", "slots"):
             if getattr(manifest.config, name) != getattr(config, name):
                 raise IllegalTransition(f"init_from: the {name} of job {init.job} differ from this job's")

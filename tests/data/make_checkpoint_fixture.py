@@ -63,6 +63,7 @@ def main() -> int:
                 data_loaders=topo.data_loaders,
                 serving_replicas=0,
             ),
+            allow_paths=[DATA],  # the job's data (tests/data/tiny_multitask)
         )
         try:
             client = CoordinatorClient.for_stack(run_dir)

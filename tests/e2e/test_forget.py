@@ -53,8 +53,9 @@ def _job(tmp_path: Path, name: str = "forget") -> JobConfig:
 
 
 def _ids(values: list[str]) -> np.ndarray:
-    """The user IDs as the job's slot c1 hashes its values (the data's own hashing, not the forget's)."""
-    return np.unique(trillium_native.hash_cells("c1", values)[1])
+    """The user IDs as the job's slot c1 hashes its values (the data's own hashing, not the forget's):
+    in table `user`'s ID space, its name (a table's slots share its IDs by default)."""
+    return np.unique(trillium_native.hash_cells("user", values)[1])
 
 
 def _user_rows(store: trillium_native.EmbeddingStore, ids: np.ndarray) -> tuple[int, int]:

@@ -166,27 +166,37 @@ def test_missing_dense_values_become_zero(tmp_path: Path) -> None:
     assert builder.dense_stats["I2"] == {"mean": 2.0, "std": 1.0}  # over the present values only
 
 
-def test_ids_are_hashed_per_slot_namespace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ids", ["shared", "per_slot"])
+def test_ids_are_hashed_in_their_slots_id_space(tmp_path: Path, ids: str) -> None:
+    """The slots of a table share its ID space (its name's namespace) unless it says `per_slot`
+    (each slot's own); a table of one slot named after it hashes alike either way."""
     train = tmp_path / "train.tsv"
-    cats = [["aa", "", "x|y|z", *[""] * 23], ["bb", "cc", "", *[""] * 23]]
+    cats = [["aa", "", "x|y|z", *[""] * 23], ["bb", "aa", "", *[""] * 23]]
     train.write_text("\n".join(criteo_line(cats=c) for c in cats) + "\n")
     slots = [
         {"name": "c1", "column": "C1", "table": "shared"},
         {"name": "c2", "column": "C2", "table": "shared"},
         {"name": "hist", "column": "C3", "separator": "|", "max_len": 2, "pooling": "none"},
     ]
-    batch = next(BatchBuilder(criteo_job(train, slots)).batches())
+    job = criteo_job(train, slots)
+    job = job.model_copy(
+        update={"tables": job.tables | {"shared": job.tables["shared"].model_copy(update={"ids": ids})}}
+    )
+    space = {"c1": "shared", "c2": "shared"} if ids == "shared" else {"c1": "c1", "c2": "c2"}
+    batch = next(BatchBuilder(job).batches())
     assert batch.ids.keys == ("c1", "c2", "hist")
     values, lengths = batch.ids.slot("c1")
-    np.testing.assert_array_equal(values, trillium_native.hash_ids("c1", ["aa", "bb"]))
+    np.testing.assert_array_equal(values, trillium_native.hash_ids(space["c1"], ["aa", "bb"]))
     np.testing.assert_array_equal(lengths, [1, 1])
     values, lengths = batch.ids.slot("c2")  # a missing cell has no ID
-    np.testing.assert_array_equal(values, trillium_native.hash_ids("c2", ["cc"]))
+    np.testing.assert_array_equal(values, trillium_native.hash_ids(space["c2"], ["aa"]))
     np.testing.assert_array_equal(lengths, [0, 1])
     values, lengths = batch.ids.slot("hist")  # split, then cut to max_len
     np.testing.assert_array_equal(values, trillium_native.hash_ids("hist", ["x", "y"]))
     np.testing.assert_array_equal(lengths, [2, 0])
-    assert trillium_native.hash_ids("c1", ["aa"])[0] != trillium_native.hash_ids("c2", ["aa"])[0]
+    # "aa" in c1 and in c2: one ID (one row) in a shared table, two per slot.
+    same = batch.ids.slot("c1")[0][0] == batch.ids.slot("c2")[0][0]
+    assert same == (ids == "shared")
 
 
 def write_numbered(tmp_path: Path, rows: int) -> Path:

@@ -59,6 +59,7 @@ from .tables import (
     FtrlConfig,
     SgdConfig,
     TableConfig,
+    stored_config,
 )
 from .tasks import LabelConfig, TaskConfig
 
@@ -106,4 +107,5 @@ __all__ = [
     "TopologyConfig",
     "TrainingConfig",
     "read_job",
+    "stored_config",
 ]

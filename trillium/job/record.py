@@ -25,9 +25,9 @@ from __future__ import annotations
 import bisect
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from trillium.job import JobConfig
+from trillium.job import JobConfig, stored_config
 
 JobState = Literal[
     "submitted", "starting", "running", "paused", "recovering", "stopping", "finished", "failed", "stopped"
@@ -166,6 +166,11 @@ class JobRecord(BaseModel):
     forgetting: str | None = Field(
         None, description="the receipt id of the forget running on the job: no resume or delete until it is done"
     )
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _stored(cls, raw: Any) -> Any:
+        return stored_config(raw)  # a record of an earlier Trillium: its tables hashed per slot
 
     @property
     def pending_reshard(self) -> Reshard | None:

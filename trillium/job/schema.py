@@ -411,6 +411,12 @@ class JobConfig(Strict):
         label for a task, and its model returns (B, T)."""
         return self.labels is not None
 
+    def id_space(self, slot: FeatureSlot) -> str:
+        """The namespace `slot`'s values are hashed in: its table's name where the table's slots
+        share its IDs (`ids: shared`, the default), else the slot's own (`per_slot`). A table read
+        by one slot of its name hashes as it always did."""
+        return slot.table if self.tables[slot.table].ids == "shared" else slot.name
+
     @property
     def embedding_values(self) -> int:
         """A sample's embedding values: each slot's dim (times its max_len for a sequence)."""

@@ -141,6 +141,11 @@ class TableConfig(Strict):
     disk: Annotated[str, Field(min_length=1)] | None = None
     """The disk tier's directory (with `memory_budget_gb`), on a local SSD, under
     `TRILLIUM_ALLOWED_PATHS`; rows there are read back when a lookup or update needs them."""
+    ids: Literal["shared", "per_slot"] = "shared"
+    """The ID space of the slots reading the table: `shared`, one value one ID and one row,
+    whichever slot reads it (an item in a history and as the target); `per_slot`, each slot hashes
+    its values apart, so the same value in two slots is two rows. A job stored by an earlier
+    Trillium, which hashed within the slot, reads as `per_slot` (`stored_config`)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> TableConfig:
@@ -197,3 +202,18 @@ class TableConfig(Strict):
                 admission_sketch_depth=adm.sketch_depth,
             )
         return kwargs
+
+
+def stored_config(raw: Any) -> Any:
+    """A job config as stored with a job, a checkpoint or a model version: one stored by a Trillium
+    before tables had `ids` (and hashed every slot's IDs within the slot) reads as it trained,
+    its tables `per_slot`. One stored since names every table's `ids`."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("tables"), dict):
+        return raw
+    tables = raw["tables"]
+    if all(not isinstance(t, dict) or "ids" in t for t in tables.values()):
+        return raw
+    return {
+        **raw,
+        "tables": {name: {"ids": "per_slot", **t} if isinstance(t, dict) else t for name, t in tables.items()},
+    }

@@ -33,10 +33,10 @@ import posixpath
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from trillium.config import Role
-from trillium.job import JobConfig
+from trillium.job import JobConfig, stored_config
 from trillium.job.record import JobRecord, Lineage
 from trillium.runtime.ledger import GradientLedger
 from trillium.runtime.storage import StorageDir, filesystem
@@ -49,7 +49,10 @@ from trillium.runtime.storage import StorageDir, filesystem
 # 3: a stream loader's events (its joiners' and its rows) as a list per field, not per event.
 # 4: multi-task jobs (`labels:`): a rank's file has each task's loss curve (`task_losses`, which
 # a reader of 3 refuses as an unknown field), the metrics each task's (`eval.tasks`).
-FORMAT_VERSION = 4
+# 5: the job's config names each table's `ids` (its slots' ID space: shared by default); a
+# checkpoint of 4 or earlier hashed every slot within the slot, and reads as `per_slot`
+# (`trillium.job.stored_config`), so a job resumed or warm-started from it finds its rows.
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 
@@ -116,6 +119,11 @@ class Manifest(BaseModel):
         description="the step of the checkpoint before this one on its timeline: its attempt's previous one, "
         "or the one its attempt was restored from; null for a timeline's first (`timeline`)",
     )
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _stored(cls, raw: Any) -> Any:
+        return stored_config(raw)  # a checkpoint of format 4 or earlier: its tables hashed per slot
 
     @property
     def bytes(self) -> int:

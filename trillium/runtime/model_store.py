@@ -32,13 +32,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from trillium.job import JobConfig
+from trillium.job import JobConfig, stored_config
 
 from .storage import StorageDir, filesystem, read_json, write_json_atomically
 
-FORMAT_VERSION = 1
+# 2: a version's job config names each table's `ids` (its slots' ID space); one of format 1 hashed
+# every slot within the slot, and reads as `per_slot` (`stored_config`).
+FORMAT_VERSION = 2
 DENSE = "dense.pt"
 EVAL = "eval.npy"
 FORGOTTEN = "forgotten.json"
@@ -86,6 +88,11 @@ class VersionManifest(BaseModel):
     dtype: Literal["fp16", "fp32"]
     config: JobConfig
     dense_stats: DenseStats
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _stored(cls, raw: Any) -> Any:
+        return stored_config(raw)  # a version of format 1: its tables hashed per slot
 
     def file(self, name: str) -> VersionFile:
         for f in self.files:
@@ -183,9 +190,10 @@ class ModelStore:
             manifest = VersionManifest.model_validate(raw)
         except ValueError as err:
             raise CorruptVersion(f"{self.location}: version {version} has no valid manifest: {err}") from None
-        if manifest.format != FORMAT_VERSION:
+        if not 1 <= manifest.format <= FORMAT_VERSION:
             raise CorruptVersion(
-                f"{self.location}: version {version} is of format {manifest.format}, this build reads {FORMAT_VERSION}"
+                f"{self.location}: version {version} is of format {manifest.format}, this build reads 1 to "
+                f"{FORMAT_VERSION}"
             )
         if manifest.version != version or manifest.model != self.model:
             raise CorruptVersion(f"{self.location}/versions/{version}.json names {manifest.model} {manifest.version}")

@@ -2,7 +2,7 @@
 
 For each block, in worker threads: the dense columns are parsed as numbers and the label checked
 (`Encoder.check`); the well-formed rows are then encoded (`Encoder.encode`): each slot's cells
-hashed to u64 IDs within the slot's namespace by `trillium_native.hash_strings` straight from the
+hashed to u64 IDs in the slot's ID space (`JobConfig.id_space`) by `trillium_native.hash_strings` straight from the
 Arrow buffers (jagged: int32 lengths per row; a multi-valued slot splits its cells on its separator
 and keeps the first `max_len` non-empty values), dense values normalized to float32 (missing = 0),
 labels 0/1 as float32. The blocks then pass, in order, through an optional shuffle buffer and are

@@ -128,7 +128,9 @@ class TextCells:
     def of_columns(job: JobConfig, columns: Mapping[str, Sequence[str | None]], *, labelled: bool = True) -> TextCells:
         """Cells given as a column of each of the job's columns (a label column only if `labelled`)."""
         rows = len(columns[job.label.column]) if labelled else len(next(iter(columns.values()), ()))
-        ids = [trillium_native.hash_cells(s.name, columns[s.column], s.separator, s.max_len) for s in job.slots]
+        ids = [
+            trillium_native.hash_cells(job.id_space(s), columns[s.column], s.separator, s.max_len) for s in job.slots
+        ]
         dense, odd = np.empty((rows, len(job.dense))), []
         for j, d in enumerate(job.dense):
             dense[:, j], odd_rows = trillium_native.parse_floats(columns[d.column])
@@ -225,7 +227,7 @@ class Encoder:
         lengths = np.empty((len(self.job.slots), int(keep.sum())), np.int32)
         values = []
         for k, slot in enumerate(self.job.slots):
-            ids, lengths[k] = _slot_ids(slot, as_text(block.table.column(slot.column)), keep)
+            ids, lengths[k] = _slot_ids(slot, self.job.id_space(slot), as_text(block.table.column(slot.column)), keep)
             values.append(ids)
         dense, labels = self._normalize(checked.dense[keep]), checked.labels[keep].astype(np.float32)
         return EncodedBlock.from_lengths(lengths, tuple(values), dense, labels)
@@ -338,12 +340,13 @@ def _check_stats(job: JobConfig, stats: DenseStats) -> None:
             raise ValueError(f"dense column {d.column!r} ({d.normalization}): stats need {need}, got {given!r}")
 
 
-def _slot_ids(slot: FeatureSlot, text: pa.Array, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(IDs uint64, lengths int32[keep.sum()]) of one slot over the rows `keep`."""
+def _slot_ids(slot: FeatureSlot, space: str, text: pa.Array, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(IDs uint64, lengths int32[keep.sum()]) of one slot over the rows `keep`, hashed in `space`
+    (`JobConfig.id_space`)."""
     if slot.separator is None:  # one ID per non-empty cell
         ok = present(text) & keep
         data, offsets = text_buffers(text)
-        return trillium_native.hash_strings(slot.name, data, offsets)[ok], ok[keep].astype(np.int32)
+        return trillium_native.hash_strings(space, data, offsets)[ok], ok[keep].astype(np.int32)
     parts = pc.split_pattern(text, pattern=slot.separator)
     row = pc.list_parent_indices(parts).to_numpy()
     data, offsets = text_buffers(parts.flatten())
@@ -352,7 +355,7 @@ def _slot_ids(slot: FeatureSlot, text: pa.Array, keep: np.ndarray) -> tuple[np.n
         rows = row[ok]
         first = np.maximum.accumulate(np.where(np.r_[True, rows[1:] != rows[:-1]], np.arange(len(rows)), 0))
         ok[np.flatnonzero(ok)[np.arange(len(rows)) - first >= slot.max_len]] = False
-    ids = trillium_native.hash_strings(slot.name, data, offsets)[ok]
+    ids = trillium_native.hash_strings(space, data, offsets)[ok]
     return ids, np.bincount(row[ok], minlength=len(keep))[keep].astype(np.int32)
 
 
