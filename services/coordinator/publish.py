@@ -35,6 +35,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from trillium.config import KafkaConnection
 from trillium.job.record import JobRecord, Published
+from trillium.runtime.model_registry import BadRegistryEntry, ModelRegistry, RegisteredModel
 from trillium.runtime.model_store import (
     DENSE,
     ExportRequest,
@@ -48,11 +49,10 @@ from trillium.runtime.model_store import (
     ps_values,
 )
 from trillium.runtime.progress import JobProgress
-from trillium.wire import kafka, state
+from trillium.wire import kafka
 
 from .jobs import JobStore
 from .registry import Worker, WorkerRegistry
-from .views import ModelEntry
 
 logger = logging.getLogger("trillium.coordinator.publish")
 
@@ -93,6 +93,7 @@ class Publisher:
         self.kafka = kafka_conn
         self.shared_root = shared_root
         self.http = http  # the workers' HTTP ports: the token on every call, TLS checked when set
+        self.models_registry = ModelRegistry(jobs.redis)
         self._producer = None
         self._attempts: dict[tuple[str, int], _Job] = {}
         self._next_version: dict[str, int] = {}  # model -> the number its next version takes
@@ -115,10 +116,16 @@ class Publisher:
         held = self._attempts.get((job.id, job.attempt))
         return list(held.failures) if held is not None else []
 
-    async def models(self) -> list[ModelEntry]:
-        """Every model published, by name, as `_announce` records it in the model registry."""
-        entries = await self.jobs.redis.hgetall(state.MODELS)
-        return [ModelEntry(model=name, **json.loads(entry)) for name, entry in sorted(entries.items())]
+    async def models(self) -> list[RegisteredModel]:
+        """Every model published, by name, as `_announce` records it in the model registry (an
+        unreadable entry logged and left out)."""
+        models = []
+        for entry in (await self.models_registry.models()).values():
+            if isinstance(entry, BadRegistryEntry):
+                logger.warning("model registry entry skipped", extra={"error": str(entry)})
+            else:
+                models.append(entry)
+        return models
 
     # ---- the loop --------------------------------------------------------------------------------
     async def tick(self, job: JobRecord | None) -> None:
@@ -260,14 +267,15 @@ class Publisher:
 
     async def _announce(self, store: ModelStore, manifest: VersionManifest) -> None:
         """The notice on the model's topic and the registry entry replicas find the model by."""
-        entry = {
-            "dir": store.base,
-            "topic": model_topic(store.model),
-            "version": manifest.version,
-            "job_id": manifest.job_id,
-            "updated_at": manifest.created_at,
-        }
-        await self.jobs.redis.hset(state.MODELS, store.model, json.dumps(entry))
+        entry = RegisteredModel(
+            model=store.model,
+            dir=store.base,
+            topic=model_topic(store.model),
+            version=manifest.version,
+            job_id=manifest.job_id,
+            updated_at=manifest.created_at,
+        )
+        await self.models_registry.announce(entry)
         try:
             if self._producer is None:
                 self._producer = kafka.producer(self.kafka)

@@ -207,17 +207,6 @@ class TablesView(BaseModel):
 # ---- models and workers ------------------------------------------------------------------------
 
 
-class ModelEntry(BaseModel):
-    """A published model, as the registry has it: serving replicas find its versions there."""
-
-    model: str
-    dir: str = Field(description="the model store its versions are in")
-    topic: str = Field(description="where its versions are announced")
-    version: int = Field(description="the newest version")
-    job_id: str = Field(description="the job that published it")
-    updated_at: float
-
-
 class HeartbeatResponse(BaseModel):
     worker: Worker
     job: JobRecord | None = Field(

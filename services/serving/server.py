@@ -2,7 +2,7 @@
 and follows each to its newest version within seconds of its commit.
 
 Models are found in the stack's model registry (Redis, written by the coordinator when it commits
-a version: `trillium.wire.state.MODELS`); a replica started for one model (`trillium serve MODEL`,
+a version: `trillium.runtime.model_registry`); a replica started for one model (`trillium serve MODEL`,
 `TRILLIUM_SERVING_MODEL`) serves that one only, pinned to `TRILLIUM_SERVING_VERSION` if set. Each
 model has a follower (follower.py) that keeps a `ServedModel` (served.py) at its newest version.
 Requests come over REST (api.py) and gRPC (`Predict`, proto/serving.proto), both behind the
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from trillium.data.instances import BadInstance
 from trillium.data.requests import TooManyInstances, decode_instances
 from trillium.runtime.limits import BodyLimit
+from trillium.runtime.model_registry import BadRegistryEntry, ModelRegistry, RegisteredModel
 from trillium.runtime.model_store import ModelStore, VersionManifest
 from trillium.runtime.process import run_service
 from trillium.runtime.service import Service
@@ -206,10 +206,14 @@ class ServingReplica(Service):
         only = self.settings.serving_model
         while True:
             try:
-                registry = {name: json.loads(entry) for name, entry in (await self.redis.hgetall(state.MODELS)).items()}
+                registry = await ModelRegistry(self.redis).models()
                 for name, entry in registry.items():
-                    if name not in self.followers and (only is None or name == only):
-                        await self._follow(name, entry)
+                    if name in self.followers or (only is not None and name != only):
+                        continue
+                    if isinstance(entry, BadRegistryEntry):
+                        logger.warning("model registry entry skipped", extra={"model": name, "error": str(entry)})
+                    else:
+                        await self._follow(entry)
                 loading = [f.loaded.wait() for f in self.followers.values()]
                 if only is not None and only not in registry:
                     logger.warning("model not published yet", extra={"model": only})
@@ -231,13 +235,14 @@ class ServingReplica(Service):
             return lambda first: FrontendModel(store, first, clients), None
         return lambda first: ServedModel(store, first, self.settings.threads), WHOLE
 
-    async def _follow(self, name: str, entry: dict[str, Any]) -> None:
+    async def _follow(self, entry: RegisteredModel) -> None:
+        name = entry.model
         cap = self.settings.serving_memory_gb
-        store = ModelStore(entry["dir"], name)
+        store = ModelStore(entry.dir, name)
         make, rows = self.holding(store)
         follower = ModelFollower(
             store,
-            entry["topic"],
+            entry.topic,
             self.settings.kafka,
             make,
             rows=rows,
@@ -248,7 +253,7 @@ class ServingReplica(Service):
         if self.settings.serving_version is not None and name == self.settings.serving_model:
             await follower.loaded.wait()
             await follower.pin(self.settings.serving_version)
-        logger.info("following model", extra={"model": name, "dir": entry["dir"]})
+        logger.info("following model", extra={"model": name, "dir": entry.dir})
 
     def _changed(self, follower: ModelFollower, manifest: VersionManifest | None, seconds: float) -> None:
         if manifest is None:
