@@ -272,7 +272,7 @@ def test_a_checkpoint_of_every_earlier_format_restores(stack, fixture: Path) -> 
     (step,) = [p for p in source.iterdir() if p.is_dir()]
     manifest = json.loads((step / "manifest.json").read_text())
     # As it was written then, read by today's schema as a stored config: a table with no `ids` was
-    # hashed per slot, and a job warm-starting from it says so (or is refused: test_id_spaces).
+    # hashed per slot, and a job warm-starting from it says so (or is refused: tests/unit/test_stored_id_spaces.py).
     config = stored_config(manifest["config"])
     data = DATA / ("tiny_multitask" if config.get("labels") else "tiny")
     suffix = Path(config["data"]["train"]).suffix

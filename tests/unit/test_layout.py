@@ -231,3 +231,12 @@ def test_no_module_of_the_tests_imports_a_test_module() -> None:
         if any(part.startswith("test_") for part in name.split("."))
     ]
     assert imports == []
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports a test file by its base name (its directory on sys.path, no package), so two
+    directories' test_x.py are one module to it: the second stops the whole run at collection."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
